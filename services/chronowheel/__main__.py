@@ -1,0 +1,5 @@
+import sys
+
+from chronowheel.cli import main
+
+sys.exit(main())

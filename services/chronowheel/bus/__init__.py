@@ -1,0 +1,1 @@
+"""Kafka access: the only package that imports aiokafka."""

@@ -1,0 +1,1 @@
+"""Pure scheduling logic. Nothing in this package imports a database or Kafka driver."""

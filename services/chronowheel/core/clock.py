@@ -1,0 +1,62 @@
+"""Injected time source: production code asks a Clock, tests drive a ManualClock."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now_ms(self) -> int:
+        """UTC wall-clock time in epoch milliseconds."""
+        ...
+
+    async def sleep_until(self, deadline_ms: int) -> None:
+        """Return once now_ms() >= deadline_ms (or earlier if woken; callers re-check)."""
+        ...
+
+
+class SystemClock:
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+    async def sleep_until(self, deadline_ms: int) -> None:
+        delay = (deadline_ms - self.now_ms()) / 1000.0
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+class ManualClock:
+    """A clock that only moves when told; sleepers wake when it passes their deadline."""
+
+    def __init__(self, start_ms: int = 0) -> None:
+        self._now = start_ms
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+
+    def now_ms(self) -> int:
+        return self._now
+
+    def set(self, now_ms: int) -> None:
+        if now_ms < self._now:
+            raise ValueError(f"ManualClock cannot go backwards: {now_ms} < {self._now}")
+        self._now = now_ms
+        still: list[tuple[int, asyncio.Future[None]]] = []
+        for deadline, fut in self._waiters:
+            if deadline <= now_ms:
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                still.append((deadline, fut))
+        self._waiters = still
+
+    def advance(self, delta_ms: int) -> None:
+        self.set(self._now + delta_ms)
+
+    async def sleep_until(self, deadline_ms: int) -> None:
+        if deadline_ms <= self._now:
+            await asyncio.sleep(0)
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((deadline_ms, fut))
+        await fut

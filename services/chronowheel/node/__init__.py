@@ -1,0 +1,1 @@
+"""The scheduler node: shard actors that ingest, load, and dispatch."""

@@ -1,0 +1,1 @@
+"""Cassandra access: the only package that imports cassandra-driver."""

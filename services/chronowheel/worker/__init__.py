@@ -1,0 +1,1 @@
+"""Worker library: consume fired occurrences, deduplicate, retry, dead-letter."""
