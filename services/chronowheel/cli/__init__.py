@@ -12,6 +12,7 @@ from chronowheel.errors import ChronowheelError
 # Modules under chronowheel.cli that each define register(subparsers).
 COMMAND_MODULES = (
     "chronowheel.cli.stack",
+    "chronowheel.cli.init",
 )
 
 

@@ -1,0 +1,100 @@
+"""Namespace set-up (`chronowheel init`): Cassandra keyspace + tables, Kafka topics, shard count.
+
+Idempotent; a second init with another shard count is refused before anything is changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from cassandra.cluster import Session
+
+from chronowheel.bus.kafka import ensure_topics, namespace_topics, open_admin, partition_counts
+from chronowheel.errors import ConfigError
+from chronowheel.settings import Settings
+from chronowheel.store.cassandra import connect, schema_statements
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class InitReport:
+    namespace: str
+    shards: int
+    created_topics: list[str]
+    keyspace_created: bool
+
+
+def _recorded_shards(session: Session, keyspace: str) -> int | None:
+    rows = session.execute(
+        "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s", (keyspace,))
+    if "meta" not in {r.table_name for r in rows}:
+        return None
+    row = session.execute(f"SELECT value FROM {keyspace}.meta WHERE name = 'shards'").one()
+    return None if row is None else int(row.value)
+
+
+def _keyspace_exists(session: Session, keyspace: str) -> bool:
+    row = session.execute(
+        "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = %s",
+        (keyspace,)).one()
+    return row is not None
+
+
+async def init_namespace(settings: Settings) -> InitReport:
+    shards, replication, ks = settings.shards, settings.replication, settings.keyspace
+    if not 1 <= shards <= 4096:
+        raise ConfigError(f"shards: must be 1..4096, got {shards}")
+    if not 1 <= replication <= 9:
+        raise ConfigError(f"replication: must be 1..9, got {replication}")
+    if not ks.replace("_", "a").isalnum() or not ks[0].isalpha() or len(ks) > 48:
+        raise ConfigError(f"namespace: {settings.namespace!r} does not make a valid keyspace "
+                          "(letters, digits, '-', '_', '.', starting with a letter, <= 48)")
+    cluster, session = connect(settings)
+    admin = await open_admin(settings)
+    try:
+        # 1. refuse a changed shard count before touching anything
+        recorded = await asyncio.to_thread(_recorded_shards, session, ks)
+        if recorded is not None and recorded != shards:
+            raise ConfigError(
+                f"namespace {settings.namespace!r} was initialised with {recorded} shards; "
+                f"refusing --shards {shards} (the shard count is fixed for a namespace's life)")
+        specs = namespace_topics(settings, shards, replication)
+        counts = await partition_counts(admin, (s.name for s in specs))
+        for spec in specs:
+            have = counts.get(spec.name)
+            if have is not None and have != spec.partitions:
+                raise ConfigError(f"topic {spec.name} exists with {have} partitions; this "
+                                  f"namespace needs {spec.partitions} (--shards {shards})")
+        # 2. storage
+        existed = await asyncio.to_thread(_keyspace_exists, session, ks)
+        for stmt in schema_statements(ks, replication):
+            await asyncio.to_thread(session.execute, stmt, timeout=60)
+        applied = await asyncio.to_thread(
+            lambda: session.execute(
+                f"INSERT INTO {ks}.meta (name, value) VALUES ('shards', %s) IF NOT EXISTS",
+                (str(shards),)).one())
+        if not applied[0] and int(applied.value) != shards:  # lost a race to another init
+            raise ConfigError(f"namespace {settings.namespace!r} was concurrently initialised "
+                              f"with {applied.value} shards")
+        # 3. topics
+        created = await ensure_topics(admin, specs, replication)
+        return InitReport(settings.namespace, shards, created, not existed)
+    finally:
+        await admin.close()
+        cluster.shutdown()
+
+
+async def recorded_shard_count(settings: Settings) -> int:
+    """The N stored at init; a node refuses to start on an uninitialised namespace."""
+    cluster, session = connect(settings)
+    try:
+        n = await asyncio.to_thread(_recorded_shards, session, settings.keyspace)
+    finally:
+        cluster.shutdown()
+    if n is None:
+        raise ConfigError(f"namespace {settings.namespace!r} is not initialised: run "
+                          f"`chronowheel init --namespace {settings.namespace} --shards N`")
+    return n

@@ -1,0 +1,51 @@
+"""The one retry policy for Cassandra and Kafka calls: exponential backoff on retriable errors."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 6
+    first_delay_s: float = 0.05
+    max_delay_s: float = 2.0
+
+    def delay(self, attempt: int) -> float:
+        base = min(self.max_delay_s, self.first_delay_s * (2 ** (attempt - 1)))
+        return base * (0.5 + random.random() / 2)  # jitter: retries of many callers spread out
+
+
+DEFAULT_POLICY = RetryPolicy()
+
+
+def is_retriable(exc: BaseException) -> bool:
+    """True for errors the drivers or this package mark as transient."""
+    return bool(getattr(exc, "retriable", False))
+
+
+async def with_retries(
+    op: Callable[[], Awaitable[T]],
+    what: str,
+    policy: RetryPolicy = DEFAULT_POLICY,
+) -> T:
+    attempt = 1
+    while True:
+        try:
+            return await op()
+        except Exception as exc:
+            if not is_retriable(exc) or attempt >= policy.attempts:
+                raise
+            delay = policy.delay(attempt)
+            log.warning("%s failed (attempt %d/%d), retrying in %.2fs: %s",
+                        what, attempt, policy.attempts, delay, exc)
+            await asyncio.sleep(delay)
+            attempt += 1

@@ -1,0 +1,63 @@
+"""What the node and the worker need from storage. Pure types and a Protocol: no driver here."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    job_id: str
+    shard: int
+    spec: bytes
+    version: int
+    status: str
+    scheduled_ms: int | None
+    slot_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class DueRow:
+    """One pending occurrence, with everything needed to publish it."""
+
+    minute: int
+    shard: int
+    slot_ms: int
+    job_id: str
+    attempt: int
+    scheduled_ms: int
+    version: int
+    topic: str
+    payload: bytes
+    headers: tuple[tuple[str, str], ...]
+    spec: bytes | None  # recurring jobs only
+
+
+class JobStore(Protocol):
+    async def get_job(self, job_id: str) -> JobRow | None: ...
+
+    async def put_job(self, row: JobRow) -> None: ...
+
+    async def put_due(self, row: DueRow, ttl_s: int) -> None: ...
+
+    async def delete_due(self, minute: int, shard: int, slot_ms: int, job_id: str,
+                         attempt: int) -> None: ...
+
+    async def add_bucket_count(self, shard: int, minute: int, rows: int) -> None: ...
+
+    async def bucket_counts(self, shard: int, from_minute: int, to_minute: int) -> dict[int, int]:
+        ...
+
+    def read_bucket(self, minute: int, shard: int, *, from_slot_ms: int | None = None,
+                    page_rows: int = 5000) -> AsyncIterator[list[DueRow]]: ...
+
+    async def server_time_ms(self) -> int: ...
+
+    async def claim_occurrence(self, consumer: str, occurrence: str, worker: str,
+                               ttl_s: int) -> bool: ...
+
+    async def release_occurrence(self, consumer: str, occurrence: str) -> None: ...
+
+    async def get_meta(self, name: str) -> str | None: ...

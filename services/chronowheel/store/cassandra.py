@@ -1,0 +1,248 @@
+"""Cassandra implementation of JobStore: prepared statements, async bridge, retriable errors."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from cassandra import (
+    ConsistencyLevel,
+    OperationTimedOut,
+    ReadTimeout,
+    Unavailable,
+    WriteTimeout,
+)
+from cassandra.cluster import Cluster, NoHostAvailable, ResponseFuture, Session
+from cassandra.query import PreparedStatement
+
+from chronowheel.errors import ConfigError, RetriableError
+from chronowheel.retry import with_retries
+from chronowheel.settings import Settings
+from chronowheel.store.base import DueRow, JobRow
+
+log = logging.getLogger(__name__)
+
+_TRANSIENT = (OperationTimedOut, ReadTimeout, WriteTimeout, Unavailable, NoHostAvailable)
+HOUR_MS = 3_600_000
+
+
+class CassandraError(RetriableError):
+    """A transient Cassandra failure (timeout, unavailable replicas, no host)."""
+
+
+def schema_text() -> str:
+    """The CQL of schema/cassandra.cql (shipped in the repo next to the package)."""
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        candidate = parent / "schema" / "cassandra.cql"
+        if candidate.is_file():
+            return candidate.read_text()
+    try:  # installed without the repo: fall back to package data, if present
+        return resources.files("chronowheel").joinpath("cassandra.cql").read_text()
+    except (FileNotFoundError, ModuleNotFoundError) as exc:
+        raise ConfigError("schema/cassandra.cql not found next to the package") from exc
+
+
+def schema_statements(keyspace: str, replication: int) -> list[str]:
+    text = schema_text()
+    lines = [ln for ln in text.splitlines() if not ln.strip().startswith("--")]
+    body = "\n".join(ln.split("--")[0] for ln in lines)
+    body = body.format(keyspace=keyspace, replication=replication)
+    return [s.strip() for s in body.split(";") if s.strip()]
+
+
+def connect(settings: Settings, *, keyspace: str | None = None) -> tuple[Cluster, Session]:
+    hosts = settings.cassandra_hosts()
+    port = hosts[0][1]
+    try:
+        level = ConsistencyLevel.name_to_value[settings.consistency.upper()]
+    except KeyError:
+        raise ConfigError(f"consistency: unknown level {settings.consistency!r}") from None
+    cluster = Cluster(
+        contact_points=[h for h, _ in hosts], port=port, protocol_version=5,
+        connect_timeout=10, control_connection_timeout=10,
+    )
+    try:
+        session = cluster.connect(keyspace)
+    except NoHostAvailable as exc:
+        cluster.shutdown()
+        raise CassandraError(f"cannot reach Cassandra at {settings.cassandra}: {exc}") from exc
+    session.default_consistency_level = level
+    session.default_serial_consistency_level = ConsistencyLevel.LOCAL_SERIAL
+    session.default_timeout = 10.0
+    return cluster, session
+
+
+def _await_future(rf: ResponseFuture) -> asyncio.Future[Any]:
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+
+    def ok(_rows: object) -> None:
+        loop.call_soon_threadsafe(_settle, fut, rf, None)
+
+    def err(exc: BaseException) -> None:
+        loop.call_soon_threadsafe(_settle, fut, rf, exc)
+
+    rf.add_callbacks(ok, err)
+    return fut
+
+
+def _settle(fut: asyncio.Future[Any], rf: ResponseFuture, exc: BaseException | None) -> None:
+    if fut.done():
+        return
+    if exc is None:
+        fut.set_result(rf.result())  # already complete: does not block
+    elif isinstance(exc, _TRANSIENT):
+        fut.set_exception(CassandraError(f"{type(exc).__name__}: {exc}"))
+    else:
+        fut.set_exception(exc)
+
+
+class CassandraStore:
+    """JobStore over one keyspace. Create with `open()`; close with `close()`."""
+
+    def __init__(self, settings: Settings, cluster: Cluster, session: Session) -> None:
+        self.settings = settings
+        self.cluster = cluster
+        self.session = session
+        ks = settings.keyspace
+        p = session.prepare
+        self._get_job = p(f"SELECT job_id, shard, spec, version, status, scheduled_ms, slot_ms "
+                          f"FROM {ks}.jobs WHERE job_id = ?")
+        self._put_job = p(f"INSERT INTO {ks}.jobs (job_id, shard, spec, version, status, "
+                          f"scheduled_ms, slot_ms, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, "
+                          f"toTimestamp(now()))")
+        self._put_due = p(f"INSERT INTO {ks}.due (minute, shard, slot_ms, job_id, attempt, "
+                          f"scheduled_ms, version, topic, payload, headers, spec) "
+                          f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?")
+        self._del_due = p(f"DELETE FROM {ks}.due WHERE minute = ? AND shard = ? AND slot_ms = ? "
+                          f"AND job_id = ? AND attempt = ?")
+        cols = ("minute, shard, slot_ms, job_id, attempt, scheduled_ms, version, topic, payload, "
+                "headers, spec")
+        self._read_bucket = p(f"SELECT {cols} FROM {ks}.due WHERE minute = ? AND shard = ?")
+        self._read_bucket_from = p(f"SELECT {cols} FROM {ks}.due WHERE minute = ? AND shard = ? "
+                                   f"AND slot_ms >= ?")
+        self._add_count = p(f"UPDATE {ks}.bucket_counts SET rows = rows + ? "
+                            f"WHERE shard = ? AND hour = ? AND minute = ?")
+        self._read_counts = p(f"SELECT minute, rows FROM {ks}.bucket_counts "
+                              f"WHERE shard = ? AND hour = ? AND minute >= ? AND minute <= ?")
+        self._now = p("SELECT toUnixTimestamp(now()) FROM system.local")
+        self._claim = p(f"INSERT INTO {ks}.processed (consumer, occurrence, worker) "
+                        f"VALUES (?, ?, ?) IF NOT EXISTS USING TTL ?")
+        self._release = p(f"DELETE FROM {ks}.processed WHERE consumer = ? AND occurrence = ?")
+        self._get_meta = p(f"SELECT value FROM {ks}.meta WHERE name = ?")
+
+    @classmethod
+    def open(cls, settings: Settings) -> CassandraStore:
+        cluster, session = connect(settings)
+        try:
+            return cls(settings, cluster, session)
+        except Exception:
+            cluster.shutdown()
+            raise
+
+    def close(self) -> None:
+        self.cluster.shutdown()
+
+    async def _run(self, stmt: PreparedStatement, params: Sequence[Any], what: str,
+                   **kw: Any) -> Any:
+        async def once() -> Any:
+            return await _await_future(self.session.execute_async(stmt, params, **kw))
+
+        return await with_retries(once, what)
+
+    # --- jobs ---------------------------------------------------------------------------
+    async def get_job(self, job_id: str) -> JobRow | None:
+        rs = await self._run(self._get_job, (job_id,), "read job")
+        row = rs.one()
+        if row is None:
+            return None
+        return JobRow(row.job_id, row.shard, row.spec or b"", row.version or 0, row.status or "",
+                      row.scheduled_ms, row.slot_ms)
+
+    async def put_job(self, row: JobRow) -> None:
+        await self._run(self._put_job, (row.job_id, row.shard, row.spec, row.version, row.status,
+                                        row.scheduled_ms, row.slot_ms), "write job")
+
+    # --- due rows -----------------------------------------------------------------------
+    async def put_due(self, row: DueRow, ttl_s: int) -> None:
+        await self._run(self._put_due, (
+            row.minute, row.shard, row.slot_ms, row.job_id, row.attempt, row.scheduled_ms,
+            row.version, row.topic, row.payload, list(row.headers), row.spec, max(1, ttl_s),
+        ), "write due row")
+
+    async def delete_due(self, minute: int, shard: int, slot_ms: int, job_id: str,
+                         attempt: int) -> None:
+        await self._run(self._del_due, (minute, shard, slot_ms, job_id, attempt), "delete due")
+
+    async def read_bucket(self, minute: int, shard: int, *, from_slot_ms: int | None = None,
+                          page_rows: int = 5000) -> AsyncIterator[list[DueRow]]:
+        if from_slot_ms is None:
+            bound = self._read_bucket.bind((minute, shard))
+        else:
+            bound = self._read_bucket_from.bind((minute, shard, from_slot_ms))
+        bound.fetch_size = page_rows
+        paging_state: bytes | None = None
+        while True:
+            rs = await self._page(bound, paging_state)
+            rows = [
+                DueRow(r.minute, r.shard, r.slot_ms, r.job_id, r.attempt, r.scheduled_ms,
+                       r.version, r.topic, r.payload or b"",
+                       tuple((k, v) for k, v in (r.headers or ())), r.spec)
+                for r in rs.current_rows
+            ]
+            if rows:
+                yield rows
+            paging_state = rs.paging_state
+            if not paging_state:
+                return
+
+    async def _page(self, bound: Any, paging_state: bytes | None) -> Any:
+        async def once() -> Any:
+            return await _await_future(
+                self.session.execute_async(bound, paging_state=paging_state))
+
+        return await with_retries(once, "read bucket page")
+
+    # --- bucket counts ------------------------------------------------------------------
+    async def add_bucket_count(self, shard: int, minute: int, rows: int) -> None:
+        hour = minute - minute % HOUR_MS
+        await self._run(self._add_count, (rows, shard, hour, minute), "count bucket")
+
+    async def bucket_counts(self, shard: int, from_minute: int, to_minute: int) -> dict[int, int]:
+        out: dict[int, int] = {}
+        hour = from_minute - from_minute % HOUR_MS
+        while hour <= to_minute:
+            rs = await self._run(self._read_counts, (shard, hour, from_minute, to_minute),
+                                 "read bucket counts")
+            for r in rs.current_rows:
+                out[r.minute] = r.rows
+            hour += HOUR_MS
+        return out
+
+    # --- clock, idempotency, meta -------------------------------------------------------
+    async def server_time_ms(self) -> int:
+        """Cassandra's clock as of the moment the answer arrived (half the round trip added)."""
+        t0 = time.time_ns()
+        rs = await self._run(self._now, (), "read server time")
+        t1 = time.time_ns()
+        server = int(rs.one()[0])
+        return server + (t1 - t0) // 2_000_000
+
+    async def claim_occurrence(self, consumer: str, occurrence: str, worker: str,
+                               ttl_s: int) -> bool:
+        rs = await self._run(self._claim, (consumer, occurrence, worker, ttl_s), "claim")
+        return bool(rs.one()[0])
+
+    async def release_occurrence(self, consumer: str, occurrence: str) -> None:
+        await self._run(self._release, (consumer, occurrence), "release claim")
+
+    async def get_meta(self, name: str) -> str | None:
+        rs = await self._run(self._get_meta, (name,), "read meta")
+        row = rs.one()
+        return None if row is None else str(row.value)
