@@ -3,10 +3,9 @@ from __future__ import annotations
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.partitioner import murmur2 as aiokafka_murmur2
+from chronowheel.core.shard import murmur2, shard_of, to_positive
 from hypothesis import given
 from hypothesis import strategies as st
-
-from chronowheel.core.shard import murmur2, shard_of, to_positive
 
 # Vectors from Kafka's UtilsTest (expected values are Java ints, i.e. signed).
 KAFKA_VECTORS: list[tuple[bytes, int]] = [
