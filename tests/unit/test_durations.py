@@ -95,6 +95,8 @@ def test_parse_rejects_too_large() -> None:
         parse_duration(f"{MAX_DURATION_MS + 1}ms")
     with pytest.raises(ValidationError, match="too large"):
         parse_duration("99999999999999999999d")
+    with pytest.raises(ValidationError, match="too large"):
+        parse_duration("9" * 5000 + "ms")  # int() would refuse this many digits
 
 
 @pytest.mark.parametrize(

@@ -53,6 +53,8 @@ def parse_duration(text: str, *, path: str = "duration") -> int:
         if rank < last_rank:
             raise ValidationError(path, "units must go from largest to smallest (d h m s ms)", text)
         last_rank = rank
+        if len(digits) > 20:  # beyond any 64-bit value; also keeps int() off huge strings
+            raise ValidationError(path, "too large", text)
         total += int(digits) * _MS[unit]
         pos = match.end()
     if pos != len(text):
