@@ -5,8 +5,24 @@ This module holds the data types; parsing and validation live below them (`parse
 
 from __future__ import annotations
 
+import base64
+import binascii
+import difflib
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from datetime import UTC, datetime, timedelta, timezone
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Final, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import orjson
+
+from chronowheel.core.durations import format_duration, parse_duration
+from chronowheel.errors import ConfigError, ValidationError
+
+if TYPE_CHECKING:
+    from chronowheel.settings import Settings
 
 CatchUp = Literal["coalesce", "all", "skip"]
 DstPolicy = Literal["skip", "cron"]
@@ -58,8 +74,12 @@ class Cancel:
 class Retry:
     """Internal: a worker asks for one more delivery of an occurrence that failed.
 
-    Wire: {"v":1,"op":"retry","id":..,"scheduled_at":ms,"attempt":n,"at":ms,"topic":..,
+    Wire: {"v":1,"op":"retry","id":..,"scheduled_at":ms,"attempt":n,"at":..,"topic":..,
            "payload_b64":..,"headers":{..},"max_attempts":n,"backoff":"10s"}
+    Required: id, scheduled_at (epoch ms of the original occurrence), attempt (2..100, the
+    delivery number this retry becomes), at (when to deliver: RFC 3339 with offset or epoch ms),
+    topic (same allowlist as jobs), payload_b64 (the fired bytes, "" for none). Optional: headers
+    (the job's own, no `cw-` names), max_attempts (1..100, at least attempt), backoff (duration).
     """
 
     id: str
@@ -69,7 +89,646 @@ class Retry:
     topic: str
     payload: bytes
     headers: tuple[tuple[str, str], ...] = ()
+    max_attempts: int | None = None
+    backoff_ms: int | None = None
     op: Literal["retry"] = "retry"
 
 
 Command = Upsert | Cancel | Retry
+
+
+# --------------------------------------------------------------------------------------------
+# Validation policy
+# --------------------------------------------------------------------------------------------
+
+DAY_MS: Final = 86_400_000
+MAX_EPOCH_MS: Final = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, the last RFC 3339 instant
+MAX_ATTEMPTS: Final = 100
+MAX_WINDOW_MS: Final = DAY_MS
+MAX_BACKOFF_MS: Final = DAY_MS
+MAX_TENANT_CHARS: Final = 128
+MAX_CRON_CHARS: Final = 256
+MAX_TZ_CHARS: Final = 64
+
+# Kafka's own rule for topic names (its Topic.validate): 1..249 of these characters.
+TOPIC_PATTERN: Final = r"^[a-zA-Z0-9._-]{1,249}$"
+_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+# IANA names look like Area/Location[/Sub]; this also keeps zoneinfo away from file paths.
+TZ_PATTERN: Final = r"^[A-Za-z0-9_+-]+(?:/[A-Za-z0-9_+-]+)*$"
+_TZ = re.compile(r"[A-Za-z0-9_+-]+(?:/[A-Za-z0-9_+-]+)*")
+# RFC 3339 date-time; field ranges are checked by datetime() so messages can be specific.
+_RFC3339 = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]+))?"
+    r"(?:([Zz])|([+-])([0-9]{2}):([0-9]{2}))?"
+)
+# Standard alphabet, padded, no whitespace: b64decode alone is laxer than this.
+BASE64_PATTERN: Final = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+_BASE64 = re.compile(BASE64_PATTERN[1:-1])
+
+RESERVED_HEADER_PREFIX: Final = "cw-"
+
+
+@dataclass(frozen=True)
+class ValidationPolicy:
+    """The configurable limits of one namespace. Defaults match DESIGN section 2."""
+
+    namespace: str = "chronowheel"
+    # Extra target topics, as a regex that must match the whole name; "" allows none extra.
+    allowed_topic_pattern: str = ""
+    max_id_bytes: int = 256
+    max_payload_bytes: int = 262_144
+    max_horizon_ms: int = 3653 * DAY_MS
+    max_max_catch_up: int = 10_000
+    # Names plus values of a job's own headers, UTF-8: they ride on every fired message.
+    max_headers_bytes: int = 16_384
+    _allowed: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not _TOPIC.fullmatch(self.namespace) or len(self.namespace) > 200:
+            raise ConfigError(f"namespace {self.namespace!r}: must be 1..200 of [a-zA-Z0-9._-]")
+        try:
+            allowed = re.compile(self.allowed_topic_pattern) if self.allowed_topic_pattern else None
+        except re.error as exc:
+            raise ConfigError(
+                f"allowed topic pattern {self.allowed_topic_pattern!r}: not a regex ({exc})"
+            ) from None
+        object.__setattr__(self, "_allowed", allowed)
+        for name in ("max_id_bytes", "max_payload_bytes", "max_horizon_ms", "max_max_catch_up"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ValidationPolicy:
+        return cls(
+            namespace=settings.namespace,
+            allowed_topic_pattern=settings.allowed_topics,
+            max_id_bytes=settings.max_id_bytes,
+            max_payload_bytes=settings.max_payload_bytes,
+            max_horizon_ms=settings.max_horizon_ms,
+        )
+
+    @property
+    def fired_topic(self) -> str:
+        return f"{self.namespace}.fired"
+
+    @property
+    def internal_topics(self) -> frozenset[str]:
+        """Topics the scheduler itself writes or reads; no job may ever target them."""
+        return internal_topics(self.namespace)
+
+    def topic_problem(self, topic: str) -> str | None:
+        """Why `topic` may not be a target, or None if it may."""
+        if not _TOPIC.fullmatch(topic):
+            return "must be 1..249 characters of a-z A-Z 0-9 . _ -"
+        if topic in (".", ".."):
+            return "'.' and '..' are not valid Kafka topic names"
+        if topic in self.internal_topics:
+            return f"is an internal topic of namespace {self.namespace!r}"
+        if topic.startswith("__"):
+            return "names starting with '__' are reserved for Kafka's own topics"
+        if topic == self.fired_topic:
+            return None
+        if self._allowed is not None and self._allowed.fullmatch(topic):
+            return None
+        return f"not allowed: must be {self.fired_topic!r} or match the allowed topics pattern"
+
+
+def internal_topics(namespace: str) -> frozenset[str]:
+    return frozenset(f"{namespace}.{suffix}" for suffix in ("submit", "state", "rejected", "dead"))
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing
+# --------------------------------------------------------------------------------------------
+
+_MISSING: Final = object()
+
+UPSERT_FIELDS: Final = frozenset({"v", "op", "job"})
+CANCEL_FIELDS: Final = frozenset({"v", "op", "id"})
+RETRY_FIELDS: Final = frozenset(
+    {"v", "op", "id", "scheduled_at", "attempt", "at", "topic", "payload_b64", "headers"}
+    | {"max_attempts", "backoff"}
+)
+JOB_FIELDS: Final = frozenset(
+    {"id", "at", "cron", "tz", "every", "start", "end", "topic", "payload", "payload_b64"}
+    | {"headers", "catch_up", "max_catch_up", "dst", "window", "max_attempts", "backoff"}
+    | {"tenant"}
+)
+_OPS: Final = {"upsert": UPSERT_FIELDS, "cancel": CANCEL_FIELDS, "retry": RETRY_FIELDS}
+_CATCH_UP: Final = ("coalesce", "all", "skip")
+_DST: Final = ("skip", "cron")
+_RECURRING_ONLY: Final = ("start", "end", "catch_up", "max_catch_up")
+_CRON_ONLY: Final = ("tz", "dst")
+
+
+def parse_command(
+    raw: bytes, *, key: bytes | None, policy: ValidationPolicy, now_ms: int
+) -> Command:
+    """Parse and validate one `<ns>.submit` record value; raise ValidationError on any fault.
+
+    `key` is the record key (None if the producer sent none); when present it must equal the
+    UTF-8 job id. `now_ms` anchors the horizon checks. The first fault found is reported.
+    """
+    doc = _load(raw)
+    if not isinstance(doc, dict):
+        raise ValidationError("$", "must be a JSON object", doc)
+    version = doc.get("v", _MISSING)
+    if version is _MISSING:
+        raise ValidationError("v", "required")
+    if type(version) is not int or version != 1:
+        raise ValidationError("v", "unsupported version (this scheduler speaks v 1)", version)
+    op = doc.get("op", _MISSING)
+    if op is _MISSING:
+        raise ValidationError("op", "required (upsert, cancel or retry)")
+    if not isinstance(op, str) or op not in _OPS:
+        raise ValidationError("op", "must be one of upsert, cancel, retry", op)
+    _reject_unknown(doc, _OPS[op], "")
+    if op == "upsert":
+        return Upsert(_parse_job(_required(doc, "job", ""), key, policy, now_ms))
+    job_id = _job_id(_required(doc, "id", ""), "id", policy)
+    _check_key(key, job_id)
+    if op == "cancel":
+        return Cancel(job_id)
+    return _parse_retry(doc, job_id, policy, now_ms)
+
+
+def _load(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        try:
+            bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValidationError("$", "not valid UTF-8", bytes(raw)) from None
+        raise ValidationError("$", f"not valid JSON ({exc})", bytes(raw)) from None
+
+
+def _parse_job(job: object, key: bytes | None, policy: ValidationPolicy, now_ms: int) -> JobSpec:
+    if not isinstance(job, dict):
+        raise ValidationError("job", "must be a JSON object", job)
+    _reject_unknown(job, JOB_FIELDS, "job.")
+    job_id = _job_id(_required(job, "id", "job."), "job.id", policy)
+    _check_key(key, job_id)
+
+    kinds = [kind for kind in ("at", "cron", "every") if kind in job]
+    if len(kinds) != 1:
+        raise ValidationError("job", "exactly one of at, cron, every", kinds or None)
+    kind = kinds[0]
+    if kind != "cron":
+        for name in _CRON_ONLY:
+            if name in job:
+                raise ValidationError(f"job.{name}", "only allowed with cron", job[name])
+    if kind == "at":
+        for name in _RECURRING_ONLY:
+            if name in job:
+                raise ValidationError(
+                    f"job.{name}", "only allowed for recurring jobs (cron or every)", job[name]
+                )
+
+    at_ms = cron = every_ms = start_ms = end_ms = None
+    tz = "UTC"
+    dst: DstPolicy = "skip"
+    if kind == "at":
+        at_ms = _instant(job["at"], "job.at")
+        _within_horizon(at_ms, job["at"], "job.at", policy, now_ms)
+    elif kind == "cron":
+        cron = _string(job["cron"], "job.cron", 1, MAX_CRON_CHARS)
+        if "tz" in job:
+            tz = _time_zone(job["tz"], "job.tz")
+        if "dst" in job:
+            dst = _enum(job["dst"], "job.dst", _DST)  # type: ignore[assignment]
+    else:
+        every_ms = _duration(job["every"], "job.every")
+        if every_ms == 0:
+            raise ValidationError("job.every", "must be greater than 0s", job["every"])
+        if every_ms > policy.max_horizon_ms:
+            raise ValidationError(
+                "job.every",
+                f"must be at most {format_duration(policy.max_horizon_ms)}",
+                job["every"],
+            )
+    if "start" in job:
+        start_ms = _instant(job["start"], "job.start")
+        _within_horizon(start_ms, job["start"], "job.start", policy, now_ms)
+    if "end" in job:
+        end_ms = _instant(job["end"], "job.end")
+        if start_ms is not None and end_ms <= start_ms:
+            raise ValidationError("job.end", "must be after start", job["end"])
+
+    topic = policy.fired_topic
+    if "topic" in job:
+        topic = _topic(job["topic"], "job.topic", policy)
+    payload = _job_payload(job, policy)
+    headers = _headers(job["headers"], "job.headers", policy) if "headers" in job else ()
+
+    catch_up: CatchUp = "coalesce"
+    if "catch_up" in job:
+        catch_up = _enum(job["catch_up"], "job.catch_up", _CATCH_UP)  # type: ignore[assignment]
+    max_catch_up = 100
+    if "max_catch_up" in job:
+        max_catch_up = _integer(job["max_catch_up"], "job.max_catch_up", 1, policy.max_max_catch_up)
+    window_ms = 0
+    if "window" in job:
+        window_ms = _duration(job["window"], "job.window")
+        if window_ms > MAX_WINDOW_MS:
+            raise ValidationError("job.window", "must be at most 1d", job["window"])
+        # A window as long as the period would let jitter reorder consecutive occurrences.
+        if every_ms is not None and window_ms >= every_ms:
+            raise ValidationError("job.window", "must be shorter than every", job["window"])
+    max_attempts = 5
+    if "max_attempts" in job:
+        max_attempts = _integer(job["max_attempts"], "job.max_attempts", 1, MAX_ATTEMPTS)
+    backoff_ms = 10_000
+    if "backoff" in job:
+        backoff_ms = _backoff(job["backoff"], "job.backoff")
+    tenant = None
+    if "tenant" in job:
+        tenant = _string(job["tenant"], "job.tenant", 1, MAX_TENANT_CHARS)
+
+    if kind != "at":
+        _compile_recurrence(cron, every_ms, tz, start_ms, end_ms, dst)
+
+    return JobSpec(
+        id=job_id,
+        topic=topic,
+        payload=payload,
+        at_ms=at_ms,
+        cron=cron,
+        every_ms=every_ms,
+        tz=tz,
+        start_ms=start_ms,
+        end_ms=end_ms,
+        headers=headers,
+        catch_up=catch_up,
+        max_catch_up=max_catch_up,
+        dst=dst,
+        window_ms=window_ms,
+        max_attempts=max_attempts,
+        backoff_ms=backoff_ms,
+        tenant=tenant,
+        canonical=orjson.dumps(job, option=orjson.OPT_SORT_KEYS),
+    )
+
+
+def _compile_recurrence(
+    cron: str | None,
+    every_ms: int | None,
+    tz: str,
+    start_ms: int | None,
+    end_ms: int | None,
+    dst: DstPolicy,
+) -> None:
+    # Imported here: recurrence may import this module's types, and a cycle at import time
+    # would break whichever module loads first.
+    from chronowheel.core.recurrence import compile_schedule
+
+    try:
+        compile_schedule(
+            cron=cron, every_ms=every_ms, tz=tz, start_ms=start_ms, end_ms=end_ms, dst=dst
+        )
+    except ValueError as exc:
+        # Only ValidationError is expected; a stray ValueError still means the input is bad,
+        # and must become a rejection rather than stop ingest.
+        if cron is not None:
+            raise ValidationError("job.cron", str(exc), cron) from None
+        raise ValidationError("job.every", str(exc), every_ms) from None
+
+
+def _parse_retry(doc: dict[str, Any], job_id: str, policy: ValidationPolicy, now_ms: int) -> Retry:
+    scheduled_ms = _instant_ms(_required(doc, "scheduled_at", ""), "scheduled_at")
+    attempt = _integer(_required(doc, "attempt", ""), "attempt", 2, MAX_ATTEMPTS)
+    at_ms = _instant(_required(doc, "at", ""), "at")
+    _within_horizon(at_ms, doc["at"], "at", policy, now_ms)
+    topic = _topic(_required(doc, "topic", ""), "topic", policy)
+    payload = _base64(_required(doc, "payload_b64", ""), "payload_b64", policy)
+    headers = _headers(doc["headers"], "headers", policy) if "headers" in doc else ()
+    max_attempts = None
+    if "max_attempts" in doc:
+        max_attempts = _integer(doc["max_attempts"], "max_attempts", 1, MAX_ATTEMPTS)
+        if attempt > max_attempts:
+            raise ValidationError(
+                "attempt", f"must not exceed max_attempts ({max_attempts})", attempt
+            )
+    backoff_ms = _backoff(doc["backoff"], "backoff") if "backoff" in doc else None
+    return Retry(
+        id=job_id,
+        scheduled_ms=scheduled_ms,
+        attempt=attempt,
+        at_ms=at_ms,
+        topic=topic,
+        payload=payload,
+        headers=headers,
+        max_attempts=max_attempts,
+        backoff_ms=backoff_ms,
+    )
+
+
+# --- field checks ----------------------------------------------------------------------------
+
+
+def _required(obj: dict[str, Any], name: str, prefix: str) -> Any:
+    value = obj.get(name, _MISSING)
+    if value is _MISSING:
+        raise ValidationError(prefix + name, "required")
+    return value
+
+
+def _reject_unknown(obj: dict[str, Any], allowed: frozenset[str], prefix: str) -> None:
+    for name, value in obj.items():
+        if name not in allowed:
+            close = difflib.get_close_matches(name, sorted(allowed), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValidationError(prefix + name, "unknown field" + hint, value)
+
+
+def _check_key(key: bytes | None, job_id: str) -> None:
+    if key is not None and key != job_id.encode():
+        raise ValidationError("key", f"record key must equal the job id {job_id!r}", key)
+
+
+def _job_id(value: object, path: str, policy: ValidationPolicy) -> str:
+    if not isinstance(value, str):
+        raise ValidationError(path, "must be a string", value)
+    size = len(value.encode())
+    if size == 0:
+        raise ValidationError(path, "must not be empty", value)
+    if size > policy.max_id_bytes:
+        raise ValidationError(
+            path, f"must be at most {policy.max_id_bytes} UTF-8 bytes (is {size})", value
+        )
+    return value
+
+
+def _string(value: object, path: str, min_chars: int, max_chars: int) -> str:
+    if not isinstance(value, str):
+        raise ValidationError(path, "must be a string", value)
+    if not min_chars <= len(value) <= max_chars:
+        raise ValidationError(path, f"must be {min_chars}..{max_chars} characters long", value)
+    return value
+
+
+def _integer(value: object, path: str, low: int, high: int) -> int:
+    # JSON true/false arrive as bool, a subclass of int; 5.0 arrives as float. Neither counts.
+    if type(value) is not int:
+        raise ValidationError(path, "must be an integer", value)
+    if not low <= value <= high:
+        raise ValidationError(path, f"must be between {low} and {high}", value)
+    return value
+
+
+def _enum(value: object, path: str, options: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in options:
+        raise ValidationError(path, "must be one of " + ", ".join(options), value)
+    return value
+
+
+def _duration(value: object, path: str) -> int:
+    return parse_duration(value, path=path)  # type: ignore[arg-type]  # it checks the type
+
+
+def _backoff(value: object, path: str) -> int:
+    backoff_ms = _duration(value, path)
+    if backoff_ms > MAX_BACKOFF_MS:
+        raise ValidationError(path, "must be at most 1d", value)
+    return backoff_ms
+
+
+def _time_zone(value: object, path: str) -> str:
+    tz = _string(value, path, 1, MAX_TZ_CHARS)
+    if not _TZ.fullmatch(tz) or not _zone_exists(tz):
+        raise ValidationError(path, "unknown time zone", value)
+    return tz
+
+
+@lru_cache(maxsize=1024)
+def _zone_exists(name: str) -> bool:
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        return False
+    return True
+
+
+def _topic(value: object, path: str, policy: ValidationPolicy) -> str:
+    if not isinstance(value, str):
+        raise ValidationError(path, "must be a string", value)
+    problem = policy.topic_problem(value)
+    if problem is not None:
+        raise ValidationError(path, problem, value)
+    return value
+
+
+def _instant(value: object, path: str) -> int:
+    """Epoch ms of an RFC 3339 string with offset or of integer epoch ms (1970 .. 9999)."""
+    if isinstance(value, str):
+        return _rfc3339_ms(value, path)
+    return _instant_ms(value, path)
+
+
+def _instant_ms(value: object, path: str) -> int:
+    if type(value) is not int:
+        raise ValidationError(
+            path, "must be an RFC 3339 time with offset or integer epoch milliseconds", value
+        )
+    if not 0 <= value <= MAX_EPOCH_MS:
+        raise ValidationError(
+            path, f"epoch milliseconds must be between 0 and {MAX_EPOCH_MS}", value
+        )
+    return value
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_MS = timedelta(milliseconds=1)
+
+
+def _rfc3339_ms(text: str, path: str) -> int:
+    match = _RFC3339.fullmatch(text)
+    if match is None:
+        raise ValidationError(
+            path, "must be an RFC 3339 time like 2026-12-01T09:00:00Z or epoch milliseconds", text
+        )
+    year, month, day, hour, minute, second, frac, zulu, sign, off_h, off_m = match.groups()
+    if zulu is None and sign is None:
+        raise ValidationError(
+            path, "needs a UTC offset ('Z' or +hh:mm): naive times are ambiguous", text
+        )
+    if second == "60":
+        raise ValidationError(path, "leap seconds (:60) are not supported", text)
+    try:
+        offset = timedelta(0)
+        if sign is not None:
+            if int(off_h) > 23 or int(off_m) > 59:
+                raise ValueError("offset out of range")
+            offset = timedelta(hours=int(off_h), minutes=int(off_m))
+            offset = -offset if sign == "-" else offset
+        moment = datetime(
+            int(year),
+            int(month),
+            int(day),
+            int(hour),
+            int(minute),
+            int(second),
+            tzinfo=timezone(offset),
+        )
+    except ValueError as exc:
+        raise ValidationError(path, f"not a valid date and time ({exc})", text) from None
+    # Round sub-millisecond fractions up: rounding down would fire up to 1 ms early.
+    frac = frac or ""
+    extra_ms = int(frac[:3].ljust(3, "0")) + (1 if frac[3:].strip("0") else 0)
+    epoch_ms = (moment - _EPOCH) // _ONE_MS + extra_ms
+    if epoch_ms < 0:
+        raise ValidationError(path, "must not be before 1970-01-01T00:00:00Z", text)
+    if epoch_ms > MAX_EPOCH_MS:
+        raise ValidationError(path, "must not be after 9999-12-31T23:59:59.999Z", text)
+    return epoch_ms
+
+
+def _within_horizon(
+    epoch_ms: int, value: object, path: str, policy: ValidationPolicy, now_ms: int
+) -> None:
+    if epoch_ms - now_ms > policy.max_horizon_ms:
+        raise ValidationError(
+            path, f"must be at most {format_duration(policy.max_horizon_ms)} ahead of now", value
+        )
+
+
+def _job_payload(job: dict[str, Any], policy: ValidationPolicy) -> bytes:
+    if "payload" in job and "payload_b64" in job:
+        raise ValidationError("job", "at most one of payload, payload_b64", None)
+    if "payload_b64" in job:
+        return _base64(job["payload_b64"], "job.payload_b64", policy)
+    if "payload" not in job:
+        return b""
+    payload = orjson.dumps(job["payload"])
+    if len(payload) > policy.max_payload_bytes:
+        raise ValidationError(
+            "job.payload",
+            f"must be at most {policy.max_payload_bytes} bytes once serialised",
+            f"{len(payload)} bytes",
+        )
+    return payload
+
+
+def _base64(value: object, path: str, policy: ValidationPolicy) -> bytes:
+    if not isinstance(value, str):
+        raise ValidationError(path, "must be a base64 string", value)
+    if not _BASE64.fullmatch(value):
+        raise ValidationError(path, "must be standard padded base64 (A-Z a-z 0-9 + / and =)", value)
+    try:
+        payload = base64.b64decode(value, validate=True)
+    except binascii.Error as exc:  # the pattern should make this unreachable
+        raise ValidationError(path, f"not valid base64 ({exc})", value) from None
+    if len(payload) > policy.max_payload_bytes:
+        raise ValidationError(
+            path,
+            f"must decode to at most {policy.max_payload_bytes} bytes",
+            f"{len(payload)} bytes",
+        )
+    return payload
+
+
+def _headers(value: object, path: str, policy: ValidationPolicy) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, dict):
+        raise ValidationError(path, "must be an object of string to string", value)
+    size = 0
+    for name, text in value.items():
+        where = f"{path}.{name}"
+        if name == "":
+            raise ValidationError(where, "header names must not be empty", text)
+        if name[: len(RESERVED_HEADER_PREFIX)].lower() == RESERVED_HEADER_PREFIX:
+            raise ValidationError(where, "names starting with 'cw-' are reserved", name)
+        if not isinstance(text, str):
+            raise ValidationError(where, "header values must be strings", text)
+        size += len(name.encode()) + len(text.encode())
+    if size > policy.max_headers_bytes:
+        raise ValidationError(
+            path, f"must total at most {policy.max_headers_bytes} UTF-8 bytes", f"{size} bytes"
+        )
+    # Sorted, so that key order in the submitted JSON does not make two specs differ.
+    return tuple(sorted(value.items()))
+
+
+# --------------------------------------------------------------------------------------------
+# Encoding (client side): build wire bytes that parse_command accepts
+# --------------------------------------------------------------------------------------------
+
+_INSTANT_FIELDS: Final = ("at", "start", "end")
+_DURATION_FIELDS: Final = ("every", "window", "backoff")
+
+
+def encode_upsert(job_fields: Mapping[str, Any]) -> bytes:
+    """Wire bytes of an upsert. Values pass through as given, except these conveniences:
+    at/start/end as an aware datetime become RFC 3339 UTC strings; every/window/backoff as
+    int milliseconds or timedelta become duration strings; a bytes payload becomes payload_b64;
+    headers may be any mapping. Validation is the parser's job (at ingest, or call it first).
+    """
+    job: dict[str, Any] = {}
+    for name, value in job_fields.items():
+        if name in _INSTANT_FIELDS and isinstance(value, datetime):
+            job[name] = _wire_datetime(value, name)
+        elif name in _DURATION_FIELDS and _is_duration_value(value):
+            job[name] = _wire_duration(value, name)
+        elif name == "payload" and isinstance(value, bytes | bytearray | memoryview):
+            job["payload_b64"] = base64.b64encode(bytes(value)).decode("ascii")
+        elif name == "headers" and isinstance(value, Mapping):
+            job[name] = dict(value)
+        else:
+            job[name] = value
+    return orjson.dumps({"v": 1, "op": "upsert", "job": job})
+
+
+def encode_cancel(id: str) -> bytes:
+    """Wire bytes of a cancel of job `id`."""
+    return orjson.dumps({"v": 1, "op": "cancel", "id": id})
+
+
+def encode_retry(
+    *,
+    id: str,
+    scheduled_ms: int,
+    attempt: int,
+    at_ms: int,
+    topic: str,
+    payload: bytes,
+    headers: Mapping[str, str] | Iterable[tuple[str, str]] = (),
+    max_attempts: int | None = None,
+    backoff_ms: int | None = None,
+) -> bytes:
+    """Wire bytes of a retry (what a worker sends); parses back to the equal Retry."""
+    doc: dict[str, Any] = {
+        "v": 1,
+        "op": "retry",
+        "id": id,
+        "scheduled_at": scheduled_ms,
+        "attempt": attempt,
+        "at": at_ms,
+        "topic": topic,
+        "payload_b64": base64.b64encode(payload).decode("ascii"),
+    }
+    header_map = dict(headers.items() if isinstance(headers, Mapping) else headers)
+    if header_map:
+        doc["headers"] = header_map
+    if max_attempts is not None:
+        doc["max_attempts"] = max_attempts
+    if backoff_ms is not None:
+        doc["backoff"] = format_duration(backoff_ms)
+    return orjson.dumps(doc)
+
+
+def _is_duration_value(value: object) -> bool:
+    return isinstance(value, timedelta) or type(value) is int
+
+
+def _wire_duration(value: int | timedelta, name: str) -> str:
+    if isinstance(value, timedelta):
+        ms, rest = divmod(value, _ONE_MS)
+        if rest or ms < 0:
+            raise ValueError(f"{name}: a duration must be whole, non-negative milliseconds")
+        return format_duration(ms)
+    return format_duration(value)
+
+
+def _wire_datetime(value: datetime, name: str) -> str:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{name}: naive datetime; give it a tzinfo (the wire needs an offset)")
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
