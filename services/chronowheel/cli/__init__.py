@@ -13,6 +13,7 @@ from chronowheel.errors import ChronowheelError
 COMMAND_MODULES = (
     "chronowheel.cli.stack",
     "chronowheel.cli.init",
+    "chronowheel.cli.node",
 )
 
 

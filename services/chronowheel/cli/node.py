@@ -1,0 +1,40 @@
+"""`chronowheel node`: run a scheduler node (joins the namespace's cluster via Kafka)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from chronowheel.settings import add_settings_arguments, settings_from_args
+
+NODE_SETTINGS = (
+    "namespace", "cassandra", "kafka", "consistency", "http_port", "lookahead_ms", "prewarm_ms",
+    "hot_bucket_rows", "bucket_page_rows", "bucket_cap_rows", "max_clock_skew_ms", "tick_ms",
+    "max_batch", "retention_ms", "allowed_topics", "max_id_bytes", "max_payload_bytes",
+    "max_horizon_ms",
+)
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "node", help="run a scheduler node",
+        description="Run a scheduler node. Nodes of one namespace share its shards through the "
+                    "Kafka consumer group of <ns>.submit. SIGTERM stops gracefully; a second "
+                    "SIGTERM aborts.")
+    add_settings_arguments(p, NODE_SETTINGS)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from chronowheel.node.service import Node, install_signal_handlers
+
+    settings = settings_from_args(args)
+
+    async def main() -> None:
+        node = Node(settings)
+        install_signal_handlers(node)
+        await node.run()
+
+    asyncio.run(main())
+    return 0

@@ -1,0 +1,67 @@
+"""A minimal HTTP endpoint for /metrics and /healthz (no web framework needed for two routes)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from chronowheel.node.metrics import NodeMetrics
+
+log = logging.getLogger(__name__)
+
+
+class HttpEndpoint:
+    def __init__(self, metrics: NodeMetrics, health: Callable[[], tuple[bool, dict[str, object]]],
+                 port: int, host: str = "127.0.0.1") -> None:
+        self._metrics = metrics
+        self._health = health
+        self._port = port
+        self._host = host
+        self._server: asyncio.Server | None = None
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, self._host, self._port)
+        log.info("serving /metrics and /healthz on http://%s:%d", self._host, self.port)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await asyncio.wait_for(reader.readline(), 5)
+            while (await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
+                pass
+            parts = line.decode("latin-1").split()
+            path = parts[1] if len(parts) >= 2 else "/"
+            if path.startswith("/metrics"):
+                status, ctype, body = 200, CONTENT_TYPE_LATEST, generate_latest(
+                    self._metrics.registry)
+            elif path.startswith("/healthz"):
+                ok, detail = self._health()
+                status, ctype = (200 if ok else 503), "application/json"
+                body = orjson.dumps({"ok": ok, **detail})
+            else:
+                status, ctype, body = 404, "text/plain", b"not found\n"
+            reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}[status]
+            writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\n"
+                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+                         .encode() + body)
+            await writer.drain()
+        except (TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()

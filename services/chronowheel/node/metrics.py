@@ -1,0 +1,52 @@
+"""Prometheus metrics of one node. A registry per node so tests can run several in-process."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENESS_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5,
+                    5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class NodeMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.dispatch_lag = Gauge(
+            "chronowheel_dispatch_lag_seconds",
+            "now minus the oldest unpublished due slot (0 when nothing is overdue)", ["shard"],
+            registry=r)
+        self.lateness = Histogram(
+            "chronowheel_lateness_seconds",
+            "publish-visible time (transaction committed) minus the occurrence's slot",
+            buckets=LATENESS_BUCKETS, registry=r)
+        self.wheel_entries = Gauge("chronowheel_wheel_entries", "occurrences held in the wheel",
+                                   ["shard"], registry=r)
+        self.loaded_horizon = Gauge(
+            "chronowheel_loaded_horizon_seconds",
+            "epoch seconds through which every due row is in the wheel", ["shard"], registry=r)
+        self.watermark = Gauge("chronowheel_watermark_seconds",
+                               "epoch seconds through which every occurrence is published",
+                               ["shard"], registry=r)
+        self.prewarmed_buckets = Gauge("chronowheel_prewarmed_buckets",
+                                       "hot minute buckets loaded ahead of the horizon",
+                                       ["shard"], registry=r)
+        self.ingested = Counter("chronowheel_ingested_total", "commands applied", ["op"],
+                                registry=r)
+        self.rejected = Counter("chronowheel_rejected_total",
+                                "commands published to <ns>.rejected", registry=r)
+        self.forwarded = Counter("chronowheel_forwarded_total",
+                                 "commands forwarded to their shard's partition", registry=r)
+        self.fired = Counter("chronowheel_fired_total", "occurrences published", registry=r)
+        self.coalesced = Counter("chronowheel_catch_up_coalesced_total",
+                                 "catch-ups (policy all) that hit max_catch_up and coalesced",
+                                 registry=r)
+        self.txn_seconds = Histogram("chronowheel_transaction_seconds",
+                                     "dispatch transaction latency (begin to committed)",
+                                     buckets=LATENESS_BUCKETS, registry=r)
+        self.clock_skew = Gauge("chronowheel_clock_skew_seconds",
+                                "local clock minus Cassandra's clock", registry=r)
+        self.dispatch_blocked = Gauge("chronowheel_dispatch_blocked",
+                                      "1 while dispatch is stopped (clock skew too large)",
+                                      registry=r)
+        self.owned_shards = Gauge("chronowheel_owned_shards", "shards this node owns",
+                                  registry=r)

@@ -1,0 +1,67 @@
+"""What the wheel holds: one pending occurrence with its fired message pre-encoded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from chronowheel.store.base import DueRow
+
+# Wheel key of an occurrence: (job id, scheduled instant, attempt). A retry of an occurrence
+# is pending beside the job's next regular occurrence, so the job id alone is not unique.
+OccurrenceKey = tuple[str, int, int]
+
+
+@dataclass(slots=True)
+class Pending:
+    job_id: str
+    scheduled_ms: int
+    slot_ms: int
+    attempt: int
+    version: int
+    topic: str
+    key: bytes
+    payload: bytes
+    # cw-* headers (all but cw-fired-at, known only at publish) followed by the job's own.
+    headers: list[tuple[str, bytes]]
+    spec: bytes | None  # recurring jobs: canonical job JSON, to compute the next occurrence
+
+    @property
+    def wheel_key(self) -> OccurrenceKey:
+        return (self.job_id, self.scheduled_ms, self.attempt)
+
+
+def occurrence_id(job_id: str, scheduled_ms: int) -> str:
+    return f"{job_id}@{scheduled_ms}"
+
+
+def encode_headers(job_id: str, scheduled_ms: int, attempt: int,
+                   user: tuple[tuple[str, str], ...]) -> list[tuple[str, bytes]]:
+    out = [
+        ("cw-job-id", job_id.encode()),
+        ("cw-scheduled-at", str(scheduled_ms).encode()),
+        ("cw-attempt", str(attempt).encode()),
+        ("cw-occurrence", occurrence_id(job_id, scheduled_ms).encode()),
+    ]
+    out.extend((k, v.encode()) for k, v in user)
+    return out
+
+
+def pending_from_row(row: DueRow) -> Pending:
+    return Pending(
+        job_id=row.job_id, scheduled_ms=row.scheduled_ms, slot_ms=row.slot_ms,
+        attempt=row.attempt, version=row.version, topic=row.topic, key=row.job_id.encode(),
+        payload=row.payload, headers=encode_headers(row.job_id, row.scheduled_ms, row.attempt,
+                                                    row.headers),
+        spec=row.spec,
+    )
+
+
+def with_schedule(p: Pending, scheduled_ms: int) -> Pending:
+    """The same job's message for another scheduled instant (catch-up fires)."""
+    return Pending(
+        job_id=p.job_id, scheduled_ms=scheduled_ms, slot_ms=p.slot_ms, attempt=p.attempt,
+        version=p.version, topic=p.topic, key=p.key, payload=p.payload,
+        headers=encode_headers(p.job_id, scheduled_ms, p.attempt,
+                               tuple((k, v.decode()) for k, v in p.headers[4:])),
+        spec=p.spec,
+    )

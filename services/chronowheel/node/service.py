@@ -1,0 +1,271 @@
+"""The node: joins the `<ns>.submit` consumer group and runs a shard actor per assigned partition.
+
+Shard ownership is the group assignment: no membership protocol of our own. Side tasks (the
+ingest pump, the clock-skew monitor, the HTTP endpoint, every shard actor) are supervised: one
+that crashes stops the node loudly, except a fenced shard, which is simply given up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+
+from chronowheel.admin import recorded_shard_count
+from chronowheel.bus.kafka import group_consumer
+from chronowheel.core.clock import Clock, SystemClock
+from chronowheel.core.model import ValidationPolicy
+from chronowheel.errors import ChronowheelError, ConfigError
+from chronowheel.node.http import HttpEndpoint
+from chronowheel.node.metrics import NodeMetrics
+from chronowheel.node.shard import ShardActor, ShardLost
+from chronowheel.settings import Settings
+from chronowheel.store.base import JobStore
+from chronowheel.store.cassandra import CassandraStore
+
+log = logging.getLogger(__name__)
+
+SKEW_CHECK_INTERVAL_S = 5.0
+STOP_DEADLINE_S = 30.0
+
+
+@dataclass
+class _Owned:
+    actor: ShardActor
+    task: asyncio.Task[None]
+
+
+@dataclass
+class NodeStatus:
+    shards: list[int] = field(default_factory=list)
+    skew_ms: int | None = None
+    blocked: bool = False
+
+
+class Node:
+    def __init__(self, settings: Settings, *, clock: Clock | None = None,
+                 store: JobStore | None = None, node_id: str | None = None,
+                 session_timeout_ms: int = 10_000) -> None:
+        self.settings = settings
+        self.clock = clock or SystemClock()
+        self._store = store
+        self.node_id = node_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.metrics = NodeMetrics()
+        self.policy = ValidationPolicy.from_settings(settings)
+        self.group_id = f"{settings.namespace}-nodes"
+        self.session_timeout_ms = session_timeout_ms
+        self.owned: dict[int, _Owned] = {}
+        self.skew_ms: int | None = None
+        self.blocked = False
+        self.shards = 0
+        self.http: HttpEndpoint | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._failure: BaseException | None = None
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._cassandra: CassandraStore | None = None
+
+    # --- public ---------------------------------------------------------------------------
+    @property
+    def store(self) -> JobStore:
+        assert self._store is not None
+        return self._store
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Run until stopped (request_stop / SIGTERM); raise if a supervised task failed."""
+        await self.start()
+        try:
+            await self._stop.wait()
+        finally:
+            await self.shutdown()
+        if self._failure is not None:
+            raise ChronowheelError(f"node stopped: {self._failure!r}") from self._failure
+
+    async def start(self) -> None:
+        s = self.settings
+        self.shards = await recorded_shard_count(s)
+        if self._store is None:
+            self._cassandra = await asyncio.to_thread(CassandraStore.open, s)
+            self._store = self._cassandra
+        self.http = HttpEndpoint(self.metrics, self.health, s.http_port)
+        await self.http.start()
+        consumer = group_consumer(s, self.group_id, session_timeout_ms=self.session_timeout_ms,
+                                  max_partition_fetch_bytes=4 << 20)
+        consumer.subscribe([s.submit_topic], listener=_Rebalance(self))
+        await consumer.start()
+        parts = consumer.partitions_for_topic(s.submit_topic)
+        if parts is not None and len(parts) != self.shards:
+            await consumer.stop()
+            raise ConfigError(f"{s.submit_topic} has {len(parts)} partitions but the namespace "
+                              f"has {self.shards} shards")
+        self._consumer = consumer
+        self._spawn(self._pump(), "ingest-pump")
+        self._spawn(self._skew_monitor(), "clock-skew-monitor")
+        log.info("node %s started: namespace %s, %d shards, group %s", self.node_id,
+                 s.namespace, self.shards, self.group_id)
+
+    async def shutdown(self) -> None:
+        """Stop taking work, finish open transactions, leave the group."""
+        self._stop.set()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks.clear()
+        await self._stop_shards(list(self.owned))
+        if self._consumer is not None:
+            with contextlib.suppress(Exception):
+                await self._consumer.stop()  # leaves the group: others take over at once
+            self._consumer = None
+        if self.http is not None:
+            await self.http.stop()
+        if self._cassandra is not None:
+            await asyncio.to_thread(self._cassandra.close)
+            self._cassandra = None
+        log.info("node %s stopped", self.node_id)
+
+    def health(self) -> tuple[bool, dict[str, object]]:
+        lag = {str(k): o.actor.dispatch_lag_ms() for k, o in self.owned.items()}
+        ok = not self.blocked and self._failure is None and all(v < 5_000 for v in lag.values())
+        return ok, {"node": self.node_id, "shards": sorted(self.owned), "dispatch_lag_ms": lag,
+                    "clock_skew_ms": self.skew_ms, "dispatch_blocked": self.blocked}
+
+    # --- supervision ----------------------------------------------------------------------
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.ensure_future(coro)
+        task.set_name(name)
+        task.add_done_callback(self._supervise)
+        self._tasks.append(task)
+
+    def _supervise(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or self._stop.is_set():
+            return
+        exc = task.exception()
+        if isinstance(exc, ShardLost):
+            log.warning("%s", exc)
+            return
+        self._failure = exc or RuntimeError(f"{task.get_name()} ended unexpectedly")
+        log.critical("task %s failed; stopping the node: %r", task.get_name(), self._failure,
+                     exc_info=exc)
+        self._stop.set()
+
+    # --- shards ---------------------------------------------------------------------------
+    async def _start_shards(self, partitions: list[int]) -> None:
+        assert self._consumer is not None
+        for k in partitions:
+            if k in self.owned:
+                continue
+            actor = ShardActor(
+                shard=k, shards=self.shards, settings=self.settings, store=self.store,
+                consumer=self._consumer, clock=self.clock, metrics=self.metrics,
+                policy=self.policy, group_id=self.group_id, node_id=self.node_id,
+                dispatch_blocked=lambda: self.blocked)
+            task = asyncio.ensure_future(actor.run())
+            task.set_name(f"shard-{k}")
+            task.add_done_callback(self._supervise)
+            self.owned[k] = _Owned(actor, task)
+        self.metrics.owned_shards.set(len(self.owned))
+        log.info("node %s owns shards %s", self.node_id, sorted(self.owned))
+
+    async def _stop_shards(self, partitions: list[int]) -> None:
+        owned = [self.owned.pop(k) for k in partitions if k in self.owned]
+        for o in owned:
+            o.task.remove_done_callback(self._supervise)
+        stops = [asyncio.ensure_future(o.actor.stop()) for o in owned]
+        if stops:
+            await asyncio.wait(stops, timeout=STOP_DEADLINE_S)
+            for o in owned:
+                if not o.task.done():
+                    o.task.cancel()  # past the deadline: abort (its transaction aborts too)
+            for o in owned:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await o.task
+        self.metrics.owned_shards.set(len(self.owned))
+
+    async def _pump(self) -> None:
+        """Route fetched submit records to their shard's actor."""
+        consumer = self._consumer
+        assert consumer is not None
+        paused: set[TopicPartition] = set()
+        while True:
+            batches = await consumer.getmany(timeout_ms=200, max_records=5_000)
+            for tp, records in batches.items():
+                owned = self.owned.get(tp.partition)
+                if owned is not None and owned.actor.ready:
+                    owned.actor.enqueue(records)
+                # Records of a shard still taking over are dropped: it seeks to its committed
+                # offset when ready, so they are read again.
+            for k, o in self.owned.items():  # backpressure per shard
+                tp = o.actor.tp
+                if len(o.actor.queue) > 20_000 and tp not in paused:
+                    consumer.pause(tp)
+                    paused.add(tp)
+                elif len(o.actor.queue) < 5_000 and tp in paused:
+                    consumer.resume(tp)
+                    paused.discard(tp)
+                del k
+            paused &= consumer.assignment()
+
+    async def _skew_monitor(self) -> None:
+        limit = self.settings.max_clock_skew_ms
+        while True:
+            try:
+                server = await self.store.server_time_ms()
+                self.skew_ms = self.clock.now_ms() - server
+            except ChronowheelError as exc:
+                log.warning("clock skew check failed: %s", exc)
+            else:
+                self.metrics.clock_skew.set(self.skew_ms / 1000)
+                blocked = abs(self.skew_ms) > limit
+                if blocked != self.blocked:
+                    if blocked:
+                        log.error("clock skew %d ms exceeds max_clock_skew %d ms: dispatch "
+                                  "STOPPED until the clocks agree", self.skew_ms, limit)
+                    else:
+                        log.warning("clock skew %d ms back within %d ms: dispatch resumed",
+                                    self.skew_ms, limit)
+                self.blocked = blocked
+                self.metrics.dispatch_blocked.set(1 if blocked else 0)
+            await asyncio.sleep(SKEW_CHECK_INTERVAL_S)
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await self.node._stop_shards([tp.partition for tp in revoked])
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        await self.node._start_shards([tp.partition for tp in assigned])
+
+
+def install_signal_handlers(node: Node) -> None:
+    """First SIGTERM/SIGINT: graceful stop. Second: abort at once."""
+    loop = asyncio.get_running_loop()
+    count = 0
+
+    def handler() -> None:
+        nonlocal count
+        count += 1
+        if count == 1:
+            log.warning("stop requested: finishing open transactions, leaving the group")
+            node.request_stop()
+        else:
+            log.error("second stop signal: aborting")
+            os._exit(130)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, handler)

@@ -1,0 +1,675 @@
+"""The shard actor: one single-writer loop per owned shard.
+
+Each iteration ingests queued submit commands (durable Cassandra writes first), then takes the
+due occurrences out of the wheel and publishes them, the rejected/forwarded commands, the
+shard's new watermark and the consumed submit offsets in ONE Kafka transaction. A concurrent
+loader task keeps the wheel filled from Cassandra's minute buckets ahead of time.
+
+Invariants (they carry the contract's musts):
+- `watermark`: every due row of this shard with slot <= watermark has been published (or is in
+  the transaction being committed). Ingest never writes a slot <= watermark; the loader never
+  puts a row with slot <= watermark into the wheel; so nothing is published twice.
+- `horizon_ms`: every due row with slot <= horizon_ms is in the wheel (or already published).
+  Dispatch never looks past min(now, horizon_ms), so nothing is skipped and nothing is early.
+- Offsets are sent only in the transaction that follows the commands' durable writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict, defaultdict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import (
+    InvalidProducerEpoch,
+    KafkaError,
+    ProducerFenced,
+    TransactionalIdAuthorizationFailed,
+)
+
+from chronowheel.bus.kafka import reader, transactional_producer
+from chronowheel.core.buckets import MINUTE_MS, minute_of, slot_for
+from chronowheel.core.clock import Clock
+from chronowheel.core.model import (
+    Cancel,
+    Command,
+    JobSpec,
+    Retry,
+    Upsert,
+    ValidationPolicy,
+    parse_command,
+)
+from chronowheel.core.recurrence import Schedule, catch_up, compile_schedule, next_after
+from chronowheel.core.shard import shard_of
+from chronowheel.core.wheel import TimingWheel
+from chronowheel.errors import ChronowheelError, ValidationError
+from chronowheel.node.metrics import NodeMetrics
+from chronowheel.node.pending import OccurrenceKey, Pending, pending_from_row, with_schedule
+from chronowheel.retry import with_retries
+from chronowheel.settings import Settings
+from chronowheel.store.base import DueRow, JobRow, JobStore
+
+log = logging.getLogger(__name__)
+
+# A recurring occurrence fired at most this late counts as on time; later ones went missing
+# (outage) and the job's catch-up policy decides what fires.
+CATCH_UP_GRACE_MS = 60_000
+# With nothing to publish, still commit the advancing watermark this often, so a takeover
+# reloads little.
+IDLE_WATERMARK_COMMIT_MS = 2_000
+INGEST_BATCH = 2_000
+INGEST_CONCURRENCY = 64
+# Without a watermark record (never initialised, or the state topic lost it), reload this far.
+MISSING_WATERMARK_LOOKBACK_MS = 3_600_000
+_FENCED = (ProducerFenced, InvalidProducerEpoch, TransactionalIdAuthorizationFailed)
+
+
+class ShardLost(ChronowheelError):
+    """Another node owns this shard now (our producer was fenced)."""
+
+
+@dataclass(slots=True)
+class Outgoing:
+    topic: str
+    partition: int | None
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
+
+
+class ShardActor:
+    def __init__(self, *, shard: int, shards: int, settings: Settings, store: JobStore,
+                 consumer: AIOKafkaConsumer, clock: Clock, metrics: NodeMetrics,
+                 policy: ValidationPolicy, group_id: str, node_id: str,
+                 dispatch_blocked: Callable[[], bool]) -> None:
+        self.shard = shard
+        self.shards = shards
+        self.settings = settings
+        self.store = store
+        self.consumer = consumer
+        self.clock = clock
+        self.metrics = metrics
+        self.policy = policy
+        self.group_id = group_id
+        self.node_id = node_id
+        self.dispatch_blocked = dispatch_blocked
+        self.tp = TopicPartition(settings.submit_topic, shard)
+        self.label = str(shard)
+
+        self.wheel: TimingWheel[OccurrenceKey, Pending] = TimingWheel(
+            start_ms=clock.now_ms(), tick_ms=settings.tick_ms)
+        self.queue: deque[Any] = deque()
+        self.wake = asyncio.Event()
+        self.ready = False
+        self.stopping = False
+        self.producer: AIOKafkaProducer | None = None
+
+        self.watermark = 0
+        self.committed_watermark = 0
+        self.last_commit_ms = 0
+        self.horizon_ms = 0
+        self.reading_upto = 0
+        self.loaded_minutes: set[int] = set()  # hot minutes beyond the horizon, (being) loaded
+        self.prewarmed: set[int] = set()
+        self.touch_seq = 0
+        self.touched: dict[str, int] = {}
+        self.reads_in_flight = 0
+        self.loader_wake = asyncio.Event()
+
+        self.next_offset: int | None = None
+        self.offset_to_commit: int | None = None
+        self.outbox: list[Outgoing] = []
+        self._partitions: dict[str, int] = {}
+        self._schedules: OrderedDict[bytes, tuple[JobSpec, Schedule]] = OrderedDict()
+        self._stopped = asyncio.Event()
+
+    # --- lifecycle ------------------------------------------------------------------------
+    def enqueue(self, records: Iterable[Any]) -> None:
+        self.queue.extend(records)
+        self.wake.set()
+
+    async def stop(self) -> None:
+        self.stopping = True
+        self.wake.set()
+        self.loader_wake.set()
+        await self._stopped.wait()
+
+    async def run(self) -> None:
+        loader: asyncio.Task[None] | None = None
+        try:
+            await self._takeover()
+            loader = asyncio.create_task(self._loader_loop(), name=f"loader-{self.shard}")
+            while not self.stopping:
+                self.wake.clear()
+                if loader.done():
+                    loader.result()  # a failed loader fails the shard loudly
+                    raise RuntimeError(f"shard {self.shard}: loader stopped unexpectedly")
+                await self._ingest_step()
+                await self._dispatch_step()
+                self._update_gauges()
+                await self._wait()
+        finally:
+            self.ready = False
+            if loader is not None:
+                loader.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await loader
+            if self.producer is not None:
+                with contextlib.suppress(Exception):
+                    await self.producer.stop()
+            self.metrics.wheel_entries.labels(self.label).set(0)
+            self._stopped.set()
+
+    async def _takeover(self) -> None:
+        txn_id = f"{self.settings.namespace}-shard-{self.shard}"
+        producer = transactional_producer(self.settings, txn_id)
+        # init_transactions bumps the epoch of this transactional.id: the previous owner is
+        # fenced from here on, and its open transaction (if any) is aborted.
+        await with_retries(producer.start, f"shard {self.shard}: init transactional producer")
+        self.producer = producer
+        w = await self._read_watermark()
+        self.watermark = self.committed_watermark = w
+        self.horizon_ms = self.reading_upto = w
+        self.last_commit_ms = self.clock.now_ms()
+        committed = await self.consumer.committed(self.tp)
+        if committed is None:
+            await self.consumer.seek_to_beginning(self.tp)
+            self.next_offset = None
+        else:
+            self.consumer.seek(self.tp, committed)
+            self.next_offset = committed
+        self.queue.clear()
+        self.ready = True
+        log.info("shard %d: taken over (watermark %d, submit offset %s)", self.shard, w,
+                 committed)
+
+    async def _read_watermark(self) -> int:
+        tp = TopicPartition(self.settings.state_topic, self.shard)
+        consumer = reader(self.settings)
+        await consumer.start()
+        try:
+            consumer.assign([tp])
+            end = (await consumer.end_offsets([tp]))[tp]
+            await consumer.seek_to_beginning(tp)
+            found: int | None = None
+            deadline = self.clock.now_ms() + 30_000
+            while await consumer.position(tp) < end:
+                if self.clock.now_ms() > deadline:
+                    raise ChronowheelError(f"shard {self.shard}: timed out reading watermark")
+                batch = await consumer.getmany(tp, timeout_ms=500)
+                for msg in batch.get(tp, []):
+                    if msg.key == state_key(self.shard) and msg.value:
+                        found = int(orjson.loads(msg.value)["watermark"])
+        finally:
+            await consumer.stop()
+        if found is None:
+            found = self.clock.now_ms() - MISSING_WATERMARK_LOOKBACK_MS
+            log.warning("shard %d: no watermark in %s; loading from %d (1 hour back)",
+                        self.shard, self.settings.state_topic, found)
+        return found
+
+    # --- ingest ---------------------------------------------------------------------------
+    async def _ingest_step(self) -> None:
+        if not self.queue:
+            return
+        records: list[Any] = []
+        while self.queue and len(records) < INGEST_BATCH:
+            rec = self.queue.popleft()
+            if self.next_offset is not None:
+                if rec.offset < self.next_offset:
+                    continue  # already seen (re-delivery after a seek)
+                if rec.offset > self.next_offset:
+                    # Read_committed skips aborted records and control markers, so gaps are
+                    # normal; only a gap caused by our own dropped records would matter, and
+                    # the pump never drops records of a ready shard.
+                    pass
+            records.append(rec)
+            self.next_offset = rec.offset + 1
+        if not records:
+            return
+        now = self.clock.now_ms()
+        chains: dict[str, list[Command]] = defaultdict(list)
+        for rec in records:
+            cmd = self._parse(rec, now)
+            if cmd is None:
+                continue
+            job_id = cmd.job.id if isinstance(cmd, Upsert) else cmd.id
+            target = shard_of(job_id, self.shards)
+            if target != self.shard:
+                self.outbox.append(Outgoing(self.settings.submit_topic, target, rec.key,
+                                            rec.value, list(rec.headers or ())))
+                self.metrics.forwarded.inc()
+                continue
+            chains[job_id].append(cmd)
+        counts: dict[int, int] = defaultdict(int)
+        sem = asyncio.Semaphore(INGEST_CONCURRENCY)
+
+        async def run_chain(cmds: list[Command]) -> None:
+            async with sem:
+                for cmd in cmds:
+                    await self._apply(cmd, now, counts)
+
+        await asyncio.gather(*(run_chain(c) for c in chains.values()))
+        await asyncio.gather(*(self.store.add_bucket_count(self.shard, m, n)
+                               for m, n in counts.items()))
+        self.offset_to_commit = records[-1].offset + 1
+
+    def _parse(self, rec: Any, now: int) -> Command | None:
+        try:
+            return parse_command(rec.value or b"", key=rec.key, policy=self.policy, now_ms=now)
+        except ValidationError as exc:
+            reason = str(exc)
+        except Exception as exc:  # a parser bug must not stop the pipeline either
+            log.exception("shard %d: parser failed on offset %d", self.shard, rec.offset)
+            reason = f"internal error while validating: {type(exc).__name__}: {exc}"
+        self.outbox.append(Outgoing(
+            self.settings.rejected_topic, None, rec.key, rec.value or b"",
+            [("cw-reason", reason.encode()),
+             ("cw-source-topic", rec.topic.encode()),
+             ("cw-source-partition", str(rec.partition).encode()),
+             ("cw-source-offset", str(rec.offset).encode())]))
+        self.metrics.rejected.inc()
+        log.info("shard %d: rejected offset %d: %s", self.shard, rec.offset, reason)
+        return None
+
+    async def _apply(self, cmd: Command, now: int, counts: dict[int, int]) -> None:
+        if isinstance(cmd, Upsert):
+            await self._upsert(cmd.job, now, counts)
+        elif isinstance(cmd, Cancel):
+            await self._cancel(cmd.id)
+        else:
+            await self._retry(cmd, now, counts)
+        self.metrics.ingested.labels(cmd.op).inc()
+
+    def _insert_bound(self, slot: int) -> bool:
+        return slot <= max(self.horizon_ms, self.reading_upto) or \
+            minute_of(slot) in self.loaded_minutes
+
+    def _touch(self, job_id: str) -> None:
+        # Loader pages read before this moment must not overwrite what ingest just decided.
+        self.touch_seq += 1
+        if self.reads_in_flight:
+            self.touched[job_id] = self.touch_seq
+
+    def _ttl_s(self, slot: int, now: int) -> int:
+        return max(1, (max(0, slot - now) + self.settings.retention_ms) // 1000)
+
+    async def _upsert(self, job: JobSpec, now: int, counts: dict[int, int]) -> None:
+        existing = await self.store.get_job(job.id)
+        if existing is not None and existing.status != "cancelled" \
+                and existing.spec == job.canonical:
+            return  # identical re-submit: a no-op, also after the job fired
+        version = existing.version + 1 if existing is not None else 1
+        first = (next_after(self._schedule(job), now, inclusive=True) if job.recurring
+                 else job.at_ms)
+        old_key = await self._remove_pending(existing)
+        if first is None:  # a recurring job whose end has passed
+            await self.store.put_job(JobRow(job.id, self.shard, job.canonical, version,
+                                            "finished", None, None))
+            self._finish_ingest(job.id, old_key, None)
+            return
+        slot = max(slot_for(job.id, first, job.window_ms), self.watermark + 1)
+        row = DueRow(minute_of(slot), self.shard, slot, job.id, 1, first, version, job.topic,
+                     job.payload, job.headers, job.canonical if job.recurring else None)
+        # due row before jobs row: a crash in between leaves a jobs row that does not match,
+        # so the re-delivered command is applied again instead of being taken for a no-op.
+        await self.store.put_due(row, self._ttl_s(slot, now))
+        counts[row.minute] += 1
+        await self.store.put_job(JobRow(job.id, self.shard, job.canonical, version, "scheduled",
+                                        first, slot))
+        self._finish_ingest(job.id, old_key, pending_from_row(row))
+
+    async def _remove_pending(self, existing: JobRow | None) -> OccurrenceKey | None:
+        if existing is None or existing.status != "scheduled" or existing.slot_ms is None \
+                or existing.scheduled_ms is None:
+            return None
+        if existing.slot_ms > self.watermark:  # not published yet: delete the pending row
+            await self.store.delete_due(minute_of(existing.slot_ms), self.shard,
+                                        existing.slot_ms, existing.job_id, 1)
+        return (existing.job_id, existing.scheduled_ms, 1)
+
+    def _finish_ingest(self, job_id: str, old_key: OccurrenceKey | None,
+                       new: Pending | None) -> None:
+        # All wheel changes of one command happen here, after its writes, with no await in
+        # between, so a loader page applied meanwhile cannot leave a stale entry behind.
+        if old_key is not None:
+            self.wheel.cancel(old_key)
+        if new is not None and self._insert_bound(new.slot_ms):
+            self.wheel.insert(new.wheel_key, new.slot_ms, new)
+        self._touch(job_id)
+        self.wake.set()
+
+    async def _cancel(self, job_id: str) -> None:
+        existing = await self.store.get_job(job_id)
+        if existing is None or existing.status != "scheduled":
+            return
+        old_key = await self._remove_pending(existing)
+        await self.store.put_job(JobRow(job_id, self.shard, existing.spec, existing.version + 1,
+                                        "cancelled", None, None))
+        self._finish_ingest(job_id, old_key, None)
+
+    async def _retry(self, cmd: Retry, now: int, counts: dict[int, int]) -> None:
+        slot = max(cmd.at_ms, self.watermark + 1)
+        row = DueRow(minute_of(slot), self.shard, slot, cmd.id, cmd.attempt, cmd.scheduled_ms,
+                     0, cmd.topic, cmd.payload, cmd.headers, None)
+        await self.store.put_due(row, self._ttl_s(slot, now))
+        counts[row.minute] += 1
+        p = pending_from_row(row)
+        if self._insert_bound(slot):
+            self.wheel.insert(p.wheel_key, slot, p)
+        self.wake.set()
+
+    def _schedule(self, job: JobSpec) -> Schedule:
+        return compile_schedule(cron=job.cron, every_ms=job.every_ms, tz=job.tz,
+                                start_ms=job.start_ms, end_ms=job.end_ms, dst=job.dst)
+
+    def _recurring(self, spec: bytes) -> tuple[JobSpec, Schedule]:
+        hit = self._schedules.get(spec)
+        if hit is not None:
+            self._schedules.move_to_end(spec)
+            return hit
+        cmd = parse_command(b'{"v":1,"op":"upsert","job":' + spec + b"}", key=None,
+                            policy=self.policy, now_ms=self.clock.now_ms())
+        assert isinstance(cmd, Upsert)
+        hit = (cmd.job, self._schedule(cmd.job))
+        self._schedules[spec] = hit
+        if len(self._schedules) > 10_000:
+            self._schedules.popitem(last=False)
+        return hit
+
+    # --- dispatch -------------------------------------------------------------------------
+    async def _dispatch_step(self) -> None:
+        now = self.clock.now_ms()
+        fired: list[Pending] = []
+        if not self.dispatch_blocked():
+            limit = min(now, self.horizon_ms)
+            if limit > self.watermark:
+                fired = await self._take_due(limit, now)
+        idle_commit = (self.watermark > self.committed_watermark
+                       and now - self.last_commit_ms >= IDLE_WATERMARK_COMMIT_MS)
+        if fired or self.outbox or self.offset_to_commit is not None or idle_commit:
+            await self._commit(fired)
+
+    async def _take_due(self, limit: int, now: int) -> list[Pending]:
+        max_batch = self.settings.max_batch
+        entries = self.wheel.advance(limit, max_batch)
+        complete = len(entries) < max_batch
+        if not complete:
+            # Finish the last millisecond, so the watermark can say "all up to here".
+            entries.extend(self.wheel.advance(entries[-1][0]))
+            nd = self.wheel.next_deadline()
+            complete = nd is None or nd > limit
+        new_watermark = limit if complete else entries[-1][0]
+        # Raise the watermark now, before any await: the loader must not re-insert these.
+        self.watermark = max(self.watermark, new_watermark)
+        fired: list[Pending] = []
+        writes = []
+        counts: dict[int, int] = defaultdict(int)
+        for _due, _key, p in entries:
+            if p.spec is None:
+                fired.append(p)
+            else:
+                writes.append(self._fire_recurring(p, now, fired, counts))
+        if writes:
+            await asyncio.gather(*writes)
+            await asyncio.gather(*(self.store.add_bucket_count(self.shard, m, n)
+                                   for m, n in counts.items()))
+        return fired
+
+    async def _fire_recurring(self, p: Pending, now: int, fired: list[Pending],
+                              counts: dict[int, int]) -> None:
+        job, schedule = self._recurring(p.spec or b"")
+        if now - p.slot_ms <= CATCH_UP_GRACE_MS:
+            fires: tuple[int, ...] = (p.scheduled_ms,)
+            nxt = next_after(schedule, p.scheduled_ms)
+        else:
+            cu = catch_up(schedule, policy=job.catch_up, max_catch_up=job.max_catch_up,
+                          first_missed_ms=p.scheduled_ms, now_ms=now)
+            fires, nxt = cu.fire, cu.next_ms
+            if cu.coalesced:
+                self.metrics.coalesced.inc()
+            log.info("shard %d: job %s missed occurrences since %d; catch_up=%s fires %d",
+                     self.shard, p.job_id, p.scheduled_ms, job.catch_up, len(fires))
+        fired.extend(p if s == p.scheduled_ms else with_schedule(p, s) for s in fires)
+        # The next occurrence is durable before the transaction that publishes this one.
+        if nxt is None:
+            await self.store.put_job(JobRow(p.job_id, self.shard, p.spec or b"", p.version,
+                                            "finished", None, None))
+            self._touch(p.job_id)
+            return
+        slot = max(slot_for(p.job_id, nxt, job.window_ms), self.watermark + 1)
+        row = DueRow(minute_of(slot), self.shard, slot, p.job_id, 1, nxt, p.version, p.topic,
+                     p.payload, job.headers, p.spec)
+        await self.store.put_due(row, self._ttl_s(slot, now))
+        counts[row.minute] += 1
+        await self.store.put_job(JobRow(p.job_id, self.shard, p.spec or b"", p.version,
+                                        "scheduled", nxt, slot))
+        self._finish_ingest(p.job_id, None, pending_from_row(row))
+
+    async def _commit(self, fired: list[Pending]) -> None:
+        producer = self.producer
+        assert producer is not None
+        started = self.clock.now_ms()
+        watermark = self.watermark
+        try:
+            await producer.begin_transaction()
+            try:
+                fired_at = str(self.clock.now_ms()).encode()
+                batches: dict[tuple[str, int], Any] = {}
+                dead: list[Outgoing] = []
+                for p in fired:
+                    parts = await self._partition_count(p.topic)
+                    if parts is None:
+                        dead.append(self._undeliverable(p, fired_at))
+                        continue
+                    part = shard_of(p.job_id, parts)
+                    await self._append(producer, batches, p.topic, part, p.key, p.payload,
+                                       [*p.headers, ("cw-fired-at", fired_at)])
+                for out in (*self.outbox, *dead):
+                    target = out.partition
+                    if target is None:
+                        n = await self._partition_count(out.topic) or 1
+                        target = shard_of(out.key.decode("utf-8", "replace"), n) if out.key else 0
+                    await self._append(producer, batches, out.topic, target, out.key, out.value,
+                                       out.headers)
+                await self._append(producer, batches, self.settings.state_topic, self.shard,
+                                   state_key(self.shard), orjson.dumps(
+                                       {"shard": self.shard, "watermark": watermark,
+                                        "node": self.node_id, "at": started}), [])
+                for (topic, part), batch in batches.items():
+                    await producer.send_batch(batch, topic, partition=part)
+                if self.offset_to_commit is not None:
+                    await producer.send_offsets_to_transaction(
+                        {self.tp: self.offset_to_commit}, self.group_id)
+                await producer.commit_transaction()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await producer.abort_transaction()
+                raise
+        except _FENCED as exc:
+            raise ShardLost(f"shard {self.shard}: fenced by a newer owner ({exc})") from exc
+        except KafkaError as exc:
+            # Crash-only recovery: the shard restarts from its committed watermark and offset.
+            raise ChronowheelError(f"shard {self.shard}: transaction failed: {exc!r}") from exc
+        done = self.clock.now_ms()
+        self.metrics.txn_seconds.observe((done - started) / 1000)
+        observe = self.metrics.lateness.observe
+        for p in fired:
+            observe(max(0, done - p.slot_ms) / 1000)
+        self.metrics.fired.inc(len(fired))
+        self.committed_watermark = watermark
+        self.last_commit_ms = done
+        self.outbox.clear()
+        self.offset_to_commit = None
+
+    async def _append(self, producer: AIOKafkaProducer, batches: dict[tuple[str, int], Any],
+                      topic: str, part: int, key: bytes | None, value: bytes,
+                      headers: list[tuple[str, bytes]]) -> None:
+        batch = batches.get((topic, part))
+        if batch is None:
+            batch = batches[(topic, part)] = producer.create_batch()
+        if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+            await producer.send_batch(batch, topic, partition=part)  # full: ship it
+            batch = batches[(topic, part)] = producer.create_batch()
+            if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+                raise ChronowheelError(f"message for {topic} too large for one batch")
+
+    async def _partition_count(self, topic: str) -> int | None:
+        n = self._partitions.get(topic)
+        if n is not None:
+            return n
+        assert self.producer is not None
+        try:
+            parts = await asyncio.wait_for(self.producer.partitions_for(topic), 10)
+        except (TimeoutError, KafkaError):
+            return None
+        if not parts:
+            return None
+        self._partitions[topic] = len(parts)
+        return len(parts)
+
+    def _undeliverable(self, p: Pending, fired_at: bytes) -> Outgoing:
+        log.error("shard %d: target topic %s unavailable; %s dead-lettered", self.shard,
+                  p.topic, p.job_id)
+        return Outgoing(self.settings.dead_topic, None, p.key, p.payload,
+                        [*p.headers, ("cw-fired-at", fired_at), ("cw-target-topic",
+                                                                 p.topic.encode()),
+                         ("cw-error", f"target topic {p.topic} is unavailable".encode())])
+
+    async def _wait(self) -> None:
+        if self.queue or self.stopping:
+            return
+        now = self.clock.now_ms()
+        wake_at = now + IDLE_WATERMARK_COMMIT_MS
+        nd = self.wheel.next_deadline()
+        if nd is not None and nd <= self.horizon_ms:
+            wake_at = min(wake_at, nd)
+        if wake_at <= now:
+            return
+        sleeper = asyncio.ensure_future(self.clock.sleep_until(wake_at))
+        waiter = asyncio.ensure_future(self.wake.wait())
+        try:
+            await asyncio.wait((sleeper, waiter), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            waiter.cancel()
+
+    # --- loading --------------------------------------------------------------------------
+    async def _loader_loop(self) -> None:
+        while not self.stopping:
+            self.loader_wake.clear()
+            await self._load_horizon()
+            await self._prewarm()
+            now = self.clock.now_ms()
+            sleeper = asyncio.ensure_future(self.clock.sleep_until(now + 500))
+            waiter = asyncio.ensure_future(self.loader_wake.wait())
+            try:
+                await asyncio.wait((sleeper, waiter), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeper.cancel()
+                waiter.cancel()
+
+    async def _load_horizon(self) -> None:
+        target = self.clock.now_ms() + self.settings.lookahead_ms
+        cap = self.settings.bucket_cap_rows
+        while self.horizon_ms < target and not self.stopping:
+            if len(self.wheel) >= cap:
+                return  # bounded memory: continue once dispatch has drained the wheel
+            m = minute_of(self.horizon_ms + 1)
+            if m in self.prewarmed:
+                self.prewarmed.discard(m)
+                self.loaded_minutes.discard(m)
+                self.horizon_ms = m + MINUTE_MS - 1
+                continue
+            self.reading_upto = m + MINUTE_MS - 1
+            last_slot = await self._read_minute(m, self.horizon_ms + 1, cap)
+            if last_slot is not None:  # stopped at the cap inside this minute
+                self.horizon_ms = max(self.horizon_ms, last_slot - 1)
+            else:
+                self.horizon_ms = m + MINUTE_MS - 1
+            self.reading_upto = self.horizon_ms
+            self.wake.set()
+
+    async def _read_minute(self, minute: int, from_slot: int, cap: int | None) -> int | None:
+        """Load one bucket into the wheel; with a cap, stop once the wheel holds that many.
+
+        Returns the slot of the last row loaded when it stopped at the cap, else None.
+        """
+        self.reads_in_flight += 1
+        seq0 = self.touch_seq + 1
+        try:
+            pages = self.store.read_bucket(minute, self.shard, from_slot_ms=from_slot,
+                                           page_rows=self.settings.bucket_page_rows)
+            async with contextlib.aclosing(pages):  # type: ignore[type-var]
+                async for page in pages:
+                    self._apply_rows(page, seq0)
+                    if cap is not None and len(self.wheel) >= cap and page:
+                        return page[-1].slot_ms
+            return None
+        finally:
+            self.reads_in_flight -= 1
+            if not self.reads_in_flight:
+                self.touched.clear()
+
+    def _apply_rows(self, rows: list[DueRow], seq0: int) -> None:
+        watermark, touched, insert = self.watermark, self.touched, self.wheel.insert
+        for row in rows:
+            if row.slot_ms <= watermark:
+                continue  # published already
+            if row.attempt == 1 and touched.get(row.job_id, 0) >= seq0:
+                continue  # ingest or dispatch changed this job after the read began
+            p = pending_from_row(row)
+            insert(p.wheel_key, p.slot_ms, p)
+
+    async def _prewarm(self) -> None:
+        s = self.settings
+        if s.prewarm_ms <= s.lookahead_ms:
+            return
+        start = minute_of(self.horizon_ms + 1) + MINUTE_MS
+        end = minute_of(self.clock.now_ms() + s.prewarm_ms)
+        if start > end:
+            return
+        counts = await self.store.bucket_counts(self.shard, start, end)
+        for minute in sorted(counts):
+            rows = counts[minute]
+            if rows <= s.hot_bucket_rows or minute in self.loaded_minutes \
+                    or minute <= self.horizon_ms or self.stopping:
+                continue
+            if len(self.wheel) + rows > s.bucket_cap_rows:
+                log.info("shard %d: hot bucket %d (%d rows) exceeds the memory cap; it will "
+                         "be loaded in pages as it approaches", self.shard, minute, rows)
+                continue
+            self.loaded_minutes.add(minute)  # before the read: ingest inserts into it too
+            t0 = self.clock.now_ms()
+            await self._read_minute(minute, minute, None)
+            self.prewarmed.add(minute)
+            log.info("shard %d: pre-warmed hot bucket %d (%d rows counted) in %d ms, %.0f s "
+                     "ahead", self.shard, minute, rows, self.clock.now_ms() - t0,
+                     (minute - self.clock.now_ms()) / 1000)
+
+    # --- observability --------------------------------------------------------------------
+    def dispatch_lag_ms(self) -> int:
+        now = self.clock.now_ms()
+        oldest = self.wheel.next_deadline()
+        lag: int = 0 if oldest is None else now - oldest
+        if self.horizon_ms < now:
+            lag = max(lag, now - self.horizon_ms)
+        return max(0, lag)
+
+    def _update_gauges(self) -> None:
+        m, label = self.metrics, self.label
+        m.wheel_entries.labels(label).set(len(self.wheel))
+        m.loaded_horizon.labels(label).set(self.horizon_ms / 1000)
+        m.watermark.labels(label).set(self.committed_watermark / 1000)
+        m.prewarmed_buckets.labels(label).set(len(self.prewarmed))
+        m.dispatch_lag.labels(label).set(self.dispatch_lag_ms() / 1000)
+
+
+def state_key(shard: int) -> bytes:
+    return f"shard-{shard}".encode()
