@@ -1,0 +1,710 @@
+"""Recurrence: when does a recurring job fire next?
+
+A job recurs either by a cron expression evaluated in an IANA zone or by a fixed interval. All
+instants are UTC epoch milliseconds; only the next occurrence is ever materialised, so every
+function here answers "what comes after t" (or "what was the last one at or before t") directly,
+without walking the occurrences in between.
+
+Cron syntax: 5 fields (minute hour day-of-month month day-of-week) or 6 with seconds first;
+macros @yearly @annually @monthly @weekly @daily @midnight @hourly; month names JAN-DEC and
+weekday names SUN-SAT (any case); `*`, `?` (day fields only, same as `*`), ranges `a-b`, steps
+`*/n` `a-b/n` `a/n`, lists `a,b`; `L` and `LW` in day-of-month; `5L` (last Friday) and `MON#2`
+(second Monday) in day-of-week; 0 and 7 are both Sunday. Day-of-month and day-of-week combine as
+in Vixie cron: if either field starts with `*` (or `?`) a day must match both fields, otherwise
+it matches when either field matches.
+
+Daylight saving time (DESIGN section 5) is handled here explicitly rather than by a library:
+wall times are searched in local time and then mapped to instants, and the mapping applies the
+job's policy:
+
+- ``skip``: a wall time that does not exist (spring-forward gap) does not fire; one that occurs
+  twice (fall back) fires once, at its first instant.
+- ``cron``: for a fixed-time expression (neither the minute nor the hour field starts with `*`;
+  the seconds field is not considered) a wall time in a gap fires once, at the first instant
+  after the gap, and a repeated one fires once, at its first instant. Any other expression
+  follows elapsed time: gap times do not fire, repeated times fire in both passes.
+
+Bounds: occurrences lie in [start, end], both ends inclusive, and within
+[1970-01-01T00:00:00Z, 9999-01-01T00:00:00Z].
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_left, bisect_right
+from calendar import monthrange
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from functools import lru_cache
+from typing import Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from chronowheel.errors import ValidationError
+
+# Defined here rather than imported from core.model: the model's parser imports this module.
+DstPolicy = Literal["skip", "cron"]
+CatchUpPolicy = Literal["coalesce", "all", "skip"]
+
+MIN_MS = 0
+# Leaves a day of headroom below datetime's year-9999 ceiling for zone offsets and searches.
+MAX_MS = 253_370_764_800_000  # 9999-01-01T00:00:00Z
+_MAX_SEC = MAX_MS // 1000
+_MIN_YEAR = 1969  # wall times west of UTC at the epoch fall in 1969
+_MAX_YEAR = 9999
+_MAX_EXPR_CHARS = 1024
+
+_EPOCH = datetime(1970, 1, 1)
+_SEC = timedelta(seconds=1)
+
+# How a schedule maps wall times to instants (see the module docstring).
+_SKIP, _FIXED, _ELAPSED = 0, 1, 2
+
+
+# --------------------------------------------------------------------------------------------
+# Cron expression parsing
+
+
+_MACROS = {
+    "@YEARLY": "0 0 1 1 *",
+    "@ANNUALLY": "0 0 1 1 *",
+    "@MONTHLY": "0 0 1 * *",
+    "@WEEKLY": "0 0 * * 0",
+    "@DAILY": "0 0 * * *",
+    "@MIDNIGHT": "0 0 * * *",
+    "@HOURLY": "0 * * * *",
+}
+_MONTHS = {
+    name: i + 1
+    for i, name in enumerate(
+        ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC")
+    )
+}
+_WEEKDAYS = {name: i for i, name in enumerate(("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"))}
+
+_ITEM = re.compile(
+    r"(?:(?P<star>[*?])|(?P<lo>[0-9A-Z]+)(?:-(?P<hi>[0-9A-Z]+))?)(?:/(?P<step>\d+))?"
+)
+_NTH = re.compile(r"(?P<wd>[0-9A-Z]+)#(?P<n>\d+)")
+_LAST_WD = re.compile(r"(?P<wd>[0-9A-Z]+)L")
+
+
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    name: str
+    lo: int
+    hi: int
+    names: dict[str, int] | None = None
+
+
+_SECOND = _Spec("second", 0, 59)
+_MINUTE = _Spec("minute", 0, 59)
+_HOUR = _Spec("hour", 0, 23)
+_DOM = _Spec("day-of-month", 1, 31)
+_MONTH = _Spec("month", 1, 12, _MONTHS)
+_DOW = _Spec("day-of-week", 0, 7, _WEEKDAYS)  # 7 is Sunday too
+
+
+def _bad(rule: str, expr: str) -> ValidationError:
+    return ValidationError("job.cron", rule, expr)
+
+
+def _value(spec: _Spec, token: str, expr: str) -> int:
+    if token.isdigit() and len(token) <= 4:
+        v = int(token)
+    elif spec.names is not None and token in spec.names:
+        v = spec.names[token]
+    else:
+        raise _bad(f"{spec.name} field: {token!r} is not a valid value", expr)
+    if not spec.lo <= v <= spec.hi:
+        raise _bad(f"{spec.name} field: {v} is out of range {spec.lo}-{spec.hi}", expr)
+    return v
+
+
+def _expand(spec: _Spec, item: str, expr: str) -> set[int]:
+    """One list item (`*`, `a`, `a-b`, each optionally `/step`) to its set of values."""
+    m = _ITEM.fullmatch(item)
+    if m is None:
+        raise _bad(f"{spec.name} field: cannot parse {item!r}", expr)
+    if m["star"] == "?" and spec not in (_DOM, _DOW):
+        raise _bad(f"{spec.name} field: '?' is only allowed in the day fields", expr)
+    if m["star"]:
+        # `*` in day-of-week means 0-6: listing Sunday twice would change nothing but steps.
+        lo, hi = spec.lo, (6 if spec is _DOW else spec.hi)
+    else:
+        lo = _value(spec, m["lo"], expr)
+        if m["hi"] is not None:
+            hi = _value(spec, m["hi"], expr)
+            if hi < lo:
+                raise _bad(f"{spec.name} field: range {item!r} runs backwards", expr)
+        else:
+            # `a/n` means a, a+n, ... up to the field's maximum (as in Quartz and croniter).
+            hi = spec.hi if m["step"] is not None else lo
+    step = 1
+    if m["step"] is not None:
+        step = int(m["step"][:6])
+        if step == 0:
+            raise _bad(f"{spec.name} field: step must be at least 1", expr)
+    return set(range(lo, hi + 1, step))
+
+
+def _split(spec: _Spec, text: str, expr: str) -> list[str]:
+    items = text.split(",")
+    if any(not it for it in items):
+        raise _bad(f"{spec.name} field: empty list item in {text!r}", expr)
+    return items
+
+
+def _simple_field(spec: _Spec, text: str, expr: str) -> tuple[int, ...]:
+    values: set[int] = set()
+    for item in _split(spec, text, expr):
+        values |= _expand(spec, item, expr)
+    return tuple(sorted(values))
+
+
+@dataclass(frozen=True, slots=True)
+class _DaySpec:
+    """Parsed day-of-month and day-of-week fields; `day_table` is what the search uses."""
+
+    dom: frozenset[int]
+    dom_last: bool  # L
+    dom_last_weekday: bool  # LW
+    dow: frozenset[int]  # 0 = Sunday
+    dow_nth: frozenset[tuple[int, int]]  # (weekday, n) from `wd#n`
+    dow_last: frozenset[int]  # weekdays from `wdL`
+    both_restrict: bool  # neither field starts with `*`/`?`: Vixie's OR rule applies
+
+    def days(self, ndays: int, wd1: int) -> tuple[int, ...]:
+        """Matching days of a month with `ndays` days whose 1st is weekday `wd1` (0 = Sunday)."""
+        by_dom = {d for d in self.dom if d <= ndays}
+        if self.dom_last:
+            by_dom.add(ndays)
+        if self.dom_last_weekday:
+            wd_last = (wd1 + ndays - 1) % 7
+            by_dom.add(ndays - {6: 1, 0: 2}.get(wd_last, 0))
+        by_dow = {d for d in range(1, ndays + 1) if (wd1 + d - 1) % 7 in self.dow}
+        for wd, n in self.dow_nth:
+            d = 1 + (wd - wd1) % 7 + 7 * (n - 1)
+            if d <= ndays:
+                by_dow.add(d)
+        for wd in self.dow_last:
+            by_dow.add(ndays - ((wd1 + ndays - 1) - wd) % 7)
+        days = (by_dom | by_dow) if self.both_restrict else (by_dom & by_dow)
+        return tuple(sorted(days))
+
+
+def _day_fields(dom_text: str, dow_text: str, expr: str) -> _DaySpec:
+    dom: set[int] = set()
+    dom_last = dom_lw = False
+    for item in _split(_DOM, dom_text, expr):
+        if item == "L":
+            dom_last = True
+        elif item == "LW":
+            dom_lw = True
+        else:
+            dom |= _expand(_DOM, item, expr)
+    dow: set[int] = set()
+    nth: set[tuple[int, int]] = set()
+    last: set[int] = set()
+    for item in _split(_DOW, dow_text, expr):
+        if m := _NTH.fullmatch(item):
+            n = int(m["n"][:4])
+            if not 1 <= n <= 5:
+                raise _bad(f"day-of-week field: {item!r}: occurrence must be 1-5", expr)
+            nth.add((_value(_DOW, m["wd"], expr) % 7, n))
+        elif m := _LAST_WD.fullmatch(item):
+            # `5L` / `FRIL`; a bare `L` would be ambiguous (Quartz reads it as Saturday).
+            last.add(_value(_DOW, m["wd"], expr) % 7)
+        else:
+            dow |= {v % 7 for v in _expand(_DOW, item, expr)}
+    return _DaySpec(
+        dom=frozenset(dom),
+        dom_last=dom_last,
+        dom_last_weekday=dom_lw,
+        dow=frozenset(dow),
+        dow_nth=frozenset(nth),
+        dow_last=frozenset(last),
+        both_restrict=not (dom_text[0] in "*?" or dow_text[0] in "*?"),
+    )
+
+
+def _month_lengths(month: int) -> tuple[int, ...]:
+    return (28, 29) if month == 2 else (30,) if month in (4, 6, 9, 11) else (31,)
+
+
+@dataclass(frozen=True, slots=True)
+class _CronFields:
+    """A compiled cron expression: sorted value tuples and a precomputed day table."""
+
+    seconds: tuple[int, ...]
+    minutes: tuple[int, ...]
+    hours: tuple[int, ...]
+    months: tuple[int, ...]
+    # Matching days depend only on the month's length and its first weekday: 4 x 7 entries,
+    # indexed (ndays - 28) * 7 + weekday of the 1st (0 = Sunday).
+    day_table: tuple[tuple[int, ...], ...]
+    fixed_time: bool  # minute and hour fields do not start with `*` (the dst="cron" rule)
+
+    def days(self, year: int, month: int) -> tuple[int, ...]:
+        wd1_monday0, ndays = monthrange(year, month)
+        return self.day_table[(ndays - 28) * 7 + (wd1_monday0 + 1) % 7]
+
+    def matches(self, w: datetime) -> bool:
+        """Whether a wall time (whole seconds) matches; a reference for tests and tools."""
+        return (
+            w.microsecond == 0
+            and w.second in self.seconds
+            and w.minute in self.minutes
+            and w.hour in self.hours
+            and w.month in self.months
+            and w.day in self.days(w.year, w.month)
+        )
+
+    def _time_at_or_after(self, h: int, m: int, s: int) -> tuple[int, int, int] | None:
+        hs, ms, ss = self.hours, self.minutes, self.seconds
+        i = bisect_left(hs, h)
+        if i == len(hs):
+            return None
+        if hs[i] != h:
+            return hs[i], ms[0], ss[0]
+        j = bisect_left(ms, m)
+        if j < len(ms):
+            if ms[j] != m:
+                return h, ms[j], ss[0]
+            k = bisect_left(ss, s)
+            if k < len(ss):
+                return h, m, ss[k]
+            if j + 1 < len(ms):
+                return h, ms[j + 1], ss[0]
+        if i + 1 < len(hs):
+            return hs[i + 1], ms[0], ss[0]
+        return None
+
+    def _time_at_or_before(self, h: int, m: int, s: int) -> tuple[int, int, int] | None:
+        hs, ms, ss = self.hours, self.minutes, self.seconds
+        i = bisect_right(hs, h) - 1
+        if i < 0:
+            return None
+        if hs[i] != h:
+            return hs[i], ms[-1], ss[-1]
+        j = bisect_right(ms, m) - 1
+        if j >= 0:
+            if ms[j] != m:
+                return h, ms[j], ss[-1]
+            k = bisect_right(ss, s) - 1
+            if k >= 0:
+                return h, m, ss[k]
+            if j >= 1:
+                return h, ms[j - 1], ss[-1]
+        if i >= 1:
+            return hs[i - 1], ms[-1], ss[-1]
+        return None
+
+    def next_match(self, w: datetime) -> datetime | None:
+        """First matching wall time at or after `w` (whole seconds), or None before year 10000.
+
+        Walks months, not seconds: each month costs one table lookup and a bisect, so even a
+        rare expression (a leap-day Monday) takes a few hundred steps at most.
+        """
+        y, mo, d = w.year, w.month, w.day
+        hms = (w.hour, w.minute, w.second)
+        months = self.months
+        while y <= _MAX_YEAR:
+            i = bisect_left(months, mo)
+            if i == len(months):
+                y, mo, d, hms = y + 1, months[0], 1, (0, 0, 0)
+                continue
+            if months[i] != mo:
+                mo, d, hms = months[i], 1, (0, 0, 0)
+            days = self.days(y, mo)
+            for k in range(bisect_left(days, d), len(days)):
+                day = days[k]
+                if day == d:
+                    t = self._time_at_or_after(*hms)
+                else:
+                    t = (self.hours[0], self.minutes[0], self.seconds[0])
+                if t is not None:
+                    return datetime(y, mo, day, *t)
+            y, mo = (y + 1, 1) if mo == 12 else (y, mo + 1)
+            d, hms = 1, (0, 0, 0)
+        return None
+
+    def prev_match(self, w: datetime) -> datetime | None:
+        """Last matching wall time at or before `w` (whole seconds), or None before 1969."""
+        y, mo, d = w.year, w.month, w.day
+        hms = (w.hour, w.minute, w.second)
+        months = self.months
+        while y >= _MIN_YEAR:
+            i = bisect_right(months, mo) - 1
+            if i < 0:
+                y, mo, d, hms = y - 1, months[-1], 31, (23, 59, 59)
+                continue
+            if months[i] != mo:
+                mo, d, hms = months[i], 31, (23, 59, 59)
+            days = self.days(y, mo)
+            for k in range(bisect_right(days, d) - 1, -1, -1):
+                day = days[k]
+                if day == d:
+                    t = self._time_at_or_before(*hms)
+                else:
+                    t = (self.hours[-1], self.minutes[-1], self.seconds[-1])
+                if t is not None:
+                    return datetime(y, mo, day, *t)
+            y, mo = (y - 1, 12) if mo == 1 else (y, mo - 1)
+            d, hms = 31, (23, 59, 59)
+        return None
+
+
+@lru_cache(maxsize=4096)
+def _parse_cron(expr: str) -> _CronFields:
+    """Parse and compile; cached so that a million jobs on "0 9 * * 1-5" share one object."""
+    if len(expr) > _MAX_EXPR_CHARS:
+        raise _bad(f"longer than {_MAX_EXPR_CHARS} characters", expr[:100])
+    text = expr.strip().upper()
+    if text.startswith("@"):
+        if text not in _MACROS:
+            raise _bad(f"unknown macro; use one of {', '.join(sorted(_MACROS)).lower()}", expr)
+        text = _MACROS[text]
+    parts = text.split()
+    if len(parts) == 5:
+        parts = ["0", *parts]
+    elif len(parts) != 6:
+        raise _bad(
+            "expected 5 fields (minute hour day-of-month month day-of-week)"
+            " or 6 with seconds first",
+            expr,
+        )
+    sec, minute, hour, dom, month, dow = parts
+    days = _day_fields(dom, dow, expr)
+    table = tuple(days.days(n, wd1) for n in (28, 29, 30, 31) for wd1 in range(7))
+    months = _simple_field(_MONTH, month, expr)
+    # Every month length occurs with every first weekday within the 400-year Gregorian cycle,
+    # so this decides once and for all whether the expression can ever match.
+    if not any(
+        table[(n - 28) * 7 + wd1] for m in months for n in _month_lengths(m) for wd1 in range(7)
+    ):
+        raise _bad("never matches a real date", expr)
+    return _CronFields(
+        seconds=_simple_field(_SECOND, sec, expr),
+        minutes=_simple_field(_MINUTE, minute, expr),
+        hours=_simple_field(_HOUR, hour, expr),
+        months=months,
+        day_table=table,
+        fixed_time=not (minute.startswith("*") or hour.startswith("*")),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Schedules
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A compiled, validated recurrence. Build it with `compile_schedule`."""
+
+    cron: str | None
+    every_ms: int | None
+    tz: str
+    start_ms: int | None
+    end_ms: int | None
+    dst: DstPolicy
+    # Derived from the fields above, hence left out of equality and repr.
+    fields: _CronFields | None = field(repr=False, compare=False)
+    zone: ZoneInfo = field(repr=False, compare=False)
+    mode: int = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class CatchUp:
+    """What to do after an outage: fire these scheduled instants now, then re-arm at next_ms.
+
+    `coalesced` is True when some missed occurrences are not in `fire` because they were folded
+    into the latest one (policy "coalesce" with more than one missed, or "all" beyond
+    max_catch_up). The "skip" policy fires nothing and reports coalesced=False.
+    """
+
+    fire: tuple[int, ...]
+    next_ms: int | None
+    coalesced: bool
+
+
+def _instant(path: str, value: int | None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(path, "must be an integer epoch-milliseconds instant", value)
+    if not MIN_MS <= value <= MAX_MS:
+        raise ValidationError(path, "must lie between 1970-01-01 and 9999-01-01 UTC", value)
+    return value
+
+
+def _zone(tz: str) -> ZoneInfo:
+    if not isinstance(tz, str) or not tz:
+        raise ValidationError("job.tz", "must be an IANA time zone name", tz)
+    # These two name host configuration, not a zone: nodes could disagree about them.
+    if tz in ("localtime", "posixrules"):
+        raise ValidationError("job.tz", "must be an IANA time zone name", tz)
+    try:
+        return ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise ValidationError("job.tz", "unknown IANA time zone", tz) from None
+
+
+def compile_schedule(
+    *,
+    cron: str | None = None,
+    every_ms: int | None = None,
+    tz: str = "UTC",
+    start_ms: int | None = None,
+    end_ms: int | None = None,
+    dst: DstPolicy = "skip",
+) -> Schedule:
+    """Validate and compile a recurrence; raises ValidationError naming the offending field."""
+    if (cron is None) == (every_ms is None):
+        raise ValidationError("job", "exactly one of cron and every is required")
+    zone = _zone(tz)
+    if dst not in ("skip", "cron"):
+        raise ValidationError("job.dst", "must be 'skip' or 'cron'", dst)
+    start = _instant("job.start", start_ms)
+    end = _instant("job.end", end_ms)
+    if start is not None and end is not None and end < start:
+        raise ValidationError("job.end", "must not be before start", end_ms)
+    if every_ms is not None:
+        if isinstance(every_ms, bool) or not isinstance(every_ms, int) or every_ms <= 0:
+            raise ValidationError("job.every", "must be a positive duration", every_ms)
+        return Schedule(None, every_ms, tz, start, end, dst, None, zone, _SKIP)
+    if not isinstance(cron, str):
+        raise ValidationError("job.cron", "must be a string", cron)
+    fields = _parse_cron(cron)
+    mode = _SKIP if dst == "skip" else _FIXED if fields.fixed_time else _ELAPSED
+    return Schedule(cron, None, tz, start, end, dst, fields, zone, mode)
+
+
+# --------------------------------------------------------------------------------------------
+# Wall time <-> instant, in whole seconds
+
+
+def _wall_seconds(w: datetime) -> int:
+    """A naive wall time as seconds since 1970-01-01T00:00 on the same wall clock."""
+    return (w - _EPOCH) // _SEC
+
+
+def _wall_at(seconds: int) -> datetime:
+    return _EPOCH + timedelta(seconds=seconds)
+
+
+def _offsets(zone: ZoneInfo, w: datetime) -> tuple[int, int]:
+    """UTC offsets (seconds) of wall time w read with fold=0 and fold=1 (PEP 495).
+
+    Equal: w exists once. fold=0 larger: w is repeated (fall back), fold=0 being the first
+    pass. fold=0 smaller: w falls in a gap; fold=0 is the offset before it, fold=1 after.
+    """
+    o0 = zone.utcoffset(w.replace(fold=0))
+    o1 = zone.utcoffset(w.replace(fold=1))
+    assert o0 is not None and o1 is not None
+    return o0 // _SEC, o1 // _SEC
+
+
+def _offset_at(zone: ZoneInfo, u: int) -> int:
+    off = datetime.fromtimestamp(u, zone).utcoffset()
+    assert off is not None
+    return off // _SEC
+
+
+def _transition(zone: ZoneInfo, lo: int, hi: int) -> int:
+    """The first instant in (lo, hi] whose offset differs from lo's.
+
+    Callers pass the two readings of one gap or repeated wall time, which bracket exactly one
+    transition; tzdata transitions fall on whole seconds, so bisecting seconds is exact.
+    """
+    base = _offset_at(zone, lo)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _offset_at(zone, mid) == base:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def _cron_next(s: Schedule, a: int) -> int | None:
+    """Smallest occurrence (epoch seconds) strictly after a, ignoring start/end."""
+    f, zone, mode = s.fields, s.zone, s.mode
+    assert f is not None
+    local = datetime.fromtimestamp(a, zone)
+    w_a = local.replace(tzinfo=None)
+    start = w_a + _SEC
+    o0, o1 = _offsets(zone, w_a)
+    if o0 > o1:
+        # a lies inside a fall-back overlap [A, B) of wall time. In instant order the first
+        # pass of the whole overlap comes before the second pass, so wall-time order alone
+        # would go wrong here.
+        ws = _wall_seconds(w_a)
+        t = _transition(zone, ws - o0, ws - o1)
+        first_a, end_b = _wall_at(t + o1), _wall_at(t + o0)
+        if local.fold == 0:
+            w = f.next_match(start)
+            if w is not None and w < end_b:
+                return _wall_seconds(w) - o0
+            if mode == _ELAPSED:
+                w = f.next_match(first_a)
+                if w is not None and w < end_b:
+                    return _wall_seconds(w) - o1
+        elif mode == _ELAPSED:
+            w = f.next_match(start)
+            if w is not None and w < end_b:
+                return _wall_seconds(w) - o1
+        start = end_b
+    while True:
+        w = f.next_match(start)
+        if w is None:
+            return None
+        ws = _wall_seconds(w)
+        o0, o1 = _offsets(zone, w)
+        if min(ws - o0, ws - o1) > _MAX_SEC:
+            return None
+        if o0 >= o1:
+            # Unique, or a repeated time reached from before its overlap: its first pass.
+            return ws - o0
+        t = _transition(zone, ws - o1, ws - o0)
+        if mode == _FIXED:
+            return t  # the first instant after the gap
+        start = _wall_at(t + o1)  # jump over the rest of the gap in one step
+
+
+def _cron_prev(s: Schedule, b: int) -> int | None:
+    """Largest occurrence (epoch seconds) at or before b, ignoring start/end."""
+    f, zone, mode = s.fields, s.zone, s.mode
+    assert f is not None
+    local = datetime.fromtimestamp(b, zone)
+    end = local.replace(tzinfo=None)
+    o0, o1 = _offsets(zone, end)
+    if o0 > o1 and local.fold == 1:
+        # b is in the second pass of an overlap: its own pass first (elapsed mode only), then
+        # the whole first pass, which may include wall times later than b's.
+        ws = _wall_seconds(end)
+        t = _transition(zone, ws - o0, ws - o1)
+        first_a, end_b = _wall_at(t + o1), _wall_at(t + o0)
+        if mode == _ELAPSED:
+            w = f.prev_match(end)
+            if w is not None and w >= first_a:
+                return _wall_seconds(w) - o1
+        end = end_b - _SEC
+    while True:
+        w = f.prev_match(end)
+        if w is None:
+            return None
+        ws = _wall_seconds(w)
+        o0, o1 = _offsets(zone, w)
+        if o0 == o1:
+            return ws - o0
+        if o0 > o1:
+            # Repeated: the second pass if it counts and is not after b, else the first.
+            if mode == _ELAPSED and ws - o1 <= b:
+                return ws - o1
+            return ws - o0
+        t = _transition(zone, ws - o1, ws - o0)
+        if mode == _FIXED:
+            return t
+        end = _wall_at(t - 1 + o0)  # the last wall second before the gap
+
+
+# --------------------------------------------------------------------------------------------
+# Public queries
+
+
+def next_after(s: Schedule, after_ms: int, *, inclusive: bool = False) -> int | None:
+    """The next occurrence strictly after `after_ms` (at or after, if inclusive); None if none.
+
+    O(1) for intervals; for cron, independent of how far `after_ms` is from the previous
+    occurrence (the search walks calendar months, never individual occurrences).
+    """
+    a = after_ms - 1 if inclusive else after_ms
+    if s.start_ms is not None:
+        a = max(a, s.start_ms - 1)
+    a = max(a, MIN_MS - 1)
+    if a >= MAX_MS:
+        return None
+    if s.every_ms is not None:
+        anchor = s.start_ms if s.start_ms is not None else 0
+        u: int | None = anchor + ((a - anchor) // s.every_ms + 1) * s.every_ms
+    else:
+        sec = _cron_next(s, a // 1000)
+        u = None if sec is None else sec * 1000
+    if u is None or u > MAX_MS or (s.end_ms is not None and u > s.end_ms):
+        return None
+    return u
+
+
+def latest_at_or_before(s: Schedule, at_ms: int) -> int | None:
+    """The last occurrence at or before `at_ms` (within start/end), or None. O(1) like next_after.
+
+    For cron this searches backwards from `at_ms`, so it never visits the occurrences between
+    an old pending one and now.
+    """
+    b = min(at_ms, MAX_MS)
+    if s.end_ms is not None:
+        b = min(b, s.end_ms)
+    lo = s.start_ms if s.start_ms is not None else MIN_MS
+    if b < lo:
+        return None
+    if s.every_ms is not None:
+        anchor = s.start_ms if s.start_ms is not None else 0
+        return anchor + (b - anchor) // s.every_ms * s.every_ms
+    sec = _cron_prev(s, b // 1000)
+    if sec is None or sec * 1000 < lo:
+        return None
+    return sec * 1000
+
+
+def occurrences(s: Schedule, after_ms: int, count: int, inclusive: bool = False) -> list[int]:
+    """Up to `count` occurrences after `after_ms` (at or after it, if inclusive), in order."""
+    out: list[int] = []
+    nxt = next_after(s, after_ms, inclusive=inclusive)
+    while nxt is not None and len(out) < count:
+        out.append(nxt)
+        nxt = next_after(s, nxt)
+    return out
+
+
+def catch_up(
+    s: Schedule,
+    *,
+    policy: CatchUpPolicy,
+    max_catch_up: int,
+    first_missed_ms: int,
+    now_ms: int,
+) -> CatchUp:
+    """Decide what to fire for occurrences missed during an outage.
+
+    `first_missed_ms` is the pending occurrence that was never fired; it counts as missed even
+    if the schedule would not produce it (it was materialised under an older spec, say).
+    - coalesce: fire only the latest occurrence at or before now.
+    - all: fire every missed occurrence in [first_missed, now]; if there are more than
+      max_catch_up, fire the first max_catch_up - 1 and the latest, and set coalesced.
+    - skip: fire none.
+    next_ms is the first occurrence strictly after now. Costs O(1) for coalesce and skip and
+    O(max_catch_up) for all, however long the outage.
+    """
+    if first_missed_ms > now_ms:
+        raise ValueError(f"first_missed_ms {first_missed_ms} is after now_ms {now_ms}")
+    if max_catch_up < 1:
+        raise ValueError(f"max_catch_up must be at least 1, got {max_catch_up}")
+    nxt = next_after(s, now_ms)
+    if policy == "skip":
+        return CatchUp((), nxt, False)
+    if policy == "coalesce":
+        prev = latest_at_or_before(s, now_ms)
+        latest = first_missed_ms if prev is None else max(prev, first_missed_ms)
+        return CatchUp((latest,), nxt, latest != first_missed_ms)
+    if policy != "all":
+        raise ValueError(f"unknown catch-up policy {policy!r}")
+    # Collect one more than allowed: that is how we learn there are too many.
+    fire = [first_missed_ms]
+    while len(fire) <= max_catch_up:
+        u = next_after(s, fire[-1])
+        if u is None or u > now_ms:
+            return CatchUp(tuple(fire), nxt, False)
+        fire.append(u)
+    prev = latest_at_or_before(s, now_ms)
+    latest = fire[-1] if prev is None else max(prev, fire[-1])
+    return CatchUp((*fire[: max_catch_up - 1], latest), nxt, True)
