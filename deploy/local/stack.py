@@ -1,0 +1,900 @@
+#!/usr/bin/env python3
+"""The local stack: a real Apache Cassandra and a real Apache Kafka on 127.0.0.1.
+
+Both servers run from pinned Maven Central artifacts (cassandra/pom.xml, kafka/pom.xml beside
+this file) on the machine's Java 17, with about 1 GiB of heap each. Nothing is mocked.
+
+    stack.py install                 resolve the Maven artifacts (no server is started)
+    stack.py up [SERVER...]          start what is not running, wait until it answers
+    stack.py down [SERVER...]        stop gracefully (SIGTERM), kill after a grace period
+    stack.py status                  exit 0 when every server answers, 3 otherwise
+    stack.py logs [SERVER] [-n N] [-f]
+
+SERVER is `cassandra` or `kafka` (default: both). `up` and `down` are idempotent. Data and
+logs live under one state folder ($CHRONOWHEEL_STATE_DIR, default ~/.cache/chronowheel/stack);
+the Maven repository and resolved classpaths under $CHRONOWHEEL_CACHE_DIR (default
+~/.cache/chronowheel). Progress goes to stderr; `--json` puts a machine-readable summary on
+stdout. The readiness checks use the project's drivers (cassandra-driver, aiokafka), so run
+this with the project's virtualenv Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import string
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+HERE = Path(__file__).resolve().parent
+HOST = "127.0.0.1"
+CQL_PORT = 9042
+CASSANDRA_STORAGE_PORT = 7000
+KAFKA_PORT = 9092
+KAFKA_CONTROLLER_PORT = 9093
+HEAP = os.environ.get("CHRONOWHEEL_STACK_HEAP", "1g")  # per server
+MAVEN_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
+DEFAULT_TIMEOUT_S = 180.0
+STOP_GRACE_S = 45.0
+
+# --add-exports/--add-opens that Cassandra 5.0 needs on Java 17 (its conf/jvm17-server.options).
+CASSANDRA_JAVA17_MODULE_FLAGS = [
+    *(
+        f"--add-exports={m}=ALL-UNNAMED"
+        for m in (
+            "java.base/jdk.internal.misc",
+            "java.management.rmi/com.sun.jmx.remote.internal.rmi",
+            "java.rmi/sun.rmi.registry",
+            "java.rmi/sun.rmi.server",
+            "java.sql/java.sql",
+            "java.base/java.lang.ref",
+            "jdk.unsupported/sun.misc",
+            "jdk.compiler/com.sun.tools.javac.file",
+            "jdk.attach/sun.tools.attach",
+        )
+    ),
+    *(
+        f"--add-opens={m}=ALL-UNNAMED"
+        for m in (
+            "java.base/java.lang.module",
+            "java.base/jdk.internal.loader",
+            "java.base/jdk.internal.ref",
+            "java.base/jdk.internal.reflect",
+            "java.base/jdk.internal.math",
+            "java.base/jdk.internal.module",
+            "java.base/jdk.internal.util.jar",
+            "jdk.management/com.sun.management.internal",
+            "java.base/sun.nio.ch",
+            "java.base/java.io",
+            "java.base/java.lang.reflect",
+            "jdk.compiler/com.sun.tools.javac",
+            "java.base/java.lang",
+            "java.base/java.util",
+        )
+    ),
+]
+
+
+class StackError(Exception):
+    """A problem the user has to look at; the message says what and where."""
+
+
+# --- output ----------------------------------------------------------------------------------
+
+
+def say(message: str) -> None:
+    print(f"[stack] {message}", file=sys.stderr, flush=True)
+
+
+class Ticker:
+    """Prints `label ... Ns` every `every` seconds while a long step runs."""
+
+    def __init__(self, label: str, every: float = 5.0) -> None:
+        self.label = label
+        self.every = every
+        self.start = time.monotonic()
+        self._last = self.start
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def tick(self, detail: str = "") -> None:
+        now = time.monotonic()
+        if now - self._last >= self.every:
+            self._last = now
+            extra = f" ({detail})" if detail else ""
+            say(f"{self.label}{extra} ... {self.elapsed():.0f}s")
+
+
+def tail(path: Path, lines: int, since: int = 0) -> list[str]:
+    """The last `lines` lines of a file, reading only what was written after offset `since`."""
+    if not path.exists():
+        return []
+    with path.open("rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(since if since <= size else 0, size - 256 * 1024))
+        data = f.read().decode("utf-8", errors="replace")
+    return data.splitlines()[-lines:]
+
+
+# --- locations -------------------------------------------------------------------------------
+
+
+def default_cache_dir() -> Path:
+    raw = os.environ.get("CHRONOWHEEL_CACHE_DIR")
+    return Path(raw).expanduser() if raw else Path.home() / ".cache" / "chronowheel"
+
+
+def default_state_dir() -> Path:
+    raw = os.environ.get("CHRONOWHEEL_STATE_DIR")
+    return Path(raw).expanduser() if raw else Path.home() / ".cache" / "chronowheel" / "stack"
+
+
+@dataclass
+class Paths:
+    state: Path
+    cache: Path
+
+    @property
+    def m2(self) -> Path:
+        return self.cache / "m2"
+
+    @property
+    def classpaths(self) -> Path:
+        return self.cache / "classpath"
+
+    def server(self, name: str) -> Path:
+        return self.state / name
+
+
+# --- Java and Maven --------------------------------------------------------------------------
+
+
+def java_binary() -> str:
+    for var in ("CHRONOWHEEL_JAVA_HOME", "JAVA_HOME"):
+        home = os.environ.get(var)
+        if home and (Path(home) / "bin" / "java").exists():
+            return str(Path(home) / "bin" / "java")
+    found = shutil.which("java")
+    if not found:
+        raise StackError("no `java` on PATH: install a Java 17 JDK (or set JAVA_HOME)")
+    return found
+
+
+def java_major(java: str) -> int:
+    out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False)
+    text = out.stderr + out.stdout
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', text)
+    if not m:
+        raise StackError(f"cannot tell the version of {java}: {text.strip()[:200]}")
+    major = int(m.group(1))
+    return int(m.group(2) or 0) if major == 1 else major
+
+
+def check_java() -> str:
+    java = java_binary()
+    major = java_major(java)
+    if major != 17:
+        raise StackError(
+            f"{java} is Java {major}; Cassandra 5.0 and Kafka 4 are run here on Java 17 "
+            "(set CHRONOWHEEL_JAVA_HOME or JAVA_HOME to a Java 17 JDK)"
+        )
+    return java
+
+
+@dataclass
+class Artifact:
+    """One server's pinned POM and where its resolved classpath is cached."""
+
+    name: str
+
+    @property
+    def pom(self) -> Path:
+        return HERE / self.name / "pom.xml"
+
+    def classpath_file(self, paths: Paths) -> Path:
+        digest = hashlib.sha256(self.pom.read_bytes()).hexdigest()[:12]
+        return paths.classpaths / f"{self.name}-{digest}.txt"
+
+    def cached_classpath(self, paths: Paths) -> str | None:
+        f = self.classpath_file(paths)
+        if not f.exists():
+            return None
+        cp = f.read_text().strip()
+        jars = [j for j in cp.split(os.pathsep) if j]
+        if not jars or not all(Path(j).exists() for j in jars):
+            return None
+        return cp
+
+    def resolve(self, paths: Paths) -> str:
+        cached = self.cached_classpath(paths)
+        if cached is not None:
+            return cached
+        mvn = os.environ.get("CHRONOWHEEL_MVN") or shutil.which("mvn")
+        if not mvn:
+            raise StackError("no `mvn` on PATH: install Apache Maven 3.8+ (or set CHRONOWHEEL_MVN)")
+        paths.classpaths.mkdir(parents=True, exist_ok=True)
+        out_file = self.classpath_file(paths)
+        tmp = out_file.with_suffix(".tmp")
+        log = paths.classpaths / f"mvn-{self.name}.log"
+        cmd = [
+            mvn,
+            "-B",
+            "-ntp",
+            "-f",
+            str(self.pom),
+            f"-Dmaven.repo.local={paths.m2}",
+            f"{MAVEN_DEPENDENCY_PLUGIN}:build-classpath",
+            "-Dmdep.includeScope=runtime",
+            f"-Dmdep.outputFile={tmp}",
+        ]
+        ticker = Ticker(f"resolving {self.name} artifacts with Maven")
+        say(f"resolving {self.name} artifacts with Maven into {paths.m2} (log: {log})")
+        with log.open("wb") as logf:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=str(self.pom.parent),
+            )
+            while proc.poll() is None:
+                time.sleep(0.5)
+                ticker.tick()
+        if proc.returncode != 0 or not tmp.exists():
+            lines = "\n".join(tail(log, 30))
+            raise StackError(f"Maven could not resolve {self.name} (log: {log}):\n{lines}")
+        tmp.replace(out_file)
+        say(f"resolved {self.name} in {ticker.elapsed():.1f}s")
+        cp = self.cached_classpath(paths)
+        if cp is None:
+            raise StackError(f"Maven wrote a classpath for {self.name} naming missing jars")
+        return cp
+
+
+# --- processes -------------------------------------------------------------------------------
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child (started by this very process) is not alive.
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    return True
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [p.decode(errors="replace") for p in raw.split(b"\0") if p]
+
+
+def port_open(port: int, host: str = HOST, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def quiet_driver_logs() -> None:
+    for name in ("cassandra", "aiokafka", "kafka"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def cql_answers(port: int, timeout: float = 5.0) -> bool:
+    """True when the server at HOST:port answers a CQL query."""
+    if not port_open(port):
+        return False
+    quiet_driver_logs()
+    try:
+        from cassandra.cluster import Cluster
+    except ImportError as exc:
+        raise StackError(
+            "the Cassandra readiness check needs cassandra-driver: run this script with the "
+            "project's virtualenv Python (.venv/bin/python)"
+        ) from exc
+    cluster = Cluster([HOST], port=port, connect_timeout=timeout, protocol_version=5)
+    try:
+        session = cluster.connect()
+        row = session.execute("SELECT release_version FROM system.local", timeout=timeout).one()
+        return row is not None
+    except Exception:
+        return False
+    finally:
+        cluster.shutdown()
+
+
+def kafka_answers(port: int, timeout: float = 5.0) -> bool:
+    """True when the broker at HOST:port answers a metadata request listing a live broker."""
+    if not port_open(port):
+        return False
+    quiet_driver_logs()
+    try:
+        import asyncio
+
+        from aiokafka.admin import AIOKafkaAdminClient
+    except ImportError as exc:
+        raise StackError(
+            "the Kafka readiness check needs aiokafka: run this script with the project's "
+            "virtualenv Python (.venv/bin/python)"
+        ) from exc
+
+    async def probe() -> bool:
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=f"{HOST}:{port}", request_timeout_ms=int(timeout * 1000)
+        )
+        try:
+            await asyncio.wait_for(admin.start(), timeout)
+            cluster = await asyncio.wait_for(admin.describe_cluster(), timeout)
+            return bool(cluster.get("brokers"))
+        finally:
+            with contextlib.suppress(Exception):
+                await admin.close()
+
+    try:
+        return asyncio.run(probe())
+    except Exception:
+        return False
+
+
+@dataclass
+class Server:
+    """One managed JVM: where its files are, how to start it and how to tell it is ready."""
+
+    name: str
+    port: int
+    main_log_name: str
+    paths: Paths
+    ready_check: Callable[[int], bool]
+    extra_ports: tuple[int, ...] = ()
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    log_offsets: dict[Path, int] = field(default_factory=dict, repr=False)
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    @property
+    def home(self) -> Path:
+        return self.paths.server(self.name)
+
+    @property
+    def conf(self) -> Path:
+        return self.home / "conf"
+
+    @property
+    def logs(self) -> Path:
+        return self.home / "logs"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.home / "pid"
+
+    @property
+    def main_log(self) -> Path:
+        return self.logs / self.main_log_name
+
+    @property
+    def console_log(self) -> Path:
+        return self.logs / "console.log"
+
+    @property
+    def marker(self) -> str:
+        """A -D flag on the command line that ties a process to this state folder."""
+        return f"-Dchronowheel.stack={self.home}"
+
+    def managed_pid(self) -> int | None:
+        """The pid of the server this state folder started, if it still runs."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        if pid_alive(pid) and self.marker in cmdline(pid):
+            return pid
+        return None
+
+    def ready(self) -> bool:
+        return self.ready_check(self.port)
+
+    def render(self, template: Path, target: Path, values: dict[str, str]) -> None:
+        text = string.Template(template.read_text()).safe_substitute(values)
+        target.write_text(text)
+
+    def prepare(self, java: str, classpath: str) -> list[str]:
+        raise NotImplementedError
+
+    def launch(self, java: str, classpath: str) -> None:
+        for d in (self.conf, self.logs, self.home / "tmp"):
+            d.mkdir(parents=True, exist_ok=True)
+        args = self.prepare(java, classpath)
+        for log in (self.main_log, self.console_log):
+            self.log_offsets[log] = log.stat().st_size if log.exists() else 0
+        env = dict(os.environ, CLASSPATH=classpath)
+        env.pop("JAVA_TOOL_OPTIONS", None)
+        with self.console_log.open("ab") as console:
+            console.write(f"\n=== start {time.strftime('%Y-%m-%dT%H:%M:%S')} ===\n".encode())
+            console.flush()
+            self.proc = subprocess.Popen(
+                [java, self.marker, *args],
+                stdout=console,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=str(self.home),
+                env=env,
+                start_new_session=True,
+            )
+        self.pid_file.write_text(f"{self.proc.pid}\n")
+
+    def died(self) -> bool:
+        if self.proc is not None:
+            return self.proc.poll() is not None
+        pid = self.managed_pid()
+        return pid is None
+
+    def failure_report(self, what: str) -> str:
+        parts = [f"{self.name} {what}; logs: {self.main_log} and {self.console_log}"]
+        for log in (self.console_log, self.main_log):
+            lines = [ln for ln in tail(log, 20, self.log_offsets.get(log, 0)) if ln.strip()]
+            if lines:
+                parts.append(f"--- last lines of {log} ---")
+                parts.extend(ln if len(ln) <= 400 else ln[:400] + " [...]" for ln in lines)
+        return "\n".join(parts)
+
+
+class Cassandra(Server):
+    def prepare(self, java: str, classpath: str) -> list[str]:
+        values = {
+            "listen_address": HOST,
+            "storage_port": str(CASSANDRA_STORAGE_PORT),
+            "native_port": str(self.port),
+        }
+        self.render(HERE / "cassandra" / "cassandra.yaml", self.conf / "cassandra.yaml", values)
+        shutil.copyfile(HERE / "cassandra" / "logback.xml", self.conf / "logback.xml")
+        storage = self.home / "data"
+        triggers = self.home / "triggers"
+        for d in (storage, triggers):
+            d.mkdir(parents=True, exist_ok=True)
+        return [
+            f"-Xms{HEAP}",
+            f"-Xmx{HEAP}",
+            "-Xss256k",
+            "-XX:+UseG1GC",
+            "-XX:+ParallelRefProcEnabled",
+            "-XX:MaxTenuringThreshold=1",
+            "-XX:G1RSetUpdatingPauseTimePercent=5",
+            "-XX:MaxGCPauseMillis=300",
+            "-XX:+UseThreadPriorities",
+            "-XX:+HeapDumpOnOutOfMemoryError",
+            f"-XX:HeapDumpPath={self.home / 'tmp'}",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-XX:+PerfDisableSharedMem",
+            "-ea",
+            "-da:net.openhft...",
+            "-Djava.net.preferIPv4Stack=true",
+            "-Djdk.attach.allowAttachSelf=true",
+            *CASSANDRA_JAVA17_MODULE_FLAGS,
+            "-Dio.netty.tryReflectionSetAccessible=true",
+            "-Dio.netty.allocator.useCacheForAllThreads=true",
+            "-Dio.netty.allocator.maxOrder=11",
+            f"-Djna.tmpdir={self.home / 'tmp'}",
+            f"-Djava.io.tmpdir={self.home / 'tmp'}",
+            f"-Dcassandra.config={(self.conf / 'cassandra.yaml').as_uri()}",
+            f"-Dcassandra.storagedir={storage}",
+            f"-Dcassandra.logdir={self.logs}",
+            f"-Dcassandra.triggers_dir={triggers}",
+            f"-Dlogback.configurationFile={(self.conf / 'logback.xml').as_uri()}",
+            "-Dcassandra-foreground=yes",
+            "-Dcassandra.skip_wait_for_gossip_to_settle=0",
+            "org.apache.cassandra.service.CassandraDaemon",
+        ]
+
+
+class Kafka(Server):
+    def prepare(self, java: str, classpath: str) -> list[str]:
+        data = self.home / "data"
+        values = {
+            "host": HOST,
+            "broker_port": str(self.port),
+            "controller_port": str(KAFKA_CONTROLLER_PORT),
+            "data_dir": str(data),
+        }
+        props = self.conf / "server.properties"
+        self.render(HERE / "kafka" / "server.properties", props, values)
+        shutil.copyfile(HERE / "kafka" / "log4j2.xml", self.conf / "log4j2.xml")
+        common = [
+            f"-Dkafka.logs.dir={self.logs}",
+            f"-Dlog4j2.configurationFile={(self.conf / 'log4j2.xml').as_uri()}",
+            f"-Djava.io.tmpdir={self.home / 'tmp'}",
+        ]
+        if not (data / "meta.properties").exists():
+            self.format_storage(java, classpath, props, common)
+        return [
+            f"-Xms{HEAP}",
+            f"-Xmx{HEAP}",
+            "-server",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-XX:InitiatingHeapOccupancyPercent=35",
+            "-XX:+ExplicitGCInvokesConcurrent",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-Djava.awt.headless=true",
+            *common,
+            "kafka.Kafka",
+            str(props),
+        ]
+
+    def format_storage(self, java: str, classpath: str, props: Path, common: list[str]) -> None:
+        """Format the KRaft metadata and data folder once, with a fresh cluster id."""
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        say(f"formatting kafka storage (cluster id {cluster_id})")
+        env = dict(os.environ, CLASSPATH=classpath)
+        out = subprocess.run(
+            [
+                java,
+                "-Xmx256m",
+                *common,
+                "kafka.tools.StorageTool",
+                "format",
+                f"--cluster-id={cluster_id}",  # ids may start with "-"
+                f"--config={props}",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+        (self.logs / "format.log").write_text(out.stdout + out.stderr)
+        if out.returncode != 0:
+            raise StackError(
+                f"kafka storage format failed (log: {self.logs / 'format.log'}):\n"
+                + "\n".join((out.stdout + out.stderr).strip().splitlines()[-20:])
+            )
+
+
+def servers(paths: Paths) -> dict[str, Server]:
+    return {
+        "cassandra": Cassandra(
+            "cassandra",
+            CQL_PORT,
+            "system.log",
+            paths,
+            cql_answers,
+            extra_ports=(CASSANDRA_STORAGE_PORT,),
+        ),
+        "kafka": Kafka(
+            "kafka",
+            KAFKA_PORT,
+            "server.log",
+            paths,
+            kafka_answers,
+            extra_ports=(KAFKA_CONTROLLER_PORT,),
+        ),
+    }
+
+
+def pick(all_servers: dict[str, Server], names: Sequence[str]) -> list[Server]:
+    if not names:
+        return list(all_servers.values())
+    unknown = [n for n in names if n not in all_servers]
+    if unknown:
+        raise StackError(f"unknown server {unknown[0]!r}; choose from {sorted(all_servers)}")
+    return [all_servers[n] for n in dict.fromkeys(names)]
+
+
+@contextlib.contextmanager
+def state_lock(paths: Paths) -> Iterator[None]:
+    """One `up`/`down` at a time per state folder (a second caller waits)."""
+    paths.state.mkdir(parents=True, exist_ok=True)
+    with (paths.state / ".lock").open("w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"waiting for another stack command on {paths.state}")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# --- commands --------------------------------------------------------------------------------
+
+
+def cmd_install(paths: Paths, names: Sequence[str]) -> dict[str, Any]:
+    started = time.monotonic()
+    chosen = pick(servers(paths), names)
+    for srv in chosen:
+        Artifact(srv.name).resolve(paths)
+    return {"resolved": [s.name for s in chosen], "seconds": round(time.monotonic() - started, 1)}
+
+
+def cmd_up(paths: Paths, names: Sequence[str], timeout: float) -> dict[str, Any]:
+    chosen = pick(servers(paths), names)
+    result: dict[str, Any] = {"started": [], "already_running": [], "seconds": {}}
+    with state_lock(paths):
+        to_start: list[Server] = []
+        for srv in chosen:
+            if srv.managed_pid() is not None:
+                if srv.ready():
+                    say(f"{srv.name} already up on {srv.address}")
+                    result["already_running"].append(srv.name)
+                    continue
+                to_start.append(srv)  # started earlier, still coming up: just wait for it
+                continue
+            if port_open(srv.port) or any(port_open(p) for p in srv.extra_ports):
+                if srv.ready():
+                    say(
+                        f"{srv.name} already answers on {srv.address} (not started by this "
+                        f"stack's state folder {paths.state}); using it"
+                    )
+                    result["already_running"].append(srv.name)
+                    continue
+                busy = [p for p in (srv.port, *srv.extra_ports) if port_open(p)]
+                raise StackError(
+                    f"cannot start {srv.name}: port(s) {busy} on {HOST} are taken by a process "
+                    f"that is not a {srv.name} answering there"
+                )
+            to_start.append(srv)
+        if not to_start:
+            return result
+        java = check_java()
+        classpaths = {srv.name: Artifact(srv.name).resolve(paths) for srv in to_start}
+        launched: list[Server] = []
+        try:
+            for srv in to_start:
+                if srv.managed_pid() is None:
+                    say(f"starting {srv.name} (state: {srv.home}, log: {srv.main_log})")
+                    srv.launch(java, classpaths[srv.name])
+                    launched.append(srv)
+            wait_ready(to_start, timeout, result)
+        except BaseException:
+            for srv in launched:
+                stop_server(srv, grace=10.0)
+            raise
+        result["started"] = [s.name for s in to_start]
+    return result
+
+
+def wait_ready(pending_servers: list[Server], timeout: float, result: dict[str, Any]) -> None:
+    ticker = Ticker("waiting for " + " and ".join(s.name for s in pending_servers))
+    pending = list(pending_servers)
+    while pending:
+        for srv in list(pending):
+            if srv.died():
+                raise StackError(srv.failure_report("exited during start-up"))
+            if srv.ready():
+                result["seconds"][srv.name] = round(ticker.elapsed(), 1)
+                say(f"{srv.name} is up on {srv.address} after {ticker.elapsed():.1f}s")
+                pending.remove(srv)
+        if not pending:
+            return
+        if ticker.elapsed() > timeout:
+            srv = pending[0]
+            raise StackError(srv.failure_report(f"did not answer within {timeout:.0f}s"))
+        ticker.tick(", ".join(f"{s.name} {s.address}" for s in pending))
+        time.sleep(0.5)
+
+
+def stop_server(srv: Server, grace: float = STOP_GRACE_S) -> bool:
+    """Stop one managed server: SIGTERM, wait up to `grace` seconds, then SIGKILL."""
+    pid = srv.proc.pid if srv.proc is not None and srv.proc.poll() is None else srv.managed_pid()
+    if pid is None:
+        with contextlib.suppress(FileNotFoundError):
+            srv.pid_file.unlink()
+        return False
+    say(f"stopping {srv.name} (pid {pid})")
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    ticker = Ticker(f"waiting for {srv.name} to stop")
+    while pid_alive(pid) and ticker.elapsed() < grace:
+        if srv.proc is not None:
+            srv.proc.poll()
+        time.sleep(0.2)
+        ticker.tick()
+    if pid_alive(pid):
+        say(f"{srv.name} still running after {grace:.0f}s: killing it")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        while pid_alive(pid):
+            if srv.proc is not None:
+                srv.proc.poll()
+            time.sleep(0.1)
+    with contextlib.suppress(FileNotFoundError):
+        srv.pid_file.unlink()
+    say(f"{srv.name} stopped after {ticker.elapsed():.1f}s")
+    return True
+
+
+def cmd_down(paths: Paths, names: Sequence[str], grace: float) -> dict[str, Any]:
+    chosen = pick(servers(paths), names)
+    stopped: list[str] = []
+    with state_lock(paths):
+        threads: list[threading.Thread] = []
+        for srv in chosen:
+            if srv.managed_pid() is None:
+                say(f"{srv.name} is not running from {paths.state}")
+                if port_open(srv.port):
+                    say(f"(something else answers on {srv.address}; left alone)")
+                continue
+
+            def run(s: Server = srv) -> None:
+                if stop_server(s, grace):
+                    stopped.append(s.name)
+
+            t = threading.Thread(target=run)
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join()
+    return {"stopped": stopped}
+
+
+def cmd_status(paths: Paths) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for srv in servers(paths).values():
+        pid = srv.managed_pid()
+        out[srv.name] = {
+            "address": srv.address,
+            "ready": srv.ready(),
+            "pid": pid,
+            "managed": pid is not None,
+            "log": str(srv.main_log),
+        }
+    return out
+
+
+def print_status(status: dict[str, Any]) -> None:
+    for name, info in status.items():
+        if info["ready"]:
+            how = f"pid {info['pid']}" if info["managed"] else "not started by this state folder"
+            state = f"up on {info['address']} ({how})"
+        elif info["managed"]:
+            state = f"running (pid {info['pid']}) but not answering on {info['address']}"
+        else:
+            state = "down"
+        print(f"{name:<10} {state}\n{'':<10} log: {info['log']}")
+
+
+def cmd_logs(paths: Paths, names: Sequence[str], lines: int, follow: bool) -> int:
+    chosen = pick(servers(paths), names)
+    files = [s.main_log for s in chosen]
+    if follow:
+        existing = [str(f) for f in files]
+        os.execvp("tail", ["tail", "-n", str(lines), "-F", *existing])
+    for srv in chosen:
+        for log in (srv.main_log, srv.console_log):
+            print(f"==> {log} <==")
+            if not log.exists():
+                print("(no log yet)")
+            for line in tail(log, lines):
+                print(line)
+    return 0
+
+
+def emit(result: dict[str, Any], as_json: bool, out: IO[str] = sys.stdout) -> None:
+    if as_json:
+        json.dump(result, out)
+        out.write("\n")
+        out.flush()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stack.py", description="Local Apache Cassandra + Apache Kafka on 127.0.0.1."
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="data and logs [env CHRONOWHEEL_STATE_DIR; default ~/.cache/chronowheel/stack]",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="Maven repository and classpaths [env CHRONOWHEEL_CACHE_DIR; "
+        "default ~/.cache/chronowheel]",
+    )
+    parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser("install", help="resolve the pinned Maven artifacts only")
+    p.add_argument("servers", nargs="*", metavar="SERVER")
+    p = sub.add_parser("up", help="start the servers that are not running and wait for them")
+    p.add_argument("servers", nargs="*", metavar="SERVER")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=float(os.environ.get("CHRONOWHEEL_STACK_TIMEOUT", DEFAULT_TIMEOUT_S)),
+        help="seconds to wait for readiness [env CHRONOWHEEL_STACK_TIMEOUT; "
+        f"default {DEFAULT_TIMEOUT_S:.0f}]",
+    )
+    p = sub.add_parser("down", help="stop the servers this state folder started")
+    p.add_argument("servers", nargs="*", metavar="SERVER")
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=STOP_GRACE_S,
+        help=f"seconds between SIGTERM and SIGKILL (default {STOP_GRACE_S:.0f})",
+    )
+    sub.add_parser("status", help="tell what runs and answers (exit 3 when not all are up)")
+    p = sub.add_parser("logs", help="print (or follow) the servers' logs")
+    p.add_argument("servers", nargs="*", metavar="SERVER")
+    p.add_argument("-n", "--lines", type=int, default=40, help="lines per log (default 40)")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    paths = Paths(
+        state=(args.state_dir or default_state_dir()).expanduser().resolve(),
+        cache=(args.cache_dir or default_cache_dir()).expanduser().resolve(),
+    )
+    try:
+        if args.command == "install":
+            result = cmd_install(paths, args.servers)
+            say(f"artifacts ready in {paths.m2}")
+            emit(result, args.json)
+            return 0
+        if args.command == "up":
+            result = cmd_up(paths, args.servers, args.timeout)
+            result.update(
+                {
+                    "cassandra": f"{HOST}:{CQL_PORT}",
+                    "kafka": f"{HOST}:{KAFKA_PORT}",
+                    "state_dir": str(paths.state),
+                }
+            )
+            emit(result, args.json)
+            return 0
+        if args.command == "down":
+            emit(cmd_down(paths, args.servers, args.grace), args.json)
+            return 0
+        if args.command == "status":
+            status = cmd_status(paths)
+            if args.json:
+                emit(status, True)
+            else:
+                print_status(status)
+            return 0 if all(info["ready"] for info in status.values()) else 3
+        if args.command == "logs":
+            return cmd_logs(paths, args.servers, args.lines, args.follow)
+    except StackError as exc:
+        say(f"error: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    raise AssertionError(args.command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""`chronowheel stack install|up|down|status|logs`: the local Cassandra + Kafka.
+
+A thin wrapper around deploy/local/stack.py in the source checkout, which does the work; it
+is run with this interpreter so that its readiness checks find the project's drivers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import chronowheel
+from chronowheel.errors import ConfigError
+from chronowheel.settings import add_settings_arguments, settings_from_args
+
+SCRIPT_ENV = "CHRONOWHEEL_STACK_SCRIPT"
+
+
+def stack_script() -> Path:
+    """deploy/local/stack.py of the checkout this package is installed from (editable)."""
+    override = os.environ.get(SCRIPT_ENV)
+    if override:
+        script = Path(override).expanduser()
+    else:
+        # services/chronowheel/__init__.py -> the repository root is two folders above.
+        script = Path(chronowheel.__file__).resolve().parents[2] / "deploy" / "local" / "stack.py"
+    if not script.is_file():
+        raise ConfigError(
+            f"the local stack script is not at {script}: `chronowheel stack` works from a "
+            f"source checkout installed with `pip install -e .` (or set {SCRIPT_ENV})"
+        )
+    return script
+
+
+def stack_command(args: argparse.Namespace) -> list[str]:
+    settings = settings_from_args(args)
+    cmd = [sys.executable, str(stack_script()), "--state-dir", settings.state_dir]
+    if args.json:
+        cmd.append("--json")
+    cmd.append(args.stack_command)
+    cmd.extend(args.servers)
+    if args.stack_command == "up" and args.timeout is not None:
+        cmd.extend(["--timeout", str(args.timeout)])
+    if args.stack_command == "down" and args.grace is not None:
+        cmd.extend(["--grace", str(args.grace)])
+    if args.stack_command == "logs":
+        cmd.extend(["--lines", str(args.lines)])
+        if args.follow:
+            cmd.append("--follow")
+    return cmd
+
+
+def run(args: argparse.Namespace) -> int:
+    return subprocess.run(stack_command(args), check=False).returncode
+
+
+def register(sub: Any) -> None:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "stack",
+        help="run a real Cassandra and Kafka on 127.0.0.1 for development and tests",
+        description=(
+            "Local Apache Cassandra 5.0 (127.0.0.1:9042) and Apache Kafka 4 "
+            "(127.0.0.1:9092) from pinned Maven Central artifacts on Java 17. "
+            "Data and logs live in the state folder; the Maven cache in "
+            "$CHRONOWHEEL_CACHE_DIR (default ~/.cache/chronowheel)."
+        ),
+    )
+    actions = parser.add_subparsers(dest="stack_command", metavar="ACTION", required=True)
+
+    def action(name: str, help: str, servers: bool = True) -> argparse.ArgumentParser:
+        p = actions.add_parser(name, help=help)
+        add_settings_arguments(p, ["state_dir"])
+        p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+        if servers:
+            p.add_argument(
+                "servers",
+                nargs="*",
+                metavar="SERVER",
+                help="cassandra and/or kafka (default: both)",
+            )
+        else:
+            p.set_defaults(servers=[])
+        p.set_defaults(func=run, timeout=None, grace=None, lines=40, follow=False)
+        return p
+
+    action("install", "resolve the pinned Maven artifacts only (no server is started)")
+    p = action("up", "start what is not running and wait until it answers (idempotent)")
+    p.add_argument("--timeout", type=float, help="seconds to wait for readiness (default 180)")
+    p = action("down", "stop gracefully what this state folder started (idempotent)")
+    p.add_argument("--grace", type=float, help="seconds between SIGTERM and SIGKILL (default 45)")
+    action("status", "tell what runs and answers; exit 3 when not everything is up", False)
+    p = action("logs", "print the servers' logs")
+    p.add_argument("-n", "--lines", type=int, default=40, help="lines per log (default 40)")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
