@@ -60,3 +60,21 @@ class ManualClock:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((deadline_ms, fut))
         await fut
+
+
+class OffsetClock(SystemClock):
+    """The system clock shifted by an adjustable offset: lets a test jump a real node ahead.
+
+    Only ever moved forward, so a node driven by it never sees time go back.
+    """
+
+    def __init__(self, offset_ms: int = 0) -> None:
+        self.offset_ms = offset_ms
+
+    def now_ms(self) -> int:
+        return super().now_ms() + self.offset_ms
+
+    def jump(self, delta_ms: int) -> None:
+        if delta_ms < 0:
+            raise ValueError("OffsetClock only moves forward")
+        self.offset_ms += delta_ms

@@ -63,6 +63,9 @@ CATCH_UP_GRACE_MS = 60_000
 # With nothing to publish, still commit the advancing watermark this often, so a takeover
 # reloads little.
 IDLE_WATERMARK_COMMIT_MS = 2_000
+# When the loaded horizon trails its target by more than this, empty minutes are skipped by
+# their bucket counts instead of being read one partition at a time.
+SKIP_EMPTY_AFTER_MS = 10 * 60_000
 INGEST_BATCH = 2_000
 INGEST_CONCURRENCY = 64
 # Without a watermark record (never initialised, or the state topic lost it), reload this far.
@@ -247,17 +250,14 @@ class ShardActor:
                 self.metrics.forwarded.inc()
                 continue
             chains[job_id].append(cmd)
-        counts: dict[int, int] = defaultdict(int)
         sem = asyncio.Semaphore(INGEST_CONCURRENCY)
 
         async def run_chain(cmds: list[Command]) -> None:
             async with sem:
                 for cmd in cmds:
-                    await self._apply(cmd, now, counts)
+                    await self._apply(cmd, now)
 
         await asyncio.gather(*(run_chain(c) for c in chains.values()))
-        await asyncio.gather(*(self.store.add_bucket_count(self.shard, m, n)
-                               for m, n in counts.items()))
         self.offset_to_commit = records[-1].offset + 1
 
     def _parse(self, rec: Any, now: int) -> Command | None:
@@ -278,13 +278,13 @@ class ShardActor:
         log.info("shard %d: rejected offset %d: %s", self.shard, rec.offset, reason)
         return None
 
-    async def _apply(self, cmd: Command, now: int, counts: dict[int, int]) -> None:
+    async def _apply(self, cmd: Command, now: int) -> None:
         if isinstance(cmd, Upsert):
-            await self._upsert(cmd.job, now, counts)
+            await self._upsert(cmd.job, now)
         elif isinstance(cmd, Cancel):
             await self._cancel(cmd.id)
         else:
-            await self._retry(cmd, now, counts)
+            await self._retry(cmd, now)
         self.metrics.ingested.labels(cmd.op).inc()
 
     def _insert_bound(self, slot: int) -> bool:
@@ -300,7 +300,7 @@ class ShardActor:
     def _ttl_s(self, slot: int, now: int) -> int:
         return max(1, (max(0, slot - now) + self.settings.retention_ms) // 1000)
 
-    async def _upsert(self, job: JobSpec, now: int, counts: dict[int, int]) -> None:
+    async def _upsert(self, job: JobSpec, now: int) -> None:
         existing = await self.store.get_job(job.id)
         if existing is not None and existing.status != "cancelled" \
                 and existing.spec == job.canonical:
@@ -319,8 +319,7 @@ class ShardActor:
                      job.payload, job.headers, job.canonical if job.recurring else None)
         # due row before jobs row: a crash in between leaves a jobs row that does not match,
         # so the re-delivered command is applied again instead of being taken for a no-op.
-        await self.store.put_due(row, self._ttl_s(slot, now))
-        counts[row.minute] += 1
+        await self._write_due(row, now)
         await self.store.put_job(JobRow(job.id, self.shard, job.canonical, version, "scheduled",
                                         first, slot))
         self._finish_ingest(job.id, old_key, pending_from_row(row))
@@ -354,16 +353,21 @@ class ShardActor:
                                         "cancelled", None, None))
         self._finish_ingest(job_id, old_key, None)
 
-    async def _retry(self, cmd: Retry, now: int, counts: dict[int, int]) -> None:
+    async def _retry(self, cmd: Retry, now: int) -> None:
         slot = max(cmd.at_ms, self.watermark + 1)
         row = DueRow(minute_of(slot), self.shard, slot, cmd.id, cmd.attempt, cmd.scheduled_ms,
                      0, cmd.topic, cmd.payload, cmd.headers, None)
-        await self.store.put_due(row, self._ttl_s(slot, now))
-        counts[row.minute] += 1
+        await self._write_due(row, now)
         p = pending_from_row(row)
         if self._insert_bound(slot):
             self.wheel.insert(p.wheel_key, slot, p)
         self.wake.set()
+
+    async def _write_due(self, row: DueRow, now: int) -> None:
+        # The bucket count is written with the row, before the wheel decision: the loader
+        # skips minutes whose count is zero, so a row must never exist uncounted at that point.
+        await asyncio.gather(self.store.put_due(row, self._ttl_s(row.slot_ms, now)),
+                             self.store.add_bucket_count(self.shard, row.minute, 1))
 
     def _schedule(self, job: JobSpec) -> Schedule:
         return compile_schedule(cron=job.cron, every_ms=job.every_ms, tz=job.tz,
@@ -410,20 +414,16 @@ class ShardActor:
         self.watermark = max(self.watermark, new_watermark)
         fired: list[Pending] = []
         writes = []
-        counts: dict[int, int] = defaultdict(int)
         for _due, _key, p in entries:
             if p.spec is None:
                 fired.append(p)
             else:
-                writes.append(self._fire_recurring(p, now, fired, counts))
+                writes.append(self._fire_recurring(p, now, fired))
         if writes:
             await asyncio.gather(*writes)
-            await asyncio.gather(*(self.store.add_bucket_count(self.shard, m, n)
-                                   for m, n in counts.items()))
         return fired
 
-    async def _fire_recurring(self, p: Pending, now: int, fired: list[Pending],
-                              counts: dict[int, int]) -> None:
+    async def _fire_recurring(self, p: Pending, now: int, fired: list[Pending]) -> None:
         job, schedule = self._recurring(p.spec or b"")
         if now - p.slot_ms <= CATCH_UP_GRACE_MS:
             fires: tuple[int, ...] = (p.scheduled_ms,)
@@ -446,8 +446,7 @@ class ShardActor:
         slot = max(slot_for(p.job_id, nxt, job.window_ms), self.watermark + 1)
         row = DueRow(minute_of(slot), self.shard, slot, p.job_id, 1, nxt, p.version, p.topic,
                      p.payload, job.headers, p.spec)
-        await self.store.put_due(row, self._ttl_s(slot, now))
-        counts[row.minute] += 1
+        await self._write_due(row, now)
         await self.store.put_job(JobRow(p.job_id, self.shard, p.spec or b"", p.version,
                                         "scheduled", nxt, slot))
         self._finish_ingest(p.job_id, None, pending_from_row(row))
@@ -578,6 +577,8 @@ class ShardActor:
     async def _load_horizon(self) -> None:
         target = self.clock.now_ms() + self.settings.lookahead_ms
         cap = self.settings.bucket_cap_rows
+        if target - self.horizon_ms > SKIP_EMPTY_AFTER_MS:
+            await self._skip_empty_minutes(target)
         while self.horizon_ms < target and not self.stopping:
             if len(self.wheel) >= cap:
                 return  # bounded memory: continue once dispatch has drained the wheel
@@ -595,6 +596,27 @@ class ShardActor:
                 self.horizon_ms = m + MINUTE_MS - 1
             self.reading_upto = self.horizon_ms
             self.wake.set()
+
+    async def _skip_empty_minutes(self, target: int) -> None:
+        """Far behind (a long outage, a clock jump): jump over minutes that never had a row.
+
+        Counts are written with every due row before its wheel decision, so a zero count means
+        no row; rows written while the counts are read are inside `reading_upto` and ingest
+        puts them into the wheel itself.
+        """
+        first = minute_of(self.horizon_ms + 1)
+        last = minute_of(target)
+        self.reading_upto = last + MINUTE_MS - 1
+        self.reads_in_flight += 1
+        try:
+            counts = await self.store.bucket_counts(self.shard, first, last)
+        finally:
+            self.reads_in_flight -= 1
+        nonempty = sorted(m for m, n in counts.items() if n > 0)
+        next_full = nonempty[0] if nonempty else last
+        if next_full > first:
+            self.horizon_ms = max(self.horizon_ms, next_full - 1)
+        self.reading_upto = self.horizon_ms
 
     async def _read_minute(self, minute: int, from_slot: int, cap: int | None) -> int | None:
         """Load one bucket into the wheel; with a cap, stop once the wheel holds that many.
