@@ -7,11 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
+import orjson
+from aiokafka import TopicPartition
 from cassandra.cluster import Session
 
-from chronowheel.bus.kafka import ensure_topics, namespace_topics, open_admin, partition_counts
+from chronowheel.bus.kafka import (
+    ensure_topics,
+    namespace_topics,
+    open_admin,
+    partition_counts,
+    plain_producer,
+    reader,
+)
 from chronowheel.errors import ConfigError
 from chronowheel.settings import Settings
 from chronowheel.store.cassandra import connect, schema_statements
@@ -79,12 +89,38 @@ async def init_namespace(settings: Settings) -> InitReport:
         if not applied[0] and int(applied.value) != shards:  # lost a race to another init
             raise ConfigError(f"namespace {settings.namespace!r} was concurrently initialised "
                               f"with {applied.value} shards")
-        # 3. topics
+        # 3. topics, and a first watermark per shard: "nothing before init is pending"
         created = await ensure_topics(admin, specs, replication)
+        await seed_watermarks(settings, shards)
         return InitReport(settings.namespace, shards, created, not existed)
     finally:
         await admin.close()
         cluster.shutdown()
+
+
+async def seed_watermarks(settings: Settings, shards: int) -> int:
+    """Write watermark = now for every shard whose state partition is still empty."""
+    tps = [TopicPartition(settings.state_topic, k) for k in range(shards)]
+    consumer = reader(settings)
+    await consumer.start()
+    try:
+        ends = await consumer.end_offsets(tps)
+    finally:
+        await consumer.stop()
+    empty = [tp.partition for tp in tps if ends[tp] == 0]
+    if not empty:
+        return 0
+    producer = plain_producer(settings)
+    await producer.start()
+    try:
+        now = int(time.time() * 1000)
+        for k in empty:
+            await producer.send_and_wait(
+                settings.state_topic, partition=k, key=f"shard-{k}".encode(),
+                value=orjson.dumps({"shard": k, "watermark": now, "node": "init", "at": now}))
+    finally:
+        await producer.stop()
+    return len(empty)
 
 
 async def recorded_shard_count(settings: Settings) -> int:

@@ -77,7 +77,8 @@ class Settings:
 
     @property
     def internal_topics(self) -> frozenset[str]:
-        return frozenset({self.submit_topic, self.state_topic, self.rejected_topic, self.dead_topic})
+        return frozenset(
+            {self.submit_topic, self.state_topic, self.rejected_topic, self.dead_topic})
 
     def cassandra_hosts(self) -> list[tuple[str, int]]:
         out = []

@@ -37,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
         stream=sys.stderr,
     )
+    if not args.verbose:  # the driver's connection chatter is noise at INFO
+        logging.getLogger("cassandra").setLevel(logging.WARNING)
     try:
         result = args.func(args)
     except ChronowheelError as exc:

@@ -17,7 +17,15 @@ from cassandra import (
     Unavailable,
     WriteTimeout,
 )
-from cassandra.cluster import Cluster, NoHostAvailable, ResponseFuture, Session
+from cassandra.cluster import (
+    EXEC_PROFILE_DEFAULT,
+    Cluster,
+    ExecutionProfile,
+    NoHostAvailable,
+    ResponseFuture,
+    Session,
+)
+from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import PreparedStatement
 
 from chronowheel.errors import ConfigError, RetriableError
@@ -63,18 +71,21 @@ def connect(settings: Settings, *, keyspace: str | None = None) -> tuple[Cluster
         level = ConsistencyLevel.name_to_value[settings.consistency.upper()]
     except KeyError:
         raise ConfigError(f"consistency: unknown level {settings.consistency!r}") from None
+    profile = ExecutionProfile(
+        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
+        consistency_level=level, serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,
+        request_timeout=10.0,
+    )
     cluster = Cluster(
         contact_points=[h for h, _ in hosts], port=port, protocol_version=5,
         connect_timeout=10, control_connection_timeout=10,
+        execution_profiles={EXEC_PROFILE_DEFAULT: profile},
     )
     try:
         session = cluster.connect(keyspace)
     except NoHostAvailable as exc:
         cluster.shutdown()
         raise CassandraError(f"cannot reach Cassandra at {settings.cassandra}: {exc}") from exc
-    session.default_consistency_level = level
-    session.default_serial_consistency_level = ConsistencyLevel.LOCAL_SERIAL
-    session.default_timeout = 10.0
     return cluster, session
 
 
