@@ -425,7 +425,10 @@ class Server:
         return self.ready_check(self.port)
 
     def render(self, template: Path, target: Path, values: dict[str, str]) -> None:
-        text = string.Template(template.read_text()).safe_substitute(values)
+        try:
+            text = string.Template(template.read_text()).substitute(values)
+        except (KeyError, ValueError) as exc:
+            raise StackError(f"{template}: bad or unknown placeholder {exc}") from None
         target.write_text(text)
 
     def prepare(self, java: str, classpath: str) -> list[str]:

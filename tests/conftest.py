@@ -1,0 +1,101 @@
+"""Shared fixtures.
+
+`stack` (session): addresses of a real Cassandra and a real Kafka. Taken from
+CHRONOWHEEL_CASSANDRA / CHRONOWHEEL_KAFKA when set; otherwise the local stack
+(deploy/local/stack.py) is started for the session, and whatever this session started is
+stopped at its end (a stack that was already up is left running).
+
+`namespace` (function): a fresh namespace per test, `t` + 10 hex digits, valid both as a
+Cassandra keyspace name and as a Kafka topic prefix.
+
+Only integration tests (tests/integration/, marked `integration`) request `stack`, so unit
+tests run without any server. A test that requests `stack` is marked `integration` here too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+STACK_SCRIPT = REPO / "deploy" / "local" / "stack.py"
+
+
+@dataclass(frozen=True)
+class Stack:
+    cassandra: str
+    """Cassandra contact point, "host:port"."""
+    kafka: str
+    """Kafka bootstrap servers, "host:port"."""
+    started: tuple[str, ...] = ()
+    """Servers this test session started (and will stop)."""
+
+    @property
+    def cassandra_host(self) -> str:
+        return self.cassandra.rsplit(":", 1)[0]
+
+    @property
+    def cassandra_port(self) -> int:
+        host, _, port = self.cassandra.rpartition(":")
+        return int(port) if host else 9042
+
+
+def _stack_script(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(STACK_SCRIPT), "--json", *args],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[Stack]:
+    cassandra = os.environ.get("CHRONOWHEEL_CASSANDRA", "").strip()
+    kafka = os.environ.get("CHRONOWHEEL_KAFKA", "").strip()
+    missing = [name for name, given in (("cassandra", cassandra), ("kafka", kafka)) if not given]
+    if not missing:
+        yield Stack(cassandra=cassandra, kafka=kafka)
+        return
+
+    up = _stack_script("up", *missing)
+    if up.returncode != 0:
+        pytest.fail(
+            f"the local stack did not come up (exit {up.returncode}):\n{up.stderr}",
+            pytrace=False,
+        )
+    info = json.loads(up.stdout)
+    started = tuple(info["started"])
+    try:
+        yield Stack(
+            cassandra=cassandra or info["cassandra"],
+            kafka=kafka or info["kafka"],
+            started=started,
+        )
+    finally:
+        if started:
+            down = _stack_script("down", *started)
+            if down.returncode != 0:
+                print(f"stopping the local stack failed:\n{down.stderr}", file=sys.stderr)
+
+
+@pytest.fixture
+def namespace() -> str:
+    return "t" + secrets.token_hex(5)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "stack" in getattr(item, "fixturenames", ()) and not item.get_closest_marker(
+            "integration"
+        ):
+            item.add_marker(pytest.mark.integration)

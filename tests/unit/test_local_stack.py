@@ -1,0 +1,133 @@
+"""The local stack's pieces that need no server: config templates, CLI wiring, helpers."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import string
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from chronowheel.cli import stack as stack_cli
+
+REPO = Path(__file__).resolve().parents[2]
+LOCAL = REPO / "deploy" / "local"
+
+
+def load_stack_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("chronowheel_local_stack", LOCAL / "stack.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while building
+    spec.loader.exec_module(module)
+    return module
+
+
+stack_script = load_stack_script()
+
+
+def render(template: Path, values: dict[str, str]) -> str:
+    return string.Template(template.read_text()).substitute(values)
+
+
+def test_cassandra_yaml_renders_with_the_mandatory_keys() -> None:
+    text = render(
+        LOCAL / "cassandra" / "cassandra.yaml",
+        {"listen_address": "127.0.0.1", "storage_port": "7000", "native_port": "9042"},
+    )
+    keys = {line.split(":", 1)[0] for line in text.splitlines() if line and line[0].isalpha()}
+    assert {
+        "partitioner",
+        "commitlog_sync",
+        "commitlog_sync_period",
+        "seed_provider",
+        "endpoint_snitch",
+        "listen_address",
+        "rpc_address",
+        "native_transport_port",
+        "num_tokens",
+        "auto_snapshot",
+    } <= keys
+    assert '- seeds: "127.0.0.1:7000"' in text
+    assert "native_transport_port: 9042" in text
+    assert "auto_snapshot: false" in text
+
+
+def test_kafka_properties_render_a_single_node_kraft_combined_server(tmp_path: Path) -> None:
+    text = render(
+        LOCAL / "kafka" / "server.properties",
+        {
+            "host": "127.0.0.1",
+            "broker_port": "9092",
+            "controller_port": "9093",
+            "data_dir": str(tmp_path),
+        },
+    )
+    props = dict(
+        line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#")
+    )
+    assert props["process.roles"] == "broker,controller"
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093"
+    assert props["controller.quorum.voters"] == f"{props['node.id']}@127.0.0.1:9093"
+    assert props["log.dirs"] == str(tmp_path)
+    for key in (
+        "offsets.topic.replication.factor",
+        "transaction.state.log.replication.factor",
+        "transaction.state.log.min.isr",
+    ):
+        assert props[key] == "1"
+    assert props["group.initial.rebalance.delay.ms"] == "0"
+
+
+def test_poms_pin_the_server_versions() -> None:
+    cassandra = (LOCAL / "cassandra" / "pom.xml").read_text()
+    kafka = (LOCAL / "kafka" / "pom.xml").read_text()
+    assert "<cassandra.version>5.0." in cassandra
+    assert "<kafka.version>4." in kafka
+    assert "log4j-slf4j2-impl" in kafka
+
+
+def test_pick_rejects_unknown_servers(tmp_path: Path) -> None:
+    paths = stack_script.Paths(state=tmp_path / "state", cache=tmp_path / "cache")
+    all_servers = stack_script.servers(paths)
+    assert [s.name for s in stack_script.pick(all_servers, [])] == ["cassandra", "kafka"]
+    assert [s.name for s in stack_script.pick(all_servers, ["kafka", "kafka"])] == ["kafka"]
+    with pytest.raises(stack_script.StackError, match="unknown server 'zookeeper'"):
+        stack_script.pick(all_servers, ["zookeeper"])
+
+
+def test_tail_reads_only_after_the_offset(tmp_path: Path) -> None:
+    log = tmp_path / "system.log"
+    log.write_text("old 1\nold 2\n")
+    offset = log.stat().st_size
+    with log.open("a") as f:
+        f.write("new 1\nnew 2\nnew 3\n")
+    assert stack_script.tail(log, 2) == ["new 2", "new 3"]
+    assert stack_script.tail(log, 10, since=offset) == ["new 1", "new 2", "new 3"]
+    assert stack_script.tail(tmp_path / "absent.log", 5) == []
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="chronowheel")
+    stack_cli.register(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(argv)
+
+
+def test_cli_passes_the_action_servers_and_state_dir_to_the_script(tmp_path: Path) -> None:
+    args = parse(["stack", "up", "kafka", "--timeout", "30", "--state-dir", str(tmp_path)])
+    cmd = stack_cli.stack_command(args)
+    assert cmd[0] == sys.executable
+    assert Path(cmd[1]) == LOCAL / "stack.py"
+    assert cmd[2:] == ["--state-dir", str(tmp_path), "up", "kafka", "--timeout", "30.0"]
+
+
+def test_cli_state_dir_comes_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CHRONOWHEEL_STATE_DIR", str(tmp_path / "elsewhere"))
+    cmd = stack_cli.stack_command(parse(["stack", "down", "--json"]))
+    assert cmd[2:] == ["--state-dir", str(tmp_path / "elsewhere"), "--json", "down"]
+    cmd = stack_cli.stack_command(parse(["stack", "logs", "cassandra", "-n", "5", "-f"]))
+    assert cmd[4:] == ["logs", "cassandra", "--lines", "5", "--follow"]
