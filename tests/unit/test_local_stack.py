@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 import string
 import sys
 from pathlib import Path
@@ -131,3 +132,38 @@ def test_cli_state_dir_comes_from_the_environment(
     assert cmd[2:] == ["--state-dir", str(tmp_path / "elsewhere"), "--json", "down"]
     cmd = stack_cli.stack_command(parse(["stack", "logs", "cassandra", "-n", "5", "-f"]))
     assert cmd[4:] == ["logs", "cassandra", "--lines", "5", "--follow"]
+
+
+def pom_property(pom: Path, name: str) -> str:
+    match = re.search(rf"<{re.escape(name)}>([^<]+)</{re.escape(name)}>", pom.read_text())
+    assert match, f"{pom} has no <{name}>"
+    return match.group(1)
+
+
+def test_docker_compose_runs_the_same_versions_and_settings() -> None:
+    compose = (REPO / "deploy" / "docker-compose.yml").read_text()
+    cassandra = pom_property(LOCAL / "cassandra" / "pom.xml", "cassandra.version")
+    kafka = pom_property(LOCAL / "kafka" / "pom.xml", "kafka.version")
+    assert f"image: cassandra:{cassandra}\n" in compose
+    assert f"image: apache/kafka:{kafka}\n" in compose
+
+    # Every Cassandra setting of the local yaml below its "small footprint" heading (and the
+    # compatibility mode) is passed to the container as a system property with the same value.
+    yaml_text = (LOCAL / "cassandra" / "cassandra.yaml").read_text()
+    tuned = yaml_text.split("# --- small footprint", 1)[1].split("# ---", 1)[0]
+    settings = dict(
+        line.split(": ", 1) for line in tuned.splitlines() if line and line[0].isalpha()
+    )
+    settings["storage_compatibility_mode"] = "NONE"
+    for key, value in settings.items():
+        assert f"-Dcassandra.settings.{key}={value}\n" in compose, key
+
+    # Every Kafka property is set in the container's environment with the same value, except
+    # those naming local addresses and folders.
+    props = (LOCAL / "kafka" / "server.properties").read_text()
+    for line in props.splitlines():
+        if not line or line.startswith("#") or "${" in line:
+            continue
+        key, value = line.split("=", 1)
+        env = "KAFKA_" + key.upper().replace(".", "_")
+        assert re.search(rf"^\s+{env}: \"?{re.escape(value)}\"?$", compose, re.M), key
