@@ -395,7 +395,10 @@ def _compile_recurrence(
 
 
 def _parse_retry(doc: dict[str, Any], job_id: str, policy: ValidationPolicy, now_ms: int) -> Retry:
-    scheduled_ms = _instant_ms(_required(doc, "scheduled_at", ""), "scheduled_at")
+    scheduled_at = _required(doc, "scheduled_at", "")
+    if type(scheduled_at) is not int:
+        raise ValidationError("scheduled_at", "must be integer epoch milliseconds", scheduled_at)
+    scheduled_ms = _instant_ms(scheduled_at, "scheduled_at")
     attempt = _integer(_required(doc, "attempt", ""), "attempt", 2, MAX_ATTEMPTS)
     at_ms = _instant(_required(doc, "at", ""), "at")
     _within_horizon(at_ms, doc["at"], "at", policy, now_ms)
@@ -436,7 +439,7 @@ def _required(obj: dict[str, Any], name: str, prefix: str) -> Any:
 def _reject_unknown(obj: dict[str, Any], allowed: frozenset[str], prefix: str) -> None:
     for name, value in obj.items():
         if name not in allowed:
-            close = difflib.get_close_matches(name, sorted(allowed), n=1)
+            close = difflib.get_close_matches(name, sorted(allowed), n=1, cutoff=0.5)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValidationError(prefix + name, "unknown field" + hint, value)
 
@@ -502,6 +505,9 @@ def _time_zone(value: object, path: str) -> str:
 
 @lru_cache(maxsize=1024)
 def _zone_exists(name: str) -> bool:
+    # These name the host's own configuration, not a zone: nodes could disagree about them.
+    if name in ("localtime", "posixrules"):
+        return False
     try:
         ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):
