@@ -181,6 +181,74 @@ def test_readme_rejection_reasons_are_real() -> None:
         assert str(error(doc, key=key)) == message
 
 
+BOTH_REJECT: list[tuple[str, dict[str, Any]]] = [
+    ("unknown top-level field", {"v": 1, "op": "cancel", "id": "x", "force": True}),
+    ("unknown job field", job(priority=1)),
+    ("wrong version", {"v": 2, "op": "cancel", "id": "x"}),
+    ("no schedule", {"v": 1, "op": "upsert", "job": {"id": "x"}}),
+    ("two schedules", job(at=NOW, every="1m")),
+    ("naive time", job(at="2026-12-01T09:00:00")),
+    ("negative epoch", job(at=-1)),
+    ("tz without cron", job(every="1m", tz="UTC")),
+    ("dst without cron", job(at=NOW, dst="skip")),
+    ("start on a one-shot", job(at=NOW, start=NOW)),
+    ("catch_up on a one-shot", job(at=NOW, catch_up="all")),
+    ("zero every", job(every="0s")),
+    ("bad duration", job(every="1m1h")),
+    ("empty id", job(id="")),
+    ("reserved header", job(headers={"cw-job-id": "x"})),
+    ("non-string header", job(headers={"a": 1})),
+    ("both payloads", job(payload=1, payload_b64="")),
+    ("bad base64", job(payload_b64="abc")),
+    ("bad topic characters", job(topic="a b")),
+    ("Kafka-internal topic", job(topic="__consumer_offsets")),
+    ("bad enum", job(cron="* * * * *", catch_up="latest")),
+    ("max_attempts too high", job(max_attempts=101)),
+    ("tenant too long", job(tenant="x" * 129)),
+    ("retry attempt 1", retry_doc(attempt=1)),
+    ("retry without payload", retry_doc(payload_b64=_DROP)),
+]
+
+
+@pytest.mark.parametrize(("why", "doc"), BOTH_REJECT, ids=[w for w, _ in BOTH_REJECT])
+def test_schema_and_parser_both_reject(why: str, doc: dict[str, Any]) -> None:
+    assert not schema_valid(doc)
+    error(doc)
+
+
+# Each deliberate difference listed in schema/README.md, shown to be real: the schema lets it
+# through and the parser does not.
+SCHEMA_ONLY_PASSES: list[tuple[str, dict[str, Any], str]] = [
+    ("zone existence", job(cron="0 9 * * *", tz="Europe/Lundon"), "job.tz"),
+    ("cron semantics", job(cron="61 * * * *"), "job.cron"),
+    ("at horizon", job(at=NOW + HORIZON + 1), "job.at"),
+    ("start horizon", job(every="1h", start=NOW + HORIZON + 1), "job.start"),
+    ("retry at horizon", retry_doc(at=NOW + HORIZON + 1), "at"),
+    ("end after start", job(every="1h", start=NOW, end=NOW), "job.end"),
+    ("id bytes", job(id="é" * 200), "job.id"),
+    ("payload size", job(payload="x" * POLICY.max_payload_bytes), "job.payload"),
+    ("header size", job(headers={"h": "x" * 20_000}), "job.headers"),
+    ("topic allowlist", job(topic="billing.charge"), "job.topic"),
+    ("internal topic", job(topic="chronowheel.submit"), "job.topic"),
+    ("calendar", job(at="2026-02-30T00:00:00Z"), "job.at"),
+    ("before 1970", job(at="1969-12-31T23:00:00Z"), "job.at"),
+    ("window at most 1d", job(window="2d"), "job.window"),
+    ("window shorter than every", job(every="1m", window="1m"), "job.window"),
+    ("backoff at most 1d", job(backoff="2d"), "job.backoff"),
+    ("attempt within max_attempts", retry_doc(attempt=4, max_attempts=3), "attempt"),
+    ("integer-valued float", job(max_attempts=3.0), "job.max_attempts"),
+    ("trailing newline", job(every="15m\n"), "job.every"),
+]
+
+
+@pytest.mark.parametrize(
+    ("why", "doc", "path"), SCHEMA_ONLY_PASSES, ids=[w for w, _, _ in SCHEMA_ONLY_PASSES]
+)
+def test_documented_differences_are_real(why: str, doc: dict[str, Any], path: str) -> None:
+    assert schema_valid(doc)
+    assert error(doc).path == path
+
+
 # --------------------------------------------------------------------------------------------
 # Top level
 
