@@ -1,0 +1,393 @@
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from chronowheel.core.wheel import TimingWheel
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+DAY = 86_400_000
+T0 = 1_796_115_600_000  # 2026-12-01T09:00:00Z
+
+
+# --------------------------------------------------------------------------- unit tests
+
+
+def test_fires_in_due_order_and_never_early() -> None:
+    w: TimingWheel[str, int] = TimingWheel(start_ms=T0)
+    w.insert("c", T0 + 30, 3)
+    w.insert("a", T0 + 10, 1)
+    w.insert("b", T0 + 20, 2)
+    assert w.advance(T0 + 9) == []
+    assert w.advance(T0 + 20) == [(T0 + 10, "a", 1), (T0 + 20, "b", 2)]
+    assert len(w) == 1
+    assert w.advance(T0 + 1000) == [(T0 + 30, "c", 3)]
+    assert len(w) == 0
+    assert w.next_deadline() is None
+
+
+def test_sub_tick_precision() -> None:
+    w: TimingWheel[str, None] = TimingWheel(start_ms=1000, tick_ms=10)
+    w.insert("x", 1017, None)
+    w.insert("y", 1013, None)
+    assert w.advance(1012) == []
+    assert w.advance(1013) == [(1013, "y", None)]
+    assert w.next_deadline() == 1017
+    assert w.advance(1016) == []
+    assert w.advance(1017) == [(1017, "x", None)]
+
+
+def test_sub_tick_entry_inserted_into_current_tick() -> None:
+    w: TimingWheel[str, None] = TimingWheel(start_ms=1000, tick_ms=100)
+    assert w.advance(1050) == []
+    w.insert("later", 1099, None)
+    w.insert("now", 1050, None)
+    assert w.next_deadline() == 1050
+    assert w.advance(1050) == [(1050, "now", None)]
+    assert w.advance(1098) == []
+    assert w.advance(1099) == [(1099, "later", None)]
+
+
+def test_replace_moves_timer_and_value() -> None:
+    w: TimingWheel[str, str] = TimingWheel(start_ms=0)
+    w.insert("k", 500, "old")
+    w.insert("k", 100, "new")
+    assert len(w) == 1
+    assert w.get("k") == (100, "new")
+    assert w.advance(499) == [(100, "k", "new")]
+    assert w.advance(10_000) == []
+
+
+def test_cancel() -> None:
+    w: TimingWheel[str, int] = TimingWheel(start_ms=0)
+    w.insert("k", 5 * DAY, 1)
+    assert "k" in w
+    assert w.cancel("k") is True
+    assert w.cancel("k") is False
+    assert "k" not in w
+    assert w.get("k") is None
+    assert w.advance(6 * DAY) == []
+    assert w.next_deadline() is None
+
+
+def test_already_due_at_insert_comes_out_next_advance() -> None:
+    w: TimingWheel[str, int] = TimingWheel(start_ms=T0)
+    w.advance(T0 + 5000)
+    w.insert("late", T0 + 100, 1)
+    w.insert("way-late", T0 - DAY, 2)
+    w.insert("now", T0 + 5000, 3)
+    assert w.next_deadline() == T0 - DAY
+    # An older now does not move the clock back, but what is due still comes out.
+    assert w.advance(T0) == [
+        (T0 - DAY, "way-late", 2),
+        (T0 + 100, "late", 1),
+        (T0 + 5000, "now", 3),
+    ]
+
+
+def test_older_now_is_ignored() -> None:
+    w: TimingWheel[str, int] = TimingWheel(start_ms=0)
+    w.insert("a", 100, 1)
+    w.advance(50)
+    assert w.advance(10) == []
+    assert w.advance(99) == []
+    assert w.advance(100) == [(100, "a", 1)]
+
+
+def test_far_future_thirty_days_and_ten_years_at_1ms() -> None:
+    w: TimingWheel[str, int] = TimingWheel(start_ms=T0, tick_ms=1, wheel_size=256)
+    w.insert("month", T0 + 30 * DAY + 7, 1)
+    w.insert("decade", T0 + 3653 * DAY + 1, 2)
+    assert w.advance(T0 + 30 * DAY + 6) == []
+    assert w.advance(T0 + 30 * DAY + 7) == [(T0 + 30 * DAY + 7, "month", 1)]
+    assert w.advance(T0 + 3653 * DAY) == []
+    assert w.advance(T0 + 3653 * DAY + 1) == [(T0 + 3653 * DAY + 1, "decade", 2)]
+
+
+def test_max_batch_splits_a_herd_in_order() -> None:
+    w: TimingWheel[int, int] = TimingWheel(start_ms=0)
+    for i in range(1000):
+        w.insert(i, 1000 + i % 7, i)
+    w.insert(-1, 1001, -1)
+    got: list[tuple[int, int, int]] = []
+    calls = 0
+    while True:
+        batch = w.advance(2000, max_batch=64)
+        if not batch:
+            break
+        assert len(batch) <= 64
+        got.extend(batch)
+        calls += 1
+        if calls == 3:
+            # Inserts and cancels in the middle of a cut batch keep order and lose nothing.
+            w.insert(5000, 1003, 5000)
+            w.cancel(-1)
+    dues = [d for d, _, _ in got]
+    assert len(got) == 1001
+    assert calls == 16
+    assert dues == sorted(dues)
+    assert -1 not in {k for _, k, _ in got}
+
+
+def test_next_deadline_is_a_lower_bound_that_converges() -> None:
+    w: TimingWheel[str, None] = TimingWheel(start_ms=0, wheel_size=16)
+    w.insert("a", 123_456, None)
+    now = 0
+    wakeups = 0
+    while True:
+        deadline = w.next_deadline()
+        assert deadline is not None
+        assert now <= deadline <= 123_456
+        now = deadline
+        wakeups += 1
+        fired = w.advance(now)
+        if fired:
+            assert fired == [(123_456, "a", None)]
+            break
+    assert wakeups <= 6  # at most one early wake-up per level
+
+
+def test_next_deadline_exact_at_level_zero() -> None:
+    w: TimingWheel[str, None] = TimingWheel(start_ms=0)
+    w.insert("a", 200, None)
+    assert w.next_deadline() == 200
+
+
+def test_get_everywhere() -> None:
+    w: TimingWheel[str, int] = TimingWheel(start_ms=0, wheel_size=4)
+    for i, due in enumerate([0, 1, 3, 17, 64, 1000, 10**9]):
+        w.insert(f"k{i}", due, i)
+    w.advance(2)
+    assert w.get("k0") is None
+    assert w.get("k2") == (3, 2)
+    assert w.get("k3") == (17, 3)
+    assert w.get("k6") == (10**9, 6)
+
+
+def test_negative_and_unaligned_start() -> None:
+    w: TimingWheel[str, None] = TimingWheel(start_ms=-1234, tick_ms=7, wheel_size=8)
+    w.insert("a", -1000, None)
+    w.insert("b", -1300, None)
+    w.insert("c", 5, None)
+    assert w.advance(-1001) == [(-1300, "b", None)]
+    assert w.advance(4) == [(-1000, "a", None)]
+    assert w.advance(5) == [(5, "c", None)]
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError):
+        TimingWheel(start_ms=0, tick_ms=0)
+    with pytest.raises(ValueError):
+        TimingWheel(start_ms=0, wheel_size=100)
+    with pytest.raises(ValueError):
+        TimingWheel(start_ms=0, wheel_size=1)
+    w: TimingWheel[str, None] = TimingWheel(start_ms=0)
+    with pytest.raises(ValueError):
+        w.advance(1, max_batch=0)
+
+
+def test_many_timers_driver_loop() -> None:
+    # A driver that sleeps until next_deadline and advances fires everything exactly once.
+    w: TimingWheel[int, int] = TimingWheel(start_ms=0, tick_ms=1, wheel_size=32)
+    dues = {i: (i * 7919) % 200_000 + 1 for i in range(3000)}
+    for k, d in dues.items():
+        w.insert(k, d, k)
+    for k in range(0, 3000, 10):
+        w.cancel(k)
+        del dues[k]
+    fired: list[tuple[int, int, int]] = []
+    now = 0
+    while (deadline := w.next_deadline()) is not None:
+        now = max(now, deadline)
+        fired.extend(w.advance(now, max_batch=50))
+    assert [d for d, _, _ in fired] == sorted(dues.values())
+    assert {k: d for d, k, _ in fired} == dues
+
+
+@pytest.mark.parametrize("size", [2, 4, 256])
+@pytest.mark.parametrize("tick", [1, 3])
+@pytest.mark.parametrize("stride", [1, 5, 17])
+def test_exhaustive_small_boundaries(size: int, tick: int, stride: int) -> None:
+    # Every first jump 0..79 then fixed strides: hits every bucket edge on several levels.
+    for first in range(80):
+        w: TimingWheel[int, None] = TimingWheel(start_ms=0, tick_ms=tick, wheel_size=size)
+        for due in range(100):
+            w.insert(due, due, None)
+        pending = set(range(100))
+        now = first
+        while pending:
+            fired = [d for d, _, _ in w.advance(now)]
+            expected = sorted(d for d in pending if d <= now)
+            assert fired == expected, (first, now)
+            pending.difference_update(fired)
+            now += stride
+
+
+# --------------------------------------------------------------------------- model-based
+
+offsets = st.one_of(
+    st.integers(-50, 50),
+    st.integers(-5, 3000),
+    st.integers(0, 2_000_000),
+    st.integers(0, 40 * DAY),
+    st.sampled_from([30 * DAY, 3653 * DAY, 3653 * DAY + 1]),
+)
+steps = st.one_of(
+    st.integers(-20, 20),
+    st.integers(0, 300),
+    st.integers(0, 100_000),
+    st.integers(0, 40 * DAY),
+    st.just(4000 * DAY),
+)
+
+
+class WheelMachine(RuleBasedStateMachine):
+    """The wheel against a plain dict model: same set fired, never early, nothing lost,
+    nothing twice, nondecreasing due order (late inserts excepted), max_batch respected."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model: dict[int, tuple[int, int]] = {}
+        self.values = itertools.count()
+        self.watermark: int | None = None  # largest due fired so far (of in-order entries)
+        self.late: set[int] = set()  # keys inserted with a due before the watermark
+        self.now = 0
+        self.wheel: TimingWheel[int, int] = TimingWheel(start_ms=0)
+
+    @initialize(
+        start=st.one_of(st.integers(-(10**6), 10**6), st.just(T0)),
+        tick=st.sampled_from([1, 1, 2, 3, 10, 1000]),
+        size=st.sampled_from([2, 4, 8, 256]),
+    )
+    def setup(self, start: int, tick: int, size: int) -> None:
+        self.now = start
+        self.wheel = TimingWheel(start_ms=start, tick_ms=tick, wheel_size=size)
+
+    @rule(key=st.integers(0, 30), offset=offsets)
+    def insert(self, key: int, offset: int) -> None:
+        due = self.now + offset
+        value = next(self.values)
+        self.wheel.insert(key, due, value)
+        self.model[key] = (due, value)
+        self.late.discard(key)
+        if self.watermark is not None and due < self.watermark:
+            self.late.add(key)
+
+    @rule(key=st.integers(0, 30))
+    def cancel(self, key: int) -> None:
+        assert self.wheel.cancel(key) == (key in self.model)
+        self.model.pop(key, None)
+        self.late.discard(key)
+
+    @precondition(lambda self: bool(self.model))
+    @rule(data=st.data())
+    def cancel_existing(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(sorted(self.model)))
+        self.cancel(key)
+
+    @rule(step=steps, batch=st.one_of(st.none(), st.integers(1, 5)))
+    def advance(self, step: int, batch: int | None) -> None:
+        self.now = max(self.now, self.now + step)
+        self._advance_and_check(self.now + min(step, 0), batch)
+
+    @rule(batch=st.one_of(st.none(), st.integers(1, 3)))
+    def advance_to_next_deadline(self, batch: int | None) -> None:
+        deadline = self.wheel.next_deadline()
+        if deadline is not None and deadline > self.now:
+            self.now = deadline
+        self._advance_and_check(self.now, batch)
+
+    def _advance_and_check(self, now_arg: int, batch: int | None) -> None:
+        fired = self.wheel.advance(now_arg, max_batch=batch)
+        expected = sorted((due, k) for k, (due, _) in self.model.items() if due <= self.now)
+        want = len(expected) if batch is None else min(batch, len(expected))
+        assert len(fired) == want
+        dues = [d for d, _, _ in fired]
+        assert dues == sorted(dues)
+        assert dues == [d for d, _ in expected[:want]]
+        seen: set[int] = set()
+        for due, key, value in fired:
+            assert key not in seen
+            seen.add(key)
+            assert due <= self.now  # never early
+            assert self.model.pop(key) == (due, value)
+            if key in self.late:
+                self.late.discard(key)
+            else:
+                assert self.watermark is None or due >= self.watermark
+                self.watermark = due
+
+    @rule(key=st.integers(0, 30))
+    def get(self, key: int) -> None:
+        assert self.wheel.get(key) == self.model.get(key)
+
+    @invariant()
+    def sizes_agree(self) -> None:
+        assert len(self.wheel) == len(self.model)
+        for key in range(0, 31, 5):
+            assert (key in self.wheel) == (key in self.model)
+
+    @invariant()
+    def deadline_never_after_earliest(self) -> None:
+        deadline = self.wheel.next_deadline()
+        if not self.model:
+            assert deadline is None
+        else:
+            assert deadline is not None
+            assert deadline <= min(due for due, _ in self.model.values())
+
+    def teardown(self) -> None:
+        # Drain: a driver following next_deadline gets everything, in order, in few steps.
+        calls = 0
+        while self.model:
+            calls += 1
+            assert calls < 100 * (len(self.model) + 1) * 8
+            self.advance_to_next_deadline(None)
+
+
+TestWheelMachine = WheelMachine.TestCase
+TestWheelMachine.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    dues=st.lists(st.integers(0, 100_000), max_size=300),
+    cancels=st.sets(st.integers(0, 299)),
+    step=st.integers(1, 5000),
+    batch=st.one_of(st.none(), st.integers(1, 50)),
+    tick=st.sampled_from([1, 5, 64]),
+    size=st.sampled_from([2, 16, 256]),
+)
+def test_bulk_random_schedule(
+    dues: list[int],
+    cancels: set[int],
+    step: int,
+    batch: int | None,
+    tick: int,
+    size: int,
+) -> None:
+    w: TimingWheel[int, None] = TimingWheel(start_ms=0, tick_ms=tick, wheel_size=size)
+    for i, d in enumerate(dues):
+        w.insert(i, d, None)
+    live = {i: d for i, d in enumerate(dues) if i not in cancels}
+    for i in cancels:
+        assert w.cancel(i) == (i < len(dues))
+    fired: list[tuple[int, int]] = []
+    now = 0
+    while len(fired) < len(live):
+        out = w.advance(now, max_batch=batch)
+        assert all(d <= now for d, _, _ in out)
+        fired.extend((d, k) for d, k, _ in out)
+        if not out or batch is None or len(out) < batch:
+            now += step
+    assert [d for d, _ in fired] == sorted(d for d, _ in fired)
+    assert dict((k, d) for d, k in fired) == live
+    assert len(w) == 0
