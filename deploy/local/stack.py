@@ -119,7 +119,7 @@ class Ticker:
         now = time.monotonic()
         if now - self._last >= self.every:
             self._last = now
-            extra = f" ({detail})" if detail else ""
+            extra = f" {detail}" if detail else ""
             say(f"{self.label}{extra} ... {self.elapsed():.0f}s")
 
 
@@ -168,14 +168,18 @@ class Paths:
 # --- Java and Maven --------------------------------------------------------------------------
 
 
-def java_binary() -> str:
-    for var in ("CHRONOWHEEL_JAVA_HOME", "JAVA_HOME"):
-        home = os.environ.get(var)
-        if home and (Path(home) / "bin" / "java").exists():
-            return str(Path(home) / "bin" / "java")
-    found = shutil.which("java")
-    if not found:
-        raise StackError("no `java` on PATH: install a Java 17 JDK (or set JAVA_HOME)")
+def java_candidates() -> list[tuple[str, str]]:
+    """(where it came from, java binary) in order of preference."""
+    found: list[tuple[str, str]] = []
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").exists():
+        found.append(("JAVA_HOME", str(Path(home) / "bin" / "java")))
+    on_path = shutil.which("java")
+    if on_path:
+        found.append(("PATH", on_path))
+    for jvm in sorted(Path("/usr/lib/jvm").glob("*17*")):
+        if (jvm / "bin" / "java").exists():
+            found.append((str(jvm), str(jvm / "bin" / "java")))
     return found
 
 
@@ -190,14 +194,27 @@ def java_major(java: str) -> int:
 
 
 def check_java() -> str:
-    java = java_binary()
-    major = java_major(java)
-    if major != 17:
-        raise StackError(
-            f"{java} is Java {major}; Cassandra 5.0 and Kafka 4 are run here on Java 17 "
-            "(set CHRONOWHEEL_JAVA_HOME or JAVA_HOME to a Java 17 JDK)"
-        )
-    return java
+    """A Java 17 binary: CHRONOWHEEL_JAVA_HOME if set, else the first Java 17 among JAVA_HOME,
+    `java` on PATH and /usr/lib/jvm/*17*."""
+    explicit = os.environ.get("CHRONOWHEEL_JAVA_HOME")
+    if explicit:
+        java = str(Path(explicit).expanduser() / "bin" / "java")
+        if not Path(java).exists():
+            raise StackError(f"CHRONOWHEEL_JAVA_HOME={explicit} has no bin/java")
+        candidates = [("CHRONOWHEEL_JAVA_HOME", java)]
+    else:
+        candidates = java_candidates()
+    seen: list[str] = []
+    for origin, java in candidates:
+        major = java_major(java)
+        if major == 17:
+            return java
+        seen.append(f"{java} ({origin}) is Java {major}")
+    raise StackError(
+        "Cassandra 5.0 and Kafka 4 are run here on Java 17, and none was found"
+        + (": " + "; ".join(seen) if seen else "")
+        + ". Install a Java 17 JDK or set CHRONOWHEEL_JAVA_HOME to one."
+    )
 
 
 @dataclass
@@ -688,7 +705,7 @@ def cmd_up(paths: Paths, names: Sequence[str], timeout: float) -> dict[str, Any]
 
 
 def wait_ready(pending_servers: list[Server], timeout: float, result: dict[str, Any]) -> None:
-    ticker = Ticker("waiting for " + " and ".join(s.name for s in pending_servers))
+    ticker = Ticker("waiting for")
     pending = list(pending_servers)
     while pending:
         for srv in list(pending):
@@ -703,7 +720,7 @@ def wait_ready(pending_servers: list[Server], timeout: float, result: dict[str, 
         if ticker.elapsed() > timeout:
             srv = pending[0]
             raise StackError(srv.failure_report(f"did not answer within {timeout:.0f}s"))
-        ticker.tick(", ".join(f"{s.name} {s.address}" for s in pending))
+        ticker.tick(" and ".join(f"{s.name} on {s.address}" for s in pending))
         time.sleep(0.5)
 
 
