@@ -47,16 +47,19 @@ K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 _by_due = itemgetter(0)
+# next_deadline() scans a bucket this small for its exact minimum instead of returning the
+# bucket's start: a sparse far-future wheel then costs one wake-up per timer, not one per level.
+_EXACT_SCAN = 32
 
 
 class TimingWheel(Generic[K, V]):
     """Timers keyed by K carrying a V, fired by `advance(now_ms)`; never before their due_ms.
 
     `next_deadline()` is a lower bound, never later than the earliest pending due_ms. It is
-    exact when the earliest entry is in the current tick or (with tick_ms=1) in a level-0
-    slot; otherwise it is the start of the earliest non-empty bucket, so a driver sleeping
-    until it may wake early, advance (which cascades that bucket and fires nothing), and then
-    get a tighter deadline. Each entry causes at most one such early wake-up per level.
+    exact when the earliest non-empty bucket is the current tick, a level-0 slot with
+    tick_ms=1, or holds at most 32 timers (it is then scanned); otherwise it is that bucket's
+    start, so a driver sleeping until it may wake early, advance (which cascades the bucket
+    and fires nothing), and then get a tighter deadline: at most one early wake-up per level.
     """
 
     __slots__ = (
@@ -135,6 +138,12 @@ class TimingWheel(Generic[K, V]):
                 shift = level * self._bits
                 up = shift + self._bits
                 slot = (bitmap & -bitmap).bit_length() - 1
+                if level or self._tick > 1:
+                    bucket = self._levels[level][slot]
+                    assert bucket is not None
+                    if len(bucket) <= _EXACT_SCAN:
+                        # Cheap to be exact: saves the driver a wake-up per level.
+                        return min(map(self._due.__getitem__, bucket))
                 start = ((self._c >> up) << up) | (slot << shift)
                 return self._base + start * self._tick
         return None
@@ -143,10 +152,12 @@ class TimingWheel(Generic[K, V]):
     def insert(self, key: K, due_ms: int, value: V) -> None:
         """Add a timer, or replace the one with the same key (its due time and value)."""
         due = self._due
-        old = due.get(key)
-        if old is not None:
+        old = due.setdefault(key, due_ms)  # one hash lookup for the common, new-key case
+        if old is not due_ms:
+            # Replacing a timer with another due time. (The same int object means the same
+            # place, so the value is simply overwritten there below.)
             self._detach(key, old)
-        due[key] = due_ms
+            due[key] = due_ms
         t = (due_ms - self._base) // self._tick
         c = self._c
         if t <= c:
@@ -173,10 +184,29 @@ class TimingWheel(Generic[K, V]):
 
     def cancel(self, key: K) -> bool:
         """Remove a timer; True if it was pending."""
-        due = self._due.pop(key, None)
-        if due is None:
+        due_ms = self._due.pop(key, None)
+        if due_ms is None:
             return False
-        self._detach(key, due)
+        # _detach inlined: cancel is on the ingest hot path.
+        t = (due_ms - self._base) // self._tick
+        c = self._c
+        if t <= c:
+            cur = self._cur
+            del cur[key]
+            if not cur:
+                self._ready = None
+                self._cur_min = None
+            return True
+        bits = self._bits
+        level = ((t ^ c).bit_length() - 1) // bits
+        slot = (t >> (level * bits)) & self._mask
+        row = self._levels[level]
+        bucket = row[slot]
+        assert bucket is not None
+        del bucket[key]
+        if not bucket:
+            row[slot] = None
+            self._occ[level] &= ~(1 << slot)
         return True
 
     def _detach(self, key: K, due_ms: int) -> None:
@@ -224,8 +254,23 @@ class TimingWheel(Generic[K, V]):
         n = (now - self._base) // self._tick
         out: list[tuple[int, K, V]] = []
         while True:
-            if self._cur:
-                budget -= self._fire_cur(now, n, budget, out)
+            cur = self._cur
+            if cur:
+                if self._ready is None and len(cur) <= budget and (self._c < n or self._tick == 1):
+                    # Common case: the whole of _cur is due and fits; one sort, no heap.
+                    pop = self._due.pop
+                    fired = [(pop(k), k, v) for k, v in cur.items()]
+                    if len(fired) > 1:
+                        fired.sort(key=_by_due)
+                    self._cur = {}
+                    self._cur_min = None
+                    if out:
+                        out.extend(fired)
+                    else:
+                        out = fired
+                    budget -= len(fired)
+                else:
+                    budget -= self._fire_ordered(now, budget, out)
                 if budget <= 0:
                     break
             # Here _cur holds nothing due; if _c < n it is empty (all its ticks are past).
@@ -234,20 +279,11 @@ class TimingWheel(Generic[K, V]):
             self._absorb(n, budget)
         return out
 
-    def _fire_cur(self, now: int, n: int, budget: int, out: list[tuple[int, K, V]]) -> int:
+    def _fire_ordered(self, now: int, budget: int, out: list[tuple[int, K, V]]) -> int:
+        # _cur after a max_batch cut, or with entries later in the current tick: keep a heap.
         cur = self._cur
         ready = self._ready
         if ready is None:
-            if len(cur) <= budget and (self._c < n or self._tick == 1):
-                # Common case: the whole of _cur is due and fits; one sort, no heap.
-                pop = self._due.pop
-                fired = [(pop(k), k, v) for k, v in cur.items()]
-                if len(fired) > 1:
-                    fired.sort(key=_by_due)
-                out.extend(fired)
-                self._cur = {}
-                self._cur_min = None
-                return len(fired)
             due = self._due
             seq = self._seq
             ready = [(due[k], next(seq), k) for k in cur]
