@@ -85,12 +85,37 @@ def test_already_due_at_insert_comes_out_next_advance() -> None:
     w.insert("way-late", T0 - DAY, 2)
     w.insert("now", T0 + 5000, 3)
     assert w.next_deadline() == T0 - DAY
-    # An older now does not move the clock back, but what is due still comes out.
-    assert w.advance(T0) == [
+    assert w.advance(T0 + 5000) == [
         (T0 - DAY, "way-late", 2),
         (T0 + 100, "late", 1),
         (T0 + 5000, "now", 3),
     ]
+
+
+def test_older_now_fires_only_what_it_reaches() -> None:
+    w: TimingWheel[str, int] = TimingWheel(start_ms=T0)
+    w.advance(T0 + 5000)
+    w.insert("late", T0 + 100, 1)
+    w.insert("way-late", T0 - DAY, 2)
+    # The clock does not go back, and nothing after the given now comes out.
+    assert w.advance(T0) == [(T0 - DAY, "way-late", 2)]
+    assert w.advance(T0 + 99) == []
+    assert w.advance(T0 + 100) == [(T0 + 100, "late", 1)]
+
+
+def test_cut_then_finish_the_last_millisecond() -> None:
+    # The node's pattern: a max_batch cut, then advance(last fired due) completes that ms only.
+    w: TimingWheel[int, None] = TimingWheel(start_ms=0)
+    for i in range(10):
+        w.insert(i, 100, None)
+    for i in range(10, 15):
+        w.insert(i, 101, None)
+    first = w.advance(200, max_batch=4)
+    assert [d for d, _, _ in first] == [100] * 4
+    rest = w.advance(first[-1][0])
+    assert [d for d, _, _ in rest] == [100] * 6
+    assert w.next_deadline() == 101
+    assert [d for d, _, _ in w.advance(200)] == [101] * 5
 
 
 def test_older_now_is_ignored() -> None:
@@ -307,7 +332,7 @@ class WheelMachine(RuleBasedStateMachine):
 
     def _advance_and_check(self, now_arg: int, batch: int | None) -> None:
         fired = self.wheel.advance(now_arg, max_batch=batch)
-        expected = sorted((due, k) for k, (due, _) in self.model.items() if due <= self.now)
+        expected = sorted((due, k) for k, (due, _) in self.model.items() if due <= now_arg)
         want = len(expected) if batch is None else min(batch, len(expected))
         assert len(fired) == want
         dues = [d for d, _, _ in fired]
@@ -317,7 +342,7 @@ class WheelMachine(RuleBasedStateMachine):
         for due, key, value in fired:
             assert key not in seen
             seen.add(key)
-            assert due <= self.now  # never early
+            assert due <= now_arg  # never early, never past the given now
             assert self.model.pop(key) == (due, value)
             if key in self.late:
                 self.late.discard(key)

@@ -71,7 +71,6 @@ class TimingWheel(Generic[K, V]):
         "_due",
         "_levels",
         "_mask",
-        "_now",
         "_occ",
         "_ready",
         "_seq",
@@ -91,7 +90,6 @@ class TimingWheel(Generic[K, V]):
         self._mask = wheel_size - 1
         self._base = start_ms - start_ms % tick_ms  # instant of tick 0
         self._c = 0  # last tick reached: every bucket holds only ticks > _c
-        self._now = start_ms  # latest now_ms seen; never decreases
         self._due: dict[K, int] = {}  # every pending entry: key -> due_ms
         self._cur: dict[K, V] = {}  # entries with due tick <= _c
         self._cur_min: int | None = None  # lower bound on the smallest due in _cur
@@ -236,11 +234,12 @@ class TimingWheel(Generic[K, V]):
         """Fire due entries: (due_ms, key, value) with due_ms <= now_ms, in nondecreasing due
         order, at most max_batch of them; the rest come first on the next call(s).
 
-        An older now_ms does not move the clock back: it acts as the clock's current time, so it
-        returns only what was already due (a max_batch remainder, a late insert) and nothing
-        later. An entry inserted with a due_ms before an instant already fired is returned on
-        the next call ahead of everything later, so across calls the order is nondecreasing
-        except for such late inserts.
+        The wheel's time never goes back: an older now_ms only returns entries still pending
+        with due_ms <= now_ms (a max_batch remainder, a late insert), so with nothing such it
+        is a no-op; `advance(last_fired_due)` after a cut finishes that millisecond. An entry
+        inserted with a due_ms before an instant already fired comes out on the next call
+        whose now_ms reaches it, ahead of everything later, so across calls the order is
+        nondecreasing except for such late inserts.
         """
         if max_batch is None:
             budget = sys.maxsize
@@ -248,15 +247,17 @@ class TimingWheel(Generic[K, V]):
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         else:
             budget = max_batch
-        if now_ms > self._now:
-            self._now = now_ms
-        now = self._now
-        n = (now - self._base) // self._tick
+        n = (now_ms - self._base) // self._tick
         out: list[tuple[int, K, V]] = []
         while True:
             cur = self._cur
             if cur:
-                if self._ready is None and len(cur) <= budget and (self._c < n or self._tick == 1):
+                c = self._c
+                if (
+                    self._ready is None
+                    and len(cur) <= budget
+                    and (c < n or (c == n and self._tick == 1))
+                ):
                     # Common case: the whole of _cur is due and fits; one sort, no heap.
                     pop = self._due.pop
                     fired = [(pop(k), k, v) for k, v in cur.items()]
@@ -270,10 +271,10 @@ class TimingWheel(Generic[K, V]):
                         out = fired
                     budget -= len(fired)
                 else:
-                    budget -= self._fire_ordered(now, budget, out)
+                    budget -= self._fire_ordered(now_ms, budget, out)
                 if budget <= 0:
                     break
-            # Here _cur holds nothing due; if _c < n it is empty (all its ticks are past).
+            # Here _cur holds nothing due by now_ms; if _c < n it is empty (its ticks are past).
             if self._c >= n:
                 break
             self._absorb(n, budget)
