@@ -162,6 +162,30 @@ def test_max_batch_splits_a_herd_in_order() -> None:
     assert -1 not in {k for _, k, _ in got}
 
 
+def test_herd_on_one_millisecond_in_batches() -> None:
+    w: TimingWheel[int, int] = TimingWheel(start_ms=T0)
+    for i in range(20_000):
+        w.insert(i, T0 + 60_000, i)
+    w.insert(-1, T0 + 60_001, -1)
+    assert w.advance(T0 + 59_999) == []
+    fired: set[int] = set()
+    cancelled = 0
+    calls = 0
+    while batch := w.advance(T0 + 60_000, max_batch=5_000):
+        calls += 1
+        assert len(batch) <= 5_000
+        assert {d for d, _, _ in batch} == {T0 + 60_000}
+        fired.update(k for _, k, _ in batch)
+        if calls == 2:
+            # Cancels in the middle of a herd are honoured.
+            cancelled = sum(w.cancel(k) for k in range(0, 20_000, 2))
+    assert cancelled > 0
+    assert len(fired) + cancelled == 20_000
+    assert calls == 3
+    assert len(w) == 1
+    assert w.advance(T0 + 60_001) == [(T0 + 60_001, -1, -1)]
+
+
 def test_next_deadline_is_a_lower_bound_that_converges() -> None:
     w: TimingWheel[str, None] = TimingWheel(start_ms=0, wheel_size=16)
     w.insert("a", 123_456, None)

@@ -68,6 +68,7 @@ class TimingWheel(Generic[K, V]):
         "_c",
         "_cur",
         "_cur_min",
+        "_cur_one_due",
         "_due",
         "_levels",
         "_mask",
@@ -93,6 +94,9 @@ class TimingWheel(Generic[K, V]):
         self._due: dict[K, int] = {}  # every pending entry: key -> due_ms
         self._cur: dict[K, V] = {}  # entries with due tick <= _c
         self._cur_min: int | None = None  # lower bound on the smallest due in _cur
+        # True when every entry in _cur has the same due_ms (a 1 ms level-0 slot handed over
+        # whole, e.g. a herd): a max_batch cut then takes any entries, no ordering needed.
+        self._cur_one_due = True
         self._ready: list[tuple[int, int, K]] | None = None  # order of _cur after a cut
         self._seq = itertools.count()  # heap tie-breaker: keys need not be comparable
         self._levels: list[list[dict[K, V] | None]] = []
@@ -161,6 +165,7 @@ class TimingWheel(Generic[K, V]):
         if t <= c:
             # Already at or behind the wheel's tick: comes out on the next advance.
             self._cur[key] = value
+            self._cur_one_due = False
             if self._cur_min is None or due_ms < self._cur_min:
                 self._cur_min = due_ms
             if self._ready is not None:
@@ -194,6 +199,7 @@ class TimingWheel(Generic[K, V]):
             if not cur:
                 self._ready = None
                 self._cur_min = None
+                self._cur_one_due = True
             return True
         bits = self._bits
         level = ((t ^ c).bit_length() - 1) // bits
@@ -217,6 +223,7 @@ class TimingWheel(Generic[K, V]):
             if not cur:
                 self._ready = None
                 self._cur_min = None
+                self._cur_one_due = True
             return
         bits = self._bits
         level = ((t ^ c).bit_length() - 1) // bits
@@ -265,11 +272,14 @@ class TimingWheel(Generic[K, V]):
                         fired.sort(key=_by_due)
                     self._cur = {}
                     self._cur_min = None
+                    self._cur_one_due = True
                     if out:
                         out.extend(fired)
                     else:
                         out = fired
                     budget -= len(fired)
+                elif self._cur_one_due and self._ready is None:
+                    budget -= self._fire_one_due(now_ms, budget, out)
                 else:
                     budget -= self._fire_ordered(now_ms, budget, out)
                 if budget <= 0:
@@ -309,7 +319,25 @@ class TimingWheel(Generic[K, V]):
         else:
             self._ready = None
             self._cur_min = None
+            self._cur_one_due = True
         return fired_n
+
+    def _fire_one_due(self, now: int, budget: int, out: list[tuple[int, K, V]]) -> int:
+        # Every entry in _cur has the same due (a herd): any `budget` of them are in order, so
+        # a cut costs O(budget), not a sort or heap of the whole herd.
+        cur = self._cur
+        due = self._due
+        if due[next(iter(cur))] > now:
+            return 0
+        take = min(budget, len(cur))
+        popitem = cur.popitem
+        pop = due.pop
+        for _ in range(take):
+            k, v = popitem()
+            out.append((pop(k), k, v))
+        if not cur:
+            self._cur_min = None
+        return take
 
     def _absorb(self, n: int, budget: int) -> None:
         # Move _c towards n bucket by bucket, collecting due entries into _cur, until _c == n
@@ -323,6 +351,7 @@ class TimingWheel(Generic[K, V]):
         base = self._base
         tick = self._tick
         cur_min = self._cur_min
+        one_due = self._cur_one_due
         nlevels = len(occ)
         while c < n and len(cur) < budget:
             level = 0
@@ -354,11 +383,14 @@ class TimingWheel(Generic[K, V]):
                 c = last
                 if cur:
                     cur.update(bucket)
+                    one_due = False
                 else:
                     cur = self._cur = bucket
+                    one_due = level == 0 and tick == 1  # a 1 ms slot: a single due_ms
                 continue
             # n falls inside this bucket: cascade its entries relative to c = n.
             c = n
+            one_due = False
             due = self._due
             mask = self._mask
             for k, v in bucket.items():
@@ -376,3 +408,4 @@ class TimingWheel(Generic[K, V]):
                 b[k] = v
         self._c = c
         self._cur_min = cur_min if cur else None
+        self._cur_one_due = one_due if cur else True
