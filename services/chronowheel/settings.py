@@ -38,6 +38,8 @@ class Settings:
     max_clock_skew_ms: int = _opt(500, "stop dispatching when clock and Cassandra disagree more")
     tick_ms: int = _opt(1, "timing wheel tick in milliseconds")
     max_batch: int = _opt(5_000, "most occurrences dispatched in one Kafka transaction")
+    node_session_timeout_ms: int = _opt(
+        10_000, "Kafka group session timeout: how fast a dead node's shards move")
     retention_ms: int = _opt(7 * 86_400_000, "keep fired due rows this long (TTL)")
     allowed_topics: str = _opt(
         "", "regex of extra target topics jobs may fire to (besides <ns>.fired)"

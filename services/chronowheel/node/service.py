@@ -52,8 +52,7 @@ class NodeStatus:
 
 class Node:
     def __init__(self, settings: Settings, *, clock: Clock | None = None,
-                 store: JobStore | None = None, node_id: str | None = None,
-                 session_timeout_ms: int = 10_000) -> None:
+                 store: JobStore | None = None, node_id: str | None = None) -> None:
         self.settings = settings
         self.clock = clock or SystemClock()
         self._store = store
@@ -61,7 +60,6 @@ class Node:
         self.metrics = NodeMetrics()
         self.policy = ValidationPolicy.from_settings(settings)
         self.group_id = f"{settings.namespace}-nodes"
-        self.session_timeout_ms = session_timeout_ms
         self.owned: dict[int, _Owned] = {}
         self.skew_ms: int | None = None
         self.blocked = False
@@ -100,16 +98,17 @@ class Node:
             self._store = self._cassandra
         self.http = HttpEndpoint(self.metrics, self.health, s.http_port)
         await self.http.start()
-        consumer = group_consumer(s, self.group_id, session_timeout_ms=self.session_timeout_ms,
+        consumer = group_consumer(s, self.group_id, session_timeout_ms=s.node_session_timeout_ms,
                                   max_partition_fetch_bytes=4 << 20)
         consumer.subscribe([s.submit_topic], listener=_Rebalance(self))
+        self._consumer = consumer  # before start(): the first assignment can arrive during it
         await consumer.start()
         parts = consumer.partitions_for_topic(s.submit_topic)
         if parts is not None and len(parts) != self.shards:
             await consumer.stop()
+            self._consumer = None
             raise ConfigError(f"{s.submit_topic} has {len(parts)} partitions but the namespace "
                               f"has {self.shards} shards")
-        self._consumer = consumer
         self._spawn(self._pump(), "ingest-pump")
         self._spawn(self._skew_monitor(), "clock-skew-monitor")
         log.info("node %s started: namespace %s, %d shards, group %s", self.node_id,
@@ -156,9 +155,12 @@ class Node:
         if isinstance(exc, ShardLost):
             log.warning("%s", exc)
             return
-        self._failure = exc or RuntimeError(f"{task.get_name()} ended unexpectedly")
-        log.critical("task %s failed; stopping the node: %r", task.get_name(), self._failure,
-                     exc_info=exc)
+        self._fail(task.get_name(), exc or RuntimeError(f"{task.get_name()} ended unexpectedly"))
+
+    def _fail(self, what: str, exc: BaseException) -> None:
+        if self._failure is None:
+            self._failure = exc
+        log.critical("%s failed; stopping the node: %r", what, exc, exc_info=exc)
         self._stop.set()
 
     # --- shards ---------------------------------------------------------------------------
@@ -245,11 +247,19 @@ class _Rebalance(ConsumerRebalanceListener):
     def __init__(self, node: Node) -> None:
         self.node = node
 
+    # aiokafka logs and swallows a listener's exception; a node that silently owns nothing
+    # would be worse than one that stops, so failures here stop the node loudly.
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        await self.node._stop_shards([tp.partition for tp in revoked])
+        try:
+            await self.node._stop_shards([tp.partition for tp in revoked])
+        except Exception as exc:
+            self.node._fail("revoking shards", exc)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        await self.node._start_shards([tp.partition for tp in assigned])
+        try:
+            await self.node._start_shards([tp.partition for tp in assigned])
+        except Exception as exc:
+            self.node._fail("taking over shards", exc)
 
 
 def install_signal_handlers(node: Node) -> None:
