@@ -18,7 +18,6 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
-
 from chronowheel.admin import init_namespace
 from chronowheel.bus.kafka import open_admin, partition_counts, plain_producer
 from chronowheel.core.clock import Clock

@@ -8,8 +8,8 @@ from typing import Any
 
 import orjson
 import pytest
-
 from chronowheel.core.clock import OffsetClock
+
 from tests.integration.harness import (
     collecting,
     make_namespace,
