@@ -24,8 +24,8 @@ job's policy:
   after the gap, and a repeated one fires once, at its first instant. Any other expression
   follows elapsed time: gap times do not fire, repeated times fire in both passes.
 
-Bounds: occurrences lie in [start, end], both ends inclusive, and within
-[1970-01-01T00:00:00Z, 9999-01-01T00:00:00Z].
+Bounds: occurrences lie in [start, end], both ends inclusive, and never before
+1970-01-01T00:00:00Z or after 9999-01-01T00:00:00Z.
 """
 
 from __future__ import annotations
@@ -46,8 +46,10 @@ DstPolicy = Literal["skip", "cron"]
 CatchUpPolicy = Literal["coalesce", "all", "skip"]
 
 MIN_MS = 0
-# Leaves a day of headroom below datetime's year-9999 ceiling for zone offsets and searches.
+# Occurrences stop here, a year below datetime's ceiling, so zone offsets and searches near
+# the end never overflow. start/end may still be given up to MAX_INSTANT_MS.
 MAX_MS = 253_370_764_800_000  # 9999-01-01T00:00:00Z
+MAX_INSTANT_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, the last RFC 3339 instant
 _MAX_SEC = MAX_MS // 1000
 _MIN_YEAR = 1969  # wall times west of UTC at the epoch fall in 1969
 _MAX_YEAR = 9999
@@ -432,8 +434,10 @@ def _instant(path: str, value: int | None) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValidationError(path, "must be an integer epoch-milliseconds instant", value)
-    if not MIN_MS <= value <= MAX_MS:
-        raise ValidationError(path, "must lie between 1970-01-01 and 9999-01-01 UTC", value)
+    if not MIN_MS <= value <= MAX_INSTANT_MS:
+        raise ValidationError(
+            path, f"epoch milliseconds must be between 0 and {MAX_INSTANT_MS}", value
+        )
     return value
 
 
