@@ -14,6 +14,7 @@ COMMAND_MODULES = (
     "chronowheel.cli.stack",
     "chronowheel.cli.init",
     "chronowheel.cli.node",
+    "chronowheel.cli.cron",
 )
 
 
