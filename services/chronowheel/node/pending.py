@@ -24,6 +24,9 @@ class Pending:
     # cw-* headers (all but cw-fired-at, known only at publish) followed by the job's own.
     headers: list[tuple[str, bytes]]
     spec: bytes | None  # recurring jobs: canonical job JSON, to compute the next occurrence
+    user_headers: tuple[tuple[str, str], ...] = ()
+    max_attempts: int = 5
+    backoff_ms: int = 10_000
 
     @property
     def wheel_key(self) -> OccurrenceKey:
@@ -34,13 +37,16 @@ def occurrence_id(job_id: str, scheduled_ms: int) -> str:
     return f"{job_id}@{scheduled_ms}"
 
 
-def encode_headers(job_id: str, scheduled_ms: int, attempt: int,
-                   user: tuple[tuple[str, str], ...]) -> list[tuple[str, bytes]]:
+def encode_headers(job_id: str, scheduled_ms: int, attempt: int, max_attempts: int,
+                   backoff_ms: int, user: tuple[tuple[str, str], ...]) -> list[tuple[str, bytes]]:
     out = [
         ("cw-job-id", job_id.encode()),
         ("cw-scheduled-at", str(scheduled_ms).encode()),
         ("cw-attempt", str(attempt).encode()),
         ("cw-occurrence", occurrence_id(job_id, scheduled_ms).encode()),
+        # The worker library's retry policy travels with the message (the job's spec).
+        ("cw-max-attempts", str(max_attempts).encode()),
+        ("cw-backoff-ms", str(backoff_ms).encode()),
     ]
     out.extend((k, v.encode()) for k, v in user)
     return out
@@ -50,9 +56,11 @@ def pending_from_row(row: DueRow) -> Pending:
     return Pending(
         job_id=row.job_id, scheduled_ms=row.scheduled_ms, slot_ms=row.slot_ms,
         attempt=row.attempt, version=row.version, topic=row.topic, key=row.job_id.encode(),
-        payload=row.payload, headers=encode_headers(row.job_id, row.scheduled_ms, row.attempt,
-                                                    row.headers),
-        spec=row.spec,
+        payload=row.payload,
+        headers=encode_headers(row.job_id, row.scheduled_ms, row.attempt, row.max_attempts,
+                               row.backoff_ms, row.headers),
+        spec=row.spec, user_headers=row.headers, max_attempts=row.max_attempts,
+        backoff_ms=row.backoff_ms,
     )
 
 
@@ -61,7 +69,8 @@ def with_schedule(p: Pending, scheduled_ms: int) -> Pending:
     return Pending(
         job_id=p.job_id, scheduled_ms=scheduled_ms, slot_ms=p.slot_ms, attempt=p.attempt,
         version=p.version, topic=p.topic, key=p.key, payload=p.payload,
-        headers=encode_headers(p.job_id, scheduled_ms, p.attempt,
-                               tuple((k, v.decode()) for k, v in p.headers[4:])),
-        spec=p.spec,
+        headers=encode_headers(p.job_id, scheduled_ms, p.attempt, p.max_attempts, p.backoff_ms,
+                               p.user_headers),
+        spec=p.spec, user_headers=p.user_headers, max_attempts=p.max_attempts,
+        backoff_ms=p.backoff_ms,
     )

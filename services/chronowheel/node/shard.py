@@ -99,6 +99,11 @@ class ShardActor:
         self.clock = clock
         self.metrics = metrics
         self.policy = policy
+        # Specs already accepted stay valid if the operator tightens limits or the allowlist.
+        self.stored_policy = ValidationPolicy(
+            namespace=policy.namespace, allowed_topic_pattern=".*",
+            max_id_bytes=1 << 20, max_payload_bytes=1 << 30, max_horizon_ms=1 << 60,
+            max_max_catch_up=policy.max_max_catch_up, max_headers_bytes=1 << 30)
         self.group_id = group_id
         self.node_id = node_id
         self.dispatch_blocked = dispatch_blocked
@@ -316,7 +321,8 @@ class ShardActor:
             return
         slot = max(slot_for(job.id, first, job.window_ms), self.watermark + 1)
         row = DueRow(minute_of(slot), self.shard, slot, job.id, 1, first, version, job.topic,
-                     job.payload, job.headers, job.canonical if job.recurring else None)
+                     job.payload, job.headers, job.canonical if job.recurring else None,
+                     job.max_attempts, job.backoff_ms)
         # due row before jobs row: a crash in between leaves a jobs row that does not match,
         # so the re-delivered command is applied again instead of being taken for a no-op.
         await self._write_due(row, now)
@@ -356,7 +362,9 @@ class ShardActor:
     async def _retry(self, cmd: Retry, now: int) -> None:
         slot = max(cmd.at_ms, self.watermark + 1)
         row = DueRow(minute_of(slot), self.shard, slot, cmd.id, cmd.attempt, cmd.scheduled_ms,
-                     0, cmd.topic, cmd.payload, cmd.headers, None)
+                     0, cmd.topic, cmd.payload, cmd.headers, None,
+                     cmd.max_attempts if cmd.max_attempts is not None else 5,
+                     cmd.backoff_ms if cmd.backoff_ms is not None else 10_000)
         await self._write_due(row, now)
         p = pending_from_row(row)
         if self._insert_bound(slot):
@@ -379,7 +387,7 @@ class ShardActor:
             self._schedules.move_to_end(spec)
             return hit
         cmd = parse_command(b'{"v":1,"op":"upsert","job":' + spec + b"}", key=None,
-                            policy=self.policy, now_ms=self.clock.now_ms())
+                            policy=self.stored_policy, now_ms=self.clock.now_ms())
         assert isinstance(cmd, Upsert)
         hit = (cmd.job, self._schedule(cmd.job))
         self._schedules[spec] = hit
@@ -445,7 +453,7 @@ class ShardActor:
             return
         slot = max(slot_for(p.job_id, nxt, job.window_ms), self.watermark + 1)
         row = DueRow(minute_of(slot), self.shard, slot, p.job_id, 1, nxt, p.version, p.topic,
-                     p.payload, job.headers, p.spec)
+                     p.payload, job.headers, p.spec, job.max_attempts, job.backoff_ms)
         await self._write_due(row, now)
         await self.store.put_job(JobRow(p.job_id, self.shard, p.spec or b"", p.version,
                                         "scheduled", nxt, slot))
@@ -480,6 +488,7 @@ class ShardActor:
                 await self._append(producer, batches, self.settings.state_topic, self.shard,
                                    state_key(self.shard), orjson.dumps(
                                        {"shard": self.shard, "watermark": watermark,
+                                        "horizon": self.horizon_ms, "wheel": len(self.wheel),
                                         "node": self.node_id, "at": started}), [])
                 for (topic, part), batch in batches.items():
                     await producer.send_batch(batch, topic, partition=part)

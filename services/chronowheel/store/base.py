@@ -33,6 +33,8 @@ class DueRow:
     payload: bytes
     headers: tuple[tuple[str, str], ...]
     spec: bytes | None  # recurring jobs only
+    max_attempts: int = 5
+    backoff_ms: int = 10_000
 
 
 class JobStore(Protocol):

@@ -129,12 +129,13 @@ class CassandraStore:
                           f"scheduled_ms, slot_ms, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, "
                           f"toTimestamp(now()))")
         self._put_due = p(f"INSERT INTO {ks}.due (minute, shard, slot_ms, job_id, attempt, "
-                          f"scheduled_ms, version, topic, payload, headers, spec) "
-                          f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?")
+                          f"scheduled_ms, version, topic, payload, headers, spec, max_attempts, "
+                          f"backoff_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                          f"USING TTL ?")
         self._del_due = p(f"DELETE FROM {ks}.due WHERE minute = ? AND shard = ? AND slot_ms = ? "
                           f"AND job_id = ? AND attempt = ?")
         cols = ("minute, shard, slot_ms, job_id, attempt, scheduled_ms, version, topic, payload, "
-                "headers, spec")
+                "headers, spec, max_attempts, backoff_ms")
         self._read_bucket = p(f"SELECT {cols} FROM {ks}.due WHERE minute = ? AND shard = ?")
         self._read_bucket_from = p(f"SELECT {cols} FROM {ks}.due WHERE minute = ? AND shard = ? "
                                    f"AND slot_ms >= ?")
@@ -184,7 +185,8 @@ class CassandraStore:
     async def put_due(self, row: DueRow, ttl_s: int) -> None:
         await self._run(self._put_due, (
             row.minute, row.shard, row.slot_ms, row.job_id, row.attempt, row.scheduled_ms,
-            row.version, row.topic, row.payload, list(row.headers), row.spec, max(1, ttl_s),
+            row.version, row.topic, row.payload, list(row.headers), row.spec, row.max_attempts,
+            row.backoff_ms, max(1, ttl_s),
         ), "write due row")
 
     async def delete_due(self, minute: int, shard: int, slot_ms: int, job_id: str,
@@ -204,7 +206,9 @@ class CassandraStore:
             rows = [
                 DueRow(r.minute, r.shard, r.slot_ms, r.job_id, r.attempt, r.scheduled_ms,
                        r.version, r.topic, r.payload or b"",
-                       tuple((k, v) for k, v in (r.headers or ())), r.spec)
+                       tuple((k, v) for k, v in (r.headers or ())), r.spec,
+                       5 if r.max_attempts is None else r.max_attempts,
+                       10_000 if r.backoff_ms is None else r.backoff_ms)
                 for r in rs.current_rows
             ]
             if rows:
