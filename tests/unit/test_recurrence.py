@@ -606,6 +606,33 @@ def test_bad_arguments(kwargs: dict[str, Any], path: str) -> None:
     assert err.value.path == path
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    expr=st.one_of(
+        st.text(max_size=40),
+        st.lists(
+            st.text(alphabet="0123456789*?/-,#LW@JANMOFRISU ", max_size=8), min_size=5, max_size=6
+        ).map(" ".join),
+    )
+)
+def test_garbage_is_a_validation_error_or_a_schedule(expr: str) -> None:
+    # The parser turns ValidationError into a rejection; anything else would stop ingest.
+    try:
+        s = compile_schedule(cron=expr, tz="Europe/London")
+    except ValidationError as exc:
+        assert exc.path == "job.cron"
+        return
+    got = occurrences(s, ms("2026-01-01T00:00:00Z"), 3)
+    assert got == sorted(set(got))
+
+
+def test_start_and_end_accept_the_whole_rfc3339_range() -> None:
+    last = ms("9999-12-31T23:59:59.999+00:00")
+    s = compile_schedule(cron="0 0 * * *", start_ms=last, end_ms=last)
+    assert next_after(s, 0) is None  # beyond the last instant occurrences are computed for
+    assert compile_schedule(every_ms=1000, end_ms=last).end_ms == last
+
+
 def test_compiled_schedules_are_shared_and_comparable() -> None:
     a = compile_schedule(cron="0 9 * * 1-5", tz="Europe/London")
     b = compile_schedule(cron="0 9 * * 1-5", tz="Europe/London")

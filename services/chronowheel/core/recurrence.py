@@ -20,9 +20,16 @@ job's policy:
 - ``skip``: a wall time that does not exist (spring-forward gap) does not fire; one that occurs
   twice (fall back) fires once, at its first instant.
 - ``cron``: for a fixed-time expression (neither the minute nor the hour field starts with `*`;
-  the seconds field is not considered) a wall time in a gap fires once, at the first instant
-  after the gap, and a repeated one fires once, at its first instant. Any other expression
+  the seconds field is not considered, so `0 30 2 * * *` behaves like `30 2 * * *`) a wall time
+  in a gap fires once, at the first instant after the gap, and a repeated one fires once, at
+  its first instant. Any other expression
   follows elapsed time: gap times do not fire, repeated times fire in both passes.
+  Unlike Vixie cron, which stops doing this for clock jumps of 3 hours or more, the rule
+  applies to every gap, including a whole skipped day (Pacific/Apia, 2011-12-30).
+
+An interval (`every`) is anchored at `start` if given, else at the Unix epoch, so that "every
+15m" lands on UTC quarter hours whenever it is submitted (which keeps re-submits identical); it
+ignores zones and DST.
 
 Bounds: occurrences lie in [start, end], both ends inclusive, and never before
 1970-01-01T00:00:00Z or after 9999-01-01T00:00:00Z.
@@ -84,9 +91,9 @@ _MONTHS = {
 _WEEKDAYS = {name: i for i, name in enumerate(("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"))}
 
 _ITEM = re.compile(
-    r"(?:(?P<star>[*?])|(?P<lo>[0-9A-Z]+)(?:-(?P<hi>[0-9A-Z]+))?)(?:/(?P<step>\d+))?"
+    r"(?:(?P<star>[*?])|(?P<lo>[0-9A-Z]+)(?:-(?P<hi>[0-9A-Z]+))?)(?:/(?P<step>[0-9]+))?"
 )
-_NTH = re.compile(r"(?P<wd>[0-9A-Z]+)#(?P<n>\d+)")
+_NTH = re.compile(r"(?P<wd>[0-9A-Z]+)#(?P<n>[0-9]+)")
 _LAST_WD = re.compile(r"(?P<wd>[0-9A-Z]+)L")
 
 
@@ -249,17 +256,6 @@ class _CronFields:
     def days(self, year: int, month: int) -> tuple[int, ...]:
         wd1_monday0, ndays = monthrange(year, month)
         return self.day_table[(ndays - 28) * 7 + (wd1_monday0 + 1) % 7]
-
-    def matches(self, w: datetime) -> bool:
-        """Whether a wall time (whole seconds) matches; a reference for tests and tools."""
-        return (
-            w.microsecond == 0
-            and w.second in self.seconds
-            and w.minute in self.minutes
-            and w.hour in self.hours
-            and w.month in self.months
-            and w.day in self.days(w.year, w.month)
-        )
 
     def _time_at_or_after(self, h: int, m: int, s: int) -> tuple[int, int, int] | None:
         hs, ms, ss = self.hours, self.minutes, self.seconds
