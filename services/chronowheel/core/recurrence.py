@@ -137,7 +137,7 @@ def _expand(spec: _Spec, item: str, expr: str) -> set[int]:
     if m["star"] == "?" and spec not in (_DOM, _DOW):
         raise _bad(f"{spec.name} field: '?' is only allowed in the day fields", expr)
     if m["star"]:
-        # `*` in day-of-week means 0-6: listing Sunday twice would change nothing but steps.
+        # `*` in day-of-week is 0-6: 7 would only repeat Sunday.
         lo, hi = spec.lo, (6 if spec is _DOW else spec.hi)
     else:
         lo = _value(spec, m["lo"], expr)
