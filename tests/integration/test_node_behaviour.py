@@ -1,0 +1,172 @@
+"""A real node's behaviour: recurrence, catch-up, cancel/edit, idempotent re-submit, rejects,
+mis-partitioned commands. Real Cassandra and Kafka; the node runs in-process."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import orjson
+import pytest
+from chronowheel.core.clock import OffsetClock
+
+from tests.integration.harness import (
+    cancel,
+    collecting,
+    make_namespace,
+    misroute,
+    now_ms,
+    produce,
+    running_node,
+    upsert,
+)
+
+pytestmark = pytest.mark.integration
+
+MINUTE = 60_000
+
+
+def occurrences(messages: list[Any], job: str) -> list[int]:
+    return [m.scheduled_ms for m in messages if m.key == job.encode()]
+
+
+async def test_recurring_every_and_cron_fire_repeatedly_on_their_instants(
+        stack: Any, namespace: str) -> None:
+    settings = await make_namespace(stack, namespace)
+    async with collecting(settings) as fired, running_node(settings):
+        await produce(settings, [
+            upsert("tick", every="1s", payload="t"),
+            upsert("even", cron="*/2 * * * * *", tz="Europe/London", payload="e"),
+        ])
+        await fired.wait_for(
+            lambda ms: len(occurrences(ms, "tick")) >= 4 and len(occurrences(ms, "even")) >= 2,
+            30, "4 ticks and 2 even-second crons")
+    ticks = occurrences(fired.messages, "tick")
+    evens = occurrences(fired.messages, "even")
+    # every 1s is anchored at the epoch: whole seconds, consecutive, each once
+    assert all(t % 1000 == 0 for t in ticks)
+    assert len(set(ticks)) == len(ticks)
+    assert sorted(ticks) == list(range(min(ticks), max(ticks) + 1, 1000))
+    assert all(t % 2000 == 0 for t in evens) and len(set(evens)) == len(evens)
+    for m in fired.messages:
+        assert m.fired_ms >= m.scheduled_ms
+
+
+async def test_catch_up_policies_after_the_node_was_down(stack: Any, namespace: str) -> None:
+    settings = await make_namespace(stack, namespace, max_clock_skew_ms=10**12)
+    clock = OffsetClock()
+    start = now_ms() + 30_000
+    jobs = {"coalesce": {}, "all": {"max_catch_up": 5}, "skip": {}}
+    async with running_node(settings, clock=clock):
+        await produce(settings, [
+            upsert(f"job-{policy}", every="1m", start=start, catch_up=policy, **extra)
+            for policy, extra in jobs.items()
+        ])
+        await asyncio.sleep(2)  # ingested well before the first occurrence at `start`
+    # The whole cluster is down for ten minutes: occurrences start .. start+9m are missed.
+    clock.jump(10 * MINUTE)
+    missed = [start + k * MINUTE for k in range(10)]
+    async with collecting(settings) as fired, running_node(settings, clock=clock):
+        await fired.wait_for(lambda ms: len(ms) >= 6, 30, "catch-up fires")
+        await asyncio.sleep(2)  # anything more that would (wrongly) fire
+    got = {p: sorted(occurrences(fired.messages, f"job-{p}")) for p in jobs}
+    assert got["coalesce"] == [missed[-1]]
+    assert got["all"] == missed[:4] + [missed[-1]]   # max_catch_up 5: 4 oldest + the latest
+    assert got["skip"] == []
+
+
+async def test_cancel_edit_and_idempotent_resubmit(stack: Any, namespace: str) -> None:
+    settings = await make_namespace(stack, namespace)
+    t0 = now_ms()
+    async with collecting(settings) as fired, running_node(settings):
+        await produce(settings, [
+            upsert("cancelled", at=t0 + 3000, payload="never"),
+            upsert("edited", at=t0 + 3000, payload="v1"),
+            upsert("once", at=t0 + 500, payload="same"),
+        ])
+        await produce(settings, [
+            cancel("cancelled"),
+            upsert("edited", at=t0 + 4000, payload="v2"),
+        ])
+        await fired.wait_for(lambda ms: {b"once", b"edited"} <= {m.key for m in ms}, 30,
+                             "once and edited")
+        # identical re-submit after firing: a no-op
+        await produce(settings, [upsert("once", at=t0 + 500, payload="same")])
+        await asyncio.sleep(3)
+        assert Counter(m.key for m in fired.messages) == {b"once": 1, b"edited": 1}
+        # a changed spec re-arms (its instant is past, so it fires now)
+        await produce(settings, [upsert("once", at=t0 + 500, payload="changed")])
+        await fired.wait_for(lambda ms: len(occurrences(ms, "once")) == 2, 30, "re-armed job")
+        await asyncio.sleep(1)
+    by_key: dict[bytes | None, list[Any]] = {}
+    for m in fired.messages:
+        by_key.setdefault(m.key, []).append(m)
+    assert b"cancelled" not in by_key
+    [edited] = by_key[b"edited"]
+    assert orjson.loads(edited.value) == "v2" and edited.scheduled_ms == t0 + 4000
+    assert edited.fired_ms >= t0 + 4000
+    assert [orjson.loads(m.value) for m in by_key[b"once"]] == ["same", "changed"]
+
+
+async def test_bad_input_goes_to_rejected_and_the_pipeline_keeps_firing(
+        stack: Any, namespace: str) -> None:
+    settings = await make_namespace(stack, namespace, allowed_topics=r"emails\..*")
+    t0 = now_ms()
+    good = [upsert(f"good-{i}", at=t0 + 500 * i, payload=i) for i in range(4)]
+    big = "x" * 300_000
+    bad: list[tuple[bytes | None, bytes, str]] = [
+        (b"j1", b"{not json", "json"),
+        (b"j2", orjson.dumps({"v": 2, "op": "upsert", "job": {"id": "j2", "at": t0}}), "v"),
+        (b"j3", orjson.dumps({"v": 1, "op": "upsert", "job": {"id": "j3", "at": t0,
+                                                           "paylaod": 1}}), "paylaod"),
+        (b"j4", orjson.dumps({"v": 1, "op": "upsert", "job": {
+            "id": "j4", "cron": "0 9 * * *", "tz": "Europe/Lundon"}}), "Europe/Lundon"),
+        (b"j5", orjson.dumps({"v": 1, "op": "upsert", "job": {"id": "j5", "at": t0,
+                                                           "payload": big}}), "payload"),
+        (b"j6", orjson.dumps({"v": 1, "op": "upsert", "job": {
+            "id": "j6", "at": t0, "topic": "payments.charge"}}), "topic"),
+        (b"j7", orjson.dumps({"v": 1, "op": "upsert", "job": {
+            "id": "j7", "at": t0, "topic": f"{namespace}.submit"}}), "topic"),
+        (b"not-j8", orjson.dumps({"v": 1, "op": "upsert", "job": {"id": "j8", "at": t0}}),
+         "key"),
+    ]
+    records: list[tuple[bytes | None, bytes]] = []
+    for i, (key, value, _) in enumerate(bad):  # interleave good and bad commands
+        records.append((key, value))
+        if i % 2 == 0:
+            records.append(good[i // 2])
+    async with collecting(settings, settings.fired_topic, settings.rejected_topic) as seen, \
+            running_node(settings):
+        await produce(settings, records)
+        await seen.wait_for(
+            lambda ms: len([m for m in ms if m.topic == settings.rejected_topic]) >= len(bad)
+            and len([m for m in ms if m.topic == settings.fired_topic]) >= len(good),
+            30, "all rejects and all good jobs")
+        await asyncio.sleep(1)
+    rejected = {m.key: m for m in seen.on(settings.rejected_topic)}
+    fired = seen.on(settings.fired_topic)
+    assert sorted(m.key for m in fired) == sorted(k for k, _ in good)
+    assert len(seen.on(settings.rejected_topic)) == len(bad)
+    for key, value, needle in bad:
+        m = rejected[key]
+        assert m.value == value, "the original bytes travel unchanged"
+        assert needle in m.headers["cw-reason"], (needle, m.headers["cw-reason"])
+        assert m.headers["cw-source-topic"] == settings.submit_topic
+        assert int(m.headers["cw-source-offset"]) >= 0
+        assert 0 <= int(m.headers["cw-source-partition"]) < settings.shards
+
+
+async def test_mis_partitioned_submits_fire_exactly_once(stack: Any, namespace: str) -> None:
+    settings = await make_namespace(stack, namespace)
+    t0 = now_ms()
+    jobs = [upsert(f"stray-{i}", at=t0 + 1000 + i) for i in range(300)]
+    async with collecting(settings) as fired, running_node(settings) as node:
+        await produce(settings, jobs, partition=misroute(settings.shards))
+        await fired.wait_for(lambda ms: len(ms) >= len(jobs), 60, "all mis-partitioned jobs")
+        await asyncio.sleep(1.5)
+        forwarded = node.metrics.forwarded._value.get()
+    assert Counter(m.key for m in fired.messages) == Counter(k for k, _ in jobs)
+    assert forwarded == len(jobs)
+    for m in fired.messages:  # each fired on its job's own partition of the fired topic
+        assert m.fired_ms >= m.scheduled_ms
