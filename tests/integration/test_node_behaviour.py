@@ -72,7 +72,7 @@ async def test_catch_up_policies_after_the_node_was_down(stack: Any, namespace: 
         await asyncio.sleep(2)  # anything more that would (wrongly) fire
     got = {p: sorted(occurrences(fired.messages, f"job-{p}")) for p in jobs}
     assert got["coalesce"] == [missed[-1]]
-    assert got["all"] == missed[:4] + [missed[-1]]   # max_catch_up 5: 4 oldest + the latest
+    assert got["all"] == [*missed[:4], missed[-1]]  # max_catch_up 5: 4 oldest + the latest
     assert got["skip"] == []
 
 
