@@ -170,3 +170,22 @@ async def test_mis_partitioned_submits_fire_exactly_once(stack: Any, namespace: 
     assert forwarded == len(jobs)
     for m in fired.messages:  # each fired on its job's own partition of the fired topic
         assert m.fired_ms >= m.scheduled_ms
+
+
+async def test_a_herd_larger_than_max_batch_fires_once_each_across_transactions(
+        stack: Any, namespace: str) -> None:
+    # max_batch 50 cuts the same-millisecond herd across transactions: the watermark may only
+    # claim a millisecond once every entry of it is in the transaction.
+    settings = await make_namespace(stack, namespace, shards=2, max_batch=50)
+    at = now_ms() + 4000
+    herd = [upsert(f"herd-{i}", at=at) for i in range(1500)]
+    spread = [upsert(f"spread-{i}", at=at + 1 + i % 300) for i in range(500)]
+    async with collecting(settings) as fired, running_node(settings) as node:
+        await produce(settings, herd + spread)
+        await fired.wait_for(lambda ms: len(ms) >= 2000, 60, "herd and spread")
+        await asyncio.sleep(1)
+        batches = sum(s.value for s in node.metrics.txn_seconds.collect()[0].samples
+                      if s.name.endswith("_count"))
+    assert Counter(m.key for m in fired.messages) == Counter(k for k, _ in herd + spread)
+    assert all(m.fired_ms >= m.scheduled_ms for m in fired.messages)
+    assert batches >= 1500 // 50 / settings.shards, "the herd really was cut into batches"
