@@ -37,6 +37,20 @@ class DueRow:
     backoff_ms: int = 10_000
 
 
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A worker's idempotency record of one occurrence (table `processed`).
+
+    `state` is "running" (a lease), "failed" or "done"; `attempt` is the delivery it is about;
+    `owner` is a random token of the handling that wrote it, so a compare-and-set on the whole
+    record is also a check of who holds the lease.
+    """
+
+    state: str
+    attempt: int
+    owner: str
+
+
 class JobStore(Protocol):
     async def get_job(self, job_id: str) -> JobRow | None: ...
 
@@ -57,9 +71,9 @@ class JobStore(Protocol):
 
     async def server_time_ms(self) -> int: ...
 
-    async def claim_occurrence(self, consumer: str, occurrence: str, worker: str,
-                               ttl_s: int) -> bool: ...
+    async def swap_claim(self, consumer: str, occurrence: str, expected: Claim | None,
+                         new: Claim, worker: str, ttl_s: int) -> tuple[bool, Claim | None]: ...
 
-    async def release_occurrence(self, consumer: str, occurrence: str) -> None: ...
+    async def release_claim(self, consumer: str, occurrence: str, owner: str) -> None: ...
 
     async def get_meta(self, name: str) -> str | None: ...

@@ -31,7 +31,7 @@ from cassandra.query import PreparedStatement
 from chronowheel.errors import ConfigError, RetriableError
 from chronowheel.retry import with_retries
 from chronowheel.settings import Settings
-from chronowheel.store.base import DueRow, JobRow
+from chronowheel.store.base import Claim, DueRow, JobRow
 
 log = logging.getLogger(__name__)
 
@@ -144,9 +144,13 @@ class CassandraStore:
         self._read_counts = p(f"SELECT minute, rows FROM {ks}.bucket_counts "
                               f"WHERE shard = ? AND hour = ? AND minute >= ? AND minute <= ?")
         self._now = p("SELECT toUnixTimestamp(now()) FROM system.local")
-        self._claim = p(f"INSERT INTO {ks}.processed (consumer, occurrence, worker) "
-                        f"VALUES (?, ?, ?) IF NOT EXISTS USING TTL ?")
-        self._release = p(f"DELETE FROM {ks}.processed WHERE consumer = ? AND occurrence = ?")
+        # UPDATE only, never INSERT: without a row marker the row vanishes with its cells' TTL,
+        # and `IF state = null ...` also matches a row that does not exist.
+        self._swap_claim = p(f"UPDATE {ks}.processed USING TTL ? SET state = ?, attempt = ?, "
+                             f"owner = ?, worker = ? WHERE consumer = ? AND occurrence = ? "
+                             f"IF state = ? AND attempt = ? AND owner = ?")
+        self._release_claim = p(f"DELETE FROM {ks}.processed WHERE consumer = ? AND "
+                                f"occurrence = ? IF state = 'running' AND owner = ?")
         self._get_meta = p(f"SELECT value FROM {ks}.meta WHERE name = ?")
 
     @classmethod
@@ -249,13 +253,24 @@ class CassandraStore:
         server = int(rs.one()[0])
         return server + (t1 - t0) // 2_000_000
 
-    async def claim_occurrence(self, consumer: str, occurrence: str, worker: str,
-                               ttl_s: int) -> bool:
-        rs = await self._run(self._claim, (consumer, occurrence, worker, ttl_s), "claim")
-        return bool(rs.one()[0])
+    async def swap_claim(self, consumer: str, occurrence: str, expected: Claim | None,
+                         new: Claim, worker: str, ttl_s: int) -> tuple[bool, Claim | None]:
+        """Compare-and-set the whole record; on a mismatch, also return what is there."""
+        old = (None, None, None) if expected is None else (
+            expected.state, expected.attempt, expected.owner)
+        rs = await self._run(self._swap_claim, (
+            max(1, ttl_s), new.state, new.attempt, new.owner, worker, consumer, occurrence, *old,
+        ), "swap claim")
+        row = rs.one()
+        if row[0]:
+            return True, None
+        state = getattr(row, "state", None)
+        if state is None:
+            return False, None
+        return False, Claim(state, int(row.attempt or 0), row.owner or "")
 
-    async def release_occurrence(self, consumer: str, occurrence: str) -> None:
-        await self._run(self._release, (consumer, occurrence), "release claim")
+    async def release_claim(self, consumer: str, occurrence: str, owner: str) -> None:
+        await self._run(self._release_claim, (consumer, occurrence, owner), "release claim")
 
     async def get_meta(self, name: str) -> str | None:
         rs = await self._run(self._get_meta, (name,), "read meta")
