@@ -1,0 +1,89 @@
+"""What a handler receives: one fired occurrence, read from a Kafka record's key, value, headers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from chronowheel.core.model import RESERVED_HEADER_PREFIX
+
+# Defaults of a job's retry policy, for messages fired before nodes sent these headers.
+DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_BACKOFF_MS = 10_000
+
+_REQUIRED = ("cw-job-id", "cw-scheduled-at", "cw-fired-at", "cw-attempt", "cw-occurrence")
+
+
+class MalformedOccurrence(ValueError):
+    """A record on a worker's topic that is not a chronowheel occurrence (dead-lettered)."""
+
+
+@dataclass(frozen=True)
+class Occurrence:
+    job_id: str
+    scheduled_ms: int
+    fired_ms: int
+    attempt: int
+    max_attempts: int
+    backoff_ms: int
+    occurrence: str
+    """`cw-occurrence`, `<job id>@<scheduled ms>`: the idempotency key."""
+    topic: str
+    partition: int
+    offset: int
+    payload: bytes
+    headers: dict[str, str]
+    """Every header of the message, the `cw-*` ones included."""
+    raw_headers: tuple[tuple[str, bytes], ...] = field(default=(), repr=False)
+
+    def json(self) -> Any:
+        """The payload parsed as JSON (raises on a payload that is not JSON)."""
+        return orjson.loads(self.payload)
+
+    @property
+    def job_headers(self) -> dict[str, str]:
+        """The job's own headers (those not starting with `cw-`)."""
+        return {k: v for k, v in self.headers.items()
+                if not k.lower().startswith(RESERVED_HEADER_PREFIX)}
+
+    @property
+    def is_last_attempt(self) -> bool:
+        return self.attempt >= self.max_attempts
+
+    @classmethod
+    def from_record(cls, topic: str, partition: int, offset: int, value: bytes | None,
+                    headers: Iterable[tuple[str, bytes]] | None) -> Occurrence:
+        raw = tuple((k, v or b"") for k, v in (headers or ()))
+        # Later duplicates win, as for most header readers; the node never repeats a name.
+        text = {k: v.decode("utf-8", "replace") for k, v in raw}
+        missing = [h for h in _REQUIRED if h not in text]
+        if missing:
+            raise MalformedOccurrence(f"not a chronowheel occurrence: missing header "
+                                      f"{', '.join(missing)}")
+        return cls(
+            job_id=text["cw-job-id"],
+            scheduled_ms=_int(text, "cw-scheduled-at", None, 0),
+            fired_ms=_int(text, "cw-fired-at", None, 0),
+            attempt=_int(text, "cw-attempt", None, 1),
+            max_attempts=_int(text, "cw-max-attempts", DEFAULT_MAX_ATTEMPTS, 1),
+            backoff_ms=_int(text, "cw-backoff-ms", DEFAULT_BACKOFF_MS, 0),
+            occurrence=text["cw-occurrence"],
+            topic=topic, partition=partition, offset=offset,
+            payload=value or b"", headers=text, raw_headers=raw,
+        )
+
+
+def _int(headers: dict[str, str], name: str, default: int | None, low: int) -> int:
+    raw = headers.get(name)
+    if raw is None and default is not None:
+        return default
+    try:
+        value = int(raw or "", 10)
+    except ValueError:
+        raise MalformedOccurrence(f"header {name}: not a decimal integer ({raw!r:.40})") from None
+    if value < low:
+        raise MalformedOccurrence(f"header {name}: must be at least {low} (got {value})")
+    return value

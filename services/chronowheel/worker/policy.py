@@ -1,0 +1,71 @@
+"""Pure parts of failure handling: the backoff, the retry command and the dead letter."""
+
+from __future__ import annotations
+
+from chronowheel.core.model import DAY_MS, MAX_ATTEMPTS, MAX_BACKOFF_MS, encode_retry
+from chronowheel.worker.occurrence import Occurrence
+
+MAX_RETRY_DELAY_MS = DAY_MS
+ERROR_LIMIT_BYTES = 2048
+DEAD_HEADERS = ("cw-error", "cw-failed-at", "cw-source-topic", "cw-source-partition",
+                "cw-source-offset")
+
+
+class DeadLetter(Exception):
+    """Raise from a handler to dead-letter the occurrence at once, without further retries."""
+
+
+def retry_delay_ms(backoff_ms: int, failed_attempt: int) -> int:
+    """Delay before the delivery after `failed_attempt`: backoff doubling per attempt, capped."""
+    if failed_attempt < 1:
+        raise ValueError(f"failed_attempt must be at least 1, got {failed_attempt}")
+    if backoff_ms <= 0:
+        return 0
+    # Past 2**40 the cap has long been reached; stop before building a huge integer.
+    exponent = min(failed_attempt - 1, 40)
+    return min(MAX_RETRY_DELAY_MS, backoff_ms << exponent)
+
+
+def gives_up(occ: Occurrence, error: BaseException) -> bool:
+    """True when this failure dead-letters instead of retrying."""
+    return (isinstance(error, DeadLetter) or occ.attempt >= occ.max_attempts
+            or occ.attempt >= MAX_ATTEMPTS)
+
+
+def retry_command(occ: Occurrence, now_ms: int) -> tuple[bytes, bytes]:
+    """(key, value) of the `retry` command for the next delivery of `occ`, for `<ns>.submit`.
+
+    The occurrence and attempt are fixed by `occ`, so a duplicate of this command (a crash
+    between producing it and committing) delivers the same (occurrence, attempt) again, which
+    the idempotency helper recognises.
+    """
+    max_attempts = min(occ.max_attempts, MAX_ATTEMPTS)
+    backoff = min(occ.backoff_ms, MAX_BACKOFF_MS)  # the node would reject a longer one
+    value = encode_retry(
+        id=occ.job_id, scheduled_ms=occ.scheduled_ms, attempt=occ.attempt + 1,
+        at_ms=now_ms + retry_delay_ms(backoff, occ.attempt), topic=occ.topic,
+        payload=occ.payload, headers=occ.job_headers, max_attempts=max_attempts,
+        backoff_ms=backoff)
+    return occ.job_id.encode(), value
+
+
+def error_text(error: BaseException, limit: int = ERROR_LIMIT_BYTES) -> str:
+    """`Type: message`, cut to at most `limit` UTF-8 bytes on a character boundary."""
+    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return text
+    return data[: limit - 3].decode("utf-8", "ignore") + "..."
+
+
+def dead_headers(raw_headers: tuple[tuple[str, bytes], ...], error: BaseException,
+                 failed_at_ms: int, topic: str, partition: int, offset: int,
+                 ) -> list[tuple[str, bytes]]:
+    """The original headers plus why, when and where it failed (replacing any older ones)."""
+    kept = [(k, v) for k, v in raw_headers if k.lower() not in DEAD_HEADERS]
+    return [*kept,
+            ("cw-error", error_text(error).encode()),
+            ("cw-failed-at", str(failed_at_ms).encode()),
+            ("cw-source-topic", topic.encode()),
+            ("cw-source-partition", str(partition).encode()),
+            ("cw-source-offset", str(offset).encode())]
