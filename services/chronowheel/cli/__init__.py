@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "chronowheel.cli.init",
     "chronowheel.cli.node",
     "chronowheel.cli.cron",
+    "chronowheel.cli.worker",
 )
 
 
