@@ -82,7 +82,7 @@ PAD = "x" * 48  # payload padding: a small realistic JSON payload of ~90 bytes
 
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {
-        "shards": 16, "ingest_jobs": 20_000, "rates": [250, 500, 1000, 2000, 4000],
+        "shards": 16, "ingest_jobs": 20_000, "rates": [50, 100, 250, 500, 1000, 2000, 4000],
         "step_s": 10, "herd": 100_000, "raw_s": 3.0, "raw_batches": [5000, 100],
         "heap_n": 200_000, "refine": False,
     },
@@ -240,6 +240,9 @@ class NodeProc:
         self.profile_path = profile_path
         self.proc: subprocess.Popen[bytes] | None = None
         self.port: int | None = None
+        # Slowest /metrics answer: the node's event loop serves it, so a slow answer means a
+        # busy or blocked loop.
+        self.slowest_scrape_s = 0.0
 
     def start(self) -> None:
         env = dict(os.environ)
@@ -281,7 +284,7 @@ class NodeProc:
         assert self.port is not None
         url = f"http://127.0.0.1:{self.port}{path}"
         try:
-            with urllib.request.urlopen(url, timeout=5) as r:
+            with urllib.request.urlopen(url, timeout=60) as r:
                 return r.status, r.read()
         except urllib.error.HTTPError as e:
             return e.code, e.read()
@@ -311,7 +314,18 @@ class NodeProc:
 
     async def metrics(self) -> dict[str, float]:
         """The node's /metrics, as {'name{labels}': value}."""
-        _status, body = await asyncio.to_thread(self._http, "/metrics")
+        for attempt in range(3):
+            t0 = time.monotonic()
+            try:
+                _status, body = await asyncio.to_thread(self._http, "/metrics")
+            except (OSError, TimeoutError) as exc:
+                if attempt == 2 or not self.alive():
+                    raise
+                say(f"/metrics did not answer ({exc!r}); retrying")
+                continue
+            finally:
+                self.slowest_scrape_s = max(self.slowest_scrape_s, time.monotonic() - t0)
+            break
         out: dict[str, float] = {}
         for line in body.decode().splitlines():
             if not line or line.startswith("#"):
@@ -957,6 +971,20 @@ async def run(cfg: Config) -> int:
         require_loopback(what, servers)
     settings = Settings(namespace=cfg.namespace, kafka=cfg.kafka, cassandra=cfg.cassandra,
                         shards=cfg.shards, http_port=0)
+    try:
+        return await run_phases(cfg, settings)
+    finally:
+        if not cfg.keep:
+            say(f"dropping namespace {cfg.namespace} (keyspace and topics) ...")
+            try:
+                await cleanup(settings, [settings.submit_topic, settings.state_topic,
+                                         settings.fired_topic, settings.rejected_topic,
+                                         settings.dead_topic, f"{settings.namespace}.rawbench"])
+            except Exception as exc:  # cleanup trouble must not hide the figures
+                say(f"cleanup failed: {exc!r}")
+
+
+async def run_phases(cfg: Config, settings: Settings) -> int:
     run_id = cfg.namespace.replace(".", "-")
     started = dt.datetime.now(dt.UTC)
     result: dict[str, Any] = {"preset": cfg.preset, "config": {
@@ -1018,6 +1046,7 @@ async def run(cfg: Config) -> int:
             "ingested_total": metric_sum(m, "chronowheel_ingested_total"),
             "rejected_total": metric_sum(m, "chronowheel_rejected_total"),
             "rss_bytes": node.rss_bytes(),
+            "slowest_metrics_scrape_s": round(node.slowest_scrape_s, 3),
         }
     finally:
         if producer is not None:
@@ -1048,14 +1077,6 @@ async def run(cfg: Config) -> int:
     print(render_table(result), flush=True)
     if cfg.write_results:
         write_outputs(cfg, result)
-    if not cfg.keep:
-        say(f"dropping namespace {cfg.namespace} (keyspace and topics) ...")
-        try:
-            await cleanup(settings, [settings.submit_topic, settings.state_topic,
-                                     settings.fired_topic, settings.rejected_topic,
-                                     settings.dead_topic, f"{settings.namespace}.rawbench"])
-        except Exception as exc:  # cleanup trouble must not hide the figures
-            say(f"cleanup failed: {exc!r}")
     return status
 
 
