@@ -140,12 +140,14 @@ async def test_concurrency_is_bounded_and_sync_handlers_run_in_threads(
             handled.append(occ.job_id)
 
     at = now_ms()
-    async with running_node(settings), running_worker(settings, handler, concurrency=2):
+    async with running_node(settings), running_worker(settings, handler, concurrency=2,
+                                                      idempotency=False) as worker:
         await produce(settings, [upsert(f"c{i}", at=at, payload=i) for i in range(8)])
         await wait_until(lambda: len(handled) == 8, 60, "8 handler calls")
     assert sorted(handled) == sorted(f"c{i}" for i in range(8))
     assert peak == 2
     assert loop_thread not in threads
+    assert worker.stats == WorkerStats(succeeded=8)
 
 
 # --- failures: retries and dead letters ----------------------------------------------------------

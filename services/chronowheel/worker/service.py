@@ -375,16 +375,20 @@ class Worker:
                 if done:
                     break
                 assert lease is not None
-                await lease.renew()
+                try:
+                    await lease.renew()
+                except Exception as renew_error:  # keep the handler going; the outcome decides
+                    log.warning("renewing the lease on %s failed: %r", occ.occurrence,
+                                renew_error)
         except asyncio.CancelledError:
             call.cancel()
             if is_async:
-                with contextlib.suppress(BaseException):
-                    await call
-                if lease is not None:  # the handler has stopped: let a redelivery run now
+                # Bounded: a handler that swallows the cancellation must not hang shutdown.
+                stopped, _ = await asyncio.wait({call}, timeout=5)
+                if stopped and lease is not None:  # it has stopped: a redelivery may run now
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(lease.release(), 5)
-            # A sync handler's thread runs on; its lease expires on its own.
+            # Otherwise (a sync handler's thread runs on) the lease expires on its own.
             raise
         if call.cancelled():
             return RuntimeError("handler was cancelled")
