@@ -1,1 +1,20 @@
-"""Client helpers that write the v1 wire format to `<ns>.submit`."""
+"""Client helpers that write the v1 wire format to `<ns>.submit`.
+
+    async with SchedulerClient(Settings.from_env(namespace="acme")) as client:
+        await client.schedule("reminder-42", "2026-12-01T09:00:00Z", {"to": "ada"})
+        await client.cron("standup", "0 9 * * 1-5", tz="Europe/London")
+        await client.cancel("old-job")
+    # leaving the block waits until Kafka acknowledged every command
+
+See `chronowheel.client.scheduler` for the details.
+"""
+
+from chronowheel.client.scheduler import (
+    Delivery,
+    DeliveryError,
+    SchedulerClient,
+    SubmitProgress,
+    SubmitReport,
+)
+
+__all__ = ["Delivery", "DeliveryError", "SchedulerClient", "SubmitProgress", "SubmitReport"]

@@ -1,0 +1,342 @@
+"""`SchedulerClient`: an async producer of wire-format v1 commands.
+
+- Key = job id (UTF-8) and aiokafka's default partitioner (the Java client's murmur2), so every
+  command lands directly on its job's shard partition of `<ns>.submit`.
+- Each command is validated with the namespace's `ValidationPolicy` before it is sent: a
+  `ValidationError` is raised by the call and nothing is sent. The node validates again at
+  ingest (with its own clock and settings), so configure the client with the same
+  `allowed_topics` / limits as the nodes, or a command accepted here may still be rejected to
+  `<ns>.rejected`.
+- Sends are batched: a call returns once the command is queued in the producer (it waits only
+  when the producer's buffer is full), with a `Delivery` future for its acknowledgement.
+  `flush()` and leaving the `async with` block wait for every acknowledgement and raise
+  `DeliveryError` if any command could not be written.
+- The producer is idempotent with acks=all: commands for one job keep their order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import Any, Literal, Protocol
+
+import orjson
+
+from chronowheel.core.model import (
+    Upsert,
+    ValidationPolicy,
+    encode_cancel,
+    encode_upsert,
+    parse_command,
+)
+from chronowheel.errors import ChronowheelError, ValidationError
+from chronowheel.settings import Settings
+
+log = logging.getLogger(__name__)
+
+Instant = datetime | int | str
+"""An aware datetime, integer epoch milliseconds, or an RFC 3339 string with offset."""
+Duration = timedelta | int | str
+"""A timedelta, integer milliseconds, or a wire duration string like "1h30m"."""
+Delivery = asyncio.Future[Any]
+"""Resolves to the record's metadata (topic, partition, offset) once Kafka acknowledged it."""
+
+
+class DeliveryError(ChronowheelError):
+    """Some commands could not be written to Kafka. `failures` holds (job id, exception)."""
+
+    def __init__(self, failures: list[tuple[str, BaseException]]) -> None:
+        self.failures = failures
+        first_id, first = failures[0]
+        super().__init__(f"{len(failures)} command(s) not written to Kafka; first: "
+                         f"{first_id!r}: {first!r}")
+
+
+class _Producer(Protocol):
+    """The part of aiokafka's AIOKafkaProducer the client uses (a fake one in unit tests)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def send(self, topic: str, value: bytes | None = None, key: bytes | None = None,
+                   **kw: Any) -> Awaitable[Any]: ...
+
+
+@dataclass(frozen=True)
+class SubmitProgress:
+    """Passed to submit_many's progress callback."""
+
+    queued: int      # handed to the producer
+    acked: int       # acknowledged by Kafka
+    invalid: int     # refused by validation (skipped)
+    failed: int      # not written (delivery errors)
+    elapsed_s: float
+
+
+@dataclass
+class SubmitReport:
+    """What submit_many did. `invalid` holds (index in the iterable, error)."""
+
+    queued: int = 0
+    acked: int = 0
+    invalid: list[tuple[int, ValidationError]] = field(default_factory=list)
+    failed: list[tuple[str, BaseException]] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.invalid and not self.failed
+
+
+class SchedulerClient:
+    """Use as `async with SchedulerClient(settings) as client:`, or start()/close().
+
+    `settings` default to Settings.from_env() (CHRONOWHEEL_NAMESPACE, CHRONOWHEEL_KAFKA,
+    CHRONOWHEEL_ALLOWED_TOPICS, ...). A `producer` passed in (anything with aiokafka's
+    start/send/stop) is started but not stopped by the client: its owner stops it.
+    """
+
+    def __init__(self, settings: Settings | None = None, *,
+                 policy: ValidationPolicy | None = None, validate: bool = True,
+                 linger_ms: int = 5, producer: _Producer | None = None,
+                 now_ms: Callable[[], int] | None = None) -> None:
+        self.settings = settings if settings is not None else Settings.from_env()
+        self.policy = policy if policy is not None else ValidationPolicy.from_settings(
+            self.settings)
+        self.topic = self.settings.submit_topic
+        self._validate = validate
+        self._linger_ms = linger_ms
+        self._producer = producer
+        self._own_producer = producer is None
+        self._now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)
+        self._started = False
+        self._closed = False
+        self._pending: set[asyncio.Future[Any]] = set()
+        self._failures: list[tuple[str, BaseException]] = []
+        self.acked = 0
+
+    # --- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> SchedulerClient:
+        if self._started:
+            return self
+        if self._producer is None:
+            # Imported here so that validation-only use needs no Kafka library at import.
+            from chronowheel.bus.kafka import plain_producer
+
+            self._producer = plain_producer(self.settings, linger_ms=self._linger_ms)
+        await self._producer.start()
+        self._started = True
+        return self
+
+    async def close(self) -> None:
+        """Wait for outstanding acknowledgements, then stop the producer (if the client made
+        it). Raises DeliveryError after stopping if some command was not written."""
+        if self._closed:
+            return
+        try:
+            await self.flush()
+        finally:
+            self._closed = True
+            if self._started and self._own_producer and self._producer is not None:
+                await self._producer.stop()
+
+    async def __aenter__(self) -> SchedulerClient:
+        return await self.start()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc is None:
+            await self.close()
+            return
+        try:  # an error is already on its way out: do not let a delivery error replace it
+            await self.close()
+        except DeliveryError as err:
+            log.error("while handling %r: %s", exc, err)
+
+    # --- commands -------------------------------------------------------------------------
+    async def schedule(self, id: str, at: Instant, payload: Any = None, *,
+                       topic: str | None = None, headers: Mapping[str, str] | None = None,
+                       payload_b64: str | None = None, window: Duration | None = None,
+                       max_attempts: int | None = None, backoff: Duration | None = None,
+                       tenant: str | None = None) -> Delivery:
+        """A one-shot job: fire once at `at`. `payload` is any JSON value, or bytes (sent as
+        payload_b64); None means an empty message value."""
+        return await self.submit(_job_fields(
+            id, {"at": at}, payload, topic=topic, headers=headers, payload_b64=payload_b64,
+            window=window, max_attempts=max_attempts, backoff=backoff, tenant=tenant))
+
+    async def cron(self, id: str, expr: str, tz: str = "UTC", payload: Any = None, *,
+                   dst: Literal["skip", "cron"] | None = None, start: Instant | None = None,
+                   end: Instant | None = None,
+                   catch_up: Literal["coalesce", "all", "skip"] | None = None,
+                   max_catch_up: int | None = None, topic: str | None = None,
+                   headers: Mapping[str, str] | None = None, payload_b64: str | None = None,
+                   window: Duration | None = None, max_attempts: int | None = None,
+                   backoff: Duration | None = None, tenant: str | None = None) -> Delivery:
+        """A cron job read in IANA zone `tz` (5 fields, 6 with seconds first, or @daily...)."""
+        kind: dict[str, Any] = {"cron": expr}
+        if tz != "UTC":  # the wire default: leaving it out keeps the canonical spec minimal
+            kind["tz"] = tz
+        return await self.submit(_job_fields(
+            id, kind, payload, topic=topic, headers=headers, payload_b64=payload_b64,
+            window=window, max_attempts=max_attempts, backoff=backoff, tenant=tenant,
+            dst=dst, start=start, end=end, catch_up=catch_up, max_catch_up=max_catch_up))
+
+    async def every(self, id: str, interval: Duration, payload: Any = None, *,
+                    start: Instant | None = None, end: Instant | None = None,
+                    catch_up: Literal["coalesce", "all", "skip"] | None = None,
+                    max_catch_up: int | None = None, topic: str | None = None,
+                    headers: Mapping[str, str] | None = None, payload_b64: str | None = None,
+                    window: Duration | None = None, max_attempts: int | None = None,
+                    backoff: Duration | None = None, tenant: str | None = None) -> Delivery:
+        """A fixed-interval job (first occurrence at `start`, or when the node ingests it)."""
+        return await self.submit(_job_fields(
+            id, {"every": interval}, payload, topic=topic, headers=headers,
+            payload_b64=payload_b64, window=window, max_attempts=max_attempts, backoff=backoff,
+            tenant=tenant, start=start, end=end, catch_up=catch_up, max_catch_up=max_catch_up))
+
+    async def cancel(self, id: str) -> Delivery:
+        """Cancel job `id`: no occurrence not yet published will fire."""
+        if not isinstance(id, str):
+            raise ValidationError("id", "must be a string", id)
+        return await self._send(id, encode_cancel(id))
+
+    async def submit(self, job_fields: Mapping[str, Any]) -> Delivery:
+        """Upsert a job given as the wire's `job` object. Conveniences as in encode_upsert:
+        datetimes for at/start/end, timedelta or int ms for every/window/backoff, bytes
+        payload."""
+        try:
+            raw = encode_upsert(job_fields)
+        except ValueError as exc:  # naive datetime, negative timedelta
+            raise ValidationError("job", str(exc)) from None
+        except TypeError as exc:  # orjson: a payload that is not JSON
+            raise ValidationError("job.payload", f"not JSON-serialisable ({exc})") from None
+        job_id = job_fields.get("id")
+        return await self._send(job_id if isinstance(job_id, str) else None, raw)
+
+    async def send_command(self, command: Mapping[str, Any]) -> Delivery:
+        """Send a full wire command ({"v": 1, "op": ...}) as given, keyed by its job id."""
+        try:
+            raw = orjson.dumps(command)
+        except TypeError as exc:
+            raise ValidationError("$", f"not JSON-serialisable ({exc})") from None
+        job = command.get("job")
+        job_id = job.get("id") if isinstance(job, Mapping) else command.get("id")
+        return await self._send(job_id if isinstance(job_id, str) else None, raw)
+
+    async def submit_many(
+        self, items: Iterable[Mapping[str, Any]], *,
+        progress: Callable[[SubmitProgress], None] | None = None,
+        on_invalid: Literal["raise", "skip"] | Callable[[int, ValidationError], None] = "raise",
+        progress_interval_s: float = 0.2,
+    ) -> SubmitReport:
+        """Send many jobs (job objects) or full commands (mappings with "op"), pipelined.
+
+        Items are validated and queued one at a time, in order. Returns once every queued
+        command is acknowledged or failed. A validation error raises (on_invalid="raise",
+        after waiting for what was queued before), or the item is skipped and the error kept
+        in the report with the item's index ("skip", or a callable, which is also called with
+        (index, error) before the next item is taken). Delivery failures are collected in the
+        report, not raised. `progress` is called at most every `progress_interval_s` and once
+        at the end.
+        """
+        report = SubmitReport()
+        t0 = time.monotonic()
+        acked0, failed0 = self.acked, len(self._failures)
+        last = t0
+
+        def tell(now: float) -> None:
+            if progress is not None:
+                progress(SubmitProgress(report.queued, self.acked - acked0, len(report.invalid),
+                                        len(self._failures) - failed0, now - t0))
+
+        try:
+            for index, item in enumerate(items):
+                try:
+                    if "op" in item or "v" in item:
+                        await self.send_command(item)
+                    else:
+                        await self.submit(item)
+                except ValidationError as exc:
+                    if on_invalid == "raise":
+                        raise
+                    report.invalid.append((index, exc))
+                    if callable(on_invalid):
+                        on_invalid(index, exc)
+                else:
+                    report.queued += 1
+                now = time.monotonic()
+                if now - last >= progress_interval_s:
+                    last = now
+                    tell(now)
+        finally:
+            await self._drain()
+        tell(time.monotonic())
+        report.acked = self.acked - acked0
+        report.failed = self._failures[failed0:]
+        del self._failures[failed0:]  # reported here: flush() must not raise them again
+        report.elapsed_s = time.monotonic() - t0
+        return report
+
+    async def flush(self) -> None:
+        """Wait until Kafka acknowledged (or refused) every command sent so far; raise
+        DeliveryError listing the refused ones (each is reported once)."""
+        await self._drain()
+        if self._failures:
+            failures, self._failures = self._failures, []
+            raise DeliveryError(failures)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    # --- internals ------------------------------------------------------------------------
+    async def _send(self, job_id: str | None, raw: bytes) -> Delivery:
+        if self._closed:
+            raise ChronowheelError("SchedulerClient is closed")
+        if not self._started:
+            raise ChronowheelError("SchedulerClient not started: use `async with` or start()")
+        if self._validate:
+            cmd = parse_command(raw, key=None, policy=self.policy, now_ms=self._now_ms())
+            job_id = cmd.job.id if isinstance(cmd, Upsert) else cmd.id
+        if job_id is None:
+            raise ValidationError("id", "required (a job id is the record key)")
+        assert self._producer is not None
+        fut = await self._producer.send(self.topic, raw, key=job_id.encode("utf-8"))
+        delivery = asyncio.ensure_future(fut)
+        self._pending.add(delivery)
+        delivery.add_done_callback(functools.partial(self._settled, job_id))
+        return delivery
+
+    def _settled(self, job_id: str, fut: asyncio.Future[Any]) -> None:
+        self._pending.discard(fut)
+        if fut.cancelled():
+            self._failures.append((job_id, asyncio.CancelledError()))
+        elif fut.exception() is not None:  # also marks the exception as retrieved
+            self._failures.append((job_id, fut.exception()))  # type: ignore[arg-type]
+        else:
+            self.acked += 1
+
+    async def _drain(self) -> None:
+        while self._pending:
+            await asyncio.wait(list(self._pending))
+
+
+def _job_fields(id: str, kind: Mapping[str, Any], payload: Any, *,
+                payload_b64: str | None, **options: Any) -> dict[str, Any]:
+    job: dict[str, Any] = {"id": id, **kind}
+    if payload is not None:
+        job["payload"] = payload
+    if payload_b64 is not None:
+        job["payload_b64"] = payload_b64
+    for name, value in options.items():
+        if value is not None:  # unset options stay off the wire: the node's defaults apply
+            job[name] = value
+    return job
