@@ -211,6 +211,14 @@ def machine_info(settings: Settings) -> dict[str, Any]:
         finally:
             cluster.shutdown()
     mem_kb = _first_match("/proc/meminfo", r"^MemTotal:\s+(\d+)")
+    code = None
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, timeout=10,
+                              capture_output=True, text=True, check=False).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "services", "pyproject.toml"],
+                               cwd=ROOT, timeout=10, capture_output=True, text=True,
+                               check=False).stdout.strip()
+        code = head + (" with uncommitted changes under services/" if dirty else "")
     return {
         "nproc": len(os.sched_getaffinity(0)),
         "cpu": _first_match("/proc/cpuinfo", r"^model name\s*:\s*(.+)$") or platform.processor(),
@@ -223,6 +231,7 @@ def machine_info(settings: Settings) -> dict[str, Any]:
             + " (pinned in deploy/local)"),
         "cassandra": cassandra_version,
         "loadavg_start": os.getloadavg(),
+        "code": code,
     }
 
 
@@ -284,7 +293,7 @@ class NodeProc:
         assert self.port is not None
         url = f"http://127.0.0.1:{self.port}{path}"
         try:
-            with urllib.request.urlopen(url, timeout=60) as r:
+            with urllib.request.urlopen(url, timeout=20) as r:
                 return r.status, r.read()
         except urllib.error.HTTPError as e:
             return e.code, e.read()
@@ -320,7 +329,10 @@ class NodeProc:
                 _status, body = await asyncio.to_thread(self._http, "/metrics")
             except (OSError, TimeoutError) as exc:
                 if attempt == 2 or not self.alive():
-                    raise
+                    raise RuntimeError(
+                        f"the node's /metrics did not answer 3 times ({exc!r}): its event loop "
+                        f"is blocked; dispatch-stopped events in its log: "
+                        f"{self.dispatch_stopped_events()}") from exc
                 say(f"/metrics did not answer ({exc!r}); retrying")
                 continue
             finally:
@@ -334,6 +346,10 @@ class NodeProc:
             with contextlib.suppress(ValueError):
                 out[name] = float(value)
         return out
+
+    def dispatch_stopped_events(self) -> int:
+        """How often the node said it stopped dispatching (clock skew check)."""
+        return self.log_tail(50_000_000).count("dispatch STOPPED")
 
     def rss_bytes(self) -> int:
         kb = _first_match(f"/proc/{self.pid}/status", r"^VmRSS:\s+(\d+)")
@@ -529,7 +545,10 @@ async def wait_received(probe: FiredProbe, node: NodeProc, phase: str, expected:
         if not node.alive():
             raise RuntimeError(f"node died during {what}:\n{node.log_tail()}")
         if time.monotonic() - last_say > 5:
-            say(f"{what}: {probe.count(phase):,}/{expected:,} received")
+            stopped = node.dispatch_stopped_events()
+            say(f"{what}: {probe.count(phase):,}/{expected:,} received"
+                + (f" (the node stopped dispatching {stopped}x: clock skew check)"
+                   if stopped else ""))
             last_say = time.monotonic()
         await asyncio.sleep(0.05)
 
@@ -1047,6 +1066,7 @@ async def run_phases(cfg: Config, settings: Settings) -> int:
             "rejected_total": metric_sum(m, "chronowheel_rejected_total"),
             "rss_bytes": node.rss_bytes(),
             "slowest_metrics_scrape_s": round(node.slowest_scrape_s, 3),
+            "dispatch_stopped_events": node.dispatch_stopped_events(),
         }
     finally:
         if producer is not None:
@@ -1201,14 +1221,18 @@ def render_table(r: dict[str, Any]) -> str:
     out += ["", f"Checks: {c.get('received', 0):,} received of {c.get('expected', 0):,} "
             f"expected; missing {c.get('missing')}, duplicate cw-occurrence "
             f"{c.get('duplicates')}, early by cw-fired-at {c.get('early_fired_at')}, early by "
-            f"receive time {c.get('early_received')}."]
+            f"receive time {c.get('early_received')}. The node stopped dispatching (clock skew "
+            f"check) {r.get('node_final_metrics', {}).get('dispatch_stopped_events', '?')} "
+            f"time(s); slowest /metrics answer "
+            f"{r.get('node_final_metrics', {}).get('slowest_metrics_scrape_s', '?')} s."]
     return "\n".join(out)
 
 
 def machine_line(m: dict[str, Any]) -> str:
     return (f"{m['nproc']} CPUs ({m['cpu']}), {m['memory_gib']} GiB RAM, {m['os']}; Python "
             f"{m['python']}; Java: {m['java']}; Kafka {m['kafka']}; Cassandra {m['cassandra']}; "
-            f"load average at start {' '.join(f'{x:.2f}' for x in m['loadavg_start'])}, at end "
+            f"code {m.get('code')}; load average at start "
+            f"{' '.join(f'{x:.2f}' for x in m['loadavg_start'])}, at end "
             f"{' '.join(f'{x:.2f}' for x in m.get('loadavg_end', ()))}")
 
 
@@ -1321,9 +1345,24 @@ def parse_args(argv: list[str] | None) -> Config:
     return cfg
 
 
+async def run_until_signal(cfg: Config) -> int:
+    """SIGTERM or SIGINT (even when started in the background) cancels the run: the node is
+    stopped and the namespace dropped on the way out."""
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        return await run(cfg)
+    except asyncio.CancelledError:
+        say("interrupted")
+        return 130
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
-    return asyncio.run(run(cfg))
+    return asyncio.run(run_until_signal(cfg))
 
 
 if __name__ == "__main__":
