@@ -16,6 +16,10 @@ COMMAND_MODULES = (
     "chronowheel.cli.node",
     "chronowheel.cli.cron",
     "chronowheel.cli.worker",
+    "chronowheel.cli.submit",
+    "chronowheel.cli.job",
+    "chronowheel.cli.status",
+    "chronowheel.cli.tail",
 )
 
 

@@ -1,0 +1,167 @@
+"""Read-only views of a running namespace for the ops commands: shard count, shard owners (the
+`<ns>-nodes` consumer group), each shard's last watermark record (`<ns>.state`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiokafka import TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+
+from chronowheel.bus.kafka import reader
+from chronowheel.errors import ChronowheelError, ConfigError
+from chronowheel.settings import Settings
+from chronowheel.store.cassandra import CassandraStore
+
+# The newest state record of a shard is near the end of its partition: each transaction adds
+# one record and one commit marker. Read this many offsets back first, all of it if that
+# window holds no record (aborted transactions only, or a partition compacted to a few).
+STATE_TAIL_WINDOW = 200
+
+
+def quiet_kafka_logs() -> None:
+    """aiokafka logs every assignment and subscription at INFO: noise for a one-shot command."""
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        logging.getLogger("aiokafka").setLevel(logging.WARNING)
+
+
+def nodes_group(settings: Settings) -> str:
+    return f"{settings.namespace}-nodes"
+
+
+@dataclass(frozen=True)
+class Member:
+    member_id: str
+    client_id: str
+    host: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.client_id}@{self.host}"
+
+
+@dataclass(frozen=True)
+class Group:
+    state: str  # Stable, PreparingRebalance, CompletingRebalance, Empty, Dead
+    members: tuple[Member, ...]
+    owners: dict[int, Member]  # partition of <ns>.submit -> member holding it
+
+
+@dataclass(frozen=True)
+class StateRecord:
+    """The last watermark a shard committed (DESIGN section 6; written by the node)."""
+
+    shard: int
+    watermark: int
+    horizon: int | None  # absent in the record init seeds
+    wheel: int | None
+    node: str | None
+    at: int | None
+    offset: int
+
+    @classmethod
+    def parse(cls, shard: int, value: bytes, offset: int) -> StateRecord:
+        doc = orjson.loads(value)
+
+        def opt_int(name: str) -> int | None:
+            v = doc.get(name)
+            return v if type(v) is int else None
+
+        node = doc.get("node")
+        return cls(shard, int(doc["watermark"]), opt_int("horizon"), opt_int("wheel"),
+                   node if isinstance(node, str) else None, opt_int("at"), offset)
+
+
+async def recorded_shards(store: CassandraStore, settings: Settings) -> int:
+    value = await store.get_meta("shards")
+    if value is None:
+        raise ConfigError(f"namespace {settings.namespace!r} is not initialised (no shard "
+                          f"count in keyspace {settings.keyspace})")
+    return int(value)
+
+
+async def open_store(settings: Settings) -> CassandraStore:
+    try:
+        return await asyncio.to_thread(CassandraStore.open, settings)
+    except Exception as exc:
+        if isinstance(exc, ChronowheelError):
+            raise
+        # Mostly "keyspace does not exist": the driver's own message names it.
+        raise ConfigError(f"cannot open keyspace {settings.keyspace} at {settings.cassandra} "
+                          f"(is the namespace initialised?): {exc}") from exc
+
+
+def decode_assignment(raw: bytes, topic: str) -> list[int]:
+    """Partitions of `topic` in a member's assignment (empty while a rebalance is running)."""
+    if not raw:
+        return []
+    assignment = ConsumerProtocolMemberAssignment.decode(raw)
+    return sorted(p for t, parts in assignment.assignment if t == topic for p in parts)
+
+
+async def describe_group(admin: AIOKafkaAdminClient, group_id: str, topic: str) -> Group:
+    # One group per request: aiokafka 0.14 sends DescribeGroups v3 but parses the answer with
+    # the v2 layout, which happens to work for one group and breaks the connection for two.
+    responses = await admin.describe_consumer_groups([group_id])
+    groups = [g for r in responses for g in r.to_object()["groups"]]
+    if not groups:
+        return Group("Dead", (), {})
+    g: dict[str, Any] = groups[0]
+    if g["error_code"] != 0:
+        raise ChronowheelError(f"describing consumer group {group_id}: Kafka error code "
+                               f"{g['error_code']}")
+    members = []
+    owners: dict[int, Member] = {}
+    for m in g["members"]:
+        member = Member(m["member_id"], m["client_id"], m["client_host"].lstrip("/"))
+        members.append(member)
+        for p in decode_assignment(m["member_assignment"], topic):
+            owners[p] = member
+    return Group(g["state"], tuple(members), owners)
+
+
+async def read_state_records(settings: Settings, shards: int,
+                             timeout_s: float = 15.0) -> dict[int, StateRecord]:
+    """The newest committed (read_committed) watermark record of each shard that has one."""
+    tps = [TopicPartition(settings.state_topic, k) for k in range(shards)]
+    consumer = reader(settings)
+    await consumer.start()
+    try:
+        consumer.assign(tps)
+        begins = await consumer.beginning_offsets(tps)
+        ends = await consumer.end_offsets(tps)
+        found: dict[int, StateRecord] = {}
+        for window in (STATE_TAIL_WINDOW, None):
+            todo = [tp for tp in tps if tp.partition not in found and ends[tp] > begins[tp]]
+            if not todo:
+                break
+            for tp in todo:
+                start = begins[tp] if window is None else max(begins[tp], ends[tp] - window)
+                consumer.seek(tp, start)
+            await _read_until(consumer, todo, ends, found, timeout_s)
+        return found
+    finally:
+        await consumer.stop()
+
+
+async def _read_until(consumer: Any, tps: list[TopicPartition], ends: dict[TopicPartition, int],
+                      found: dict[int, StateRecord], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    remaining = set(tps)
+    while remaining:
+        if time.monotonic() > deadline:
+            raise ChronowheelError(f"timed out reading {tps[0].topic} after {timeout_s:.0f}s")
+        batches = await consumer.getmany(*remaining, timeout_ms=200)
+        for tp, msgs in batches.items():
+            for m in msgs:
+                if m.key == f"shard-{tp.partition}".encode() and m.value:
+                    found[tp.partition] = StateRecord.parse(tp.partition, m.value, m.offset)
+        for tp in list(remaining):
+            if await consumer.position(tp) >= ends[tp]:
+                remaining.discard(tp)

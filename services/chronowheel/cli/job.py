@@ -1,0 +1,176 @@
+"""`chronowheel job show ID` / `chronowheel job cancel ID`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from typing import Any
+
+import orjson
+
+from chronowheel.cli._format import relative, rfc3339
+from chronowheel.core.shard import shard_of
+from chronowheel.errors import ChronowheelError
+from chronowheel.settings import (
+    CONNECTION_SETTINGS,
+    Settings,
+    add_settings_arguments,
+    settings_from_args,
+)
+from chronowheel.store.base import JobRow
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "job", help="inspect or cancel one job",
+        description="Inspect or cancel one job of a namespace.")
+    actions = p.add_subparsers(dest="job_command", metavar="ACTION", required=True)
+
+    show = actions.add_parser(
+        "show", help="the job's stored row: status, version, spec, next occurrence",
+        description="Print the job's row in the jobs table: status, version, the spec as "
+                    "submitted, the next scheduled instant and its effective firing slot "
+                    "(RFC 3339, UTC), the shard, and whether that occurrence is already "
+                    "published (slot at or before the shard's committed watermark). Exit "
+                    "status 1 when there is no such job.")
+    show.add_argument("id", metavar="ID")
+    show.add_argument("--json", action="store_true", help="one JSON object")
+    add_settings_arguments(show, CONNECTION_SETTINGS)
+    show.set_defaults(func=run_show)
+
+    cancel = actions.add_parser(
+        "cancel", help="send a cancel command for the job",
+        description="Send {\"v\":1,\"op\":\"cancel\",\"id\":ID} to <ns>.submit. Every occurrence "
+                    "not yet published is dropped when the owning node ingests it; one already "
+                    "published may still be processed by its consumer. With --wait, poll the "
+                    "jobs table until the node recorded the cancel.")
+    cancel.add_argument("id", metavar="ID")
+    cancel.add_argument("--wait", type=float, metavar="SECONDS",
+                        help="wait up to SECONDS for the cancel to be applied")
+    add_settings_arguments(cancel, CONNECTION_SETTINGS)
+    cancel.set_defaults(func=run_cancel)
+
+
+# --- show --------------------------------------------------------------------------------
+
+def describe(row: JobRow, shards: int, watermark: int | None, now_ms: int) -> dict[str, Any]:
+    """The JSON view of a jobs row (pure: unit-tested)."""
+    try:
+        spec: Any = orjson.loads(row.spec) if row.spec else None
+    except orjson.JSONDecodeError:
+        spec = row.spec.decode("utf-8", "replace")
+    published = None
+    if row.status == "scheduled" and row.slot_ms is not None and watermark is not None:
+        published = row.slot_ms <= watermark
+    return {
+        "id": row.job_id, "shard": row.shard, "shards": shards, "status": row.status,
+        "version": row.version,
+        "next_scheduled": None if row.scheduled_ms is None else rfc3339(row.scheduled_ms),
+        "next_scheduled_ms": row.scheduled_ms,
+        "slot": None if row.slot_ms is None else rfc3339(row.slot_ms),
+        "slot_ms": row.slot_ms,
+        "published": published,
+        "shard_watermark": None if watermark is None else rfc3339(watermark),
+        "spec": spec,
+        "now": rfc3339(now_ms),
+    }
+
+
+def render(view: dict[str, Any], now_ms: int) -> str:
+    lines = [f"job        {view['id']}",
+             f"shard      {view['shard']} of {view['shards']}",
+             f"status     {view['status']}",
+             f"version    {view['version']}"]
+    if view["next_scheduled_ms"] is not None:
+        lines.append(f"next       {view['next_scheduled']}  "
+                     f"({relative(view['next_scheduled_ms'], now_ms)})")
+    else:
+        lines.append("next       none")
+    if view["slot_ms"] is not None:
+        lines.append(f"slot       {view['slot']}  ({relative(view['slot_ms'], now_ms)}; the "
+                     f"effective firing instant)")
+    if view["published"] is not None:
+        state = ("yes: the shard's watermark is past it" if view["published"]
+                 else "not yet")
+        lines.append(f"published  {state} (watermark {view['shard_watermark']})")
+    spec = orjson.dumps(view["spec"], option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+    lines.append("spec")
+    lines.extend("  " + ln for ln in spec.decode().splitlines())
+    return "\n".join(lines)
+
+
+def run_show(args: argparse.Namespace) -> int:
+    from chronowheel.cli._cluster import quiet_kafka_logs
+
+    quiet_kafka_logs()
+    settings = settings_from_args(args)
+    return asyncio.run(_show(settings, args.id, args.json))
+
+
+async def _show(settings: Settings, job_id: str, as_json: bool) -> int:
+    from chronowheel.cli._cluster import open_store, read_state_records, recorded_shards
+
+    store = await open_store(settings)
+    try:
+        shards = await recorded_shards(store, settings)
+        row = await store.get_job(job_id)
+    finally:
+        await asyncio.to_thread(store.close)
+    if row is None:
+        where = shard_of(job_id, shards)
+        print(f"job {job_id!r}: not found (it would live on shard {where}; a command still "
+              f"in {settings.submit_topic} is not applied yet)", file=sys.stderr)
+        return 1
+    watermark = None
+    if row.status == "scheduled" and row.slot_ms is not None:
+        records = await read_state_records(settings, shards)
+        rec = records.get(row.shard)
+        watermark = rec.watermark if rec is not None else None
+    now = time.time_ns() // 1_000_000
+    view = describe(row, shards, watermark, now)
+    print(orjson.dumps(view).decode() if as_json else render(view, now))
+    return 0
+
+
+# --- cancel ------------------------------------------------------------------------------
+
+def run_cancel(args: argparse.Namespace) -> int:
+    from chronowheel.cli._cluster import quiet_kafka_logs
+
+    quiet_kafka_logs()
+    settings = settings_from_args(args)
+    return asyncio.run(_cancel(settings, args.id, args.wait))
+
+
+async def _cancel(settings: Settings, job_id: str, wait_s: float | None) -> int:
+    from chronowheel.client import SchedulerClient
+
+    async with SchedulerClient(settings) as client:
+        meta = await (await client.cancel(job_id))
+    print(f"cancel {job_id}: written to {meta.topic} partition {meta.partition} "
+          f"offset {meta.offset}")
+    if wait_s is None:
+        return 0
+    return await _wait_cancelled(settings, job_id, wait_s)
+
+
+async def _wait_cancelled(settings: Settings, job_id: str, wait_s: float) -> int:
+    from chronowheel.cli._cluster import open_store
+
+    store = await open_store(settings)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            row = await store.get_job(job_id)
+            if row is not None and row.status != "scheduled":
+                print(f"job {job_id}: {row.status} (version {row.version})")
+                return 0
+            if time.monotonic() > deadline:
+                state = "no such job" if row is None else f"still {row.status}"
+                raise ChronowheelError(f"job {job_id}: {state} after {wait_s:g}s (is a node "
+                                       f"running for namespace {settings.namespace}?)")
+            await asyncio.sleep(0.2)  # polling Cassandra, bounded by the deadline
+    finally:
+        await asyncio.to_thread(store.close)
