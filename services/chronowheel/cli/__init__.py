@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "chronowheel.cli.job",
     "chronowheel.cli.status",
     "chronowheel.cli.tail",
+    "chronowheel.cli.capacity",
 )
 
 

@@ -1,0 +1,470 @@
+"""`chronowheel capacity`: size shards, scheduler nodes, Cassandra and Kafka for a workload.
+
+Per-node throughput and memory per wheel entry come from measurements, read from
+`loadtest/results/measured.json`:
+
+    {"fires_per_s_per_node": int,          occurrences one node process publishes per second
+     "ingest_jobs_per_s_per_node": int,    submit commands one node process applies per second
+     "wheel_bytes_per_entry": int,         node memory per loaded occurrence (its RSS growth
+                                           per pending entry; small payloads included)
+     "measured_on": str, "command": str,   when/where, and how to reproduce
+     "details": {...}}                     optional: raw figures of the run
+
+Everything else is arithmetic on the flags, documented in deploy/runbooks/capacity.md; the
+figures marked "assumed" are inputs (flags) with defaults, not measurements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from chronowheel.cli._format import count
+from chronowheel.core.durations import parse_duration
+from chronowheel.errors import ConfigError, ValidationError
+
+DAY_S = 86_400
+GIB = 1 << 30
+MEASURED_RELATIVE = Path("loadtest") / "results" / "measured.json"
+MEASURED_KEYS = ("fires_per_s_per_node", "ingest_jobs_per_s_per_node", "wheel_bytes_per_entry")
+MAX_SHARDS = 4096  # what `chronowheel init` accepts
+
+# Storage overheads per row beyond the variable fields (keys, clustering columns, cell
+# metadata, timestamps), rounded up from Cassandra's row format; and per Kafka record
+# (record batch share, headers framing). Deliberately generous: disk is cheap to over-plan.
+DUE_ROW_FIXED_BYTES = 160
+JOB_ROW_FIXED_BYTES = 120
+SPEC_JSON_FIXED_BYTES = 80     # {"id":..,"at":"..","topic":..} around id and payload
+BUCKET_COUNT_ROW_BYTES = 60
+SUBMIT_RECORD_FIXED_BYTES = 150  # {"v":1,"op":"upsert","job":{...}} + record framing
+FIRED_RECORD_FIXED_BYTES = 260   # 7 cw-* headers + record framing
+STATE_RECORD_BYTES = 200
+
+
+@dataclass(frozen=True)
+class Measured:
+    fires_per_s_per_node: float
+    ingest_jobs_per_s_per_node: float
+    wheel_bytes_per_entry: float
+    measured_on: str
+    command: str
+    source: str
+
+    @classmethod
+    def from_doc(cls, doc: Any, source: str) -> Measured:
+        if not isinstance(doc, dict):
+            raise ConfigError(f"{source}: expected a JSON object")
+        for key in MEASURED_KEYS:
+            value = doc.get(key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ConfigError(f"{source}: {key} must be a positive number, got {value!r}")
+        return cls(float(doc["fires_per_s_per_node"]), float(doc["ingest_jobs_per_s_per_node"]),
+                   float(doc["wheel_bytes_per_entry"]), str(doc.get("measured_on", "?")),
+                   str(doc.get("command", "?")), source)
+
+
+def find_measured(explicit: str | None) -> Path:
+    if explicit:
+        return Path(explicit)
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        if (parent / MEASURED_RELATIVE).is_file():
+            return parent / MEASURED_RELATIVE
+    return Path.cwd() / MEASURED_RELATIVE
+
+
+def load_measured(path: Path) -> Measured:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read measured figures {path}: {exc.strerror} (produce "
+                          f"them with loadtest/measure_quick.py or the benchmark)") from None
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not JSON ({exc})") from None
+    shown = os.path.relpath(path)  # the short name when run from the repository
+    return Measured.from_doc(doc, str(path) if shown.startswith("..") else shown)
+
+
+@dataclass(frozen=True)
+class Workload:
+    jobs_per_day: float          # occurrences fired per day
+    peak_factor: float = 1.0     # peak fire rate / average fire rate
+    peak_minutes: float = 1.0    # how long the peak lasts
+    horizon_s: float = DAY_S     # mean lead time, submit to fire
+    payload_bytes: int = 256
+    replication: int = 3
+    submits_per_day: float | None = None  # default: one submit per occurrence (one-shots)
+    ingest_peak_factor: float = 1.0
+    headers_bytes: int = 64
+    id_bytes: int = 24
+    retention_s: float = 7 * DAY_S        # fired due rows kept (settings.retention_ms)
+    jobs_retention_s: float | None = None  # how long a jobs row is kept (default: none)
+    kafka_retention_s: float = 7 * DAY_S
+    utilization: float = 0.5     # most of a node's measured capacity planned for normal load
+    growth: float = 2.0          # shards are fixed: plan them for this multiple of the load
+    lookahead_s: float = 120.0
+    prewarm_s: float = 900.0
+    hot_bucket_rows: int = 5_000
+    compression: float = 1.0     # on-disk bytes / raw bytes (1.0 = none assumed)
+    disk_headroom: float = 2.0   # provisioned / used: room for compaction and growth
+    cassandra_node_disk_bytes: float = 2e12
+    cassandra_writes_per_node: float = 20_000.0
+    kafka_broker_disk_bytes: float = 2e12
+
+    def check(self) -> None:
+        positive = ("jobs_per_day", "peak_factor", "peak_minutes", "utilization", "growth",
+                    "compression", "disk_headroom", "cassandra_node_disk_bytes",
+                    "cassandra_writes_per_node", "kafka_broker_disk_bytes")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ValidationError(f"--{name.replace('_', '-')}", "must be positive",
+                                      getattr(self, name))
+        if self.peak_factor < 1:
+            raise ValidationError("--peak-factor", "must be at least 1", self.peak_factor)
+        if not 0 < self.utilization <= 1:
+            raise ValidationError("--utilization", "must be in (0, 1]", self.utilization)
+        if self.replication < 1:
+            raise ValidationError("--replication", "must be at least 1", self.replication)
+
+
+def _pow2(n: float) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1.0, n))))
+
+
+def plan(w: Workload, m: Measured) -> dict[str, Any]:
+    """The whole model; every number the output shows is computed here (pure)."""
+    w.check()
+    submits_per_day = w.jobs_per_day if w.submits_per_day is None else w.submits_per_day
+    avg_fire = w.jobs_per_day / DAY_S
+    peak_fire = avg_fire * w.peak_factor
+    avg_submit = submits_per_day / DAY_S
+    peak_submit = avg_submit * w.ingest_peak_factor
+
+    # --- scheduler nodes and shards -----------------------------------------------------
+    # Fire and ingest share a node's CPU; each was measured alone at full speed, so their
+    # fractions add up (conservative: assumes the peaks coincide).
+    demand = peak_fire / m.fires_per_s_per_node + peak_submit / m.ingest_jobs_per_s_per_node
+    # A shard never splits across nodes, and nodes get whole shards: 4+ shards per node (at
+    # the planned growth) keeps the busiest node within 25% of the average.
+    nodes_at_growth = math.ceil(demand * w.growth / w.utilization)
+    shards = min(MAX_SHARDS, max(16, _pow2(4 * nodes_at_growth)))
+    per_shard = demand / shards  # node-equivalents one shard needs at peak
+    if per_shard > w.utilization:
+        raise ConfigError(f"one shard needs {per_shard:.2f} of a node at peak even with "
+                          f"{MAX_SHARDS} shards: beyond what this model can place")
+    nodes = 2  # never fewer: one node down must not stop dispatch
+    while True:
+        normal = math.ceil(shards / nodes) * per_shard
+        failover = math.ceil(shards / (nodes - 1)) * per_shard
+        if normal <= w.utilization and failover <= 1.0:
+            break
+        nodes += 1
+
+    # --- memory per node ----------------------------------------------------------------
+    avg_rows_per_bucket = avg_fire * 60 / shards
+    # Buckets above hot_bucket_rows are pre-warmed: if even ordinary ones are, the wheel
+    # holds prewarm (not lookahead) worth of rows.
+    ordinary_hot = avg_rows_per_bucket > w.hot_bucket_rows
+    window_s = w.prewarm_s if ordinary_hot else w.lookahead_s
+    peak_extra_rows = max(0.0, peak_fire - avg_fire) * 60 * w.peak_minutes
+    entries_per_shard = (avg_fire * window_s + peak_extra_rows) / shards
+    bytes_per_entry = m.wheel_bytes_per_entry + w.payload_bytes + w.headers_bytes
+    shards_per_node = math.ceil(shards / nodes)
+    shards_per_node_failover = math.ceil(shards / (nodes - 1))
+    memory = {
+        "avg_rows_per_bucket": avg_rows_per_bucket,
+        "peak_rows_per_bucket": peak_fire * 60 / shards,
+        "ordinary_buckets_hot": ordinary_hot,
+        "wheel_window_s": window_s,
+        "entries_per_shard": entries_per_shard,
+        "bytes_per_entry": bytes_per_entry,
+        "shards_per_node": shards_per_node,
+        "shards_per_node_one_down": shards_per_node_failover,
+        "entries_per_node": entries_per_shard * shards_per_node,
+        "wheel_bytes_per_node": entries_per_shard * shards_per_node * bytes_per_entry,
+        "wheel_bytes_per_node_one_down":
+            entries_per_shard * shards_per_node_failover * bytes_per_entry,
+        # Only a peak well above the average should be pre-warmed early, not every bucket.
+        "recommended_hot_bucket_rows": max(w.hot_bucket_rows,
+                                           math.ceil(2 * avg_rows_per_bucket)),
+        "recommended_bucket_cap_rows": max(200_000, math.ceil(1.25 * entries_per_shard)),
+    }
+
+    # --- Cassandra ----------------------------------------------------------------------
+    pending_rows = avg_fire * w.horizon_s                      # Little's law
+    retained_rows = avg_fire * w.retention_s                   # fired rows until their TTL
+    due_row = DUE_ROW_FIXED_BYTES + w.id_bytes + w.payload_bytes + w.headers_bytes
+    job_row = (JOB_ROW_FIXED_BYTES + 2 * w.id_bytes + SPEC_JSON_FIXED_BYTES
+               + w.payload_bytes + w.headers_bytes)
+    jobs_retention_s = w.jobs_retention_s
+    jobs_rows = avg_submit * (w.horizon_s + w.retention_s if jobs_retention_s is None
+                              else jobs_retention_s)
+    counts_rows = shards * 1440 * 365  # one counter per (minute, shard), never expires: a year
+    raw = (pending_rows + retained_rows) * due_row + jobs_rows * job_row \
+        + counts_rows * BUCKET_COUNT_ROW_BYTES
+    on_disk = raw * w.compression * w.replication
+    provisioned = on_disk * w.disk_headroom
+    # Per submit: read jobs row, write due row + bucket count + jobs row. Per fire of a
+    # one-shot: nothing (rows expire by TTL); the bucket is read once.
+    writes_peak = peak_submit * 3
+    replica_writes_peak = writes_peak * w.replication
+    cassandra_nodes = max(w.replication,
+                          math.ceil(provisioned / w.cassandra_node_disk_bytes),
+                          math.ceil(replica_writes_peak / w.cassandra_writes_per_node))
+    cassandra = {
+        "pending_due_rows": pending_rows,
+        "retained_fired_rows": retained_rows,
+        "due_row_bytes": due_row,
+        "jobs_rows": jobs_rows,
+        "jobs_rows_growth_per_day": submits_per_day,
+        "job_row_bytes": job_row,
+        "bucket_count_rows_per_year": counts_rows,
+        "raw_bytes": raw,
+        "bytes_on_disk_replicated": on_disk,
+        "bytes_provisioned": provisioned,
+        "writes_per_s_peak": writes_peak,
+        "reads_per_s_peak": peak_submit,
+        "bucket_rows_read_per_s_avg": avg_fire,
+        "replica_writes_per_s_peak": replica_writes_peak,
+        "nodes": cassandra_nodes,
+    }
+
+    # --- Kafka --------------------------------------------------------------------------
+    submit_record = SUBMIT_RECORD_FIXED_BYTES + 2 * w.id_bytes + w.payload_bytes \
+        + w.headers_bytes
+    fired_record = FIRED_RECORD_FIXED_BYTES + 3 * w.id_bytes + w.payload_bytes + w.headers_bytes
+    per_day = submits_per_day * submit_record + w.jobs_per_day * fired_record
+    kafka_disk = per_day * (w.kafka_retention_s / DAY_S) * w.replication
+    partitions = 3 * shards + 2  # submit, state, fired: N each; rejected, dead: 1
+    in_peak = peak_submit * submit_record + peak_fire * fired_record
+    brokers = max(w.replication, math.ceil(kafka_disk * w.disk_headroom
+                                           / w.kafka_broker_disk_bytes))
+    kafka = {
+        "partitions": partitions,
+        "partition_replicas": partitions * w.replication,
+        "submit_record_bytes": submit_record,
+        "fired_record_bytes": fired_record,
+        "bytes_per_day": per_day,
+        "bytes_on_disk_replicated": kafka_disk,
+        "bytes_in_per_s_peak": in_peak,
+        "replicated_bytes_in_per_s_peak": in_peak * w.replication,
+        "brokers": brokers,
+        "note": "target topics other than <ns>.fired add their own partitions",
+    }
+    return {
+        "workload": asdict(w) | {"submits_per_day": submits_per_day},
+        "measured": asdict(m),
+        "rates": {"avg_fire_per_s": avg_fire, "peak_fire_per_s": peak_fire,
+                  "avg_submit_per_s": avg_submit, "peak_submit_per_s": peak_submit},
+        "scheduler": {"demand_node_equivalents": demand, "shards": shards, "nodes": nodes,
+                      "per_shard_node_fraction": per_shard,
+                      "busiest_node_utilization": math.ceil(shards / nodes) * per_shard,
+                      "busiest_node_utilization_one_down":
+                          math.ceil(shards / (nodes - 1)) * per_shard},
+        "memory": memory,
+        "cassandra": cassandra,
+        "kafka": kafka,
+    }
+
+
+# --- rendering ---------------------------------------------------------------------------
+
+def size(n: float) -> str:
+    """Binary units: 1.5 GiB, 320 MiB, 12 KiB, 900 B."""
+    for unit, factor in (("PiB", 1 << 50), ("TiB", 1 << 40), ("GiB", GIB), ("MiB", 1 << 20),
+                         ("KiB", 1 << 10)):
+        if n >= factor:
+            return f"{n / factor:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def render(p: dict[str, Any]) -> str:
+    w, m, r = p["workload"], p["measured"], p["rates"]
+    s, mem, c, k = p["scheduler"], p["memory"], p["cassandra"], p["kafka"]
+
+    def n(x: float) -> str:
+        return count(round(x))
+
+    lines = [
+        f"measured per node ({m['source']}): {n(m['fires_per_s_per_node'])} fires/s, "
+        f"{n(m['ingest_jobs_per_s_per_node'])} ingested jobs/s, "
+        f"{n(m['wheel_bytes_per_entry'])} B per wheel entry",
+        f"  measured on {m['measured_on']}",
+        "",
+        "load",
+        f"  occurrences per day          {n(w['jobs_per_day'])}",
+        f"  fire rate                    {n(r['avg_fire_per_s'])}/s average, "
+        f"{n(r['peak_fire_per_s'])}/s peak (x{w['peak_factor']:g} for "
+        f"{w['peak_minutes']:g} min)",
+        f"  submit rate                  {n(r['avg_submit_per_s'])}/s average, "
+        f"{n(r['peak_submit_per_s'])}/s peak",
+        "",
+        "scheduler",
+        f"  demand at peak               {s['demand_node_equivalents']:.1f} node-equivalents "
+        f"(fires + ingest, at 100% of the measured rates)",
+        f"  shards (fixed at init)       {s['shards']}  (>= 4 per node at x{w['growth']:g} "
+        f"growth, power of two)",
+        f"  nodes                        {s['nodes']}  (busiest at "
+        f"{s['busiest_node_utilization']:.0%}, target <= {w['utilization']:.0%}; one node "
+        f"down: {s['busiest_node_utilization_one_down']:.0%})",
+        f"  shards per node              {mem['shards_per_node']} "
+        f"({mem['shards_per_node_one_down']} with one node down)",
+        "",
+        "memory per node (timing wheel)",
+        f"  rows per minute bucket       {n(mem['avg_rows_per_bucket'])} average, "
+        f"{n(mem['peak_rows_per_bucket'])} at peak",
+        f"  wheel entries per shard      {n(mem['entries_per_shard'])} (window "
+        f"{mem['wheel_window_s']:g}s of ordinary rows + the pre-warmed peak)",
+        f"  bytes per entry              {n(mem['bytes_per_entry'])} (measured "
+        f"{n(m['wheel_bytes_per_entry'])} + payload {w['payload_bytes']} + headers "
+        f"{w['headers_bytes']})",
+        f"  wheel memory                 {size(mem['wheel_bytes_per_node'])} "
+        f"({size(mem['wheel_bytes_per_node_one_down'])} with one node down)",
+    ]
+    lines += [
+        f"  settings                     --hot-bucket-rows {mem['recommended_hot_bucket_rows']}"
+        f"  --bucket-cap-rows {mem['recommended_bucket_cap_rows']}",
+    ]
+    if mem["ordinary_buckets_hot"]:
+        lines.append(f"  note: ordinary buckets exceed --hot-bucket-rows {w['hot_bucket_rows']}"
+                     f": raise it, or every bucket is pre-warmed")
+    lines += [
+        "",
+        f"cassandra (replication {w['replication']})",
+        f"  due rows pending             {n(c['pending_due_rows'])} (rate x horizon "
+        f"{w['horizon_s'] / DAY_S:g}d)",
+        f"  due rows fired, kept by TTL  {n(c['retained_fired_rows'])} (retention "
+        f"{w['retention_s'] / DAY_S:g}d)",
+        f"  jobs rows                    {n(c['jobs_rows'])} (+{n(c['jobs_rows_growth_per_day'])}"
+        f"/day while jobs rows are not expired)",
+        f"  data                         {size(c['raw_bytes'])} raw, "
+        f"{size(c['bytes_on_disk_replicated'])} replicated, "
+        f"{size(c['bytes_provisioned'])} provisioned (x{w['disk_headroom']:g} headroom)",
+        f"  operations at peak           {n(c['writes_per_s_peak'])} writes/s "
+        f"({n(c['replica_writes_per_s_peak'])} replica writes/s), "
+        f"{n(c['reads_per_s_peak'])} reads/s, {n(c['bucket_rows_read_per_s_avg'])} bucket rows "
+        f"read/s",
+        f"  nodes                        {c['nodes']} (assumed "
+        f"{size(w['cassandra_node_disk_bytes'])} disk and "
+        f"{n(w['cassandra_writes_per_node'])} writes/s per node: not measured here)",
+        "",
+        f"kafka (replication {w['replication']})",
+        f"  partitions                   {k['partitions']} ({k['partition_replicas']} "
+        f"replicas): submit, state, fired x {s['shards']}; rejected, dead x 1",
+        f"  records                      submit {k['submit_record_bytes']} B, fired "
+        f"{k['fired_record_bytes']} B",
+        f"  throughput at peak           {size(k['bytes_in_per_s_peak'])}/s in "
+        f"({size(k['replicated_bytes_in_per_s_peak'])}/s replicated)",
+        f"  disk                         {size(k['bytes_per_day'])}/day, "
+        f"{size(k['bytes_on_disk_replicated'])} for "
+        f"{w['kafka_retention_s'] / DAY_S:g}d retention, replicated",
+        f"  brokers                      {k['brokers']} (assumed "
+        f"{size(w['kafka_broker_disk_bytes'])} disk per broker)",
+    ]
+    return "\n".join(lines)
+
+
+# --- command -----------------------------------------------------------------------------
+
+def _duration_s(text: str) -> float:
+    try:
+        return parse_duration(text, path="duration") / 1000
+    except ValidationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _number(text: str) -> float:
+    """Accepts 1e9, 1_000_000_000 and 1000000000."""
+    try:
+        return float(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "capacity", help="size shards, nodes, Cassandra and Kafka for a workload",
+        description="Capacity model (deploy/runbooks/capacity.md). Per-node throughput and "
+                    "bytes per wheel entry are read from loadtest/results/measured.json.")
+    d = Workload(jobs_per_day=1)
+    p.add_argument("--jobs-per-day", type=_number, required=True, metavar="N",
+                   help="occurrences fired per day (1e9 is fine)")
+    p.add_argument("--peak-factor", type=_number, default=d.peak_factor, metavar="F",
+                   help="peak fire rate over the average, e.g. 20 for a top-of-hour herd (1)")
+    p.add_argument("--peak-minutes", type=_number, default=d.peak_minutes, metavar="M",
+                   help="how long the peak lasts, minutes (1)")
+    p.add_argument("--horizon", type=_duration_s, default=d.horizon_s, metavar="D",
+                   help="mean lead time from submit to fire, e.g. 7d (1d)")
+    p.add_argument("--payload-bytes", type=int, default=d.payload_bytes, metavar="B",
+                   help=f"mean payload size ({d.payload_bytes})")
+    p.add_argument("--replication", type=int, default=d.replication, metavar="R",
+                   help=f"Cassandra and Kafka replication factor ({d.replication})")
+    p.add_argument("--submits-per-day", type=_number, metavar="N",
+                   help="submit commands per day (default: one per occurrence)")
+    p.add_argument("--ingest-peak-factor", type=_number, default=d.ingest_peak_factor,
+                   metavar="F", help="peak submit rate over the average (1)")
+    p.add_argument("--headers-bytes", type=int, default=d.headers_bytes, metavar="B",
+                   help=f"job headers per occurrence ({d.headers_bytes})")
+    p.add_argument("--id-bytes", type=int, default=d.id_bytes, metavar="B",
+                   help=f"mean job id length ({d.id_bytes})")
+    p.add_argument("--retention", type=_duration_s, default=d.retention_s, metavar="D",
+                   help="fired due rows kept (the node's --retention-ms) (7d)")
+    p.add_argument("--jobs-retention", type=_duration_s, metavar="D",
+                   help="how long jobs rows are kept (default: horizon + retention)")
+    p.add_argument("--kafka-retention", type=_duration_s, default=d.kafka_retention_s,
+                   metavar="D", help="retention of submit/fired topics (7d)")
+    p.add_argument("--utilization", type=_number, default=d.utilization, metavar="U",
+                   help="share of measured node capacity to plan for (0.5)")
+    p.add_argument("--growth", type=_number, default=d.growth, metavar="G",
+                   help="plan the (fixed) shard count for G times this load (2)")
+    p.add_argument("--lookahead", type=_duration_s, default=d.lookahead_s, metavar="D",
+                   help="the node's --lookahead-ms (2m)")
+    p.add_argument("--prewarm", type=_duration_s, default=d.prewarm_s, metavar="D",
+                   help="the node's --prewarm-ms (15m)")
+    p.add_argument("--hot-bucket-rows", type=int, default=d.hot_bucket_rows, metavar="N",
+                   help=f"the node's --hot-bucket-rows ({d.hot_bucket_rows})")
+    p.add_argument("--compression", type=_number, default=d.compression, metavar="RATIO",
+                   help="on-disk/raw bytes in Cassandra (1.0: none assumed)")
+    p.add_argument("--disk-headroom", type=_number, default=d.disk_headroom, metavar="X",
+                   help="provisioned disk over used (2.0)")
+    p.add_argument("--cassandra-node-disk-gb", type=_number, default=2000, metavar="GB",
+                   help="assumed usable disk per Cassandra node (2000)")
+    p.add_argument("--cassandra-writes-per-node", type=_number,
+                   default=d.cassandra_writes_per_node, metavar="N",
+                   help="assumed replica writes/s per Cassandra node (20000)")
+    p.add_argument("--kafka-broker-disk-gb", type=_number, default=2000, metavar="GB",
+                   help="assumed usable disk per Kafka broker (2000)")
+    p.add_argument("--measured", metavar="PATH",
+                   help="measured figures (default loadtest/results/measured.json)")
+    p.add_argument("--json", action="store_true", help="the whole model as JSON")
+    p.set_defaults(func=run)
+
+
+def workload_from_args(args: argparse.Namespace) -> Workload:
+    return Workload(
+        jobs_per_day=args.jobs_per_day, peak_factor=args.peak_factor,
+        peak_minutes=args.peak_minutes, horizon_s=args.horizon,
+        payload_bytes=args.payload_bytes, replication=args.replication,
+        submits_per_day=args.submits_per_day, ingest_peak_factor=args.ingest_peak_factor,
+        headers_bytes=args.headers_bytes, id_bytes=args.id_bytes, retention_s=args.retention,
+        jobs_retention_s=args.jobs_retention, kafka_retention_s=args.kafka_retention,
+        utilization=args.utilization, growth=args.growth, lookahead_s=args.lookahead,
+        prewarm_s=args.prewarm, hot_bucket_rows=args.hot_bucket_rows,
+        compression=args.compression, disk_headroom=args.disk_headroom,
+        cassandra_node_disk_bytes=args.cassandra_node_disk_gb * 1e9,
+        cassandra_writes_per_node=args.cassandra_writes_per_node,
+        kafka_broker_disk_bytes=args.kafka_broker_disk_gb * 1e9)
+
+
+def run(args: argparse.Namespace) -> int:
+    result = plan(workload_from_args(args), load_measured(find_measured(args.measured)))
+    print(orjson.dumps(result).decode() if args.json else render(result))
+    return 0
