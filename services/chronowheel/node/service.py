@@ -62,7 +62,8 @@ class Node:
         self.group_id = f"{settings.namespace}-nodes"
         self.owned: dict[int, _Owned] = {}
         self.skew_ms: int | None = None
-        self.blocked = False
+        # Blocked until the first skew check passes: never early includes the first second.
+        self.blocked = True
         self.shards = 0
         self.http: HttpEndpoint | None = None
         self._consumer: AIOKafkaConsumer | None = None
@@ -96,6 +97,7 @@ class Node:
         if self._store is None:
             self._cassandra = await asyncio.to_thread(CassandraStore.open, s)
             self._store = self._cassandra
+        self.metrics.dispatch_blocked.set(1)
         self.http = HttpEndpoint(self.metrics, self.health, s.http_port)
         await self.http.start()
         consumer = group_consumer(s, self.group_id, session_timeout_ms=s.node_session_timeout_ms,
@@ -227,7 +229,8 @@ class Node:
                 server = await self.store.server_time_ms()
                 self.skew_ms = self.clock.now_ms() - server
             except ChronowheelError as exc:
-                log.warning("clock skew check failed: %s", exc)
+                log.warning("clock skew check failed (dispatch stays %s): %s",
+                            "stopped" if self.blocked else "on", exc)
             else:
                 self.metrics.clock_skew.set(self.skew_ms / 1000)
                 blocked = abs(self.skew_ms) > limit
@@ -236,10 +239,13 @@ class Node:
                         log.error("clock skew %d ms exceeds max_clock_skew %d ms: dispatch "
                                   "STOPPED until the clocks agree", self.skew_ms, limit)
                     else:
-                        log.warning("clock skew %d ms back within %d ms: dispatch resumed",
-                                    self.skew_ms, limit)
+                        log.info("clock skew %d ms is within max_clock_skew %d ms: "
+                                 "dispatching", self.skew_ms, limit)
                 self.blocked = blocked
                 self.metrics.dispatch_blocked.set(1 if blocked else 0)
+                if not blocked:
+                    for o in self.owned.values():
+                        o.actor.wake.set()
             await asyncio.sleep(SKEW_CHECK_INTERVAL_S)
 
 

@@ -552,13 +552,17 @@ class ShardActor:
 
     async def _wait(self) -> None:
         if self.queue or self.stopping:
+            await asyncio.sleep(0)  # never starve the loop, even when there is more to do
             return
         now = self.clock.now_ms()
         wake_at = now + IDLE_WATERMARK_COMMIT_MS
         nd = self.wheel.next_deadline()
-        if nd is not None and nd <= self.horizon_ms:
+        # While dispatch is blocked (clock skew) due entries cannot go: the skew monitor
+        # wakes us when it lifts, so only the idle commit interval bounds the sleep.
+        if nd is not None and nd <= self.horizon_ms and not self.dispatch_blocked():
             wake_at = min(wake_at, nd)
         if wake_at <= now:
+            await asyncio.sleep(0)
             return
         sleeper = asyncio.ensure_future(self.clock.sleep_until(wake_at))
         waiter = asyncio.ensure_future(self.wake.wait())
