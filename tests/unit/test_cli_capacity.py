@@ -165,3 +165,14 @@ def test_cli_text_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert doc["rates"]["peak_fire_per_s"] == pytest.approx(1e9 / 86_400 * 20)
     assert doc["measured"]["source"] == str(path)
     assert f"nodes                        {doc['scheduler']['nodes']} " in text
+
+
+def test_a_host_of_several_nodes_fails_as_a_whole() -> None:
+    w = Workload(jobs_per_day=86_400_000, peak_factor=10, nodes_per_host=4)
+    s = plan(w, M)["scheduler"]
+    shards, nodes, per_shard = s["shards"], s["nodes"], s["per_shard_node_fraction"]
+    assert math.ceil(shards / (nodes - 4)) * per_shard <= 1.0
+    assert s["busiest_node_utilization_one_down"] == pytest.approx(
+        math.ceil(shards / (nodes - 4)) * per_shard)
+    assert nodes >= 5
+    assert plan(Workload(jobs_per_day=1000, nodes_per_host=4), M)["scheduler"]["nodes"] == 5

@@ -110,6 +110,7 @@ class Workload:
     kafka_retention_s: float = 7 * DAY_S
     utilization: float = 0.5     # most of a node's measured capacity planned for normal load
     growth: float = 2.0          # shards are fixed: plan them for this multiple of the load
+    nodes_per_host: int = 1      # node processes sharing a host: a host failure loses them all
     lookahead_s: float = 120.0
     prewarm_s: float = 900.0
     hot_bucket_rows: int = 5_000
@@ -133,6 +134,8 @@ class Workload:
             raise ValidationError("--utilization", "must be in (0, 1]", self.utilization)
         if self.replication < 1:
             raise ValidationError("--replication", "must be at least 1", self.replication)
+        if self.nodes_per_host < 1:
+            raise ValidationError("--nodes-per-host", "must be at least 1", self.nodes_per_host)
 
 
 def _pow2(n: float) -> int:
@@ -160,10 +163,12 @@ def plan(w: Workload, m: Measured) -> dict[str, Any]:
     if per_shard > w.utilization:
         raise ConfigError(f"one shard needs {per_shard:.2f} of a node at peak even with "
                           f"{MAX_SHARDS} shards: beyond what this model can place")
-    nodes = 2  # never fewer: one node down must not stop dispatch
+    # Never fewer than one host more than a host holds: losing a host must not stop dispatch.
+    down = w.nodes_per_host
+    nodes = max(2, down + 1)
     while True:
         normal = math.ceil(shards / nodes) * per_shard
-        failover = math.ceil(shards / (nodes - 1)) * per_shard
+        failover = math.ceil(shards / (nodes - down)) * per_shard
         if normal <= w.utilization and failover <= 1.0:
             break
         nodes += 1
@@ -178,7 +183,7 @@ def plan(w: Workload, m: Measured) -> dict[str, Any]:
     entries_per_shard = (avg_fire * window_s + peak_extra_rows) / shards
     bytes_per_entry = m.wheel_bytes_per_entry + w.payload_bytes + w.headers_bytes
     shards_per_node = math.ceil(shards / nodes)
-    shards_per_node_failover = math.ceil(shards / (nodes - 1))
+    shards_per_node_failover = math.ceil(shards / (nodes - down))
     memory = {
         "avg_rows_per_bucket": avg_rows_per_bucket,
         "peak_rows_per_bucket": peak_fire * 60 / shards,
@@ -268,7 +273,7 @@ def plan(w: Workload, m: Measured) -> dict[str, Any]:
                       "per_shard_node_fraction": per_shard,
                       "busiest_node_utilization": math.ceil(shards / nodes) * per_shard,
                       "busiest_node_utilization_one_down":
-                          math.ceil(shards / (nodes - 1)) * per_shard},
+                          math.ceil(shards / (nodes - down)) * per_shard},
         "memory": memory,
         "cassandra": cassandra,
         "kafka": kafka,
@@ -293,6 +298,9 @@ def render(p: dict[str, Any]) -> str:
     def n(x: float) -> str:
         return count(round(x))
 
+    down = ("one node down" if w["nodes_per_host"] == 1
+            else f"one host ({w['nodes_per_host']} nodes) down")
+
     lines = [
         f"measured per node ({m['source']}): {n(m['fires_per_s_per_node'])} fires/s, "
         f"{n(m['ingest_jobs_per_s_per_node'])} ingested jobs/s, "
@@ -313,10 +321,10 @@ def render(p: dict[str, Any]) -> str:
         f"  shards (fixed at init)       {s['shards']}  (>= 4 per node at x{w['growth']:g} "
         f"growth, power of two)",
         f"  nodes                        {s['nodes']}  (busiest at "
-        f"{s['busiest_node_utilization']:.0%}, target <= {w['utilization']:.0%}; one node "
-        f"down: {s['busiest_node_utilization_one_down']:.0%})",
+        f"{s['busiest_node_utilization']:.0%}, target <= {w['utilization']:.0%}; {down}: "
+        f"{s['busiest_node_utilization_one_down']:.0%})",
         f"  shards per node              {mem['shards_per_node']} "
-        f"({mem['shards_per_node_one_down']} with one node down)",
+        f"({mem['shards_per_node_one_down']} with {down})",
         "",
         "memory per node (timing wheel)",
         f"  rows per minute bucket       {n(mem['avg_rows_per_bucket'])} average, "
@@ -327,7 +335,7 @@ def render(p: dict[str, Any]) -> str:
         f"{n(m['wheel_bytes_per_entry'])} + payload {w['payload_bytes']} + headers "
         f"{w['headers_bytes']})",
         f"  wheel memory                 {size(mem['wheel_bytes_per_node'])} "
-        f"({size(mem['wheel_bytes_per_node_one_down'])} with one node down)",
+        f"({size(mem['wheel_bytes_per_node_one_down'])} with {down})",
     ]
     lines += [
         f"  settings                     --hot-bucket-rows {mem['recommended_hot_bucket_rows']}"
@@ -425,6 +433,8 @@ def register(sub: Any) -> None:
                    help="share of measured node capacity to plan for (0.5)")
     p.add_argument("--growth", type=_number, default=d.growth, metavar="G",
                    help="plan the (fixed) shard count for G times this load (2)")
+    p.add_argument("--nodes-per-host", type=int, default=d.nodes_per_host, metavar="K",
+                   help="node processes per host: the failure rule drops K nodes at once (1)")
     p.add_argument("--lookahead", type=_duration_s, default=d.lookahead_s, metavar="D",
                    help="the node's --lookahead-ms (2m)")
     p.add_argument("--prewarm", type=_duration_s, default=d.prewarm_s, metavar="D",
@@ -456,7 +466,8 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
         submits_per_day=args.submits_per_day, ingest_peak_factor=args.ingest_peak_factor,
         headers_bytes=args.headers_bytes, id_bytes=args.id_bytes, retention_s=args.retention,
         jobs_retention_s=args.jobs_retention, kafka_retention_s=args.kafka_retention,
-        utilization=args.utilization, growth=args.growth, lookahead_s=args.lookahead,
+        utilization=args.utilization, growth=args.growth,
+        nodes_per_host=args.nodes_per_host, lookahead_s=args.lookahead,
         prewarm_s=args.prewarm, hot_bucket_rows=args.hot_bucket_rows,
         compression=args.compression, disk_headroom=args.disk_headroom,
         cassandra_node_disk_bytes=args.cassandra_node_disk_gb * 1e9,
