@@ -10,6 +10,7 @@ import orjson
 import pytest
 from chronowheel import cli
 from chronowheel.cli.submit import (
+    Progress,
     format_progress,
     job_from_flags,
     parse_header,
@@ -165,3 +166,38 @@ def test_max_reported_limits_the_listing(capsys: pytest.CaptureFixture[str],
     assert code == 1
     assert err.count(": $: not valid JSON") == 2
     assert "3 more bad line(s) not shown" in err
+
+
+class FakeStream(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def test_progress_redraws_in_place_on_a_terminal() -> None:
+    stream = FakeStream(tty=True)
+    bar = Progress(stream, "auto", total_bytes=100)
+    bar.update(10, 5, 0, 10)
+    assert stream.getvalue() == ""  # nothing during the first second: small files stay quiet
+    bar.t0 -= 2
+    bar.update(10, 5, 0, 10)
+    bar.last -= 1
+    bar.update(20, 20, 1, 100, final=True)
+    out = stream.getvalue()
+    assert out.startswith("\r\x1b[K[##") and out.count("\r\x1b[K") == 2
+    assert "] 100%  20 lines  " in out and out.endswith("20 acked  1 bad  ETA 0ms\n")
+
+
+def test_progress_is_off_when_not_a_terminal_unless_forced() -> None:
+    quiet = Progress(FakeStream(tty=False), "auto", None)
+    quiet.t0 -= 10
+    quiet.update(1, 1, 0, 1, final=True)
+    assert quiet.stream.getvalue() == ""
+    stream = FakeStream(tty=False)
+    forced = Progress(stream, "always", None)
+    forced.t0 -= 10
+    forced.update(7, 7, 0, 70)
+    assert stream.getvalue() == "7 lines  1/s  7 acked\n"
