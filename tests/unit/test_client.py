@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 from chronowheel.client import DeliveryError, SchedulerClient, SubmitProgress
-from chronowheel.errors import ChronowheelError, ValidationError
+from chronowheel.errors import ChronowheelError, RetriableError, ValidationError
 from chronowheel.settings import Settings
 
 NOW = 1_800_000_000_000  # 2027-01-15T08:00:00Z
@@ -225,3 +225,15 @@ async def test_submit_many_raises_on_invalid_by_default_after_draining() -> None
         finally:
             acker.cancel()
     assert [k for _t, k, _v in p.sent] == [b"ok"]
+
+
+async def test_an_unreachable_kafka_is_a_clear_retriable_error() -> None:
+    class Unreachable(FakeProducer):
+        async def start(self) -> None:
+            raise ConnectionRefusedError("connect call failed")
+
+    c = SchedulerClient(Settings(namespace="acme", kafka="127.0.0.1:1"), producer=Unreachable())
+    with pytest.raises(RetriableError, match=r"cannot reach Kafka at 127\.0\.0\.1:1"):
+        await c.start()
+    with pytest.raises(ChronowheelError, match="not started"):
+        await c.schedule("a", NOW)

@@ -87,6 +87,11 @@ async def recorded_shards(store: CassandraStore, settings: Settings) -> int:
 
 
 async def open_store(settings: Settings) -> CassandraStore:
+    # The driver logs a traceback for every statement it cannot prepare (a missing keyspace
+    # fails them all); the error below says it once, plainly.
+    driver_log = logging.getLogger("cassandra.cluster")
+    level = driver_log.level
+    driver_log.setLevel(logging.CRITICAL)
     try:
         return await asyncio.to_thread(CassandraStore.open, settings)
     except Exception as exc:
@@ -95,6 +100,8 @@ async def open_store(settings: Settings) -> CassandraStore:
         # Mostly "keyspace does not exist": the driver's own message names it.
         raise ConfigError(f"cannot open keyspace {settings.keyspace} at {settings.cassandra} "
                           f"(is the namespace initialised?): {exc}") from exc
+    finally:
+        driver_log.setLevel(level)
 
 
 def decode_assignment(raw: bytes, topic: str) -> list[int]:

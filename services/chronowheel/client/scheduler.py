@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -35,7 +36,7 @@ from chronowheel.core.model import (
     encode_upsert,
     parse_command,
 )
-from chronowheel.errors import ChronowheelError, ValidationError
+from chronowheel.errors import ChronowheelError, RetriableError, ValidationError
 from chronowheel.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,17 @@ class SchedulerClient:
             from chronowheel.bus.kafka import plain_producer
 
             self._producer = plain_producer(self.settings, linger_ms=self._linger_ms)
-        await self._producer.start()
+        try:
+            await self._producer.start()
+        except Exception as exc:
+            if self._own_producer:
+                with contextlib.suppress(Exception):
+                    await self._producer.stop()
+                self._producer = None
+            if getattr(exc, "retriable", False) or isinstance(exc, OSError):
+                raise RetriableError(f"cannot reach Kafka at {self.settings.kafka}: "
+                                     f"{exc}") from exc
+            raise
         self._started = True
         return self
 
