@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "chronowheel.cli.status",
     "chronowheel.cli.tail",
     "chronowheel.cli.capacity",
+    "chronowheel.cli.demo",
 )
 
 
