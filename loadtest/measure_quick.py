@@ -54,6 +54,7 @@ from chronowheel.core.wheel import TimingWheel
 from chronowheel.node.pending import Pending, pending_from_row
 from chronowheel.settings import Settings
 from chronowheel.store.base import DueRow
+from chronowheel.store.cassandra import connect
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "loadtest" / "results" / "measured.json"
@@ -209,6 +210,27 @@ async def node_figures(settings: Settings, ingest_k: int, herd_k: int) -> dict[s
             "rss_before_herd_bytes": rss_before, "rss_herd_loaded_bytes": rss_loaded}
 
 
+async def drop_namespace(settings: Settings) -> None:
+    """The scratch namespace's topics and keyspace: a measurement leaves nothing behind."""
+    admin = await open_admin(settings)
+    try:
+        prefix = settings.namespace + "."
+        mine = [t for t in await admin.list_topics() if t.startswith(prefix)]
+        if mine:
+            await admin.delete_topics(mine, timeout_ms=60_000)
+    finally:
+        await admin.close()
+
+    def drop_keyspace() -> None:
+        cluster, session = connect(settings)
+        try:
+            session.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=120)
+        finally:
+            cluster.shutdown()
+
+    await asyncio.to_thread(drop_keyspace)
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ingest-jobs", type=int, default=50_000)
@@ -223,7 +245,10 @@ async def main() -> None:
     log(f"wheel: {per_entry:.0f} bytes per entry (without payload)")
     settings = Settings.from_env(namespace="m" + secrets.token_hex(5), shards=args.shards)
     await init_namespace(settings)
-    node = await node_figures(settings, args.ingest_jobs, args.herd_jobs)
+    try:
+        node = await node_figures(settings, args.ingest_jobs, args.herd_jobs)
+    finally:
+        await drop_namespace(settings)
     load_after = os.getloadavg()
 
     result = {
