@@ -1,9 +1,10 @@
 """Quick measurement of the per-node figures the capacity model needs; writes
-loadtest/results/measured.json (read by `chronowheel capacity`).
+loadtest/results/measured-quick.json, in the format of measured.json (the benchmark's file,
+which `chronowheel capacity` reads by default; pass `--measured` to use this one, or `--out
+loadtest/results/measured.json` to replace it).
 
-This is a first, modest measurement made so that capacity planning starts from numbers taken
-on real servers rather than guesses. The benchmark harness is expected to replace the file
-later with the same keys (its own `command`, `measured_on` and details).
+A first, modest measurement, made so that capacity planning starts from numbers taken on real
+servers rather than guesses; the benchmark (loadtest/bench/run_bench.py) is the reference.
 
 What it does (against the Cassandra and Kafka given by CHRONOWHEEL_CASSANDRA/KAFKA):
   1. the wheel structure alone: in this process, under tracemalloc, turns N due rows into the
@@ -57,7 +58,7 @@ from chronowheel.store.base import DueRow
 from chronowheel.store.cassandra import connect
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "loadtest" / "results" / "measured.json"
+OUT = ROOT / "loadtest" / "results" / "measured-quick.json"
 
 
 def now_ms() -> int:

@@ -1,7 +1,8 @@
 """`chronowheel capacity`: size shards, scheduler nodes, Cassandra and Kafka for a workload.
 
 Per-node throughput and memory per wheel entry come from measurements, read from
-`loadtest/results/measured.json`:
+`loadtest/results/measured.json` (written by the benchmark; `loadtest/measure_quick.py`
+writes the same format to measured-quick.json; `--measured PATH` picks a file):
 
     {"fires_per_s_per_node": int,          occurrences one node process publishes per second
      "ingest_jobs_per_s_per_node": int,    submit commands one node process applies per second
@@ -161,8 +162,11 @@ def plan(w: Workload, m: Measured) -> dict[str, Any]:
     shards = min(MAX_SHARDS, max(16, _pow2(4 * nodes_at_growth)))
     per_shard = demand / shards  # node-equivalents one shard needs at peak
     if per_shard > w.utilization:
-        raise ConfigError(f"one shard needs {per_shard:.2f} of a node at peak even with "
-                          f"{MAX_SHARDS} shards: beyond what this model can place")
+        raise ConfigError(
+            f"cannot be placed: with the measured {m.fires_per_s_per_node:,.0f} fires/s and "
+            f"{m.ingest_jobs_per_s_per_node:,.0f} ingested jobs/s per node ({m.source}), one "
+            f"shard would need {per_shard:.0%} of a node at peak even with {MAX_SHARDS} shards "
+            f"(at most {w.utilization:.0%} is planned); measure on production-like hardware")
     # Never fewer than one host more than a host holds: losing a host must not stop dispatch.
     down = w.nodes_per_host
     nodes = max(2, down + 1)
