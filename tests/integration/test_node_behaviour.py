@@ -178,11 +178,15 @@ async def test_a_herd_larger_than_max_batch_fires_once_each_across_transactions(
     # then finish that millisecond in the same transaction (the watermark claims whole
     # milliseconds only), while the spread jobs after it go out in max_batch-sized pieces.
     settings = await make_namespace(stack, namespace, shards=2, max_batch=50)
-    at = now_ms() + 4000
+    at = now_ms() + 15_000
     herd = [upsert(f"herd-{i}", at=at) for i in range(1500)]
     spread = [upsert(f"spread-{i}", at=at + 1 + i % 300) for i in range(500)]
-    async with collecting(settings) as fired, running_node(settings):
+    async with collecting(settings) as fired, running_node(settings) as node:
         await produce(settings, herd + spread)
+        while sum(s.value for s in node.metrics.ingested.collect()[0].samples
+                  if s.name.endswith("_total")) < 2000:
+            assert now_ms() < at, "ingest did not finish before the herd's instant"
+            await asyncio.sleep(0.05)
         await fired.wait_for(lambda ms: len(ms) >= 2000, 60, "herd and spread")
         await asyncio.sleep(1)
     assert Counter(m.key for m in fired.messages) == Counter(k for k, _ in herd + spread)

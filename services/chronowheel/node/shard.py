@@ -1,9 +1,12 @@
 """The shard actor: one single-writer loop per owned shard.
 
-Each iteration ingests queued submit commands (durable Cassandra writes first), then takes the
+Three tasks share the shard's state (one event loop, so no threads): the dispatch loop takes
 due occurrences out of the wheel and publishes them, the rejected/forwarded commands, the
-shard's new watermark and the consumed submit offsets in ONE Kafka transaction. A concurrent
-loader task keeps the wheel filled from Cassandra's minute buckets ahead of time.
+shard's new watermark and the submit offsets of fully applied commands in ONE Kafka
+transaction; the ingest task applies submit commands (durable Cassandra writes first); the
+loader task keeps the wheel filled from Cassandra's minute buckets ahead of time. Ingest and
+dispatch run concurrently so a burst of submissions does not delay firing; a per-job lock
+orders what both do to one job.
 
 Invariants (they carry the contract's musts):
 - `watermark`: every due row of this shard with slot <= watermark has been published (or is in
@@ -12,6 +15,8 @@ Invariants (they carry the contract's musts):
 - `horizon_ms`: every due row with slot <= horizon_ms is in the wheel (or already published).
   Dispatch never looks past min(now, horizon_ms), so nothing is skipped and nothing is early.
 - Offsets are sent only in the transaction that follows the commands' durable writes.
+- An ingest write in flight holds the dispatch limit below its slot (`_ingest_slots`), so the
+  watermark can never pass a row that is not in the wheel yet.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 from collections import OrderedDict, defaultdict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +73,9 @@ IDLE_WATERMARK_COMMIT_MS = 2_000
 SKIP_EMPTY_AFTER_MS = 10 * 60_000
 INGEST_BATCH = 2_000
 INGEST_CONCURRENCY = 64
+# A command due in the past (or within this margin) gets a slot this far ahead, so that its
+# own write normally completes before dispatch reaches it instead of holding dispatch back.
+INGEST_SLACK_MS = 50
 # Without a watermark record (never initialised, or the state topic lost it), reload this far.
 MISSING_WATERMARK_LOOKBACK_MS = 3_600_000
 _FENCED = (ProducerFenced, InvalidProducerEpoch, TransactionalIdAuthorizationFailed)
@@ -113,7 +121,8 @@ class ShardActor:
         self.wheel: TimingWheel[OccurrenceKey, Pending] = TimingWheel(
             start_ms=clock.now_ms(), tick_ms=settings.tick_ms)
         self.queue: deque[Any] = deque()
-        self.wake = asyncio.Event()
+        self.wake = asyncio.Event()          # wakes the dispatch loop
+        self.ingest_wake = asyncio.Event()   # wakes the ingest task
         self.ready = False
         self.stopping = False
         self.producer: AIOKafkaProducer | None = None
@@ -133,6 +142,9 @@ class ShardActor:
         self.next_offset: int | None = None
         self.offset_to_commit: int | None = None
         self.outbox: list[Outgoing] = []
+        self._ingest_slots: dict[int, int] = {}  # slot -> ingest writes in flight for it
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._lock_users: dict[str, int] = {}
         self._partitions: dict[str, int] = {}
         self._schedules: OrderedDict[bytes, tuple[JobSpec, Schedule]] = OrderedDict()
         self._stopped = asyncio.Event()
@@ -140,34 +152,42 @@ class ShardActor:
     # --- lifecycle ------------------------------------------------------------------------
     def enqueue(self, records: Iterable[Any]) -> None:
         self.queue.extend(records)
-        self.wake.set()
+        self.ingest_wake.set()
 
     async def stop(self) -> None:
         self.stopping = True
         self.wake.set()
+        self.ingest_wake.set()
         self.loader_wake.set()
         await self._stopped.wait()
 
     async def run(self) -> None:
-        loader: asyncio.Task[None] | None = None
+        helpers: list[asyncio.Task[None]] = []
         try:
             await self._takeover()
-            loader = asyncio.create_task(self._loader_loop(), name=f"loader-{self.shard}")
+            helpers = [
+                asyncio.create_task(self._loader_loop(), name=f"loader-{self.shard}"),
+                asyncio.create_task(self._ingest_loop(), name=f"ingest-{self.shard}"),
+            ]
             while not self.stopping:
                 self.wake.clear()
-                if loader.done():
-                    loader.result()  # a failed loader fails the shard loudly
-                    raise RuntimeError(f"shard {self.shard}: loader stopped unexpectedly")
-                await self._ingest_step()
+                for task in helpers:
+                    if task.done():
+                        task.result()  # a failed helper fails the shard loudly
+                        raise RuntimeError(f"shard {self.shard}: {task.get_name()} stopped")
                 await self._dispatch_step()
                 self._update_gauges()
                 await self._wait()
+            # Graceful stop: let ingest finish its batch, then commit what is done.
+            await asyncio.wait_for(asyncio.shield(helpers[1]), 20)
+            await self._dispatch_step(final=True)
         finally:
             self.ready = False
-            if loader is not None:
-                loader.cancel()
+            for task in helpers:
+                task.cancel()
+            for task in helpers:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await loader
+                    await task
             if self.producer is not None:
                 with contextlib.suppress(Exception):
                     await self.producer.stop()
@@ -223,6 +243,14 @@ class ShardActor:
         return found
 
     # --- ingest ---------------------------------------------------------------------------
+    async def _ingest_loop(self) -> None:
+        while not self.stopping:
+            if not self.queue:
+                self.ingest_wake.clear()
+                await self.ingest_wake.wait()
+                continue
+            await self._ingest_step()
+
     async def _ingest_step(self) -> None:
         if not self.queue:
             return
@@ -243,29 +271,32 @@ class ShardActor:
             return
         now = self.clock.now_ms()
         chains: dict[str, list[Command]] = defaultdict(list)
+        outbox: list[Outgoing] = []  # published with this batch's offsets, not before
         for rec in records:
-            cmd = self._parse(rec, now)
+            cmd = self._parse(rec, now, outbox)
             if cmd is None:
                 continue
             job_id = cmd.job.id if isinstance(cmd, Upsert) else cmd.id
             target = shard_of(job_id, self.shards)
             if target != self.shard:
-                self.outbox.append(Outgoing(self.settings.submit_topic, target, rec.key,
-                                            rec.value, list(rec.headers or ())))
+                outbox.append(Outgoing(self.settings.submit_topic, target, rec.key,
+                                       rec.value, list(rec.headers or ())))
                 self.metrics.forwarded.inc()
                 continue
             chains[job_id].append(cmd)
         sem = asyncio.Semaphore(INGEST_CONCURRENCY)
 
-        async def run_chain(cmds: list[Command]) -> None:
-            async with sem:
+        async def run_chain(job_id: str, cmds: list[Command]) -> None:
+            async with sem, self._job_lock(job_id):
                 for cmd in cmds:
-                    await self._apply(cmd, now)
+                    await self._apply(cmd, self.clock.now_ms())
 
-        await asyncio.gather(*(run_chain(c) for c in chains.values()))
+        await asyncio.gather(*(run_chain(j, c) for j, c in chains.items()))
+        self.outbox.extend(outbox)
         self.offset_to_commit = records[-1].offset + 1
+        self.wake.set()
 
-    def _parse(self, rec: Any, now: int) -> Command | None:
+    def _parse(self, rec: Any, now: int, outbox: list[Outgoing]) -> Command | None:
         try:
             return parse_command(rec.value or b"", key=rec.key, policy=self.policy, now_ms=now)
         except ValidationError as exc:
@@ -273,7 +304,7 @@ class ShardActor:
         except Exception as exc:  # a parser bug must not stop the pipeline either
             log.exception("shard %d: parser failed on offset %d", self.shard, rec.offset)
             reason = f"internal error while validating: {type(exc).__name__}: {exc}"
-        self.outbox.append(Outgoing(
+        outbox.append(Outgoing(
             self.settings.rejected_topic, None, rec.key, rec.value or b"",
             [("cw-reason", reason.encode()),
              ("cw-source-topic", rec.topic.encode()),
@@ -291,6 +322,37 @@ class ShardActor:
         else:
             await self._retry(cmd, now)
         self.metrics.ingested.labels(cmd.op).inc()
+
+    @contextlib.asynccontextmanager
+    async def _job_lock(self, job_id: str) -> AsyncIterator[None]:
+        lock = self._locks.get(job_id)
+        if lock is None:
+            lock = self._locks[job_id] = asyncio.Lock()
+        self._lock_users[job_id] = self._lock_users.get(job_id, 0) + 1
+        try:
+            async with lock:
+                yield
+        finally:
+            left = self._lock_users[job_id] - 1
+            if left:
+                self._lock_users[job_id] = left
+            else:
+                del self._lock_users[job_id], self._locks[job_id]
+
+    def _claim_slot(self, computed: int, now: int) -> int:
+        """The slot for a row about to be written, held as a floor for dispatch until the
+        row is in the wheel (see `_release_slot`)."""
+        slot = max(computed, self.watermark + 1, now + INGEST_SLACK_MS)
+        self._ingest_slots[slot] = self._ingest_slots.get(slot, 0) + 1
+        return slot
+
+    def _release_slot(self, slot: int) -> None:
+        left = self._ingest_slots[slot] - 1
+        if left:
+            self._ingest_slots[slot] = left
+        else:
+            del self._ingest_slots[slot]
+        self.wake.set()
 
     def _insert_bound(self, slot: int) -> bool:
         return slot <= max(self.horizon_ms, self.reading_upto) or \
@@ -319,16 +381,17 @@ class ShardActor:
                                             "finished", None, None))
             self._finish_ingest(job.id, old_key, None)
             return
-        slot = max(slot_for(job.id, first, job.window_ms), self.watermark + 1)
-        row = DueRow(minute_of(slot), self.shard, slot, job.id, 1, first, version, job.topic,
-                     job.payload, job.headers, job.canonical if job.recurring else None,
-                     job.max_attempts, job.backoff_ms)
-        # due row before jobs row: a crash in between leaves a jobs row that does not match,
-        # so the re-delivered command is applied again instead of being taken for a no-op.
-        await self._write_due(row, now)
-        await self.store.put_job(JobRow(job.id, self.shard, job.canonical, version, "scheduled",
-                                        first, slot))
-        self._finish_ingest(job.id, old_key, pending_from_row(row))
+        slot = self._claim_slot(slot_for(job.id, first, job.window_ms), self.clock.now_ms())
+        try:
+            row = DueRow(minute_of(slot), self.shard, slot, job.id, 1, first, version,
+                         job.topic, job.payload, job.headers,
+                         job.canonical if job.recurring else None, job.max_attempts,
+                         job.backoff_ms)
+            await self._write_due(row, now, JobRow(job.id, self.shard, job.canonical, version,
+                                                   "scheduled", first, slot))
+            self._finish_ingest(job.id, old_key, pending_from_row(row))
+        finally:
+            self._release_slot(slot)
 
     async def _remove_pending(self, existing: JobRow | None) -> OccurrenceKey | None:
         if existing is None or existing.status != "scheduled" or existing.slot_ms is None \
@@ -360,22 +423,28 @@ class ShardActor:
         self._finish_ingest(job_id, old_key, None)
 
     async def _retry(self, cmd: Retry, now: int) -> None:
-        slot = max(cmd.at_ms, self.watermark + 1)
-        row = DueRow(minute_of(slot), self.shard, slot, cmd.id, cmd.attempt, cmd.scheduled_ms,
-                     0, cmd.topic, cmd.payload, cmd.headers, None,
-                     cmd.max_attempts if cmd.max_attempts is not None else 5,
-                     cmd.backoff_ms if cmd.backoff_ms is not None else 10_000)
-        await self._write_due(row, now)
-        p = pending_from_row(row)
-        if self._insert_bound(slot):
-            self.wheel.insert(p.wheel_key, slot, p)
-        self.wake.set()
+        slot = self._claim_slot(cmd.at_ms, self.clock.now_ms())
+        try:
+            row = DueRow(minute_of(slot), self.shard, slot, cmd.id, cmd.attempt,
+                         cmd.scheduled_ms, 0, cmd.topic, cmd.payload, cmd.headers, None,
+                         cmd.max_attempts if cmd.max_attempts is not None else 5,
+                         cmd.backoff_ms if cmd.backoff_ms is not None else 10_000)
+            await self._write_due(row, now)
+            p = pending_from_row(row)
+            if self._insert_bound(slot):
+                self.wheel.insert(p.wheel_key, slot, p)
+        finally:
+            self._release_slot(slot)
 
-    async def _write_due(self, row: DueRow, now: int) -> None:
+    async def _write_due(self, row: DueRow, now: int, job: JobRow | None = None) -> None:
         # The bucket count is written with the row, before the wheel decision: the loader
         # skips minutes whose count is zero, so a row must never exist uncounted at that point.
-        await asyncio.gather(self.store.put_due(row, self._ttl_s(row.slot_ms, now)),
-                             self.store.add_bucket_count(self.shard, row.minute, 1))
+        # The due row and the jobs row go in one logged batch: both or neither, so a command
+        # re-delivered after a crash is never mistaken for an already-applied one.
+        ttl = self._ttl_s(row.slot_ms, now)
+        write = (self.store.put_due(row, ttl) if job is None
+                 else self.store.put_due_and_job(row, ttl, job))
+        await asyncio.gather(write, self.store.add_bucket_count(self.shard, row.minute, 1))
 
     def _schedule(self, job: JobSpec) -> Schedule:
         return compile_schedule(cron=job.cron, every_ms=job.every_ms, tz=job.tz,
@@ -396,15 +465,17 @@ class ShardActor:
         return hit
 
     # --- dispatch -------------------------------------------------------------------------
-    async def _dispatch_step(self) -> None:
+    async def _dispatch_step(self, *, final: bool = False) -> None:
         now = self.clock.now_ms()
         fired: list[Pending] = []
         if not self.dispatch_blocked():
             limit = min(now, self.horizon_ms)
+            if self._ingest_slots:
+                limit = min(limit, min(self._ingest_slots) - 1)
             if limit > self.watermark:
                 fired = await self._take_due(limit, now)
         idle_commit = (self.watermark > self.committed_watermark
-                       and now - self.last_commit_ms >= IDLE_WATERMARK_COMMIT_MS)
+                       and (final or now - self.last_commit_ms >= IDLE_WATERMARK_COMMIT_MS))
         if fired or self.outbox or self.offset_to_commit is not None or idle_commit:
             await self._commit(fired)
 
@@ -432,6 +503,17 @@ class ShardActor:
         return fired
 
     async def _fire_recurring(self, p: Pending, now: int, fired: list[Pending]) -> None:
+        async with self._job_lock(p.job_id):
+            current = await self.store.get_job(p.job_id)
+            if current is None or current.status != "scheduled" or current.version != p.version \
+                    or current.scheduled_ms != p.scheduled_ms:
+                # Edited or cancelled while this occurrence was on its way out: it still goes
+                # (an occurrence being published may run), but the old spec schedules nothing.
+                fired.append(p)
+                return
+            await self._fire_recurring_locked(p, now, fired)
+
+    async def _fire_recurring_locked(self, p: Pending, now: int, fired: list[Pending]) -> None:
         job, schedule = self._recurring(p.spec or b"")
         if now - p.slot_ms <= CATCH_UP_GRACE_MS:
             fires: tuple[int, ...] = (p.scheduled_ms,)
@@ -454,9 +536,8 @@ class ShardActor:
         slot = max(slot_for(p.job_id, nxt, job.window_ms), self.watermark + 1)
         row = DueRow(minute_of(slot), self.shard, slot, p.job_id, 1, nxt, p.version, p.topic,
                      p.payload, job.headers, p.spec, job.max_attempts, job.backoff_ms)
-        await self._write_due(row, now)
-        await self.store.put_job(JobRow(p.job_id, self.shard, p.spec or b"", p.version,
-                                        "scheduled", nxt, slot))
+        await self._write_due(row, now, JobRow(p.job_id, self.shard, p.spec or b"", p.version,
+                                               "scheduled", nxt, slot))
         self._finish_ingest(p.job_id, None, pending_from_row(row))
 
     async def _commit(self, fired: list[Pending]) -> None:
@@ -464,6 +545,9 @@ class ShardActor:
         assert producer is not None
         started = self.clock.now_ms()
         watermark = self.watermark
+        # Ingest keeps appending while the transaction is open: take what is there now.
+        outbox, self.outbox = self.outbox, []
+        offset, self.offset_to_commit = self.offset_to_commit, None
         try:
             await producer.begin_transaction()
             try:
@@ -478,7 +562,7 @@ class ShardActor:
                     part = shard_of(p.job_id, parts)
                     await self._append(producer, batches, p.topic, part, p.key, p.payload,
                                        [*p.headers, ("cw-fired-at", fired_at)])
-                for out in (*self.outbox, *dead):
+                for out in (*outbox, *dead):
                     target = out.partition
                     if target is None:
                         n = await self._partition_count(out.topic) or 1
@@ -492,9 +576,8 @@ class ShardActor:
                                         "node": self.node_id, "at": started}), [])
                 for (topic, part), batch in batches.items():
                     await producer.send_batch(batch, topic, partition=part)
-                if self.offset_to_commit is not None:
-                    await producer.send_offsets_to_transaction(
-                        {self.tp: self.offset_to_commit}, self.group_id)
+                if offset is not None:
+                    await producer.send_offsets_to_transaction({self.tp: offset}, self.group_id)
                 await producer.commit_transaction()
             except BaseException:
                 with contextlib.suppress(Exception):
@@ -513,8 +596,6 @@ class ShardActor:
         self.metrics.fired.inc(len(fired))
         self.committed_watermark = watermark
         self.last_commit_ms = done
-        self.outbox.clear()
-        self.offset_to_commit = None
 
     async def _append(self, producer: AIOKafkaProducer, batches: dict[tuple[str, int], Any],
                       topic: str, part: int, key: bytes | None, value: bytes,
@@ -551,8 +632,7 @@ class ShardActor:
                          ("cw-error", f"target topic {p.topic} is unavailable".encode())])
 
     async def _wait(self) -> None:
-        if self.queue or self.stopping:
-            await asyncio.sleep(0)  # never starve the loop, even when there is more to do
+        if self.stopping:
             return
         now = self.clock.now_ms()
         wake_at = now + IDLE_WATERMARK_COMMIT_MS

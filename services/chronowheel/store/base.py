@@ -58,6 +58,10 @@ class JobStore(Protocol):
 
     async def put_due(self, row: DueRow, ttl_s: int) -> None: ...
 
+    async def put_due_and_job(self, row: DueRow, ttl_s: int, job: JobRow) -> None:
+        """Both rows, atomically (a logged batch): never one without the other."""
+        ...
+
     async def delete_due(self, minute: int, shard: int, slot_ms: int, job_id: str,
                          attempt: int) -> None: ...
 

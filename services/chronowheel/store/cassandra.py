@@ -26,7 +26,7 @@ from cassandra.cluster import (
     Session,
 )
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
-from cassandra.query import PreparedStatement
+from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
 from chronowheel.errors import ConfigError, RetriableError
 from chronowheel.retry import with_retries
@@ -182,16 +182,34 @@ class CassandraStore:
                       row.scheduled_ms, row.slot_ms)
 
     async def put_job(self, row: JobRow) -> None:
-        await self._run(self._put_job, (row.job_id, row.shard, row.spec, row.version, row.status,
-                                        row.scheduled_ms, row.slot_ms), "write job")
+        await self._run(self._put_job, self._job_params(row), "write job")
+
+    @staticmethod
+    def _job_params(row: JobRow) -> tuple[Any, ...]:
+        return (row.job_id, row.shard, row.spec, row.version, row.status, row.scheduled_ms,
+                row.slot_ms)
 
     # --- due rows -----------------------------------------------------------------------
     async def put_due(self, row: DueRow, ttl_s: int) -> None:
-        await self._run(self._put_due, (
-            row.minute, row.shard, row.slot_ms, row.job_id, row.attempt, row.scheduled_ms,
-            row.version, row.topic, row.payload, list(row.headers), row.spec, row.max_attempts,
-            row.backoff_ms, max(1, ttl_s),
-        ), "write due row")
+        await self._run(self._put_due, self._due_params(row, ttl_s), "write due row")
+
+    @staticmethod
+    def _due_params(row: DueRow, ttl_s: int) -> tuple[Any, ...]:
+        return (row.minute, row.shard, row.slot_ms, row.job_id, row.attempt, row.scheduled_ms,
+                row.version, row.topic, row.payload, list(row.headers), row.spec,
+                row.max_attempts, row.backoff_ms, max(1, ttl_s))
+
+    async def put_due_and_job(self, row: DueRow, ttl_s: int, job: JobRow) -> None:
+        batch = BatchStatement(batch_type=BatchType.LOGGED)
+        batch.add(self._put_due, self._due_params(row, ttl_s))
+        batch.add(self._put_job, self._job_params(job))
+        await self._run_batch(batch, "write due and job rows")
+
+    async def _run_batch(self, batch: BatchStatement, what: str) -> None:
+        async def once() -> Any:
+            return await _await_future(self.session.execute_async(batch))
+
+        await with_retries(once, what)
 
     async def delete_due(self, minute: int, shard: int, slot_ms: int, job_id: str,
                          attempt: int) -> None:
