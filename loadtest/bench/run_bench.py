@@ -79,6 +79,7 @@ CASSANDRA_REQUESTS_PER_JOB = 4
 # Same as the node's shard actor (INGEST_CONCURRENCY in node/shard.py).
 NODE_INGEST_CONCURRENCY = 64
 PAD = "x" * 48  # payload padding: a small realistic JSON payload of ~90 bytes
+PROBE_BATCH = 500  # records per getmany of the read_committed probe
 
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {
@@ -437,7 +438,9 @@ class FiredProbe:
     async def _run(self) -> None:
         assert self._consumer is not None
         while True:
-            batches = await self._consumer.getmany(timeout_ms=200)
+            # Bounded batches: each is stamped when it returns, so a herd is not stamped at once
+            # after all of it has been decoded.
+            batches = await self._consumer.getmany(timeout_ms=200, max_records=PROBE_BATCH)
             now = wall_ms()
             for msgs in batches.values():
                 for m in msgs:
@@ -697,6 +700,37 @@ async def raw_kafka_visibility(settings: Settings, topic: str, partitions: int,
             "commit_ms": summarize(commits), "visible_ms": summarize(seen)}
 
 
+async def probe_consume_rate(settings: Settings, topic: str, partitions: int,
+                             seconds: float) -> dict[str, Any]:
+    """How fast the harness's own read_committed probe reads fired-like messages (decoding
+    their headers as the probe does): the ceiling of any receive-side rate it reports."""
+    c = AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka, group_id=None, isolation_level="read_committed",
+        enable_auto_commit=False, auto_offset_reset="earliest", fetch_max_wait_ms=20,
+        max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
+    await c.start()
+    n = 0
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            batches = await c.getmany(timeout_ms=500, max_records=PROBE_BATCH)
+            if not batches:
+                break
+            for msgs in batches.values():
+                for m in msgs:
+                    h = dict(m.headers or ())
+                    int(h.get("cw-scheduled-at", b"0"))
+                    int(h.get("cw-fired-at", b"0"))
+                    n += 1
+        elapsed = time.monotonic() - t0
+    finally:
+        await c.stop()
+    return {"messages": n, "seconds": round(elapsed, 3), "msgs_per_s": n / elapsed}
+
+
 def raw_cassandra_rate(settings: Settings, concurrency: int, seconds: float, run: str,
                        shards: int) -> dict[str, Any]:
     """Prepared inserts of `due` rows shaped like the node's, `concurrency` in flight, driven
@@ -855,6 +889,10 @@ async def measure_limits(cfg: Config, settings: Settings, run: str) -> dict[str,
     say(f"  commit p50 {fmt(vis['commit_ms']['p50'], 1)} p99 {fmt(vis['commit_ms']['p99'], 1)}"
         f" ms; visible p50 {fmt(vis['visible_ms']['p50'], 1)} p99 "
         f"{fmt(vis['visible_ms']['p99'], 1)} ms")
+    say(f"limit: the probe's own read_committed consume rate, up to {cfg.raw_s:.0f}s ...")
+    limits["probe_consume"] = await probe_consume_rate(settings, raw_topic, cfg.shards,
+                                                       cfg.raw_s)
+    say(f"  {fmt(limits['probe_consume']['msgs_per_s'])} msgs/s")
     for conc in sorted({NODE_INGEST_CONCURRENCY, min(1024, NODE_INGEST_CONCURRENCY
                                                        * cfg.shards)}):
         say(f"limit: raw Cassandra prepared inserts of due rows, {conc} in flight, "
@@ -1135,6 +1173,7 @@ def summary(r: dict[str, Any]) -> dict[str, Any]:
         "raw_kafka_txn_msgs_per_s_1": best_kafka_1,
         "raw_kafka_txn_msgs_per_s_n": best_kafka_n,
         "raw_cassandra_inserts_per_s": cass_limit,
+        "probe_consume_msgs_per_s": limits.get("probe_consume", {}).get("msgs_per_s"),
         "heapq_push_per_s": limits.get("heapq", {}).get("push_per_s"),
         "heapq_pop_per_s": limits.get("heapq", {}).get("pop_per_s"),
     }
@@ -1167,6 +1206,9 @@ def render_table(r: dict[str, Any]) -> str:
     row("herd: instant to last cw-fired-at (s)", fmt(s["herd_fired_seconds"], 2))
     row("herd: fires/s", fmt(s["herd_fires_per_s"]), f"{fmt(kafka)} raw txn msgs/s",
         ratio(s["herd_fires_per_s"], kafka))
+    probe = s.get("probe_consume_msgs_per_s")
+    row("herd: fires/s vs the probe's own consume rate", fmt(s["herd_fires_per_s"]),
+        f"{fmt(probe)} probe msgs/s", ratio(s["herd_fires_per_s"], probe))
     row("wheel bytes per entry (node RSS growth)", fmt(s["wheel_bytes_per_entry"]))
     row("heapq push/s, pop/s (reference)",
         f"{fmt(s['heapq_push_per_s'])} / {fmt(s['heapq_pop_per_s'])}")
@@ -1213,6 +1255,10 @@ def render_table(r: dict[str, Any]) -> str:
                        f"{vis['batch']} msgs every {vis['every_ms']:.0f} ms | p50 "
                        f"{fmt(vm['p50'], 1)}, p99 {fmt(vm['p99'], 1)}, max {fmt(vm['max'], 1)} "
                        f"| commit p50 {fmt(cm['p50'], 1)}, p99 {fmt(cm['p99'], 1)} ms |")
+        pc = lim.get("probe_consume")
+        if pc:
+            out.append(f"| the harness's read_committed probe, consume + decode | "
+                       f"batches of {PROBE_BATCH} | {fmt(pc['msgs_per_s'])} | |")
         hq = lim.get("heapq")
         if hq:
             out.append(f"| heapq push / pop | {hq['n']:,} entries | {fmt(hq['push_per_s'])} / "
