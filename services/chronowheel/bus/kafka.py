@@ -32,7 +32,11 @@ def namespace_topics(settings: Settings, shards: int, replication: int) -> list[
     del replication  # same for all; passed to create_topics
     return [
         TopicSpec(settings.submit_topic, shards),
-        TopicSpec(settings.state_topic, shards, {"cleanup.policy": "compact"}),
+        # Compacted, with short segments so a takeover reads little more than the latest
+        # watermark of its partition even after months of commits.
+        TopicSpec(settings.state_topic, shards, {
+            "cleanup.policy": "compact", "segment.ms": "600000",
+            "min.cleanable.dirty.ratio": "0.1", "delete.retention.ms": "3600000"}),
         TopicSpec(settings.fired_topic, shards),
         TopicSpec(settings.rejected_topic, 1),
         TopicSpec(settings.dead_topic, 1),

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,7 +102,7 @@ class Node:
         self.http = HttpEndpoint(self.metrics, self.health, s.http_port)
         await self.http.start()
         consumer = group_consumer(s, self.group_id, session_timeout_ms=s.node_session_timeout_ms,
-                                  max_partition_fetch_bytes=4 << 20)
+                                  max_partition_fetch_bytes=4 << 20, client_id=self.node_id)
         consumer.subscribe([s.submit_topic], listener=_Rebalance(self))
         self._consumer = consumer  # before start(): the first assignment can arrive during it
         await consumer.start()
@@ -222,18 +223,37 @@ class Node:
                 del k
             paused &= consumer.assignment()
 
+    async def _measure_skew(self) -> tuple[int, int]:
+        """(skew, uncertainty) in ms from the tightest of a few round trips: the server's
+        clock was read somewhere between send and answer, so the error is at most half the
+        round trip."""
+        best: tuple[int, int] | None = None
+        for _ in range(3):
+            server, sent, received = await self.store.clock_sample()
+            # Local times come from the system clock; express them on the node's clock.
+            offset = self.clock.now_ms() - time.time_ns() // 1_000_000
+            half = (received - sent + 1) // 2
+            skew = (sent + received) // 2 + offset - server
+            if best is None or half < best[1]:
+                best = (skew, half)
+        assert best is not None
+        return best
+
     async def _skew_monitor(self) -> None:
         limit = self.settings.max_clock_skew_ms
         while True:
             try:
-                server = await self.store.server_time_ms()
-                self.skew_ms = self.clock.now_ms() - server
-            except ChronowheelError as exc:
+                self.skew_ms, uncertainty = await self._measure_skew()
+            except (ChronowheelError, TimeoutError) as exc:
                 log.warning("clock skew check failed (dispatch stays %s): %s",
                             "stopped" if self.blocked else "on", exc)
             else:
                 self.metrics.clock_skew.set(self.skew_ms / 1000)
-                blocked = abs(self.skew_ms) > limit
+                # Stop only on a skew that is certain; an uncertain reading of a first check
+                # keeps dispatch stopped until a tighter one comes.
+                certain_over = abs(self.skew_ms) - uncertainty > limit
+                certain_under = abs(self.skew_ms) + uncertainty <= limit
+                blocked = certain_over or (self.blocked and not certain_under)
                 if blocked != self.blocked:
                     if blocked:
                         log.error("clock skew %d ms exceeds max_clock_skew %d ms: dispatch "

@@ -71,6 +71,7 @@ IDLE_WATERMARK_COMMIT_MS = 2_000
 # When the loaded horizon trails its target by more than this, empty minutes are skipped by
 # their bucket counts instead of being read one partition at a time.
 SKIP_EMPTY_AFTER_MS = 10 * 60_000
+IDLE_COMMIT_CLEARANCE_MS = 250
 INGEST_BATCH = 2_000
 INGEST_CONCURRENCY = 64
 # A command due in the past (or within this margin) gets a slot this far ahead, so that its
@@ -143,6 +144,7 @@ class ShardActor:
         self.offset_to_commit: int | None = None
         self.outbox: list[Outgoing] = []
         self._ingest_slots: dict[int, int] = {}  # slot -> ingest writes in flight for it
+        self._counted: set[int] = set()  # minutes the current ingest batch already counted
         self._locks: dict[str, asyncio.Lock] = {}
         self._lock_users: dict[str, int] = {}
         self._partitions: dict[str, int] = {}
@@ -284,6 +286,7 @@ class ShardActor:
                 self.metrics.forwarded.inc()
                 continue
             chains[job_id].append(cmd)
+        await self._precount(chains, now)
         sem = asyncio.Semaphore(INGEST_CONCURRENCY)
 
         async def run_chain(job_id: str, cmds: list[Command]) -> None:
@@ -295,6 +298,27 @@ class ShardActor:
         self.outbox.extend(outbox)
         self.offset_to_commit = records[-1].offset + 1
         self.wake.set()
+
+    async def _precount(self, chains: dict[str, list[Command]], now: int) -> None:
+        """Count the batch's rows per minute before writing any of them: one counter update
+        per minute instead of one per row. A row whose slot lands elsewhere when it is
+        written (time moved on) counts itself (`_write_due`); over-counting is harmless."""
+        counts: dict[int, int] = defaultdict(int)
+        floor = max(self.watermark + 1, now + INGEST_SLACK_MS)
+        for cmds in chains.values():
+            for cmd in cmds:
+                if isinstance(cmd, Upsert):
+                    job = cmd.job
+                    first = (next_after(self._schedule(job), now, inclusive=True)
+                             if job.recurring else job.at_ms)
+                    if first is not None:
+                        counts[minute_of(max(slot_for(job.id, first, job.window_ms),
+                                             floor))] += 1
+                elif isinstance(cmd, Retry):
+                    counts[minute_of(max(cmd.at_ms, floor))] += 1
+        await asyncio.gather(*(self.store.add_bucket_count(self.shard, m, n)
+                               for m, n in counts.items()))
+        self._counted = set(counts)
 
     def _parse(self, rec: Any, now: int, outbox: list[Outgoing]) -> Command | None:
         try:
@@ -364,6 +388,10 @@ class ShardActor:
         if self.reads_in_flight:
             self.touched[job_id] = self.touch_seq
 
+    @property
+    def _retention_s(self) -> int:
+        return max(1, self.settings.retention_ms // 1000)
+
     def _ttl_s(self, slot: int, now: int) -> int:
         return max(1, (max(0, slot - now) + self.settings.retention_ms) // 1000)
 
@@ -378,7 +406,7 @@ class ShardActor:
         old_key = await self._remove_pending(existing)
         if first is None:  # a recurring job whose end has passed
             await self.store.put_job(JobRow(job.id, self.shard, job.canonical, version,
-                                            "finished", None, None))
+                                            "finished", None, None, self._retention_s))
             self._finish_ingest(job.id, old_key, None)
             return
         slot = self._claim_slot(slot_for(job.id, first, job.window_ms), self.clock.now_ms())
@@ -387,8 +415,12 @@ class ShardActor:
                          job.topic, job.payload, job.headers,
                          job.canonical if job.recurring else None, job.max_attempts,
                          job.backoff_ms)
+            # A one-shot's jobs row outlives its occurrence by the retention period (so an
+            # identical re-submit stays a no-op that long); a recurring one lives until changed.
+            ttl = 0 if job.recurring else self._ttl_s(slot, now)
             await self._write_due(row, now, JobRow(job.id, self.shard, job.canonical, version,
-                                                   "scheduled", first, slot))
+                                                   "scheduled", first, slot, ttl),
+                                  counted=row.minute in self._counted)
             self._finish_ingest(job.id, old_key, pending_from_row(row))
         finally:
             self._release_slot(slot)
@@ -419,7 +451,7 @@ class ShardActor:
             return
         old_key = await self._remove_pending(existing)
         await self.store.put_job(JobRow(job_id, self.shard, existing.spec, existing.version + 1,
-                                        "cancelled", None, None))
+                                        "cancelled", None, None, self._retention_s))
         self._finish_ingest(job_id, old_key, None)
 
     async def _retry(self, cmd: Retry, now: int) -> None:
@@ -429,22 +461,26 @@ class ShardActor:
                          cmd.scheduled_ms, 0, cmd.topic, cmd.payload, cmd.headers, None,
                          cmd.max_attempts if cmd.max_attempts is not None else 5,
                          cmd.backoff_ms if cmd.backoff_ms is not None else 10_000)
-            await self._write_due(row, now)
+            await self._write_due(row, now, counted=row.minute in self._counted)
             p = pending_from_row(row)
             if self._insert_bound(slot):
                 self.wheel.insert(p.wheel_key, slot, p)
         finally:
             self._release_slot(slot)
 
-    async def _write_due(self, row: DueRow, now: int, job: JobRow | None = None) -> None:
-        # The bucket count is written with the row, before the wheel decision: the loader
-        # skips minutes whose count is zero, so a row must never exist uncounted at that point.
+    async def _write_due(self, row: DueRow, now: int, job: JobRow | None = None, *,
+                         counted: bool = False) -> None:
+        # The bucket count is written before the row's wheel decision: the loader skips
+        # minutes whose count is zero, so a row must never exist uncounted at that point.
         # The due row and the jobs row go in one logged batch: both or neither, so a command
         # re-delivered after a crash is never mistaken for an already-applied one.
         ttl = self._ttl_s(row.slot_ms, now)
         write = (self.store.put_due(row, ttl) if job is None
                  else self.store.put_due_and_job(row, ttl, job))
-        await asyncio.gather(write, self.store.add_bucket_count(self.shard, row.minute, 1))
+        if counted:
+            await write
+        else:
+            await asyncio.gather(write, self.store.add_bucket_count(self.shard, row.minute, 1))
 
     def _schedule(self, job: JobSpec) -> Schedule:
         return compile_schedule(cron=job.cron, every_ms=job.every_ms, tz=job.tz,
@@ -474,8 +510,11 @@ class ShardActor:
                 limit = min(limit, min(self._ingest_slots) - 1)
             if limit > self.watermark:
                 fired = await self._take_due(limit, now)
+        nd = self.wheel.next_deadline()
         idle_commit = (self.watermark > self.committed_watermark
-                       and (final or now - self.last_commit_ms >= IDLE_WATERMARK_COMMIT_MS))
+                       and (final or (now - self.last_commit_ms >= IDLE_WATERMARK_COMMIT_MS
+                                      # not right before a due entry: it would wait for it
+                                      and (nd is None or nd > now + IDLE_COMMIT_CLEARANCE_MS))))
         if fired or self.outbox or self.offset_to_commit is not None or idle_commit:
             await self._commit(fired)
 
@@ -530,7 +569,7 @@ class ShardActor:
         # The next occurrence is durable before the transaction that publishes this one.
         if nxt is None:
             await self.store.put_job(JobRow(p.job_id, self.shard, p.spec or b"", p.version,
-                                            "finished", None, None))
+                                            "finished", None, None, self._retention_s))
             self._touch(p.job_id)
             return
         slot = max(slot_for(p.job_id, nxt, job.window_ms), self.watermark + 1)

@@ -16,6 +16,9 @@ class JobRow:
     status: str
     scheduled_ms: int | None
     slot_ms: int | None
+    # Seconds until the row expires (0 = never): finished one-shots and cancelled jobs are
+    # remembered for the retention period, which bounds how long re-submits are no-ops.
+    ttl_s: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +76,9 @@ class JobStore(Protocol):
     def read_bucket(self, minute: int, shard: int, *, from_slot_ms: int | None = None,
                     page_rows: int = 5000) -> AsyncIterator[list[DueRow]]: ...
 
-    async def server_time_ms(self) -> int: ...
+    async def clock_sample(self) -> tuple[int, int, int]:
+        """(Cassandra's now() in epoch ms, local ms when sent, local ms when answered)."""
+        ...
 
     async def swap_claim(self, consumer: str, occurrence: str, expected: Claim | None,
                          new: Claim, worker: str, ttl_s: int) -> tuple[bool, Claim | None]: ...

@@ -26,7 +26,7 @@ from cassandra.cluster import (
     Session,
 )
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
-from cassandra.query import BatchStatement, BatchType, PreparedStatement
+from cassandra.query import BatchStatement, BatchType, PreparedStatement, tuple_factory
 
 from chronowheel.errors import ConfigError, RetriableError
 from chronowheel.retry import with_retries
@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 _TRANSIENT = (OperationTimedOut, ReadTimeout, WriteTimeout, Unavailable, NoHostAvailable)
 HOUR_MS = 3_600_000
+TUPLES = "tuples"
 
 
 class CassandraError(RetriableError):
@@ -76,10 +77,16 @@ def connect(settings: Settings, *, keyspace: str | None = None) -> tuple[Cluster
         consistency_level=level, serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,
         request_timeout=10.0,
     )
+    # Hot reads build plain tuples: the default named tuples cost a class per result set.
+    tuples = ExecutionProfile(
+        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
+        consistency_level=level, serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,
+        request_timeout=10.0, row_factory=tuple_factory,
+    )
     cluster = Cluster(
         contact_points=[h for h, _ in hosts], port=port, protocol_version=5,
         connect_timeout=10, control_connection_timeout=10,
-        execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+        execution_profiles={EXEC_PROFILE_DEFAULT: profile, TUPLES: tuples},
     )
     try:
         session = cluster.connect(keyspace)
@@ -114,6 +121,17 @@ def _settle(fut: asyncio.Future[Any], rf: ResponseFuture, exc: BaseException | N
         fut.set_exception(exc)
 
 
+def _settle_value(fut: asyncio.Future[Any], value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _settle_error(fut: asyncio.Future[Any], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(CassandraError(f"{type(exc).__name__}: {exc}")
+                          if isinstance(exc, _TRANSIENT) else exc)
+
+
 class CassandraStore:
     """JobStore over one keyspace. Create with `open()`; close with `close()`."""
 
@@ -127,7 +145,7 @@ class CassandraStore:
                           f"FROM {ks}.jobs WHERE job_id = ?")
         self._put_job = p(f"INSERT INTO {ks}.jobs (job_id, shard, spec, version, status, "
                           f"scheduled_ms, slot_ms, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, "
-                          f"toTimestamp(now()))")
+                          f"toTimestamp(now())) USING TTL ?")
         self._put_due = p(f"INSERT INTO {ks}.due (minute, shard, slot_ms, job_id, attempt, "
                           f"scheduled_ms, version, topic, payload, headers, spec, max_attempts, "
                           f"backoff_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
@@ -174,12 +192,13 @@ class CassandraStore:
 
     # --- jobs ---------------------------------------------------------------------------
     async def get_job(self, job_id: str) -> JobRow | None:
-        rs = await self._run(self._get_job, (job_id,), "read job")
+        rs = await self._run(self._get_job, (job_id,), "read job", execution_profile=TUPLES)
         row = rs.one()
         if row is None:
             return None
-        return JobRow(row.job_id, row.shard, row.spec or b"", row.version or 0, row.status or "",
-                      row.scheduled_ms, row.slot_ms)
+        job, shard, spec, version, status, scheduled_ms, slot_ms = row
+        return JobRow(job, shard, spec or b"", version or 0, status or "", scheduled_ms,
+                      slot_ms)
 
     async def put_job(self, row: JobRow) -> None:
         await self._run(self._put_job, self._job_params(row), "write job")
@@ -187,7 +206,7 @@ class CassandraStore:
     @staticmethod
     def _job_params(row: JobRow) -> tuple[Any, ...]:
         return (row.job_id, row.shard, row.spec, row.version, row.status, row.scheduled_ms,
-                row.slot_ms)
+                row.slot_ms, row.ttl_s)
 
     # --- due rows -----------------------------------------------------------------------
     async def put_due(self, row: DueRow, ttl_s: int) -> None:
@@ -226,12 +245,12 @@ class CassandraStore:
         while True:
             rs = await self._page(bound, paging_state)
             rows = [
-                DueRow(r.minute, r.shard, r.slot_ms, r.job_id, r.attempt, r.scheduled_ms,
-                       r.version, r.topic, r.payload or b"",
-                       tuple((k, v) for k, v in (r.headers or ())), r.spec,
-                       5 if r.max_attempts is None else r.max_attempts,
-                       10_000 if r.backoff_ms is None else r.backoff_ms)
-                for r in rs.current_rows
+                DueRow(minute, shard, slot, job, attempt, scheduled, version, topic,
+                       payload or b"", tuple(headers or ()), spec,
+                       5 if max_attempts is None else max_attempts,
+                       10_000 if backoff is None else backoff)
+                for (minute, shard, slot, job, attempt, scheduled, version, topic, payload,
+                     headers, spec, max_attempts, backoff) in rs.current_rows
             ]
             if rows:
                 yield rows
@@ -263,13 +282,24 @@ class CassandraStore:
         return out
 
     # --- clock, idempotency, meta -------------------------------------------------------
-    async def server_time_ms(self) -> int:
-        """Cassandra's clock as of the moment the answer arrived (half the round trip added)."""
-        t0 = time.time_ns()
-        rs = await self._run(self._now, (), "read server time")
-        t1 = time.time_ns()
-        server = int(rs.one()[0])
-        return server + (t1 - t0) // 2_000_000
+    async def clock_sample(self) -> tuple[int, int, int]:
+        # The answer is timestamped in the driver's I/O thread, not when this coroutine
+        # resumes: a busy event loop must not look like a skewed clock.
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[tuple[Any, int]] = loop.create_future()
+
+        def ok(rows: Any) -> None:
+            received = time.time_ns() // 1_000_000
+            loop.call_soon_threadsafe(_settle_value, fut, (rows, received))
+
+        def err(exc: BaseException) -> None:
+            loop.call_soon_threadsafe(_settle_error, fut, exc)
+
+        sent = time.time_ns() // 1_000_000
+        rf = self.session.execute_async(self._now, (), execution_profile=TUPLES)
+        rf.add_callbacks(ok, err)
+        rows, received = await asyncio.wait_for(fut, 10)
+        return int(rows[0][0]), sent, received
 
     async def swap_claim(self, consumer: str, occurrence: str, expected: Claim | None,
                          new: Claim, worker: str, ttl_s: int) -> tuple[bool, Claim | None]:
