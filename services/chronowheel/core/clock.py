@@ -78,3 +78,14 @@ class OffsetClock(SystemClock):
         if delta_ms < 0:
             raise ValueError("OffsetClock only moves forward")
         self.offset_ms += delta_ms
+
+
+async def sleep_until_or_event(clock: Clock, deadline_ms: int, event: asyncio.Event) -> None:
+    """Return at the deadline (by `clock`) or as soon as `event` is set, whichever is first."""
+    sleeper = asyncio.ensure_future(clock.sleep_until(deadline_ms))
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait((sleeper, waiter), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        sleeper.cancel()
+        waiter.cancel()

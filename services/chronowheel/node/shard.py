@@ -40,7 +40,7 @@ from aiokafka.errors import (
 
 from chronowheel.bus.kafka import reader, transactional_producer
 from chronowheel.core.buckets import MINUTE_MS, minute_of, slot_for
-from chronowheel.core.clock import Clock
+from chronowheel.core.clock import Clock, sleep_until_or_event
 from chronowheel.core.model import (
     Cancel,
     Command,
@@ -683,13 +683,7 @@ class ShardActor:
         if wake_at <= now:
             await asyncio.sleep(0)
             return
-        sleeper = asyncio.ensure_future(self.clock.sleep_until(wake_at))
-        waiter = asyncio.ensure_future(self.wake.wait())
-        try:
-            await asyncio.wait((sleeper, waiter), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            sleeper.cancel()
-            waiter.cancel()
+        await sleep_until_or_event(self.clock, wake_at, self.wake)
 
     # --- loading --------------------------------------------------------------------------
     async def _loader_loop(self) -> None:
@@ -697,14 +691,7 @@ class ShardActor:
             self.loader_wake.clear()
             await self._load_horizon()
             await self._prewarm()
-            now = self.clock.now_ms()
-            sleeper = asyncio.ensure_future(self.clock.sleep_until(now + 500))
-            waiter = asyncio.ensure_future(self.loader_wake.wait())
-            try:
-                await asyncio.wait((sleeper, waiter), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                sleeper.cancel()
-                waiter.cancel()
+            await sleep_until_or_event(self.clock, self.clock.now_ms() + 500, self.loader_wake)
 
     async def _load_horizon(self) -> None:
         target = self.clock.now_ms() + self.settings.lookahead_ms
