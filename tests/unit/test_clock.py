@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from chronowheel.core.clock import ManualClock, OffsetClock, SystemClock, sleep_until_or_event
 
 
