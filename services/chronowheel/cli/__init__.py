@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
+import os
 import sys
 
 from chronowheel.errors import ChronowheelError
+from chronowheel.logs import configure
 
 # Modules under chronowheel.cli that each define register(subparsers).
 COMMAND_MODULES = (
@@ -31,6 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Durable scheduler for future work (Cassandra + timing wheels + Kafka).",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "--log-format", choices=("text", "json"),
+        default=os.environ.get("CHRONOWHEEL_LOG_FORMAT", "text"),
+        help="text, or one JSON object per line [env CHRONOWHEEL_LOG_FORMAT; default text]")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
@@ -40,13 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
-    if not args.verbose:  # the driver's connection chatter is noise at INFO
-        logging.getLogger("cassandra").setLevel(logging.WARNING)
+    configure(verbose=args.verbose, fmt=args.log_format)
     try:
         result = args.func(args)
     except ChronowheelError as exc:

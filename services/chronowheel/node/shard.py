@@ -217,7 +217,7 @@ class ShardActor:
         self.queue.clear()
         self.ready = True
         log.info("shard %d: taken over (watermark %d, submit offset %s)", self.shard, w,
-                 committed)
+                 committed, extra={"shard": self.shard, "node": self.node_id})
 
     async def _read_watermark(self) -> int:
         tp = TopicPartition(self.settings.state_topic, self.shard)
@@ -335,7 +335,8 @@ class ShardActor:
              ("cw-source-partition", str(rec.partition).encode()),
              ("cw-source-offset", str(rec.offset).encode())]))
         self.metrics.rejected.inc()
-        log.info("shard %d: rejected offset %d: %s", self.shard, rec.offset, reason)
+        log.info("shard %d: rejected offset %d: %s", self.shard, rec.offset, reason,
+                 extra={"shard": self.shard, "offset": rec.offset, "partition": rec.partition})
         return None
 
     async def _apply(self, cmd: Command, now: int) -> None:
@@ -564,7 +565,8 @@ class ShardActor:
             if cu.coalesced:
                 self.metrics.coalesced.inc()
             log.info("shard %d: job %s missed occurrences since %d; catch_up=%s fires %d",
-                     self.shard, p.job_id, p.scheduled_ms, job.catch_up, len(fires))
+                     self.shard, p.job_id, p.scheduled_ms, job.catch_up, len(fires),
+                     extra={"shard": self.shard, "job_id": p.job_id})
         fired.extend(p if s == p.scheduled_ms else with_schedule(p, s) for s in fires)
         # The next occurrence is durable before the transaction that publishes this one.
         if nxt is None:
@@ -664,7 +666,8 @@ class ShardActor:
 
     def _undeliverable(self, p: Pending, fired_at: bytes) -> Outgoing:
         log.error("shard %d: target topic %s unavailable; %s dead-lettered", self.shard,
-                  p.topic, p.job_id)
+                  p.topic, p.job_id, extra={"shard": self.shard, "job_id": p.job_id,
+                                            "occurrence": f"{p.job_id}@{p.scheduled_ms}"})
         return Outgoing(self.settings.dead_topic, None, p.key, p.payload,
                         [*p.headers, ("cw-fired-at", fired_at), ("cw-target-topic",
                                                                  p.topic.encode()),
