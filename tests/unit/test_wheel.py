@@ -186,6 +186,102 @@ def test_herd_on_one_millisecond_in_batches() -> None:
     assert w.advance(T0 + 60_001) == [(T0 + 60_001, -1, -1)]
 
 
+def test_big_bucket_is_cascaded_in_chunks_before_its_start() -> None:
+    w: TimingWheel[int, int] = TimingWheel(start_ms=0, cascade_chunk=1000)
+    # 10,000 timers in one level-2 bucket (65,536..131,071 ms at 1 ms x 256 slots).
+    dues = {i: 70_000 + (i * 37) % 60_000 for i in range(10_000)}
+    for k, d in dues.items():
+        w.insert(k, d, k)
+    deadline = w.next_deadline()
+    assert deadline is not None
+    assert 60_000 < deadline < 65_536  # woken ahead of the bucket's start (65,536)
+    now = deadline
+    assert w.advance(now) == []
+    chunks = 1
+    while w.next_deadline() == now:  # "call again now" while the cascade runs
+        w.cancel(chunks)  # cancels during the cascade are honoured wherever the timer is
+        del dues[chunks]
+        assert w.get(5_000) == (dues[5_000], 5_000)
+        assert w.advance(now) == []
+        chunks += 1
+    assert chunks == 10  # 10,000 timers / 1,000 per call
+    fired: list[tuple[int, int, int]] = []
+    while (deadline := w.next_deadline()) is not None:
+        now = max(now, deadline)
+        fired.extend(w.advance(now))
+    assert [d for d, _, _ in fired] == sorted(dues.values())
+    assert {k for _, k, _ in fired} == set(dues)
+
+
+def test_late_driver_still_gets_a_staged_bucket_in_order() -> None:
+    w: TimingWheel[int, None] = TimingWheel(start_ms=0, cascade_chunk=10)
+    for i in range(500):
+        w.insert(i, 65_536 + i, None)
+    deadline = w.next_deadline()
+    assert deadline is not None and deadline < 65_536
+    assert w.advance(deadline) == []  # starts the chunked cascade
+    # The driver oversleeps: everything is placed at once, nothing early, order kept.
+    fired = w.advance(65_700)
+    assert [d for d, _, _ in fired] == list(range(65_536, 65_701))
+    assert len(w) == 500 - 165
+
+
+def test_staging_while_current_tick_is_partly_due() -> None:
+    # Sub-tick entries wait in an ordered current tick when a big bucket starts staging; the
+    # bucket's first-tick entries must join that order.
+    w: TimingWheel[int, None] = TimingWheel(start_ms=0, tick_ms=10, wheel_size=4, cascade_chunk=100)
+    for i in range(10_000):
+        w.insert(i, 160 + i % 160, None)
+    w.insert(-1, 128, None)
+    assert w.advance(125) == []  # -1 is in the current tick, not due; staging begins
+    assert w.next_deadline() == 125
+    assert w.advance(128) == [(128, -1, None)]
+    fired = w.advance(165)
+    assert [d for d, _, _ in fired] == sorted(160 + i % 160 for i in range(10_000) if i % 160 < 6)
+
+
+def _staged_wheel() -> tuple[TimingWheel[int, int], int]:
+    # 1,000 timers in the level-2 bucket starting at 65,536 ms, split completely ahead of it.
+    w: TimingWheel[int, int] = TimingWheel(start_ms=0, cascade_chunk=100)
+    for i in range(1_000):
+        w.insert(i, 65_536 + i * 50, i)
+    deadline = w.next_deadline()
+    assert deadline == 65_536 - 504  # lead: 500 ms + 4 µs per timer
+    calls = 0
+    while w.next_deadline() == deadline:
+        assert w.advance(deadline) == []
+        calls += 1
+    assert calls == 10
+    assert w.next_deadline() == 65_536
+    return w, deadline
+
+
+def test_cancel_and_replace_inside_a_split_bucket() -> None:
+    w, now = _staged_wheel()
+    assert w.cancel(500)
+    assert w.get(500) is None
+    assert w.get(501) == (65_536 + 501 * 50, 501)
+    w.insert(502, 65_536 + 7, -502)  # moves within the staged bucket
+    w.insert(503, 200_000, -503)  # moves out of it
+    fired: list[tuple[int, int, int]] = []
+    while (deadline := w.next_deadline()) is not None:
+        now = max(now, deadline)
+        fired.extend(w.advance(now))
+    assert len(fired) == 999
+    assert [d for d, _, _ in fired] == sorted(d for d, _, _ in fired)
+    assert (65_536 + 7, 502, -502) in fired
+    assert fired[-1] == (200_000, 503, -503)
+
+
+def test_cancelling_every_timer_of_a_split_bucket_drops_it() -> None:
+    w, _ = _staged_wheel()
+    for i in range(1_000):
+        assert w.cancel(i)
+    assert len(w) == 0
+    assert w.next_deadline() is None
+    assert w.advance(10**6) == []
+
+
 def test_next_deadline_is_a_lower_bound_that_converges() -> None:
     w: TimingWheel[str, None] = TimingWheel(start_ms=0, wheel_size=16)
     w.insert("a", 123_456, None)
@@ -238,6 +334,8 @@ def test_bad_arguments() -> None:
         TimingWheel(start_ms=0, wheel_size=100)
     with pytest.raises(ValueError):
         TimingWheel(start_ms=0, wheel_size=1)
+    with pytest.raises(ValueError):
+        TimingWheel(start_ms=0, cascade_chunk=0)
     w: TimingWheel[str, None] = TimingWheel(start_ms=0)
     with pytest.raises(ValueError):
         w.advance(1, max_batch=0)
@@ -315,10 +413,11 @@ class WheelMachine(RuleBasedStateMachine):
         start=st.one_of(st.integers(-(10**6), 10**6), st.just(T0)),
         tick=st.sampled_from([1, 1, 2, 3, 10, 1000]),
         size=st.sampled_from([2, 4, 8, 256]),
+        chunk=st.sampled_from([1, 2, 3, 8192]),
     )
-    def setup(self, start: int, tick: int, size: int) -> None:
+    def setup(self, start: int, tick: int, size: int, chunk: int) -> None:
         self.now = start
-        self.wheel = TimingWheel(start_ms=start, tick_ms=tick, wheel_size=size)
+        self.wheel = TimingWheel(start_ms=start, tick_ms=tick, wheel_size=size, cascade_chunk=chunk)
 
     @rule(key=st.integers(0, 30), offset=offsets)
     def insert(self, key: int, offset: int) -> None:
@@ -346,6 +445,11 @@ class WheelMachine(RuleBasedStateMachine):
     def advance(self, step: int, batch: int | None) -> None:
         self.now = max(self.now, self.now + step)
         self._advance_and_check(self.now + min(step, 0), batch)
+
+    @rule(batch=st.one_of(st.none(), st.integers(1, 3)))
+    def advance_same_now(self, batch: int | None) -> None:
+        # A driver told "call again now" (chunked cascade, batch remainder) does just that.
+        self._advance_and_check(self.now, batch)
 
     @rule(batch=st.one_of(st.none(), st.integers(1, 3)))
     def advance_to_next_deadline(self, batch: int | None) -> None:

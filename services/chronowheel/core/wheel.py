@@ -30,8 +30,13 @@ until an advance whose now_ms reaches it.
 A max_batch cut (or a partly due current tick) leaves `_cur` with an order to keep: a heap
 `_ready` of (due, seq, key) over `_cur`, validated lazily on pop, exists only in that case.
 
-One owner: like Netty's HashedWheelTimer, the wheel is driven by a single task and is not
-thread-safe. Work per advance() is bounded by max_batch fired entries plus cascades.
+Bounded work per call (cf. Netty's HashedWheelTimer): a bucket of more than `cascade_chunk`
+timers is not cascaded in one go. Ahead of its start (4 µs per timer, see _stage_lead_ms) it
+is *staged*: each advance() splits `cascade_chunk` of its timers into the slots they will
+occupy one level down, while it stays where it is as far as the rest of the wheel can tell.
+When c reaches it, the split slots are installed as the lower level's row in O(wheel_size)
+and only its first sub-slot is cascaded. If the driver does not come back in time, the rest
+is split then, in one go. The wheel is not thread-safe: one owner drives it.
 """
 
 from __future__ import annotations
@@ -52,6 +57,17 @@ _by_due = itemgetter(0)
 _EXACT_SCAN = 32
 
 
+# Without inserts, advance() looks for a big bucket to stage at most this often.
+_SCAN_EVERY_MS = 32
+
+
+def _stage_lead_ms(entries: int) -> int:
+    # How long before a big bucket's start to begin staging it: half a second, so a driver
+    # that only wakes every few hundred ms still sees it coming, plus a generous 4 µs of the
+    # owner's time per timer (one split step costs about 0.3-2 µs in CPython).
+    return 500 + entries * 4 // 1000
+
+
 class TimingWheel(Generic[K, V]):
     """Timers keyed by K carrying a V, fired by `advance(now_ms)`; never before their due_ms.
 
@@ -60,26 +76,47 @@ class TimingWheel(Generic[K, V]):
     tick_ms=1, or holds at most 32 timers (it is then scanned); otherwise it is that bucket's
     start, so a driver sleeping until it may wake early, advance (which cascades the bucket
     and fires nothing), and then get a tighter deadline: at most one early wake-up per level.
+    It is also earlier when there is staging to do (see the module doc): the time to begin it,
+    and, while a staged bucket still has timers to split, the last now_ms given to advance()
+    ("call again now"). A driver that honours it gets bounded work per advance() call.
     """
 
     __slots__ = (
         "_base",
         "_bits",
         "_c",
+        "_chunk",
         "_cur",
         "_cur_min",
         "_cur_one_due",
         "_due",
+        "_last_now",
         "_levels",
         "_mask",
         "_occ",
         "_ready",
+        "_scan_ms",
+        "_scan_size",
         "_seq",
         "_size",
+        "_st_level",
+        "_st_n",
+        "_st_slot",
+        "_st_sub",
+        "_stage_wake",
         "_tick",
     )
 
-    def __init__(self, *, start_ms: int, tick_ms: int = 1, wheel_size: int = 256) -> None:
+    def __init__(
+        self,
+        *,
+        start_ms: int,
+        tick_ms: int = 1,
+        wheel_size: int = 256,
+        cascade_chunk: int = 4096,
+    ) -> None:
+        if cascade_chunk < 1:
+            raise ValueError(f"cascade_chunk must be >= 1, got {cascade_chunk}")
         if tick_ms < 1:
             raise ValueError(f"tick_ms must be >= 1, got {tick_ms}")
         if wheel_size < 2 or wheel_size & (wheel_size - 1):
@@ -101,6 +138,21 @@ class TimingWheel(Generic[K, V]):
         self._seq = itertools.count()  # heap tie-breaker: keys need not be comparable
         self._levels: list[list[dict[K, V] | None]] = []
         self._occ: list[int] = []  # per level: bit s set <=> slot s holds a bucket
+        self._chunk = cascade_chunk
+        self._last_now = start_ms  # latest now_ms given to advance()
+        # The staged bucket, if any: levels[_st_level][_st_slot] still holds its unsplit
+        # timers (possibly none); _st_sub[j] holds those already split to sub-slot j one
+        # level down, _st_n of them.
+        self._st_level = 0
+        self._st_slot = 0
+        self._st_sub: list[dict[K, V] | None] | None = None
+        self._st_n = 0
+        # When to look for a big bucket to stage next: once now_ms reaches _scan_ms, or the
+        # wheel grew by more than a chunk since the last look (_scan_size). That look found
+        # the earliest instant to begin staging one: _stage_wake.
+        self._scan_ms = start_ms
+        self._scan_size = 0
+        self._stage_wake: int | None = None
 
     # ------------------------------------------------------------------ queries
     def __len__(self) -> int:
@@ -118,37 +170,65 @@ class TimingWheel(Generic[K, V]):
         if t <= c:
             return due, self._cur[key]
         bits = self._bits
-        shift = ((t ^ c).bit_length() - 1) // bits * bits
-        bucket = self._levels[shift // bits][(t >> shift) & self._mask]
+        level = ((t ^ c).bit_length() - 1) // bits
+        slot = (t >> (level * bits)) & self._mask
+        bucket = self._levels[level][slot]
         assert bucket is not None
+        if key not in bucket:
+            assert self._st_sub is not None and (level, slot) == (self._st_level, self._st_slot)
+            bucket = self._st_sub[(t >> ((level - 1) * bits)) & self._mask]
+            assert bucket is not None
         return due, bucket[key]
 
     def next_deadline(self) -> int | None:
         """Lower bound on the earliest pending due_ms (see the class doc), None when empty."""
+        if not self._due:
+            return None
+        bound: int | None = None
         if self._cur:
             ready = self._ready
             if ready is not None:
                 due = self._due
                 while due.get(ready[0][2]) != ready[0][0]:
                     heapq.heappop(ready)  # stale: cancelled or moved since it was pushed
-                return ready[0][0]
-            return self._cur_min
-        occ = self._occ
-        for level in range(len(occ)):
-            bitmap = occ[level]
-            if bitmap:
-                shift = level * self._bits
-                up = shift + self._bits
-                slot = (bitmap & -bitmap).bit_length() - 1
-                if level or self._tick > 1:
+                bound = ready[0][0]
+            else:
+                bound = self._cur_min
+        else:
+            occ = self._occ
+            for level in range(len(occ)):
+                bitmap = occ[level]
+                if bitmap:
+                    shift = level * self._bits
+                    up = shift + self._bits
+                    slot = (bitmap & -bitmap).bit_length() - 1
                     bucket = self._levels[level][slot]
                     assert bucket is not None
-                    if len(bucket) <= _EXACT_SCAN:
+                    if (
+                        (level or self._tick > 1)
+                        and len(bucket) <= _EXACT_SCAN
+                        and not (self._st_sub is not None and level == self._st_level)
+                    ):
                         # Cheap to be exact: saves the driver a wake-up per level.
-                        return min(map(self._due.__getitem__, bucket))
-                start = ((self._c >> up) << up) | (slot << shift)
-                return self._base + start * self._tick
-        return None
+                        bound = min(map(self._due.__getitem__, bucket))
+                    else:
+                        start = ((self._c >> up) << up) | (slot << shift)
+                        bound = self._base + start * self._tick
+                    break
+        if self._st_sub is not None:
+            if self._levels[self._st_level][self._st_slot] and (
+                bound is None or self._last_now < bound
+            ):
+                # Staging still has timers to split: come back at once (the minimum keeps
+                # this a lower bound: anything due earlier is covered by the bound above).
+                bound = self._last_now
+        else:
+            if len(self._due) - self._scan_size > self._chunk:
+                self._scan_stage(None)  # inserts since the last look may have made a big bucket
+            wake = self._stage_wake
+            if wake is not None and (bound is None or wake < bound):
+                bound = wake
+        return bound
 
     # ------------------------------------------------------------------ updates
     def insert(self, key: K, due_ms: int, value: V) -> None:
@@ -204,6 +284,9 @@ class TimingWheel(Generic[K, V]):
         bits = self._bits
         level = ((t ^ c).bit_length() - 1) // bits
         slot = (t >> (level * bits)) & self._mask
+        if self._st_sub is not None and level == self._st_level and slot == self._st_slot:
+            self._stage_remove(key, t)
+            return True
         row = self._levels[level]
         bucket = row[slot]
         assert bucket is not None
@@ -228,6 +311,9 @@ class TimingWheel(Generic[K, V]):
         bits = self._bits
         level = ((t ^ c).bit_length() - 1) // bits
         slot = (t >> (level * bits)) & self._mask
+        if self._st_sub is not None and level == self._st_level and slot == self._st_slot:
+            self._stage_remove(key, t)
+            return
         row = self._levels[level]
         bucket = row[slot]
         assert bucket is not None
@@ -235,6 +321,29 @@ class TimingWheel(Generic[K, V]):
         if not bucket:
             row[slot] = None
             self._occ[level] &= ~(1 << slot)
+
+    def _stage_remove(self, key: K, t: int) -> None:
+        level = self._st_level
+        row = self._levels[level]
+        src = row[self._st_slot]
+        subs = self._st_sub
+        assert src is not None and subs is not None
+        if key in src:
+            del src[key]
+        else:
+            j = (t >> ((level - 1) * self._bits)) & self._mask
+            sub = subs[j]
+            assert sub is not None
+            del sub[key]
+            self._st_n -= 1
+            if not sub:
+                subs[j] = None
+        if not src and not self._st_n:
+            # Every timer of the staged bucket was cancelled: drop it.
+            row[self._st_slot] = None
+            self._occ[level] &= ~(1 << self._st_slot)
+            self._st_sub = None
+            self._scan_ms = self._scan_size = 0
 
     # ------------------------------------------------------------------ time
     def advance(self, now_ms: int, max_batch: int | None = None) -> list[tuple[int, K, V]]:
@@ -288,7 +397,96 @@ class TimingWheel(Generic[K, V]):
             if self._c >= n:
                 break
             self._absorb(n, budget)
+        if now_ms > self._last_now:
+            self._last_now = now_ms
+        if budget > 0:  # not cut short by max_batch: spend a chunk on staging
+            if self._st_sub is not None:
+                self._stage_split(self._chunk)
+            elif now_ms >= self._scan_ms or len(self._due) - self._scan_size > self._chunk:
+                self._scan_stage(now_ms)
         return out
+
+    def _scan_stage(self, now_ms: int | None) -> None:
+        # Look at the next bucket of every level >= 1 (the only ones that get cascaded). A big
+        # one (> cascade_chunk timers) whose start is within its lead time is staged now,
+        # given a now_ms; otherwise remember when to begin.
+        occ = self._occ
+        wake: int | None = None
+        for level in range(1, len(occ)):
+            bitmap = occ[level]
+            if not bitmap:
+                continue
+            slot = (bitmap & -bitmap).bit_length() - 1
+            bucket = self._levels[level][slot]
+            assert bucket is not None
+            size = len(bucket)
+            if size <= self._chunk:
+                continue
+            shift = level * self._bits
+            up = shift + self._bits
+            start = ((self._c >> up) << up) | (slot << shift)
+            begin = self._base + start * self._tick - _stage_lead_ms(size)
+            if now_ms is not None and begin <= now_ms:
+                self._st_level = level
+                self._st_slot = slot
+                self._st_sub = [None] * self._size
+                self._st_n = 0
+                self._stage_wake = None
+                self._stage_split(self._chunk)
+                return
+            if wake is None or begin < wake:
+                wake = begin
+        self._stage_wake = wake
+        self._scan_size = len(self._due)
+        if now_ms is not None:
+            self._scan_ms = now_ms + _SCAN_EVERY_MS
+        if wake is not None and wake < self._scan_ms:
+            # advance() must look again by then: next_deadline() sends the driver at `wake`.
+            self._scan_ms = wake
+
+    def _stage_split(self, limit: int) -> None:
+        # Move up to `limit` unsplit timers of the staged bucket to their sub-slot.
+        src = self._levels[self._st_level][self._st_slot]
+        subs = self._st_sub
+        assert src is not None and subs is not None
+        due = self._due
+        base = self._base
+        tick = self._tick
+        mask = self._mask
+        shift = (self._st_level - 1) * self._bits
+        popitem = src.popitem
+        moved = min(limit, len(src))
+        for _ in range(moved):
+            k, v = popitem()
+            j = (((due[k] - base) // tick) >> shift) & mask
+            b = subs[j]
+            if b is None:
+                b = subs[j] = {}
+            b[k] = v
+        self._st_n += moved
+
+    def _enter_stage(self) -> dict[K, V]:
+        # _c has reached the staged bucket (it is the next event, so every lower level is
+        # empty): install its sub-slots as the row below and return sub-slot 0, the part
+        # that starts at the bucket's start, for the caller to hand over or cascade.
+        level = self._st_level
+        self._stage_split(len(self._levels[level][self._st_slot] or ()))
+        subs = self._st_sub
+        assert subs is not None
+        self._st_sub = None
+        self._scan_ms = self._scan_size = 0  # look for the next one on the next advance()
+        self._levels[level][self._st_slot] = None
+        self._occ[level] &= ~(1 << self._st_slot)
+        below = self._levels[level - 1]
+        assert not self._occ[level - 1]
+        bitmap = 0
+        for j in range(1, self._size):
+            b = subs[j]
+            if b is not None:
+                below[j] = b
+                bitmap |= 1 << j
+        self._occ[level - 1] = bitmap
+        return subs[0] or {}
 
     def _fire_ordered(self, now: int, budget: int, out: list[tuple[int, K, V]]) -> int:
         # _cur after a max_batch cut, or with entries later in the current tick: keep a heap.
@@ -369,11 +567,19 @@ class TimingWheel(Generic[K, V]):
             if start > n:
                 c = n  # nothing starts before n: jump; every bucket keeps its place
                 break
-            row = levels[level]
-            bucket = row[slot]
-            assert bucket is not None
-            row[slot] = None
-            occ[level] = bitmap ^ low
+            if self._st_sub is not None and level == self._st_level and slot == self._st_slot:
+                # The staged bucket: its split part becomes the row below; what remains to
+                # place now is its first sub-slot, a bucket one level down at the same start.
+                bucket = self._enter_stage()
+                level -= 1
+                shift -= bits
+            else:
+                row = levels[level]
+                taken = row[slot]
+                assert taken is not None
+                bucket = taken
+                row[slot] = None
+                occ[level] = bitmap ^ low
             start_ms = base + start * tick
             if cur_min is None or start_ms < cur_min:
                 cur_min = start_ms
