@@ -198,7 +198,8 @@ def test_big_bucket_is_cascaded_in_chunks_before_its_start() -> None:
     now = deadline
     assert w.advance(now) == []
     chunks = 1
-    while w.next_deadline() == now:  # "call again now" while the cascade runs
+    while w.next_deadline() == now + 1:  # "come back next ms" while the cascade runs
+        now += 1
         w.cancel(chunks)  # cancels during the cascade are honoured wherever the timer is
         del dues[chunks]
         assert w.get(5_000) == (dues[5_000], 5_000)
@@ -234,7 +235,7 @@ def test_staging_while_current_tick_is_partly_due() -> None:
         w.insert(i, 160 + i % 160, None)
     w.insert(-1, 128, None)
     assert w.advance(125) == []  # -1 is in the current tick, not due; staging begins
-    assert w.next_deadline() == 125
+    assert w.next_deadline() == 126
     assert w.advance(128) == [(128, -1, None)]
     fired = w.advance(165)
     assert [d for d, _, _ in fired] == sorted(160 + i % 160 for i in range(10_000) if i % 160 < 6)
@@ -247,13 +248,16 @@ def _staged_wheel() -> tuple[TimingWheel[int, int], int]:
         w.insert(i, 65_536 + i * 50, i)
     deadline = w.next_deadline()
     assert deadline == 65_536 - 504  # lead: 500 ms + 4 µs per timer
-    calls = 0
-    while w.next_deadline() == deadline:
-        assert w.advance(deadline) == []
+    now = deadline
+    assert w.advance(now) == []
+    calls = 1
+    while w.next_deadline() == now + 1:
+        now += 1
+        assert w.advance(now) == []
         calls += 1
     assert calls == 10
     assert w.next_deadline() == 65_536
-    return w, deadline
+    return w, now
 
 
 def test_cancel_and_replace_inside_a_split_bucket() -> None:

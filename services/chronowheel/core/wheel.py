@@ -31,8 +31,8 @@ A max_batch cut (or a partly due current tick) leaves `_cur` with an order to ke
 `_ready` of (due, seq, key) over `_cur`, validated lazily on pop, exists only in that case.
 
 Bounded work per call (cf. Netty's HashedWheelTimer): a bucket of more than `cascade_chunk`
-timers is not cascaded in one go. Ahead of its start (4 µs per timer, see _stage_lead_ms) it
-is *staged*: each advance() splits `cascade_chunk` of its timers into the slots they will
+timers is not cascaded in one go. Ahead of its start (see _stage_lead_ms) it is *staged*:
+each advance() splits `cascade_chunk` of its timers into the slots they will
 occupy one level down, while it stays where it is as far as the rest of the wheel can tell.
 When c reaches it, the split slots are installed as the lower level's row in O(wheel_size)
 and only its first sub-slot is cascaded. If the driver does not come back in time, the rest
@@ -77,8 +77,8 @@ class TimingWheel(Generic[K, V]):
     start, so a driver sleeping until it may wake early, advance (which cascades the bucket
     and fires nothing), and then get a tighter deadline: at most one early wake-up per level.
     It is also earlier when there is staging to do (see the module doc): the time to begin it,
-    and, while a staged bucket still has timers to split, the last now_ms given to advance()
-    ("call again now"). A driver that honours it gets bounded work per advance() call.
+    and, while a staged bucket still has timers to split, one millisecond after the last now_ms
+    given to advance(). A driver that honours it gets bounded work per advance() call.
     """
 
     __slots__ = (
@@ -219,9 +219,10 @@ class TimingWheel(Generic[K, V]):
             if self._levels[self._st_level][self._st_slot] and (
                 bound is None or self._last_now < bound
             ):
-                # Staging still has timers to split: come back at once (the minimum keeps
-                # this a lower bound: anything due earlier is covered by the bound above).
-                bound = self._last_now
+                # Staging still has timers to split: come back in a millisecond (one chunk per
+                # ms is well within the lead time). Taking the minimum keeps this a lower
+                # bound: anything due by then is covered by the bound above.
+                bound = self._last_now + 1
         else:
             if len(self._due) - self._scan_size > self._chunk:
                 self._scan_stage(None)  # inserts since the last look may have made a big bucket
