@@ -345,6 +345,10 @@ async def test_kill_9_during_a_burst_loses_and_duplicates_nothing(
         takeover_s = await until(lambda: owned(b) == set(range(shards)),
                                  SESSION_TIMEOUT_MS / 1000 + 30, "node b to own every shard",
                                  nodes)
+        # The group notices the dead node after the session timeout; then a rebalance and the
+        # takeover (fencing, watermark, loading) follow, and the overdue jobs fire.
+        assert takeover_s < SESSION_TIMEOUT_MS / 1000 + 10, \
+            f"node b took {takeover_s:.1f} s to own and serve every shard{nodes.tails()}"
         all_s = await until(lambda: len(tap.occurrences()) >= n, 120,
                             f"all {n} occurrences published", nodes)
         await asyncio.sleep(3)  # a late duplicate would show up here
@@ -393,6 +397,8 @@ async def test_a_node_paused_past_its_session_publishes_nothing_for_lost_shards(
         stop_ms = now_ms()
         takeover_s = await until(lambda: owned(b) == set(range(shards)), 60,
                                  "node b to own every shard while node a is stopped", nodes)
+        assert takeover_s < SESSION_TIMEOUT_MS / 1000 + 10, \
+            f"node b took {takeover_s:.1f} s to own and serve every shard{nodes.tails()}"
         # node b publishes, for node a's former shards, jobs that came due during the pause
         await until(lambda: any(m.partition in a_shards and m.scheduled_ms > stop_ms + 1_000
                                 for m in tap.messages), 30,
@@ -457,19 +463,26 @@ async def test_a_hot_bucket_is_prewarmed_before_its_minute_and_its_herd_fires_on
     settings = await make_namespace(stack, namespace, shards=shards)
     ids = [f"herd-{i:05d}" for i in range(n)]
     per_shard = Counter(shard_of(j, shards) for j in ids)
-    # Hot once half of a shard's herd is ingested: the pre-warm reads that half from Cassandra
-    # while ingest adds the rest straight into the pre-warmed minute.
-    hot = min(per_shard.values()) // 2
+    # Hot once a quarter of a shard's herd is ingested: the pre-warm reads that part from
+    # Cassandra while ingest adds the rest straight into the pre-warmed minute.
+    hot = min(per_shard.values()) // 4
+    lookahead_ms = 2_000
     async with tapping(settings) as tap:
-        node = nodes.start(settings, "herd", CHRONOWHEEL_LOOKAHEAD_MS="10000",
+        node = nodes.start(settings, "herd", CHRONOWHEEL_LOOKAHEAD_MS=str(lookahead_ms),
                            CHRONOWHEEL_PREWARM_MS=str(10 * MINUTE_MS),
                            CHRONOWHEEL_HOT_BUCKET_ROWS=str(hot))
         await until(lambda: owned(node) == set(range(shards)), 60, "the node to own all shards",
                     nodes)
         rate = await calibrate(settings, nodes, node)
         t_submit = now_ms()
-        # The midnight herd: every job at the first instant of one minute, after ingest.
-        minute = -(-(t_submit + ingest_budget_ms(n, rate)) // MINUTE_MS) * MINUTE_MS
+        # The midnight herd: every job at the first instant of one minute, after ingest. The
+        # loader reads whole minutes through now + lookahead, and only a minute beyond the next
+        # one to load is pre-warmed: the herd must turn hot while now + lookahead is still
+        # more than a minute before it.
+        budget = ingest_budget_ms(n, rate)
+        hot_by = t_submit + budget * 4 // 10
+        earliest = max(t_submit + budget, hot_by + lookahead_ms + MINUTE_MS + 5_000)
+        minute = -(-earliest // MINUTE_MS) * MINUTE_MS
         jobs = dict.fromkeys(ids, minute)
         await submit(settings, jobs)
         await until(lambda: ingested(node) >= n + 2_000,
