@@ -2,7 +2,8 @@
 """The local stack: a real Apache Cassandra and a real Apache Kafka on 127.0.0.1.
 
 Both servers run from pinned Maven Central artifacts (cassandra/pom.xml, kafka/pom.xml beside
-this file) on the machine's Java 17, with about 1 GiB of heap each. Nothing is mocked.
+this file) on the machine's Java 17, with 2 GiB of heap for Cassandra and 1 GiB for Kafka.
+Nothing is mocked.
 
     stack.py install                 resolve the Maven artifacts (no server is started)
     stack.py up [SERVER...]          start what is not running, wait until it answers
@@ -49,7 +50,10 @@ CQL_PORT = 9042
 CASSANDRA_STORAGE_PORT = 7000
 KAFKA_PORT = 9092
 KAFKA_CONTROLLER_PORT = 9093
-HEAP = os.environ.get("CHRONOWHEEL_STACK_HEAP", "1g")  # per server
+HEAP = os.environ.get("CHRONOWHEEL_STACK_HEAP", "1g")  # Kafka's heap
+# Cassandra gets more: a test run creates a keyspace of five tables per test, and under load
+# 1 GiB ran out (OutOfMemoryError) once a few hundred tables existed.
+CASSANDRA_HEAP = os.environ.get("CHRONOWHEEL_CASSANDRA_HEAP", "2g")
 MAVEN_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
 DEFAULT_TIMEOUT_S = 180.0
 STOP_GRACE_S = 45.0
@@ -503,8 +507,8 @@ class Cassandra(Server):
         for d in (storage, triggers):
             d.mkdir(parents=True, exist_ok=True)
         return [
-            f"-Xms{HEAP}",
-            f"-Xmx{HEAP}",
+            f"-Xms{CASSANDRA_HEAP}",
+            f"-Xmx{CASSANDRA_HEAP}",
             "-Xss256k",
             "-XX:+UseG1GC",
             "-XX:+ParallelRefProcEnabled",

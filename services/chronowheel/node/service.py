@@ -157,6 +157,11 @@ class Node:
         exc = task.exception()
         if isinstance(exc, ShardLost):
             log.warning("%s", exc)
+            # Not ours any more: stop listing it (the group will revoke it too).
+            for k, o in list(self.owned.items()):
+                if o.task is task:
+                    del self.owned[k]
+            self.metrics.owned_shards.set(len(self.owned))
             return
         self._fail(task.get_name(), exc or RuntimeError(f"{task.get_name()} ended unexpectedly"))
 

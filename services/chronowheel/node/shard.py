@@ -77,6 +77,8 @@ INGEST_CONCURRENCY = 64
 # A command due in the past (or within this margin) gets a slot this far ahead, so that its
 # own write normally completes before dispatch reaches it instead of holding dispatch back.
 INGEST_SLACK_MS = 50
+# On a graceful stop, wait this long at most for the ingest batch in flight.
+STOP_DRAIN_MS = 20_000
 # Without a watermark record (never initialised, or the state topic lost it), reload this far.
 MISSING_WATERMARK_LOOKBACK_MS = 3_600_000
 _FENCED = (ProducerFenced, InvalidProducerEpoch, TransactionalIdAuthorizationFailed)
@@ -180,8 +182,21 @@ class ShardActor:
                 await self._dispatch_step()
                 self._update_gauges()
                 await self._wait()
-            # Graceful stop: let ingest finish its batch, then commit what is done.
-            await asyncio.wait_for(asyncio.shield(helpers[1]), 20)
+            # Graceful stop: let ingest finish its batch, still dispatching what comes due
+            # meanwhile (the shard is ours until the stop returns), then commit what is done.
+            ingest = helpers[1]
+            give_up = self.clock.now_ms() + STOP_DRAIN_MS
+            while not ingest.done():
+                if self.clock.now_ms() > give_up:
+                    raise ChronowheelError(f"shard {self.shard}: ingest did not finish its "
+                                           f"batch within {STOP_DRAIN_MS} ms of the stop")
+                await self._dispatch_step()
+                self._update_gauges()
+                nd = self.wheel.next_deadline()
+                pause_ms = 50 if nd is None or self.dispatch_blocked() else \
+                    min(50, max(1, nd - self.clock.now_ms()))
+                await asyncio.wait({ingest}, timeout=pause_ms / 1000)
+            ingest.result()
             await self._dispatch_step(final=True)
         finally:
             self.ready = False
@@ -775,7 +790,7 @@ class ShardActor:
         s = self.settings
         if s.prewarm_ms <= s.lookahead_ms:
             return
-        start = minute_of(self.horizon_ms + 1) + MINUTE_MS
+        start = minute_of(self.horizon_ms + 1)  # the next minute to load may be hot too
         end = minute_of(self.clock.now_ms() + s.prewarm_ms)
         if start > end:
             return

@@ -26,7 +26,13 @@ from cassandra.cluster import (
     Session,
 )
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
-from cassandra.query import BatchStatement, BatchType, PreparedStatement, tuple_factory
+from cassandra.query import (
+    UNSET_VALUE,
+    BatchStatement,
+    BatchType,
+    PreparedStatement,
+    tuple_factory,
+)
 
 from chronowheel.errors import ConfigError, RetriableError
 from chronowheel.retry import with_retries
@@ -215,7 +221,9 @@ class CassandraStore:
     @staticmethod
     def _due_params(row: DueRow, ttl_s: int) -> tuple[Any, ...]:
         return (row.minute, row.shard, row.slot_ms, row.job_id, row.attempt, row.scheduled_ms,
-                row.version, row.topic, row.payload, list(row.headers), row.spec,
+                row.version, row.topic, row.payload, list(row.headers),
+                # a bound null is a tombstone; one-shot rows leave `spec` unset instead
+                UNSET_VALUE if row.spec is None else row.spec,
                 row.max_attempts, row.backoff_ms, max(1, ttl_s))
 
     async def put_due_and_job(self, row: DueRow, ttl_s: int, job: JobRow) -> None:
