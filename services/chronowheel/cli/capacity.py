@@ -355,8 +355,8 @@ def render(p: dict[str, Any]) -> str:
         f"{w['horizon_s'] / DAY_S:g}d)",
         f"  due rows fired, kept by TTL  {n(c['retained_fired_rows'])} (retention "
         f"{w['retention_s'] / DAY_S:g}d)",
-        f"  jobs rows                    {n(c['jobs_rows'])} (+{n(c['jobs_rows_growth_per_day'])}"
-        f"/day while jobs rows are not expired)",
+        f"  jobs rows                    {n(c['jobs_rows'])} (one-shot rows expire retention "
+        f"after they fire)",
         f"  data                         {size(c['raw_bytes'])} raw, "
         f"{size(c['bytes_on_disk_replicated'])} replicated, "
         f"{size(c['bytes_provisioned'])} provisioned (x{w['disk_headroom']:g} headroom)",
