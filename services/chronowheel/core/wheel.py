@@ -32,8 +32,8 @@ A max_batch cut (or a partly due current tick) leaves `_cur` with an order to ke
 
 Bounded work per call (cf. Netty's HashedWheelTimer): a bucket of more than `cascade_chunk`
 timers is not cascaded in one go. Ahead of its start (see _stage_lead_ms) it is *staged*:
-each advance() splits `cascade_chunk` of its timers into the slots they will
-occupy one level down, while it stays where it is as far as the rest of the wheel can tell.
+each advance() splits `cascade_chunk` of its timers into the slots they will occupy one level
+down, while it stays where it is as far as the rest of the wheel can tell.
 When c reaches it, the split slots are installed as the lower level's row in O(wheel_size)
 and only its first sub-slot is cascaded. If the driver does not come back in time, the rest
 is split then, in one go. The wheel is not thread-safe: one owner drives it.
@@ -55,8 +55,6 @@ _by_due = itemgetter(0)
 # next_deadline() scans a bucket this small for its exact minimum instead of returning the
 # bucket's start: a sparse far-future wheel then costs one wake-up per timer, not one per level.
 _EXACT_SCAN = 32
-
-
 # Without inserts, advance() looks for a big bucket to stage at most this often.
 _SCAN_EVERY_MS = 32
 
