@@ -177,11 +177,11 @@ class AsyncioTimers:
         self.loop.close()
 
 
-def make(structure: str) -> Timers:
+def make(structure: str, cascade_chunk: int = 4096) -> Timers:
     if structure == "wheel":
         from chronowheel.core.wheel import TimingWheel
 
-        return TimingWheel(start_ms=T0, tick_ms=1, wheel_size=256)
+        return TimingWheel(start_ms=T0, tick_ms=1, wheel_size=256, cascade_chunk=cascade_chunk)
     if structure == "heapq":
         return HeapTimers()
     if structure == "asyncio":
@@ -217,7 +217,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     t = time.perf_counter()
     keys, dues = workload(n, spread_ms, args.seed)
     log(f"{label} workload built in {time.perf_counter() - t:.1f}s")
-    s = make(args.structure)
+    s = make(args.structure, args.cascade_chunk)
     gc.collect()
     result: dict[str, Any] = {
         "structure": args.structure,
@@ -398,6 +398,12 @@ def main() -> None:
     p.add_argument("--step-ms", type=int, default=100, help="driver step while timers are dense")
     p.add_argument("--max-batch", type=int, default=5000, help="max_batch per advance (0 = none)")
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument(
+        "--cascade-chunk",
+        type=int,
+        default=4096,
+        help="wheel: timers cascaded per advance() (huge = a bucket at once, no staging)",
+    )
     p.add_argument("--json", help="also write all results to this file")
     p.add_argument("--markdown", action="store_true", help="print the table as markdown (default)")
     # internal: one measurement in this process
@@ -429,6 +435,7 @@ def main() -> None:
                                 f"--step-ms={args.step_ms}",
                                 f"--max-batch={args.max_batch}",
                                 f"--seed={args.seed}",
+                                f"--cascade-chunk={args.cascade_chunk}",
                             ]
                         )
                     )
