@@ -6,6 +6,7 @@ import argparse
 import importlib
 import os
 import sys
+from collections.abc import Mapping
 
 from chronowheel.errors import ChronowheelError
 from chronowheel.logs import configure
@@ -39,7 +40,52 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    env_backed(parser, os.environ)
     return parser
+
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def env_backed(parser: argparse.ArgumentParser, env: Mapping[str, str], prefix: str = "",
+               _seen: set[int] | None = None) -> None:
+    """Make every long option also readable from an environment variable, named in --help.
+
+    Settings flags already say `[env CHRONOWHEEL_X]` and are left alone; the others get
+    CHRONOWHEEL_<COMMAND>_<FLAG> (the command in the name, as `--topic` of `submit` and of
+    `worker` mean different things). A flag given on the command line still wins.
+    """
+    seen = set() if _seen is None else _seen
+    if id(parser) in seen:
+        return
+    seen.add(id(parser))
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                env_backed(child, env, f"{prefix}{_env_word(name)}_", seen)
+            continue
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if not longs or action.dest == "help" or "[env " in (action.help or ""):
+            continue
+        var = f"CHRONOWHEEL_{prefix}{_env_word(longs[0][2:])}"
+        action.help = f"{action.help or ''} [env {var}]".strip()
+        raw = env.get(var)
+        if raw is None or raw == "":
+            continue
+        if isinstance(action, argparse._StoreTrueAction):
+            action.default = raw.lower() in _TRUE
+        elif isinstance(action, argparse._StoreFalseAction):
+            action.default = raw.lower() not in _TRUE
+        elif isinstance(action, argparse._AppendAction):
+            convert = action.type if callable(action.type) else str
+            action.default = [convert(v) for v in raw.split(",") if v]
+        else:
+            action.default = raw  # argparse applies the option's type to a string default
+        action.required = False
+
+
+def _env_word(text: str) -> str:
+    return text.upper().replace("-", "_")
 
 
 def main(argv: list[str] | None = None) -> int:
