@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 import pytest
-
 from chronowheel.cli import build_parser
 
 
