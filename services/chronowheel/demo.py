@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from chronowheel.admin import init_namespace
@@ -178,8 +179,6 @@ async def _send_unvalidated(client: SchedulerClient, command: dict[str, Any]) ->
     # what these stand for.
     producer = client._producer
     assert producer is not None
-    import orjson
-
     await producer.send(client.topic, orjson.dumps(command),
                         key=command["job"]["id"].encode())
 

@@ -66,17 +66,18 @@ class Fired:
 
 @dataclass
 class Collector:
-    """Reads topics from the beginning with read_committed, in the background."""
+    """Reads topics from the beginning (read_committed unless told), in the background."""
 
     settings: Settings
     topics: tuple[str, ...]
+    isolation: str = "read_committed"
     messages: list[Fired] = field(default_factory=list)
     _task: asyncio.Task[None] | None = None
     _consumer: AIOKafkaConsumer | None = None
 
     async def start(self) -> Collector:
         c = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka, group_id=None,
-                             isolation_level="read_committed", enable_auto_commit=False,
+                             isolation_level=self.isolation, enable_auto_commit=False,
                              auto_offset_reset="earliest", max_partition_fetch_bytes=4 << 20)
         await c.start()
         admin = await open_admin(self.settings)
@@ -95,11 +96,16 @@ class Collector:
         assert self._consumer is not None
         while True:
             batches = await self._consumer.getmany(timeout_ms=100)
+            arrived = now_ms()
             for tp, msgs in batches.items():
                 for m in msgs:
                     self.messages.append(Fired(
                         tp.topic, tp.partition, m.offset, m.key, m.value or b"",
                         {k: v.decode() for k, v in (m.headers or ())}))
+                    self.on_message(m, arrived)
+
+    def on_message(self, record: Any, arrived_ms: int) -> None:
+        """Hook for subclasses that note more per message (called after it is appended)."""
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -29,14 +29,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from chronowheel.bus.kafka import open_admin, partition_counts
 from chronowheel.core.buckets import MINUTE_MS
 from chronowheel.core.shard import shard_of
 from chronowheel.node.service import STOP_DEADLINE_S
 from chronowheel.settings import Settings
 
-from tests.integration.harness import Fired, NodeProcess, make_namespace, now_ms, produce, upsert
+from tests.integration.harness import (
+    Collector,
+    Fired,
+    NodeProcess,
+    make_namespace,
+    now_ms,
+    produce,
+    upsert,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -162,57 +168,18 @@ def metric_sum(node: NodeProcess, name: str, shards: Iterable[int] | None = None
 
 
 @dataclass
-class Tap:
-    """Reads a topic from the beginning in the background and notes, per message, when it
-    arrived here (this process's clock) and its Kafka record timestamp."""
+class Tap(Collector):
+    """A Collector of the fired topic that also notes, per message, when it arrived here (this
+    process's clock) and its Kafka record timestamp, and counts messages per partition."""
 
-    settings: Settings
-    topic: str
-    isolation: str = "read_committed"
-    messages: list[Fired] = field(default_factory=list)
     received_ms: list[int] = field(default_factory=list)
     record_ms: list[int] = field(default_factory=list)
     per_partition: Counter[int] = field(default_factory=Counter)
-    _consumer: AIOKafkaConsumer | None = None
-    _task: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
-        admin = await open_admin(self.settings)
-        try:
-            parts = (await partition_counts(admin, [self.topic]))[self.topic]
-        finally:
-            await admin.close()
-        c = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka, group_id=None,
-                             isolation_level=self.isolation, enable_auto_commit=False,
-                             auto_offset_reset="earliest", max_partition_fetch_bytes=4 << 20)
-        await c.start()
-        tps = [TopicPartition(self.topic, p) for p in range(parts)]
-        c.assign(tps)
-        await c.seek_to_beginning(*tps)
-        self._consumer = c
-        self._task = asyncio.create_task(self._run())
-
-    async def _run(self) -> None:
-        assert self._consumer is not None
-        while True:
-            batches = await self._consumer.getmany(timeout_ms=100)
-            arrived = now_ms()
-            for tp, msgs in batches.items():
-                for m in msgs:
-                    self.messages.append(Fired(
-                        tp.topic, tp.partition, m.offset, m.key, m.value or b"",
-                        {k: v.decode() for k, v in (m.headers or ())}))
-                    self.received_ms.append(arrived)
-                    self.record_ms.append(m.timestamp)
-                self.per_partition[tp.partition] += len(msgs)
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._consumer is not None:
-            await self._consumer.stop()
+    def on_message(self, record: Any, arrived_ms: int) -> None:
+        self.received_ms.append(arrived_ms)
+        self.record_ms.append(record.timestamp)
+        self.per_partition[record.partition] += 1
 
     def occurrences(self) -> set[str]:
         return {m.occurrence for m in self.messages}
@@ -223,7 +190,7 @@ class Tap:
 
 @contextlib.asynccontextmanager
 async def tapping(settings: Settings, isolation: str = "read_committed") -> AsyncIterator[Tap]:
-    tap = Tap(settings, settings.fired_topic, isolation)
+    tap = Tap(settings, (settings.fired_topic,), isolation)
     await tap.start()
     try:
         yield tap

@@ -610,14 +610,21 @@ class ShardActor:
                 fired_at = str(self.clock.now_ms()).encode()
                 batches: dict[tuple[str, int], Any] = {}
                 dead: list[Outgoing] = []
+                known = self._partitions
                 for p in fired:
-                    parts = await self._partition_count(p.topic)
+                    # Hot path (a herd is thousands of messages): dict lookups and a batch
+                    # append; awaits only for an unknown topic or a full batch.
+                    parts = known.get(p.topic) or await self._partition_count(p.topic)
                     if parts is None:
                         dead.append(self._undeliverable(p, fired_at))
                         continue
                     part = shard_of(p.job_id, parts)
-                    await self._append(producer, batches, p.topic, part, p.key, p.payload,
-                                       [*p.headers, ("cw-fired-at", fired_at)])
+                    headers = [*p.headers, ("cw-fired-at", fired_at)]
+                    batch = batches.get((p.topic, part))
+                    if batch is None or batch.append(key=p.key, value=p.payload, timestamp=None,
+                                                     headers=headers) is None:
+                        await self._append(producer, batches, p.topic, part, p.key, p.payload,
+                                           headers)
                 for out in (*outbox, *dead):
                     target = out.partition
                     if target is None:
@@ -657,13 +664,14 @@ class ShardActor:
                       topic: str, part: int, key: bytes | None, value: bytes,
                       headers: list[tuple[str, bytes]]) -> None:
         batch = batches.get((topic, part))
-        if batch is None:
-            batch = batches[(topic, part)] = producer.create_batch()
-        if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+        if batch is not None and batch.append(key=key, value=value, timestamp=None,
+                                              headers=headers) is not None:
+            return
+        if batch is not None:
             await producer.send_batch(batch, topic, partition=part)  # full: ship it
-            batch = batches[(topic, part)] = producer.create_batch()
-            if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
-                raise ChronowheelError(f"message for {topic} too large for one batch")
+        batch = batches[(topic, part)] = producer.create_batch()
+        if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+            raise ChronowheelError(f"message for {topic} too large for one batch")
 
     async def _partition_count(self, topic: str) -> int | None:
         n = self._partitions.get(topic)
