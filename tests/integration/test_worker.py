@@ -23,6 +23,7 @@ from chronowheel.core.shard import shard_of
 from chronowheel.settings import Settings
 from chronowheel.store.base import Claim
 from chronowheel.store.cassandra import CassandraStore
+from chronowheel.store.cassandra_marks import CassandraMarks
 from chronowheel.worker import DeadLetter, Occurrence, Worker, WorkerStats
 
 from tests.integration.harness import (
@@ -80,6 +81,18 @@ async def claim_of(settings: Settings, scope: str, occurrence: str) -> Claim | N
         await asyncio.to_thread(store.close)
 
 
+async def marks_of(settings: Settings, scope: str, topic: str, partition: int,
+                   ) -> dict[int, tuple[str, str]]:
+    """The worker's stored outcome marks of one partition: offset -> (state, occurrence)."""
+    store = await asyncio.to_thread(CassandraStore.open, settings)
+    try:
+        marks = CassandraMarks(store.session, settings.keyspace)
+        return {m.offset: (m.state, m.occurrence)
+                for m in await marks.read_marks(scope, topic, partition, 0, 0)}
+    finally:
+        await asyncio.to_thread(store.close)
+
+
 def job_on_partition(prefix: str, partition: int, partitions: int) -> str:
     """A job id whose fired message lands on `partition` (the node partitions by murmur2)."""
     return next(f"{prefix}-{i}" for i in range(10_000)
@@ -116,8 +129,10 @@ async def test_handler_sees_payload_and_headers_and_the_offset_is_committed(
     assert worker.stats == WorkerStats(succeeded=1)
     assert worker.group_id == f"{namespace}-workers-{settings.fired_topic}"
     assert await committed_offsets(settings, worker.group_id) == {occ.partition: occ.offset + 1}
-    row = await claim_of(settings, worker.group_id, occ.occurrence)
-    assert row is not None and (row.state, row.attempt) == ("done", 1)
+    # A first delivery is recorded as a mark of its offset, not as a per-occurrence claim.
+    marks = await marks_of(settings, worker.group_id, occ.topic, occ.partition)
+    assert marks == {occ.offset: ("done", occ.occurrence)}
+    assert await claim_of(settings, worker.group_id, occ.occurrence) is None
 
 
 async def test_concurrency_is_bounded_and_sync_handlers_run_in_threads(
@@ -330,7 +345,7 @@ async def test_concurrent_duplicates_in_two_groups_sharing_a_ledger_run_once(
                                idempotency_scope="shared") as b):
         await produce(settings, [upsert("contended", at=now_ms())])
         # Both workers hold the delivery; one runs the handler, the other waits on its lease.
-        await wait_until(lambda: len(a._handlings) == 1 and len(b._handlings) == 1, 30,
+        await wait_until(lambda: a.holding() == 1 and b.holding() == 1, 30,
                          "both workers to hold the delivery")
         await wait_until(lambda: len(started) == 1, 10, "one handler call")
         release.set()
@@ -381,11 +396,12 @@ async def test_a_killed_worker_loses_nothing_its_claim_expires(
             proc.wait(30)
         out.close()
     assert [(o.occurrence, o.attempt) for o in seen] == [(f"survivor@{at}", 1)]
-    # The dead worker's claim was honoured until it expired: renewed every 5 s, it lived at
-    # least 10 s past the kill (the group itself moved the partition after ~6 s).
+    # The dead worker's partition lease was honoured until it expired: renewed every 5 s, it
+    # lived at least 10 s past the kill (the group itself moved the partition after ~6 s).
     assert handled_at - killed_at >= 10
-    row = await claim_of(settings, group, f"survivor@{at}")
-    assert row is not None and (row.state, row.attempt) == ("done", 1)
+    [occ] = seen
+    marks = await marks_of(settings, group, occ.topic, occ.partition)
+    assert marks == {occ.offset: ("done", f"survivor@{at}")}
 
 
 # --- rebalancing ---------------------------------------------------------------------------------
