@@ -5,7 +5,8 @@ can leak into it), installed without dependencies into a new virtualenv in a tem
 directory, and imported from there. That virtualenv borrows the test interpreter's third-party
 packages through a `.pth` line; `.pth` files inside a borrowed directory are not executed, so
 the editable install of the checkout stays invisible and `chronowheel` can only come from the
-wheel.
+wheel. Building fetches the build backend (setuptools) from the package index, as
+`./run bootstrap` does.
 """
 
 from __future__ import annotations
