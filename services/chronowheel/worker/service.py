@@ -105,6 +105,8 @@ class _Part:
     deferred: dict[str, list[_Item]] = field(default_factory=dict)
     """Copies of an occurrence whose handling is still running: decided when it ends."""
     running: int = 0
+    unmarked: int = 0
+    """Handled, with the mark queued or being written (their tickets are not finished yet)."""
     acquiring: asyncio.Task[None] | None = None
     flushing: bool = False
     gone: bool = False
@@ -147,6 +149,7 @@ class Worker:
         self.settings = settings
         self.handlers = dict(handlers)
         self.topics = sorted(self.handlers)
+        self._async = {t: _is_async(h) for t, h in self.handlers.items()}
         self.group_id = group_id or default_group_id(settings.namespace, self.topics)
         self.concurrency = concurrency
         self.idempotency = idempotency
@@ -158,7 +161,9 @@ class Worker:
         self.commit_interval_s = commit_interval_s
         self.session_timeout_ms = session_timeout_ms
         self.prefetch = prefetch or max(1000, 8 * concurrency)
-        """Most records received and not yet handled, over all partitions."""
+        """Most records received and not yet handled, over all partitions. Handled records
+        waiting for their marks to be written do not count (up to 8 x prefetch of them), so
+        the write latency of the marks does not throttle fetching."""
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.stats = WorkerStats()
         self._store = store
@@ -344,7 +349,9 @@ class Worker:
         consumer = self._consumer
         assert consumer is not None
         while not self._stop.is_set():
-            room = self.prefetch - self._holding
+            unmarked = sum(p.unmarked for p in self._parts.values())
+            room = min(self.prefetch - (self._holding - unmarked),
+                       8 * self.prefetch - self._holding)
             if room <= 0:
                 # Wake as soon as handlers free room. The short getmany(timeout 0) on a timeout
                 # keeps aiokafka counting this consumer as polling (max_poll_interval).
@@ -471,7 +478,7 @@ class Worker:
         self._fail(task.get_name(), exc or RuntimeError(f"{task.get_name()} ended"))
 
     def _all_async(self) -> bool:
-        return all(_is_async(h) for h in self.handlers.values())
+        return all(self._async.values())
 
     async def _next(self) -> _Item | None:
         """The next ready record, waiting for one; None when the worker is stopping."""
@@ -585,8 +592,7 @@ class Worker:
                 continue
             if occ is None:
                 continue
-            handler = self.handlers[occ.topic]
-            if (occ.attempt > 1 and self._ledger is not None) or _is_async(handler):
+            if (occ.attempt > 1 and self._ledger is not None) or self._async[occ.topic]:
                 await self._one_admitted(item, occ)
             else:
                 runnable.append((item, occ))
@@ -623,7 +629,7 @@ class Worker:
             if occ.attempt > 1 and self._ledger is not None:
                 state = await self._handle_retry(occ)
             else:
-                error = await self._call(self.handlers[occ.topic], occ, None)
+                error = await self._call(occ, None)
                 state = await self._settle(occ, error, None)
         except BaseException:
             self._release_running(part, occ.occurrence)
@@ -649,7 +655,7 @@ class Worker:
             self.stats.skipped += 1
             log.debug("%s attempt %d: already handled, skipped", occ.occurrence, occ.attempt)
             return MARK_SKIPPED
-        error = await self._call(self.handlers[occ.topic], occ, lease)
+        error = await self._call(occ, lease)
         return await self._settle(occ, error, lease)
 
     async def _settle(self, occ: Occurrence, error: BaseException | None,
@@ -691,6 +697,9 @@ class Worker:
             self._finish(ticket)
             return
         part.guard.mark(offset, state, occurrence, ticket)
+        part.unmarked += 1
+        if not self._room.is_set():
+            self._room.set()
         if not part.flushing:
             part.flushing = True
             self._job(self._flush(part), f"marks-{part.tp.partition}")
@@ -704,6 +713,7 @@ class Worker:
             while guard.pending:
                 marks, tickets = guard.take_pending()
                 await guard.write(marks)
+                part.unmarked -= len(tickets)
                 for ticket in tickets:
                     self._finish(cast(Ticket[TopicPartition], ticket))
         finally:
@@ -727,10 +737,11 @@ class Worker:
             if not self._room.is_set():
                 self._room.set()
 
-    async def _call(self, handler: Handler, occ: Occurrence,
-                    lease: Lease | None) -> Exception | None:
-        """Run the handler, renewing a per-occurrence lease meanwhile; return what it raised."""
-        is_async = _is_async(handler)
+    async def _call(self, occ: Occurrence, lease: Lease | None) -> Exception | None:
+        """Run the topic's handler, renewing a per-occurrence lease meanwhile; return what it
+        raised."""
+        handler = self.handlers[occ.topic]
+        is_async = self._async[occ.topic]
         if is_async and lease is None:
             try:  # the common path: no task, no extra loop iteration
                 await cast(Awaitable[None], handler(occ))
