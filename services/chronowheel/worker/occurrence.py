@@ -69,7 +69,7 @@ class Occurrence:
                 text[k] = v.decode("utf-8", "replace")
         if has_none:
             raw = tuple((k, v or b"") for k, v in raw)
-        if not _REQUIRED_SET <= text.keys():
+        if not text.keys() >= _REQUIRED_SET:
             missing = [h for h in _REQUIRED if h not in text]
             raise MalformedOccurrence(f"not a chronowheel occurrence: missing header "
                                       f"{', '.join(missing)}")
