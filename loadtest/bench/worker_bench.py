@@ -358,6 +358,34 @@ async def backlog(n: int, variants: list[str]) -> dict[str, Any]:
     return out
 
 
+# Goals (issue "The worker"): absolute for e2e lateness, a ratio to the raw consume rate
+# measured in the same run for the backlog.
+E2E_GOALS_MS = {1000: (100.0, None), 5000: (1000.0, 100.0)}
+"""due/s -> (must: p99 handler-start lateness at most, aim: at most)"""
+BACKLOG_GOAL_RATIO = 0.5
+"""handled/s with idempotency on, as a share of the raw read_committed consume rate"""
+
+
+def goals(mode: str, result: dict[str, Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if mode == "e2e":
+        for r in result["runs"]:
+            must, aim = E2E_GOALS_MS.get(r["rate"], (None, None))
+            p99 = r["handler_start_lateness_ms"]["p99"]
+            for kind, limit in (("must", must), ("aim", aim)):
+                if limit is not None and p99 is not None:
+                    out.append({"goal": f"{r['rate']} due/s: handler start p99 <= {limit:.0f} ms",
+                                "kind": kind, "value": round(p99, 1), "met": p99 <= limit})
+    else:
+        for r in result["runs"]:
+            if r["idempotency"]:
+                out.append({"goal": f"backlog, {r['kind']} handler, idempotency on: >= "
+                                    f"{BACKLOG_GOAL_RATIO} x raw consume",
+                            "kind": "must", "value": r["ratio_to_raw"],
+                            "met": r["ratio_to_raw"] >= BACKLOG_GOAL_RATIO})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -386,6 +414,9 @@ def main(argv: list[str] | None = None) -> int:
             bad += r["early"] + r["duplicates"] + r["missing_60s_after_window"]
     else:
         result.update(asyncio.run(backlog(args.n, [v for v in args.variants.split(",") if v])))
+    result["goals"] = goals(args.mode, result)
+    for g in result["goals"]:
+        say(f"goal ({g['kind']}) {g['goal']}: {g['value']} -> {'met' if g['met'] else 'MISSED'}")
     path = RESULTS / f"worker-{args.mode}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     say(f"wrote {path.relative_to(ROOT)}")
