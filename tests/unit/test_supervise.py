@@ -1,0 +1,190 @@
+"""The service skeleton: supervised tasks stop the service loudly; stop signals."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from chronowheel.supervise import ABORT_EXIT_CODE, Supervisor, install_stop_signals
+
+
+class Boom(Exception):
+    pass
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_a_crashed_loop_stops_the_service_and_is_raised(
+        caplog: pytest.LogCaptureFixture) -> None:
+    sup = Supervisor("demo service")
+
+    async def crash() -> None:
+        raise Boom("disk on fire")
+
+    with caplog.at_level(logging.CRITICAL, logger="chronowheel.supervise"):
+        sup.spawn(crash(), "pump")
+        await asyncio.wait_for(sup.wait(), 1)
+    assert isinstance(sup.failure, Boom)
+    assert "pump failed; stopping the demo service" in caplog.text
+    with pytest.raises(RuntimeError, match="demo service stopped: Boom") as info:
+        sup.raise_failure()
+    assert info.value.__cause__ is sup.failure
+
+
+async def test_a_loop_that_returns_is_a_failure_too() -> None:
+    sup = Supervisor("svc")
+
+    async def quits() -> None:
+        return None
+
+    sup.spawn(quits(), "skew-monitor")
+    await asyncio.wait_for(sup.wait(), 1)
+    assert isinstance(sup.failure, RuntimeError)
+    assert "skew-monitor ended unexpectedly" in str(sup.failure)
+
+
+async def test_a_job_may_end_but_not_raise() -> None:
+    sup = Supervisor("svc")
+
+    async def done() -> int:
+        return 1
+
+    async def raises() -> None:
+        raise Boom("marks")
+
+    await sup.job(done(), "flush")
+    await settle()
+    assert sup.failure is None and not sup.stopping
+    job = sup.job(raises(), "flush-2")
+    with pytest.raises(Boom):
+        await job
+    await settle()
+    assert isinstance(sup.failure, Boom)
+    assert sup.stopping
+
+
+async def test_an_expected_end_is_not_a_failure() -> None:
+    sup = Supervisor("svc")
+    seen: list[tuple[str, BaseException | None]] = []
+
+    def fenced_is_fine(task: asyncio.Task[Any], exc: BaseException | None) -> bool:
+        seen.append((task.get_name(), exc))
+        return isinstance(exc, Boom)
+
+    async def fenced() -> None:
+        raise Boom("fenced")
+
+    task = sup.spawn(fenced(), "shard-3", expected=fenced_is_fine)
+    with pytest.raises(Boom):
+        await task
+    await settle()
+    assert sup.failure is None and not sup.stopping
+    assert [name for name, _ in seen] == ["shard-3"]
+
+
+async def test_the_first_failure_is_kept() -> None:
+    sup = Supervisor("svc")
+    first, second = Boom("first"), Boom("second")
+    sup.fail("a", first)
+    sup.fail("b", second)
+    assert sup.failure is first
+
+
+async def test_cancel_all_ends_the_tasks_without_failing() -> None:
+    sup = Supervisor("svc")
+    cleaned: list[str] = []
+
+    async def forever(name: str) -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cleaned.append(name)
+            if name == "noisy":
+                raise Boom("raised while cancelled")
+
+    tasks = [sup.spawn(forever("quiet"), "quiet"), sup.spawn(forever("noisy"), "noisy")]
+    await settle()
+    await sup.cancel_all()
+    assert all(t.done() for t in tasks)
+    assert sorted(cleaned) == ["noisy", "quiet"]
+    assert sup.failure is None
+    assert sup.stopping
+    sup.raise_failure()  # nothing to raise
+
+
+@pytest.fixture
+def user_signals() -> Iterator[tuple[signal.Signals, ...]]:
+    """SIGUSR1/SIGUSR2 stand for SIGTERM/SIGINT: the test loop is shared, its handlers go."""
+    sigs = (signal.SIGUSR1, signal.SIGUSR2)
+    yield sigs
+    loop = asyncio.get_event_loop()
+    for sig in sigs:
+        loop.remove_signal_handler(sig)
+
+
+async def test_first_signal_requests_a_stop_and_the_second_aborts(
+        user_signals: tuple[signal.Signals, ...]) -> None:
+    stops: list[str] = []
+    aborts: list[int] = []
+
+    def abort(code: int) -> Any:
+        aborts.append(code)
+
+    install_stop_signals(lambda: stops.append("stop"), graceful="finishing up",
+                         signals=user_signals, abort=abort)
+    os.kill(os.getpid(), user_signals[0])
+    await asyncio.sleep(0.05)
+    assert stops == ["stop"] and aborts == []
+    os.kill(os.getpid(), user_signals[1])  # either signal counts as the second
+    await asyncio.sleep(0.05)
+    assert stops == ["stop"] and aborts == [ABORT_EXIT_CODE]
+
+
+SERVICE = textwrap.dedent("""
+    import asyncio, sys
+    from chronowheel.supervise import Supervisor, install_stop_signals
+
+    async def main() -> int:
+        sup = Supervisor("svc")
+        install_stop_signals(sup.request_stop, graceful="draining")
+        print("ready", flush=True)
+        await sup.wait()
+        print("graceful stop", flush=True)
+        await asyncio.sleep(float(sys.argv[1]))  # a slow shutdown
+        return 0
+
+    sys.exit(asyncio.run(main()))
+""")
+
+
+def run_service(shutdown_s: float, signals: int) -> tuple[int, str]:
+    proc = subprocess.Popen([sys.executable, "-c", SERVICE, str(shutdown_s)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    for _ in range(signals):
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+    out, _ = proc.communicate(timeout=30)
+    return proc.returncode, out
+
+
+def test_a_process_stops_gracefully_on_sigterm_and_aborts_on_the_second() -> None:
+    code, out = run_service(0.0, 1)
+    assert code == 0, out
+    assert "graceful stop" in out
+    code, out = run_service(30.0, 2)  # the slow shutdown is cut short
+    assert code == ABORT_EXIT_CODE, out
+    assert "graceful stop" in out and "second stop signal: aborting" in out
