@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from chronowheel.testing import Fired, LatenessTally, metric_sum, parse_metrics, percentile
@@ -46,22 +47,18 @@ def test_tally_without_a_fired_stamp_measures_only_the_observation() -> None:
     assert t.percentile(50) == 15
 
 
-@dataclass
-class Record:
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes]]
+def record(topic: str, partition: int, offset: int, timestamp: int, key: bytes | None,
+           value: bytes | None, headers: list[tuple[str, bytes]]) -> Any:
+    """A fetched record as the Kafka client gives it (the fields Fired reads)."""
+    return SimpleNamespace(topic=topic, partition=partition, offset=offset, timestamp=timestamp,
+                           key=key, value=value, headers=headers)
 
 
 def test_fired_decodes_the_headers_of_a_record() -> None:
-    record = Record("ns.fired", 3, 41, 1_700_000_000_123, b"job-1", b'{"x":1}', [
+    fetched = record("ns.fired", 3, 41, 1_700_000_000_123, b"job-1", b'{"x":1}', [
         ("cw-job-id", b"job-1"), ("cw-scheduled-at", b"1700000000000"),
         ("cw-fired-at", b"1700000000100"), ("cw-occurrence", b"job-1@1700000000000")])
-    f = Fired.from_record(record, 1_700_000_000_150.5)
+    f = Fired.from_record(fetched, 1_700_000_000_150.5)
     assert (f.topic, f.partition, f.offset, f.key, f.value) == (
         "ns.fired", 3, 41, b"job-1", b'{"x":1}')
     assert f.job_id == "job-1" and f.occurrence == "job-1@1700000000000"
@@ -70,7 +67,7 @@ def test_fired_decodes_the_headers_of_a_record() -> None:
 
 
 def test_fired_of_a_message_without_cw_headers_fails_only_when_asked() -> None:
-    f = Fired.from_record(Record("ns.rejected", 0, 0, 0, None, None, []), 1.0)
+    f = Fired.from_record(record("ns.rejected", 0, 0, 0, None, None, []), 1.0)
     assert f.value == b"" and f.headers == {}
     with pytest.raises(KeyError):
         _ = f.occurrence
