@@ -10,7 +10,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -124,18 +123,9 @@ async def test_cancel_all_ends_the_tasks_without_failing() -> None:
     sup.raise_failure()  # nothing to raise
 
 
-@pytest.fixture
-def user_signals() -> Iterator[tuple[signal.Signals, ...]]:
-    """SIGUSR1/SIGUSR2 stand for SIGTERM/SIGINT: the test loop is shared, its handlers go."""
-    sigs = (signal.SIGUSR1, signal.SIGUSR2)
-    yield sigs
-    loop = asyncio.get_event_loop()
-    for sig in sigs:
-        loop.remove_signal_handler(sig)
-
-
-async def test_first_signal_requests_a_stop_and_the_second_aborts(
-        user_signals: tuple[signal.Signals, ...]) -> None:
+async def test_first_signal_requests_a_stop_and_the_second_aborts() -> None:
+    # SIGUSR1/SIGUSR2 stand for SIGTERM/SIGINT: the test loop is shared, so its handlers go.
+    user_signals = (signal.SIGUSR1, signal.SIGUSR2)
     stops: list[str] = []
     aborts: list[int] = []
 
@@ -144,12 +134,17 @@ async def test_first_signal_requests_a_stop_and_the_second_aborts(
 
     install_stop_signals(lambda: stops.append("stop"), graceful="finishing up",
                          signals=user_signals, abort=abort)
-    os.kill(os.getpid(), user_signals[0])
-    await asyncio.sleep(0.05)
-    assert stops == ["stop"] and aborts == []
-    os.kill(os.getpid(), user_signals[1])  # either signal counts as the second
-    await asyncio.sleep(0.05)
-    assert stops == ["stop"] and aborts == [ABORT_EXIT_CODE]
+    try:
+        os.kill(os.getpid(), user_signals[0])
+        await asyncio.sleep(0.05)
+        assert stops == ["stop"] and aborts == []
+        os.kill(os.getpid(), user_signals[1])  # either signal counts as the second
+        await asyncio.sleep(0.05)
+        assert stops == ["stop"] and aborts == [ABORT_EXIT_CODE]
+    finally:
+        loop = asyncio.get_running_loop()
+        for sig in user_signals:
+            loop.remove_signal_handler(sig)
 
 
 SERVICE = textwrap.dedent("""
