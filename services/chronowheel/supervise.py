@@ -5,7 +5,9 @@ A service keeps one `Supervisor`. Its loops are spawned with `spawn` (their end,
 an exception or by returning, is a failure) and its pieces of work that do end with `job` (only
 an exception is a failure). The first failure is kept, logged with its traceback, and sets the
 stop event the service waits on; later failures are logged too but do not replace it, so the
-error the service raises is the cause, not a consequence of the shutdown.
+error the service raises is the cause, not a consequence of the shutdown. `run` is a service's
+run(): start, wait for the stop, shut down, raise the failure; during a shutdown
+(`begin_shutdown`, `cancel_all`) tasks that end are no failures.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, NoReturn
 
 log = logging.getLogger(__name__)
@@ -87,11 +89,15 @@ class Supervisor:
         """Until a stop is requested or a supervised task failed."""
         await self.stop_requested.wait()
 
-    async def cancel_all(self) -> None:
-        """Cancel every task still running and wait for them; ends no longer count as
-        failures from here on (they are the shutdown's doing)."""
+    def begin_shutdown(self) -> None:
+        """From here on a task that ends is the shutdown's doing, not a failure: call it before
+        cancelling tasks one by one in the order the service needs."""
         self._closing = True
         self.stop_requested.set()
+
+    async def cancel_all(self) -> None:
+        """Cancel every task still running and wait for them (after begin_shutdown)."""
+        self.begin_shutdown()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -102,6 +108,18 @@ class Supervisor:
         """Raise `error` chained to the recorded failure, if there is one."""
         if self.failure is not None:
             raise error(f"{self.service} stopped: {self.failure!r}") from self.failure
+
+    async def run(self, start: Callable[[], Awaitable[None]],
+                  shutdown: Callable[[], Awaitable[None]], *,
+                  error: type[Exception] = RuntimeError) -> None:
+        """A service's `run()`: start, wait until a stop is requested or a task failed, shut
+        down (also when cancelled), then raise `error` for a failure."""
+        await start()
+        try:
+            await self.wait()
+        finally:
+            await shutdown()
+        self.raise_failure(error)
 
 
 def install_stop_signals(request_stop: Callable[[], None], *, graceful: str,

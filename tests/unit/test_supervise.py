@@ -123,6 +123,61 @@ async def test_cancel_all_ends_the_tasks_without_failing() -> None:
     sup.raise_failure()  # nothing to raise
 
 
+async def test_begin_shutdown_lets_the_service_cancel_tasks_in_its_own_order() -> None:
+    sup = Supervisor("svc")
+    fetch = sup.spawn(asyncio.Event().wait(), "fetch")
+    commit = sup.spawn(asyncio.Event().wait(), "commit")
+    await settle()
+    sup.begin_shutdown()
+    fetch.cancel()
+    await asyncio.gather(fetch, return_exceptions=True)
+    assert not commit.done()  # still running: the service ends it when it is ready to
+    await sup.cancel_all()
+    assert commit.cancelled() and sup.failure is None
+
+
+class ServiceError(Exception):
+    pass
+
+
+async def test_run_starts_waits_shuts_down_and_raises_the_failure() -> None:
+    sup = Supervisor("svc")
+    steps: list[str] = []
+
+    async def start() -> None:
+        steps.append("start")
+
+        async def crash() -> None:
+            await asyncio.sleep(0.01)
+            raise Boom("lost Cassandra")
+
+        sup.spawn(crash(), "ingest")
+
+    async def shutdown() -> None:
+        steps.append("shutdown")
+        await sup.cancel_all()
+
+    with pytest.raises(ServiceError, match="svc stopped: Boom") as info:
+        await asyncio.wait_for(sup.run(start, shutdown, error=ServiceError), 2)
+    assert steps == ["start", "shutdown"]
+    assert isinstance(info.value.__cause__, Boom)
+
+
+async def test_run_returns_after_a_requested_stop() -> None:
+    sup = Supervisor("svc")
+    steps: list[str] = []
+
+    async def start() -> None:
+        steps.append("start")
+        asyncio.get_running_loop().call_later(0.01, sup.request_stop)
+
+    async def shutdown() -> None:
+        steps.append("shutdown")
+
+    await asyncio.wait_for(sup.run(start, shutdown), 2)
+    assert steps == ["start", "shutdown"] and sup.failure is None
+
+
 async def test_first_signal_requests_a_stop_and_the_second_aborts() -> None:
     # SIGUSR1/SIGUSR2 stand for SIGTERM/SIGINT: the test loop is shared, so its handlers go.
     user_signals = (signal.SIGUSR1, signal.SIGUSR2)
