@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from chronowheel.testing import Fired, LatenessTally, metric_sum, parse_metrics, percentile
+from chronowheel.settings import Settings
+from chronowheel.testing import (
+    Fired,
+    LatenessTally,
+    NodeProcess,
+    metric_sum,
+    parse_metrics,
+    percentile,
+)
+from chronowheel.testing.node_process import PORT_MARKER
 
 
 def test_percentile_is_nearest_rank() -> None:
@@ -90,3 +100,19 @@ def test_metrics_are_parsed_by_name_and_labels() -> None:
     assert metric_sum(m, "chronowheel_wheel_entries") == 3000.0
     assert metric_sum(m, "chronowheel_lateness_seconds") == 0.0  # only _bucket samples
     assert "garbage" not in " ".join(m)
+
+
+def test_node_process_reads_only_its_own_run_of_an_appended_log(tmp_path: Path) -> None:
+    log = tmp_path / "a.log"
+    log.write_text(f"old run\n{PORT_MARKER}1111\n")
+    # `chronowheel --help` stands for a node: same environment, log and stop.
+    proc = NodeProcess(Settings(namespace="unit"), log, name="a", args=("--help",))
+    proc.start()
+    assert proc.wait(60) == 0
+    assert not proc.alive()
+    assert "usage" in proc.log_text() and proc.log_text().startswith("old run")
+    assert proc.http_port() is None  # the old run's port is not this run's
+    with log.open("a") as f:
+        f.write(f"... INFO chronowheel.node.http {PORT_MARKER}2222\n")
+    assert proc.http_port() == 2222
+    assert proc.stop() == 0  # already exited: its code

@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,12 +65,16 @@ async def wait_owned(node: Node, shards: int | None = None, timeout_s: float = 6
 
 
 class NodeProcess:
-    """`python -m chronowheel node` for one namespace, logging to `log_path` (appended to)."""
+    """`python -m chronowheel node` for one namespace, logging to `log_path` (appended to).
+
+    `args` runs another subcommand instead (e.g. `worker --topic ... --handler ...`) with the
+    same environment, log and stop; the port, /healthz and /metrics are a node's."""
 
     def __init__(self, settings: Settings, log_path: Path, *, name: str = "node",
                  env: Mapping[str, str] | None = None, profile_path: Path | None = None,
-                 cwd: Path | None = None) -> None:
+                 cwd: Path | None = None, args: Sequence[str] = ("node",)) -> None:
         self.settings = settings
+        self.args = tuple(args)
         self.log_path = log_path
         self.name = name
         self.env = dict(env or {})
@@ -96,7 +100,7 @@ class NodeProcess:
         cmd = [sys.executable]
         if self.profile_path is not None:
             cmd += ["-m", "cProfile", "-o", str(self.profile_path)]
-        cmd += ["-m", "chronowheel", "node"]
+        cmd += ["-m", "chronowheel", *self.args]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._port = None  # a restarted node listens on a new port
         with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
