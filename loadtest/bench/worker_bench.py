@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import platform
@@ -38,8 +37,6 @@ import secrets
 import subprocess
 import sys
 import time
-import urllib.request
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -49,30 +46,18 @@ from chronowheel.bus.kafka import plain_producer
 from chronowheel.client import SchedulerClient
 from chronowheel.node.pending import encode_headers
 from chronowheel.settings import Settings
+from chronowheel.testing import NodeProcess, summarize
 from chronowheel.worker import Occurrence, Worker
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 RESULTS = ROOT / "loadtest" / "results"
 SHARDS = 16
-PORT_RE = re.compile(r"serving /metrics and /healthz on http://127\.0\.0\.1:(\d+)")
 ASSIGNED_RE = re.compile(r"worker \S+ assigned")
 
 
 def say(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
-
-
-def summary(values: list[float]) -> dict[str, float | int | None]:
-    s = sorted(values)
-    return {"n": len(s), "p50": percentile(s, 0.50), "p95": percentile(s, 0.95),
-            "p99": percentile(s, 0.99), "max": s[-1] if s else None}
 
 
 def settings_for(namespace: str) -> Settings:
@@ -100,48 +85,6 @@ def machine() -> dict[str, Any]:
             "when": datetime.now(UTC).isoformat(timespec="seconds")}
 
 
-class Child:
-    """A `chronowheel ...` child process with its output in a log file."""
-
-    def __init__(self, name: str, args: list[str], env: dict[str, str], log: Path) -> None:
-        self.name = name
-        self.log = log
-        full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
-        full_env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(HERE), full_env.get("PYTHONPATH", "")) if p)
-        with open(log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "chronowheel", *args],
-                                         env=full_env, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, cwd=ROOT)
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self, timeout_s: float = 60) -> int | None:
-        if self.alive():
-            self.proc.terminate()
-            try:
-                return self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        return self.proc.wait(10)
-
-
-def node_metrics(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=20) as r:
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            with contextlib.suppress(ValueError):
-                out[name] = float(value)
-    return out
-
-
 def histogram_quantile(m: dict[str, float], name: str, q: float) -> float | None:
     """Upper bound of the bucket holding quantile q (seconds) of a Prometheus histogram."""
     buckets = sorted((float("inf") if le == "+Inf" else float(le), v)
@@ -165,35 +108,27 @@ async def wait_for(pred: Any, timeout_s: float, what: str, every: float = 0.25) 
 
 
 # --- e2e ---------------------------------------------------------------------------------------
-async def e2e_rate(rate: int, window_s: float, workdir: Path, handler: str) -> dict[str, Any]:
+async def e2e_rate(rate: int, window_s: float, workdir: Path, handler: str,
+                   lead_s: float | None) -> dict[str, Any]:
     n = int(rate * window_s)
     ns = new_namespace("wbe")
     settings = settings_for(ns)
     sink = workdir / f"starts-{ns}.csv"
-    env = {"CHRONOWHEEL_NAMESPACE": ns, "CHRONOWHEEL_CASSANDRA": settings.cassandra,
-           "CHRONOWHEEL_KAFKA": settings.kafka, "CHRONOWHEEL_BENCH_SINK": str(sink)}
-    node = Child("node", ["node", "--http-port", "0"], env, workdir / f"node-{ns}.log")
-    worker = Child("worker", ["worker", "--topic", settings.fired_topic, "--handler", handler],
-                   env, workdir / f"worker-{ns}.log")
+    env = {"CHRONOWHEEL_BENCH_SINK": str(sink),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", ""))
+                                         if p)}
+    node = NodeProcess(settings, workdir / f"node-{ns}.log", env=env, cwd=ROOT)
+    worker = NodeProcess(settings, workdir / f"worker-{ns}.log", name="worker", env=env,
+                         cwd=ROOT, args=("worker", "--topic", settings.fired_topic,
+                                         "--handler", handler))
+    node.start()
+    worker.start()
     try:
-        port_box: list[int] = []
-
-        def ready() -> bool:
-            if not node.alive() or not worker.alive():
-                raise RuntimeError(f"a child exited:\n{node.text()[-2000:]}\n"
-                                   f"{worker.text()[-2000:]}")
-            if not port_box:
-                m = PORT_RE.search(node.text())
-                if not m:
-                    return False
-                port_box.append(int(m.group(1)))
-            return (node_metrics(port_box[0]).get("chronowheel_owned_shards", 0) >= SHARDS
-                    and bool(ASSIGNED_RE.search(worker.text())))
-
-        await wait_for(ready, 120, "node and worker to be ready")
-        port = port_box[0]
-        # Ingest runs at roughly 1,000 jobs/s today: give it time to finish before the window.
-        lead_s = max(15.0, n / 700.0 + 10.0)
+        await node.wait_ready()
+        await wait_for(lambda: bool(ASSIGNED_RE.search(worker.log_text())), 120,
+                       "the worker to be assigned its partitions")
+        if lead_s is None:  # time for the node to ingest everything before the window opens
+            lead_s = max(15.0, n / 700.0 + 10.0)
         t0_ms = int(time.time() * 1000 + lead_s * 1000)
         rng = secrets.SystemRandom()
         dues = sorted(t0_ms + int(rng.random() * window_s * 1000) for _ in range(n))
@@ -209,7 +144,7 @@ async def e2e_rate(rate: int, window_s: float, workdir: Path, handler: str) -> d
             await client.close()
         if rep.failed:
             raise RuntimeError(f"{len(rep.failed)} submits failed")
-        await wait_for(lambda: node_metrics(port).get(
+        await wait_for(lambda: node.metrics().get(
             'chronowheel_ingested_total{op="upsert"}', 0) >= n, lead_s + window_s + 120,
             "the node to ingest every job")
         ingested_s = time.time() - t_submit
@@ -230,7 +165,7 @@ async def e2e_rate(rate: int, window_s: float, workdir: Path, handler: str) -> d
             if len(starts()) >= n:
                 break
             await asyncio.sleep(0.5)
-        m = node_metrics(port)
+        m = node.metrics()
         seen = starts()
     finally:
         worker_rc = worker.stop()
@@ -239,10 +174,10 @@ async def e2e_rate(rate: int, window_s: float, workdir: Path, handler: str) -> d
     early = sum(1 for j, s in seen.items() if j in jobs for x in s if x < jobs[j])
     dup = sum(len(s) - 1 for s in seen.values())
     missing = n - len(late)
-    stats = re.search(r"WorkerStats\([^)]*\)", worker.text())
+    stats = re.search(r"WorkerStats\([^)]*\)", worker.log_text())
     res = {
         "rate": rate, "n": n, "window_s": window_s, "handler": handler, "namespace": ns,
-        "handler_start_lateness_ms": summary(late), "early": early, "duplicates": dup,
+        "handler_start_lateness_ms": summarize(late), "early": early, "duplicates": dup,
         "missing_60s_after_window": missing, "ingest_s": round(ingested_s, 1),
         "ingest_done_before_window": ingest_done_before_window,
         "node_dispatch_p99_s_upper": histogram_quantile(m, "chronowheel_lateness_seconds", 0.99),
@@ -393,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("e2e", help="due instant -> handler start, node + worker processes")
     e.add_argument("--rates", default="1000,5000", help="due/s, comma separated")
     e.add_argument("--window-s", type=float, default=10.0)
+    e.add_argument("--lead-s", type=float, default=None,
+                   help="seconds from submitting to the window (default: enough for ingest "
+                        "at 700 jobs/s, at least 15)")
     e.add_argument("--handler", default="bench_handler:handle",
                    help="bench_handler:handle (async) or bench_handler:handle_sync")
     b = sub.add_parser("backlog", help="the worker alone against a backlog")
@@ -409,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "e2e":
         result["runs"] = []
         for rate in [int(r) for r in args.rates.split(",") if r]:
-            r = asyncio.run(e2e_rate(rate, args.window_s, workdir, args.handler))
+            r = asyncio.run(e2e_rate(rate, args.window_s, workdir, args.handler, args.lead_s))
             result["runs"].append(r)
             bad += r["early"] + r["duplicates"] + r["missing_60s_after_window"]
     else:

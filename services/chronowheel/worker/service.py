@@ -26,7 +26,6 @@ import concurrent.futures
 import contextlib
 import logging
 import os
-import signal
 import socket
 from collections.abc import Mapping
 from typing import Any
@@ -38,6 +37,7 @@ from chronowheel.bus.kafka import group_consumer, plain_producer
 from chronowheel.core.clock import Clock, SystemClock
 from chronowheel.errors import ChronowheelError
 from chronowheel.settings import Settings
+from chronowheel.supervise import Supervisor, install_stop_signals
 from chronowheel.worker.handling import Handler, Slots, WorkerStats
 from chronowheel.worker.intake import Intake
 from chronowheel.worker.ledger import DEFAULT_KEEP_S, DEFAULT_LEASE_S, ClaimStore, Ledger
@@ -114,11 +114,9 @@ class Worker:
         self._tracker: OffsetTracker[TopicPartition] = OffsetTracker()
         self._intake: Intake | None = None
         self._slots: Slots | None = None
-        self._jobs: set[asyncio.Task[None]] = set()
+        self._sup = Supervisor("worker")
         self._commit_lock = asyncio.Lock()
-        self._stop = asyncio.Event()
-        self._loops: list[asyncio.Task[None]] = []
-        self._failure: BaseException | None = None
+        self._loops: list[asyncio.Task[Any]] = []
         self._started = False
         self._closed = False
 
@@ -150,35 +148,30 @@ class Worker:
             self._tracker, self._marks if self.idempotency else None,
             scope=self.idempotency_scope, worker_id=self.worker_id, lease_s=self.lease_s,
             keep_s=self.keep_s, poll_s=self._ledger.poll_s if self._ledger else 1.0,
-            spawn=self._job, end_offset=consumer.highwater)
+            spawn=self._sup.job, end_offset=consumer.highwater)
         self._slots = Slots(self._intake, self.handlers, concurrency=self.concurrency,
                             settings=self.settings, clock=self.clock, ledger=self._ledger,
                             producer=self._producer, executor=self._executor, stats=self.stats,
-                            fail=self._fail)
+                            fail=self._sup.fail)
         consumer.subscribe(self.topics, listener=_Rebalance(self))
         self._consumer = consumer  # before start(): an assignment can arrive during it
         await consumer.start()
-        self._loops = [self._spawn(self._fetch_loop(), "fetch"),
-                       self._spawn(self._commit_loop(), "commit")]
+        self._loops = [self._sup.spawn(self._fetch_loop(), "worker-fetch"),
+                       self._sup.spawn(self._commit_loop(), "worker-commit")]
         if self._ledger is not None:
-            self._loops.append(self._spawn(self._lease_loop(), "leases"))
+            self._loops.append(self._sup.spawn(self._lease_loop(), "worker-leases"))
         self._slots.start()
         log.info("worker %s started: group %s, topics %s, concurrency %d, idempotency %s",
                  self.worker_id, self.group_id, ", ".join(self.topics), self.concurrency,
                  self.idempotency_scope if self.idempotency else "off")
 
     def request_stop(self) -> None:
-        self._stop.set()
+        self._sup.request_stop()
 
     async def run(self) -> None:
-        """Start, run until request_stop() (or a failure), shut down gracefully."""
-        await self.start()
-        try:
-            await self._stop.wait()
-        finally:
-            await self.shutdown()
-        if self._failure is not None:
-            raise WorkerError(f"worker stopped: {self._failure!r}") from self._failure
+        """Start, run until request_stop() (or a failure), shut down gracefully; raises
+        WorkerError for a failure outside a handler."""
+        await self._sup.run(self.start, self.shutdown, error=WorkerError)
 
     async def shutdown(self, deadline_s: float | None = None) -> None:
         """Stop fetching; let running handlers finish until the deadline, cancel the rest
@@ -187,7 +180,7 @@ class Worker:
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
+        self._sup.begin_shutdown()
         deadline = self.shutdown_deadline_s if deadline_s is None else deadline_s
         for task in self._loops:
             task.cancel()
@@ -238,7 +231,7 @@ class Worker:
 
     @property
     def failure(self) -> BaseException | None:
-        return self._failure
+        return self._sup.failure
 
     def committed_points(self) -> dict[TopicPartition, int]:
         """Offsets committed by this worker so far, per partition it tracks (for tests/ops)."""
@@ -253,47 +246,11 @@ class Worker:
         """Records received and not yet fully handled (waiting, running or being marked)."""
         return 0 if self._intake is None else self._intake.holding
 
-    # --- supervision ----------------------------------------------------------------------
-    def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
-        """A loop that runs for the worker's life: its end is a failure."""
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)
-        task.set_name(f"worker-{name}")
-        task.add_done_callback(self._supervise)
-        return task
-
-    def _supervise(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or self._closed:
-            return
-        exc = task.exception()
-        self._fail(task.get_name(), exc or RuntimeError(f"{task.get_name()} ended"))
-
-    def _job(self, coro: Any, name: str) -> asyncio.Task[None]:
-        """A piece of work that ends: only an exception is a failure."""
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)
-        task.set_name(f"worker-{name}")
-        self._jobs.add(task)
-        task.add_done_callback(self._job_done)
-        return task
-
-    def _job_done(self, task: asyncio.Task[None]) -> None:
-        self._jobs.discard(task)
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is not None and not self._closed:
-            self._fail(task.get_name(), exc)
-
-    def _fail(self, what: str, exc: BaseException) -> None:
-        if self._failure is None:
-            self._failure = exc
-        log.critical("%s failed; stopping the worker: %r", what, exc, exc_info=exc)
-        self._stop.set()
-
     # --- loops ----------------------------------------------------------------------------
     async def _fetch_loop(self) -> None:
         consumer, intake = self._consumer, self._intake
         assert consumer is not None and intake is not None
-        while not self._stop.is_set():
+        while not self._sup.stopping:
             room = min(self.prefetch - intake.unhandled(), 8 * self.prefetch - intake.holding)
             if room <= 0:
                 # Wake as soon as handlers free room. The short getmany(timeout 0) on a timeout
@@ -307,7 +264,7 @@ class Worker:
                 batches = await consumer.getmany(timeout_ms=0, max_records=room)
             else:
                 batches = await consumer.getmany(timeout_ms=500, max_records=room)
-            if self._stop.is_set():
+            if self._sup.stopping:
                 return  # records not begun are not committed: fetched again next time
             for tp, records in batches.items():
                 intake.receive(tp, records)
@@ -371,7 +328,7 @@ class _Rebalance(ConsumerRebalanceListener):
         try:
             await self.worker._revoked(list(revoked))
         except Exception as exc:
-            self.worker._fail("revoking partitions", exc)
+            self.worker._sup.fail("revoking partitions", exc)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         log.info("worker %s assigned %s", self.worker.worker_id,
@@ -380,19 +337,6 @@ class _Rebalance(ConsumerRebalanceListener):
 
 def install_signal_handlers(worker: Worker) -> None:
     """First SIGTERM/SIGINT: graceful stop. Second: abort at once."""
-    loop = asyncio.get_running_loop()
-    count = 0
-
-    def handler() -> None:
-        nonlocal count
-        count += 1
-        if count == 1:
-            log.warning("stop requested: finishing in-flight handlers (up to %.0fs), "
-                        "committing, leaving the group", worker.shutdown_deadline_s)
-            worker.request_stop()
-        else:
-            log.error("second stop signal: aborting")
-            os._exit(130)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, handler)
+    install_stop_signals(worker.request_stop, graceful=(
+        f"finishing in-flight handlers (up to {worker.shutdown_deadline_s:.0f}s), committing, "
+        f"leaving the group"))
