@@ -115,6 +115,15 @@ def _settle_error(fut: asyncio.Future[Any], exc: BaseException) -> None:
                           if isinstance(exc, _TRANSIENT) else exc)
 
 
+async def execute(session: Session, stmt: PreparedStatement, params: Sequence[Any], what: str,
+                  **kw: Any) -> Any:
+    """Run a prepared statement from the event loop, retrying transient failures."""
+    async def once() -> Any:
+        return await _await_future(session.execute_async(stmt, params, **kw))
+
+    return await with_retries(once, what)
+
+
 class CassandraStore:
     """JobStore over one keyspace. Create with `open()`; close with `close()`."""
 
@@ -168,10 +177,7 @@ class CassandraStore:
 
     async def _run(self, stmt: PreparedStatement, params: Sequence[Any], what: str,
                    **kw: Any) -> Any:
-        async def once() -> Any:
-            return await _await_future(self.session.execute_async(stmt, params, **kw))
-
-        return await with_retries(once, what)
+        return await execute(self.session, stmt, params, what, **kw)
 
     # --- jobs ---------------------------------------------------------------------------
     async def get_job(self, job_id: str) -> JobRow | None:

@@ -12,8 +12,7 @@ from cassandra.protocol import InvalidRequest
 from cassandra.query import PreparedStatement
 
 from chronowheel.errors import ConfigError
-from chronowheel.retry import with_retries
-from chronowheel.store.cassandra import TUPLES, _await_future
+from chronowheel.store.cassandra import TUPLES, execute
 from chronowheel.worker.partitions import BLOCK_BITS, Mark, block_of
 
 
@@ -44,11 +43,7 @@ class CassandraMarks:
             ) from exc
 
     async def _run(self, stmt: PreparedStatement, params: Sequence[Any], what: str) -> Any:
-        async def once() -> Any:
-            return await _await_future(self.session.execute_async(
-                stmt, params, execution_profile=TUPLES))
-
-        return await with_retries(once, what)
+        return await execute(self.session, stmt, params, what, execution_profile=TUPLES)
 
     async def acquire_lease(self, scope: str, topic: str, partition: int, owner: str,
                             ttl_s: int) -> str | None:
