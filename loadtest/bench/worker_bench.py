@@ -46,7 +46,7 @@ from chronowheel.bus.kafka import plain_producer
 from chronowheel.client import SchedulerClient
 from chronowheel.node.pending import encode_headers
 from chronowheel.settings import Settings
-from chronowheel.testing import NodeProcess, summarize
+from chronowheel.testing import Collector, Fired, NodeProcess, summarize
 from chronowheel.worker import Occurrence, Worker
 
 HERE = Path(__file__).resolve().parent
@@ -121,8 +121,15 @@ async def e2e_rate(rate: int, window_s: float, workdir: Path, handler: str,
     worker = NodeProcess(settings, workdir / f"worker-{ns}.log", name="worker", env=env,
                          cwd=ROOT, args=("worker", "--topic", settings.fired_topic,
                                          "--handler", handler))
+    received: dict[str, float] = {}
+
+    def on_fired(f: Fired) -> None:
+        received.setdefault(f.job_id, f.received_ms - f.scheduled_ms)
+
+    probe = Collector(settings, keep_messages=False, on_fired=on_fired)
     node.start()
     worker.start()
+    await probe.start()
     try:
         await node.wait_ready()
         await wait_for(lambda: bool(ASSIGNED_RE.search(worker.log_text())), 120,
@@ -168,6 +175,7 @@ async def e2e_rate(rate: int, window_s: float, workdir: Path, handler: str,
         m = node.metrics()
         seen = starts()
     finally:
+        await probe.stop()
         worker_rc = worker.stop()
         node_rc = node.stop()
     late = [min(s) - jobs[j] for j, s in seen.items() if j in jobs]
@@ -177,13 +185,19 @@ async def e2e_rate(rate: int, window_s: float, workdir: Path, handler: str,
     stats = re.search(r"WorkerStats\([^)]*\)", worker.log_text())
     res = {
         "rate": rate, "n": n, "window_s": window_s, "handler": handler, "namespace": ns,
-        "handler_start_lateness_ms": summarize(late), "early": early, "duplicates": dup,
+        "handler_start_lateness_ms": summarize(late),
+        "read_committed_receive_lateness_ms": summarize(
+            v for j, v in received.items() if j in jobs), "early": early, "duplicates": dup,
         "missing_60s_after_window": missing, "ingest_s": round(ingested_s, 1),
         "ingest_done_before_window": ingest_done_before_window,
         "node_dispatch_p99_s_upper": histogram_quantile(m, "chronowheel_lateness_seconds", 0.99),
         "worker_rc": worker_rc, "node_rc": node_rc,
         "worker_stats": stats.group(0) if stats else None,
     }
+    rc = res["read_committed_receive_lateness_ms"]
+    if rc["n"]:
+        say(f"{rate}/s: read_committed receive lateness p50 {rc['p50']:.0f} p95 {rc['p95']:.0f} "
+            f"p99 {rc['p99']:.0f} max {rc['max']:.0f} ms (batches stamped when fetched)")
     s = res["handler_start_lateness_ms"]
     say(f"{rate}/s: handler start lateness p50 {s['p50']:.0f} p95 {s['p95']:.0f} "
         f"p99 {s['p99']:.0f} max {s['max']:.0f} ms; early {early}, dup {dup}, missing {missing}"
