@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from chronowheel.bus.kafka import open_admin, partition_counts, plain_producer
+from chronowheel.bus.kafka import reader as kafka_reader
 from chronowheel.settings import Settings
 
 FLUSH_EVERY_S = 0.05
@@ -84,10 +85,8 @@ async def serve(fd: int, settings: Settings, prefix: str) -> int:
         await writer.drain()
         return 2
     producer = plain_producer(settings, linger_ms=2)
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka, group_id=None, isolation_level="read_committed",
-        enable_auto_commit=False, auto_offset_reset="latest", fetch_max_wait_ms=20,
-        max_partition_fetch_bytes=8 << 20)
+    consumer = kafka_reader(settings, auto_offset_reset="latest", fetch_max_wait_ms=20,
+                      max_partition_fetch_bytes=8 << 20)
     await asyncio.gather(producer.start(), consumer.start())
     tps = [TopicPartition(settings.fired_topic, p) for p in range(counts[settings.fired_topic])]
     consumer.assign(tps)
@@ -147,7 +146,7 @@ def main() -> int:
     p.add_argument("--namespace", required=True)
     p.add_argument("--prefix", required=True, help="report fired messages whose key starts so")
     a = p.parse_args()
-    settings = Settings(namespace=a.namespace, kafka=a.kafka)
+    settings = Settings.from_env(namespace=a.namespace, kafka=a.kafka)  # + security settings
     return asyncio.run(serve(a.fd, settings, a.prefix))
 
 

@@ -62,6 +62,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import NewTopic
 from chronowheel.bus.kafka import open_admin, plain_producer, transactional_producer
+from chronowheel.bus.kafka import reader as kafka_reader
 from chronowheel.core.model import encode_upsert
 from chronowheel.node.pending import encode_headers
 from chronowheel.settings import Settings
@@ -425,11 +426,8 @@ class FiredProbe:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        c = AIOKafkaConsumer(
-            bootstrap_servers=self.settings.kafka, group_id=None,
-            isolation_level="read_committed", enable_auto_commit=False,
-            auto_offset_reset="earliest", fetch_max_wait_ms=20,
-            max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
+        c = kafka_reader(self.settings, fetch_max_wait_ms=20, max_partition_fetch_bytes=8 << 20,
+                   fetch_max_bytes=64 << 20)
         await c.start()
         tps = [TopicPartition(self.settings.fired_topic, p) for p in range(self.partitions)]
         c.assign(tps)
@@ -649,9 +647,7 @@ async def raw_kafka_visibility(settings: Settings, topic: str, partitions: int,
     fired-like messages and commits, every `every_ms`; a read_committed consumer (the probe's
     settings) measures receive time - stamp. Also reports stamp -> commit_transaction() return."""
     producer = transactional_producer(settings, f"{settings.namespace}-rawlatency")
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka, group_id=None, isolation_level="read_committed",
-        enable_auto_commit=False, auto_offset_reset="latest", fetch_max_wait_ms=20)
+    consumer = kafka_reader(settings, auto_offset_reset="latest", fetch_max_wait_ms=20)
     await asyncio.gather(producer.start(), consumer.start())
     tps = [TopicPartition(topic, p) for p in range(partitions)]
     consumer.assign(tps)
@@ -706,10 +702,8 @@ async def probe_consume_rate(settings: Settings, topic: str, partitions: int,
                              seconds: float) -> dict[str, Any]:
     """How fast the harness's own read_committed probe reads fired-like messages (decoding
     their headers as the probe does): the ceiling of any receive-side rate it reports."""
-    c = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka, group_id=None, isolation_level="read_committed",
-        enable_auto_commit=False, auto_offset_reset="earliest", fetch_max_wait_ms=20,
-        max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
+    c = kafka_reader(settings, fetch_max_wait_ms=20, max_partition_fetch_bytes=8 << 20,
+               fetch_max_bytes=64 << 20)
     await c.start()
     n = 0
     try:
@@ -1028,8 +1022,8 @@ async def herd_phase(cfg: Config, settings: Settings, node: NodeProc, probe: Fir
 async def run(cfg: Config) -> int:
     for what, servers in (("kafka", cfg.kafka), ("cassandra", cfg.cassandra)):
         require_loopback(what, servers)
-    settings = Settings(namespace=cfg.namespace, kafka=cfg.kafka, cassandra=cfg.cassandra,
-                        shards=cfg.shards, http_port=0)
+    settings = Settings.from_env(namespace=cfg.namespace, kafka=cfg.kafka,
+                                 cassandra=cfg.cassandra, shards=cfg.shards, http_port=0)
     try:
         return await run_phases(cfg, settings)
     finally:

@@ -20,6 +20,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from chronowheel.admin import init_namespace
+from chronowheel.bus.kafka import reader as kafka_reader
 from chronowheel.client import SchedulerClient
 from chronowheel.core.recurrence import compile_schedule, occurrences
 from chronowheel.node.service import Node
@@ -184,10 +185,7 @@ async def _send_unvalidated(client: SchedulerClient, command: dict[str, Any]) ->
 
 
 def _reader(settings: Settings) -> AIOKafkaConsumer:
-    return AIOKafkaConsumer(bootstrap_servers=settings.kafka, group_id=None,
-                            isolation_level="read_committed", enable_auto_commit=False,
-                            auto_offset_reset="earliest", fetch_max_wait_ms=20,
-                            max_partition_fetch_bytes=4 << 20)
+    return kafka_reader(settings, fetch_max_wait_ms=20, max_partition_fetch_bytes=4 << 20)
 
 
 async def _read(reader: AIOKafkaConsumer, settings: Settings, tally: Tally,

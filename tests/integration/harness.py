@@ -20,6 +20,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from chronowheel.admin import init_namespace
 from chronowheel.bus.kafka import open_admin, partition_counts, plain_producer
+from chronowheel.bus.kafka import reader as kafka_reader
 from chronowheel.core.clock import Clock
 from chronowheel.core.model import encode_cancel, encode_upsert
 from chronowheel.core.shard import shard_of
@@ -76,9 +77,8 @@ class Collector:
     _consumer: AIOKafkaConsumer | None = None
 
     async def start(self) -> Collector:
-        c = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka, group_id=None,
-                             isolation_level=self.isolation, enable_auto_commit=False,
-                             auto_offset_reset="earliest", max_partition_fetch_bytes=4 << 20)
+        c = kafka_reader(self.settings, isolation_level=self.isolation,
+                   max_partition_fetch_bytes=4 << 20)
         await c.start()
         admin = await open_admin(self.settings)
         try:
