@@ -1,0 +1,73 @@
+"""Helpers of the security tests: how a client of the secured local stack is configured."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from chronowheel.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Secured:
+    kafka: str
+    cassandra: str
+    ca_file: str
+    password_files: dict[str, str]
+    started: tuple[str, ...]
+
+    def password(self, user: str) -> str:
+        return Path(self.password_files[user]).read_text().strip()
+
+    def all_secrets(self) -> list[str]:
+        folder = Path(self.ca_file).parent
+        return [p.read_text().strip() for p in sorted(folder.glob("*.password"))]
+
+    def env(self, kafka_user: str | None, cassandra_user: str | None = None,
+            **extra: str) -> dict[str, str]:
+        """CHRONOWHEEL_* variables of a client: passwords by file, never by value."""
+        env = {
+            "CHRONOWHEEL_KAFKA": self.kafka,
+            "CHRONOWHEEL_CASSANDRA": self.cassandra,
+            "CHRONOWHEEL_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+            "CHRONOWHEEL_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+            "CHRONOWHEEL_KAFKA_SSL_CAFILE": self.ca_file,
+            "CHRONOWHEEL_CASSANDRA_SSL_CAFILE": self.ca_file,
+        }
+        if kafka_user:
+            env["CHRONOWHEEL_KAFKA_SASL_USERNAME"] = kafka_user
+            env["CHRONOWHEEL_KAFKA_SASL_PASSWORD_FILE"] = self.password_files[kafka_user]
+        if cassandra_user:
+            env["CHRONOWHEEL_CASSANDRA_USERNAME"] = cassandra_user
+            env["CHRONOWHEEL_CASSANDRA_PASSWORD_FILE"] = self.password_files[cassandra_user]
+        env.update(extra)
+        return env
+
+    def settings(self, namespace: str, kafka_user: str | None,
+                 cassandra_user: str | None = None, **overrides: object) -> Settings:
+        return Settings.from_env(self.env(kafka_user, cassandra_user), namespace=namespace,
+                                 **overrides)
+
+    def child_env(self, kafka_user: str | None, cassandra_user: str | None = None,
+                  **extra: str) -> dict[str, str]:
+        """The environment of a child process: this one's without CHRONOWHEEL_* (the plain
+        stack's addresses), plus the secured client's."""
+        base = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOWHEEL_")}
+        return {**base, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO),
+                **self.env(kafka_user, cassandra_user, **extra)}
+
+
+def chronowheel_cli(secured: Secured, args: list[str], kafka_user: str | None,
+                    cassandra_user: str | None = None,
+                    timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "chronowheel", *args],
+                          env=secured.child_env(kafka_user, cassandra_user), cwd=REPO,
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          timeout=timeout, check=False)
+
+
