@@ -193,6 +193,20 @@ class Producer(AIOKafkaProducer):
     async def start(self) -> None:
         await _start(super(), self._cw_settings, self._cw_what)
 
+    async def send(self, topic: str, *args: Any, **kw: Any) -> Any:
+        """As aiokafka's, but a refusal by the broker's authorizer names who, what and where."""
+        try:
+            return await super().send(topic, *args, **kw)
+        except KafkaError as exc:
+            if not is_authorization_error(exc):
+                raise
+            s = self._cw_settings
+            who = (f"user {s.kafka_sasl_username!r}" if s.kafka_uses_sasl else "this client")
+            raise KafkaAccessError(
+                f"{self._cw_what} at {s.kafka}: {who} may not write topic {topic} "
+                f"({type(exc).__name__}); see `chronowheel acl` for the ACLs each principal "
+                "needs") from None
+
 
 class Consumer(AIOKafkaConsumer):
     """AIOKafkaConsumer whose start() failure says what and where."""
