@@ -214,6 +214,68 @@ class CreateAcls(Request[CreateAclsRequestV3]):
             for a in self._acls], {})
 
 
+class DeleteAclsResponseV3(Response):
+    API_KEY = 31
+    API_VERSION = 3
+    SCHEMA = Schema(
+        ("throttle_time_ms", Int32),
+        ("filter_results", CompactArray(
+            ("error_code", Int16), ("error_message", CompactString("utf-8")),
+            ("matching_acls", CompactArray(
+                ("error_code", Int16), ("error_message", CompactString("utf-8")),
+                ("resource_type", Int8), ("resource_name", CompactString("utf-8")),
+                ("pattern_type", Int8), ("principal", CompactString("utf-8")),
+                ("host", CompactString("utf-8")), ("operation", Int8),
+                ("permission_type", Int8), ("tags", TaggedFields))),
+            ("tags", TaggedFields))),
+        ("tags", TaggedFields),
+    )
+
+
+class DeleteAclsRequestV3(RequestStruct):
+    FLEXIBLE_VERSION = True
+    API_KEY = 31
+    API_VERSION = 3
+    RESPONSE_TYPE = DeleteAclsResponseV3
+    SCHEMA = Schema(
+        ("filters", CompactArray(
+            ("resource_type_filter", Int8), ("resource_name_filter", CompactString("utf-8")),
+            ("pattern_type_filter", Int8), ("principal_filter", CompactString("utf-8")),
+            ("host_filter", CompactString("utf-8")), ("operation", Int8),
+            ("permission_type", Int8), ("tags", TaggedFields))),
+        ("tags", TaggedFields),
+    )
+
+
+class DeleteAcls(Request[DeleteAclsRequestV3]):
+    """Delete exactly the given ACLs (each is its own, fully specified filter)."""
+
+    API_KEY = 31
+
+    def __init__(self, acls: Sequence[KafkaAcl]) -> None:
+        self._acls = list(acls)
+
+    def build(self, request_struct_class: type[DeleteAclsRequestV3]) -> DeleteAclsRequestV3:
+        return request_struct_class([
+            (RESOURCE_TYPES[a.resource_type], a.resource_name, PATTERN_TYPES[a.pattern],
+             a.principal, a.host, OPERATIONS[a.operation], ALLOW, {})
+            for a in self._acls], {})
+
+
+async def remove_kafka_acls(admin: Any, acls: Sequence[KafkaAcl]) -> int:
+    """Delete the ACLs; return how many existed. Raises ConfigError with Kafka's reasons."""
+    response = await admin._send_request(DeleteAcls(acls))
+    failures, removed = [], 0
+    for acl, result in zip(acls, response.filter_results, strict=False):
+        code, message, matching, _tags = result
+        if code != 0:
+            failures.append(f"{acl.describe()}: error {code} {message or ''}".strip())
+        removed += len(matching or ())
+    if failures:
+        raise ConfigError("Kafka refused to remove some ACLs: " + "; ".join(failures))
+    return removed
+
+
 async def apply_kafka_acls(admin: Any, acls: Sequence[KafkaAcl]) -> None:
     """Create the ACLs (an existing one is left as it is). Raises ConfigError with Kafka's
     reason for each that failed (for example: this admin principal may not alter ACLs)."""

@@ -1,7 +1,8 @@
 """Against the secured local stack: Kafka SASL_SSL + SCRAM + ACLs, Cassandra TLS + passwords.
 
 - a node, a worker and the Python client, each as its own principal, work end to end: every
-  job fires once, never early, read_committed, and the worker handles each once;
+  job fires once, never early, read_committed, and the worker handles each once; when the
+  node's ACL on `<ns>.fired` is revoked it stops publishing and says why;
 - a wrong password, an untrusted certificate and plaintext against a TLS port each fail fast
   with one clear message naming the endpoint and the cause;
 - the submitter principal may write `<ns>.submit` but is refused `<ns>.fired` and
@@ -26,6 +27,7 @@ from typing import Any
 import orjson
 import pytest
 from aiokafka import TopicPartition
+from chronowheel.acl import KafkaAcl, remove_kafka_acls
 from chronowheel.bus.kafka import KafkaAccessError, open_admin, plain_producer
 from chronowheel.bus.kafka import reader as kafka_reader
 from chronowheel.client import SchedulerClient
@@ -191,6 +193,25 @@ async def test_node_worker_and_client_end_to_end_over_sasl_ssl_and_cassandra_tls
     ps = "\n".join(_ps_lines())
     assert str(node.proc.pid) in ps and str(worker.proc.pid) in ps
     _assert_no_secret(secured, "ps output", ps)
+
+    # Revoke the node's right to write <ns>.fired: it stops publishing and says why.
+    admin = await open_admin(secured.settings(ns, "admin"))
+    try:
+        revoked = KafkaAcl("node", "User:node", "TOPIC", f"{ns}.fired", "LITERAL", "WRITE")
+        assert await remove_kafka_acls(admin, [revoked]) == 1
+    finally:
+        await admin.close()
+    late_at = int(time.time() * 1000) + 1000
+    async with SchedulerClient(secured.settings(ns, "submitter")) as client:
+        await client.schedule("after-revoke", late_at)
+    await _wait(lambda: node.proc.poll() is not None, 60, "the node to stop")
+    assert node.proc.returncode != 0
+    last = node.text().strip().splitlines()[-1]
+    assert f"user 'node' may not write topic {ns}.fired" in last, last
+    assert "chronowheel acl" in last
+    after = await _read_fired(secured, ns, JOBS + 1, 3)
+    assert "after-revoke" not in {dict(r.headers)["cw-job-id"].decode() for r in after}
+
     for child in children:
         child.stop()
         _assert_no_secret(secured, f"the log of {child.log.name}", child.text())

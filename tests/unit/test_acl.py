@@ -11,6 +11,8 @@ from chronowheel.acl import (
     CreateAcls,
     CreateAclsRequestV3,
     CreateAclsResponseV3,
+    DeleteAcls,
+    DeleteAclsRequestV3,
     KafkaAcl,
     Principals,
     cassandra_grants,
@@ -105,3 +107,15 @@ def test_the_command_prints_both_sides(capsys: pytest.CaptureFixture[str]) -> No
     assert "GRANT SELECT ON KEYSPACE acme TO acme_ops;" in out
     assert main(["acl", "--namespace", "acme", "--only", "kafka"]) == 0
     assert "GRANT" not in capsys.readouterr().out
+
+
+def test_the_delete_acls_request_is_one_exact_filter_per_acl() -> None:
+    acls = kafka_acls(S, P)[:2]
+    struct = DeleteAcls(acls).prepare({31: (2, 3)})
+    assert isinstance(struct, DeleteAclsRequestV3) and struct.FLEXIBLE_VERSION
+    assert [f[:7] for f in struct.filters] == [
+        (2, "acme.submit", 3, "User:sub", "*", 4, 3),  # WRITE, ALLOW, LITERAL
+        (2, "acme.submit", 3, "User:sub", "*", 8, 3),  # DESCRIBE
+    ]
+    data = io.BytesIO(struct.encode())
+    assert UnsignedVarInt32.decode(data) == 3  # compact array of two filters

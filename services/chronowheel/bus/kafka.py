@@ -193,6 +193,20 @@ class Producer(AIOKafkaProducer):
     async def start(self) -> None:
         await _start(super(), self._cw_settings, self._cw_what)
 
+    def _refused(self, exc: KafkaError, topic: str | None = None) -> KafkaAccessError:
+        s = self._cw_settings
+        who = f"user {s.kafka_sasl_username!r}" if s.kafka_uses_sasl else "this client"
+        if isinstance(exc, TopicAuthorizationFailedError):
+            named = topic or ", ".join(sorted(_names(exc))) or "?"
+            what = f"may not write topic {named}"
+        elif isinstance(exc, TransactionalIdAuthorizationFailed):
+            what = f"may not use transactional id {self._cw_what.rsplit(' ', 1)[-1]}"
+        else:
+            what = "was refused by Kafka's authorizer"
+        return KafkaAccessError(
+            f"{self._cw_what} at {s.kafka}: {who} {what} ({type(exc).__name__}); see "
+            "`chronowheel acl` for the ACLs each principal needs")
+
     async def send(self, topic: str, *args: Any, **kw: Any) -> Any:
         """As aiokafka's, but a refusal by the broker's authorizer names who, what and where."""
         try:
@@ -200,12 +214,36 @@ class Producer(AIOKafkaProducer):
         except KafkaError as exc:
             if not is_authorization_error(exc):
                 raise
-            s = self._cw_settings
-            who = (f"user {s.kafka_sasl_username!r}" if s.kafka_uses_sasl else "this client")
-            raise KafkaAccessError(
-                f"{self._cw_what} at {s.kafka}: {who} may not write topic {topic} "
-                f"({type(exc).__name__}); see `chronowheel acl` for the ACLs each principal "
-                "needs") from None
+            raise self._refused(exc, topic) from None
+
+    async def commit_transaction(self) -> None:
+        """As aiokafka's; an ACL revoked meanwhile (a topic, the transactional id, the group)
+        surfaces here, and is reported as a KafkaAccessError saying who may not do what."""
+        try:
+            await super().commit_transaction()
+        except KafkaError as exc:
+            if not is_authorization_error(exc):
+                raise
+            raise self._refused(exc) from None
+
+    async def send_offsets_to_transaction(self, *args: Any, **kw: Any) -> None:
+        try:
+            await super().send_offsets_to_transaction(*args, **kw)
+        except KafkaError as exc:
+            if not is_authorization_error(exc):
+                raise
+            raise self._refused(exc) from None
+
+
+def _names(exc: BaseException) -> set[str]:
+    """The topic names an aiokafka authorization error carries (a name or a set of them)."""
+    out: set[str] = set()
+    for arg in exc.args:
+        if isinstance(arg, str):
+            out.add(arg)
+        elif isinstance(arg, set | frozenset | list | tuple):
+            out.update(str(a) for a in arg)
+    return out
 
 
 class Consumer(AIOKafkaConsumer):

@@ -41,6 +41,9 @@ def register(sub: Any) -> None:
                    help="read-only Cassandra role of operators (default <keyspace>_ops)")
     p.add_argument("--apply", action="store_true",
                    help="create the ACLs and run the grants (as an administrator)")
+    p.add_argument("--remove-kafka", action="store_true",
+                   help="remove these Kafka ACLs instead (taking the namespace's rights away; "
+                        "Cassandra: REVOKE by hand)")
     p.add_argument("--only", choices=("kafka", "cassandra"), default=None,
                    help="print or apply one side only")
     p.set_defaults(func=run)
@@ -69,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"\n# Cassandra grants on keyspace {settings.keyspace}")
         for stmt in grants:
             print(stmt + ";")
+    if args.remove_kafka:
+        removed = asyncio.run(_remove_kafka(settings, acls))
+        print(f"removed {removed} Kafka ACLs at {settings.kafka}")
+        return 0
     if not args.apply:
         return 0
     if args.only != "cassandra":
@@ -87,6 +94,17 @@ async def _apply_kafka(settings: Any, acls: Any) -> None:
     admin = await open_admin(settings)
     try:
         await apply_kafka_acls(admin, acls)
+    finally:
+        await admin.close()
+
+
+async def _remove_kafka(settings: Any, acls: Any) -> int:
+    from chronowheel.acl import remove_kafka_acls
+    from chronowheel.bus.kafka import open_admin
+
+    admin = await open_admin(settings)
+    try:
+        return await remove_kafka_acls(admin, acls)
     finally:
         await admin.close()
 
