@@ -60,6 +60,12 @@ class Secret:
     def __reduce__(self) -> Any:  # no pickling a password into a file or a queue by accident
         raise TypeError("a Secret cannot be pickled")
 
+    def __copy__(self) -> Secret:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Secret:  # immutable: copies may share it
+        return self
+
 
 def _opt(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})

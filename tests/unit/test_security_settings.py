@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import copy
+import dataclasses
 import importlib.util
 import io
 import pickle
@@ -86,6 +88,9 @@ def test_no_secret_in_repr_str_format_or_the_safe_view() -> None:
     assert Settings().safe_view()["kafka_sasl_password"] == "(unset)"
     with pytest.raises(TypeError):
         pickle.dumps(s.kafka_sasl_password)
+    copied = copy.deepcopy(s)  # dataclasses.asdict and friends deep-copy: that still works
+    assert copied.kafka_sasl_password == s.kafka_sasl_password
+    assert MARK not in repr(dataclasses.asdict(s))
     # Passed from Python code as a plain string, a secret is wrapped all the same.
     assert MARK not in repr(Settings(cassandra_password=MARK))
     assert isinstance(Settings(cassandra_password=MARK).cassandra_password, Secret)
