@@ -389,13 +389,28 @@ def add_settings_arguments(parser: argparse.ArgumentParser, names: Iterable[str]
         add_secret_notes(parser, secrets)
 
 
+SECRETS_NOTE = "secrets, read from the environment or a file only (never a flag):"
+
+
+class _SecretsNoteFormatter(argparse.HelpFormatter):
+    """The default formatter, except that the secrets note keeps one variable per line."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        head, sep, tail = text.partition(SECRETS_NOTE)
+        if not sep:
+            return super()._fill_text(text, width, indent)
+        before = super()._fill_text(head, width, indent) + "\n\n" if head.strip() else ""
+        return before + indent + SECRETS_NOTE + "\n" + "\n".join(
+            indent + line for line in tail.strip("\n").splitlines())
+
+
 def add_secret_notes(parser: argparse.ArgumentParser, names: Iterable[str]) -> None:
     """Say in --help which secrets a command reads, by variable name only."""
-    lines = [f"  {env_name(n)} or {env_name(n)}_FILE" for n in names]
-    note = "secrets, read from the environment or a file only (never a flag):\n" + \
-        "\n".join(lines)
+    lines = [f"  {env_name(n)} or {env_name(n)}_FILE" for n in dict.fromkeys(names)]
+    note = SECRETS_NOTE + "\n" + "\n".join(lines)
     parser.epilog = f"{parser.epilog}\n\n{note}" if parser.epilog else note
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    if parser.formatter_class is argparse.HelpFormatter:
+        parser.formatter_class = _SecretsNoteFormatter
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:

@@ -302,3 +302,11 @@ def test_the_local_stack_material_is_private(pki: ModuleType) -> None:
     for path in pki.folder.iterdir():
         assert path.stat().st_mode & 0o077 == 0, path
     assert io.BytesIO(pki.ca.read_bytes()).read(27) == b"-----BEGIN CERTIFICATE-----"
+
+
+def test_the_secrets_note_keeps_the_description_wrapped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    parsers = {p.prog: p for p in _all_parsers(build_parser())}
+    text = parsers["chronowheel node"].format_help()
+    assert max(len(line) for line in text.splitlines()) <= 100
+    assert "\n  CHRONOWHEEL_HTTP_TOKEN or CHRONOWHEEL_HTTP_TOKEN_FILE\n" in text + "\n"
