@@ -8,8 +8,10 @@ every file 0600):
   127.0.0.1 and localhost, which Kafka reads as a PEM key store;
 - `cassandra-keystore.p12` and `cassandra-keystore.password`: the same key and certificate as
   a PKCS#12 key store for Cassandra's client_encryption_options;
-- `<user>.password` for the Kafka SCRAM users and the Cassandra roles (admin, node, worker,
-  submitter, ops): random, one line each.
+- `<user>.password` for the Kafka SCRAM (and PLAIN) users and the Cassandra roles (admin,
+  node, worker, submitter, ops): random, one line each;
+- `client.pem`, `client.key` and `client-key.password`: a client certificate (CN
+  chronowheel-admin-client) with an encrypted PKCS#8 key, for Kafka's mutual-TLS listener.
 
 Nothing here is a real secret: it exists to test TLS, SASL and authorization for real on one
 machine. Needs the `cryptography` package (the project's dev extra).
@@ -57,6 +59,18 @@ class Material:
     def password(self, user: str) -> str:
         return self.password_file(user).read_text().strip()
 
+    @property
+    def client_cert(self) -> Path:
+        return self.folder / "client.pem"
+
+    @property
+    def client_key(self) -> Path:
+        return self.folder / "client.key"
+
+    @property
+    def client_key_password(self) -> Path:
+        return self.folder / "client-key.password"
+
     def complete(self) -> bool:
         files = [self.ca, self.server_pem, self.cassandra_keystore,
                  self.cassandra_keystore_password, *(self.password_file(u) for u in USERS)]
@@ -69,11 +83,21 @@ def _write_private(path: Path, data: bytes) -> None:
         f.write(data)
 
 
+CLIENT_CN = "chronowheel-admin-client"
+
+
 def ensure(folder: Path) -> Material:
     """Make the material once per state folder; return where it is."""
     material = Material(folder)
-    if material.complete():
-        return material
+    if not material.complete():
+        _make_core(material)
+    if not material.client_key.exists():
+        _make_client(material)
+    return material
+
+
+def _make_core(material: Material) -> None:
+    folder = material.folder
     try:
         from cryptography import x509
         from cryptography.hazmat.primitives import hashes, serialization
@@ -138,4 +162,35 @@ def ensure(folder: Path) -> Material:
         serialization.BestAvailableEncryption(store_password.encode())))
     for user in USERS:
         _write_private(material.password_file(user), (secrets.token_urlsafe(18) + "\n").encode())
-    return material
+
+
+def _make_client(material: Material) -> None:
+    """A client certificate signed by the CA, its key encrypted with a random passphrase."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    ca_cert = x509.load_pem_x509_certificate(material.ca.read_bytes())
+    ca_key = serialization.load_pem_private_key(material.ca_key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    now = dt.datetime.now(dt.UTC)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CLIENT_CN)]))
+        .issuer_name(ca_cert.subject).public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(hours=1))
+        .not_valid_after(now + dt.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    passphrase = secrets.token_urlsafe(18)
+    pem = serialization.Encoding.PEM
+    _write_private(material.client_key_password, (passphrase + "\n").encode())
+    _write_private(material.client_key, key.private_bytes(
+        pem, serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(passphrase.encode())))
+    _write_private(material.client_cert, cert.public_bytes(pem))

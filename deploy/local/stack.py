@@ -69,6 +69,7 @@ SECURED_CQL_PORT = 9142
 SECURED_CASSANDRA_STORAGE_PORT = 7100
 SECURED_KAFKA_PORT = 9094
 SECURED_KAFKA_CONTROLLER_PORT = 9095
+SECURED_KAFKA_MTLS_PORT = 9096  # SSL with a required client certificate
 # The secured pair holds a few test keyspaces only: smaller heaps leave room for the plain one.
 SECURED_HEAP = os.environ.get("CHRONOWHEEL_SECURED_STACK_HEAP", "512m")
 SECURED_CASSANDRA_HEAP = os.environ.get("CHRONOWHEEL_SECURED_CASSANDRA_HEAP", "1g")
@@ -647,8 +648,11 @@ class Kafka(Server):
         self.render(HERE / "kafka" / "server.properties", props, values)
         if self.paths.profile.secured:
             material = secured_material(self.paths)
+            plain_users = " ".join(f'user_{u}="{material.password(u)}"'
+                                   for u in ("admin", "node", "worker", "submitter"))
             self.render(HERE / "kafka" / "secured.properties", self.conf / "secured.part", {
                 **values, "admin_password": material.password("admin"),
+                "mtls_port": str(SECURED_KAFKA_MTLS_PORT), "plain_users": plain_users,
                 "keystore": str(material.server_pem), "truststore": str(material.ca)})
             with props.open("a") as f:
                 f.write("\n" + (self.conf / "secured.part").read_text())
@@ -748,7 +752,8 @@ def servers(paths: Paths) -> dict[str, Server]:
             "server.log",
             paths,
             kafka_check,
-            extra_ports=(profile.controller_port,),
+            extra_ports=(profile.controller_port,
+                         *((SECURED_KAFKA_MTLS_PORT,) if profile.secured else ())),
         ),
     }
 
@@ -843,8 +848,12 @@ def secured_summary(paths: Paths) -> dict[str, Any]:
     return {
         "profile": "secured",
         "kafka_security_protocol": "SASL_SSL",
-        "kafka_sasl_mechanisms": ["SCRAM-SHA-512", "SCRAM-SHA-256"],
+        "kafka_sasl_mechanisms": ["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"],
         "ca_file": str(material.ca),
+        "kafka_mtls": f"{HOST}:{SECURED_KAFKA_MTLS_PORT}",
+        "client_cert": str(material.client_cert),
+        "client_key": str(material.client_key),
+        "client_key_password_file": str(material.client_key_password),
         "secrets_dir": str(paths.secrets),
         "password_files": {u: str(material.password_file(u))
                            for u in ("admin", "node", "worker", "submitter", "ops")},

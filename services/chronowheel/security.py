@@ -75,6 +75,9 @@ def tls_failure(exc: BaseException) -> str | None:
                     "that signed it")
         if isinstance(cur, ssl.SSLError):
             reason = _reason(cur)
+            if "CERTIFICATE_REQUIRED" in reason.upper() or "BAD_CERTIFICATE" in reason.upper():
+                return (f"the server requires a client certificate signed by a CA it trusts "
+                        f"({reason}): set the client certificate and key files")
             if "WRONG_VERSION_NUMBER" in reason.upper() or "record layer" in reason.lower():
                 return (f"TLS handshake failed ({reason}): the port does not speak TLS, or "
                         "speaks another protocol")
@@ -89,6 +92,9 @@ def tls_failure(exc: BaseException) -> str | None:
                     "address or the certificate")
         return (f"the server's certificate is not trusted ({detail}); set the CA file that "
                 "signed it")
+    if "CERTIFICATE_REQUIRED" in text.upper() or "BAD_CERTIFICATE" in text.upper():
+        return ("the server requires a client certificate signed by a CA it trusts: set the "
+                "client certificate and key files")
     if "WRONG_VERSION_NUMBER" in text or "[SSL" in text:
         return f"TLS handshake failed ({text})"
     return None

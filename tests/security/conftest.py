@@ -48,7 +48,10 @@ def secured() -> Iterator[Secured]:
     started = tuple(info["started"])
     try:
         yield Secured(kafka=info["kafka"], cassandra=info["cassandra"], ca_file=info["ca_file"],
-                      password_files=info["password_files"], started=started)
+                      password_files=info["password_files"], started=started,
+                      kafka_mtls=info["kafka_mtls"], client_cert=info["client_cert"],
+                      client_key=info["client_key"],
+                      client_key_password_file=info["client_key_password_file"])
     finally:
         if started:
             down = _stack("down", *started)

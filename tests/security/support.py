@@ -20,6 +20,11 @@ class Secured:
     ca_file: str
     password_files: dict[str, str]
     started: tuple[str, ...]
+    kafka_mtls: str = ""
+    """The SSL listener that requires a client certificate."""
+    client_cert: str = ""
+    client_key: str = ""
+    client_key_password_file: str = ""
 
     def password(self, user: str) -> str:
         return Path(self.password_files[user]).read_text().strip()
@@ -27,6 +32,16 @@ class Secured:
     def all_secrets(self) -> list[str]:
         folder = Path(self.ca_file).parent
         return [p.read_text().strip() for p in sorted(folder.glob("*.password"))]
+
+    def mtls_env(self, with_certificate: bool = True) -> dict[str, str]:
+        env = {"CHRONOWHEEL_KAFKA": self.kafka_mtls, "CHRONOWHEEL_KAFKA_SECURITY_PROTOCOL": "SSL",
+               "CHRONOWHEEL_KAFKA_SSL_CAFILE": self.ca_file}
+        if with_certificate:
+            env.update({"CHRONOWHEEL_KAFKA_SSL_CERTFILE": self.client_cert,
+                        "CHRONOWHEEL_KAFKA_SSL_KEYFILE": self.client_key,
+                        "CHRONOWHEEL_KAFKA_SSL_KEY_PASSWORD_FILE":
+                            self.client_key_password_file})
+        return env
 
     def env(self, kafka_user: str | None, cassandra_user: str | None = None,
             **extra: str) -> dict[str, str]:

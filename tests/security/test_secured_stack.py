@@ -3,6 +3,8 @@
 - a node, a worker and the Python client, each as its own principal, work end to end: every
   job fires once, never early, read_committed, and the worker handles each once; when the
   node's ACL on `<ns>.fired` is revoked it stops publishing and says why;
+- SCRAM-SHA-512, SCRAM-SHA-256 and PLAIN each authenticate, and mutual TLS works with an
+  encrypted client key (and without a client certificate fails clearly);
 - a wrong password, an untrusted certificate and plaintext against a TLS port each fail fast
   with one clear message naming the endpoint and the cause;
 - the submitter principal may write `<ns>.submit` but is refused `<ns>.fired` and
@@ -32,6 +34,7 @@ from chronowheel.bus.kafka import KafkaAccessError, open_admin, plain_producer
 from chronowheel.bus.kafka import reader as kafka_reader
 from chronowheel.client import SchedulerClient
 from chronowheel.errors import ConfigError
+from chronowheel.settings import Settings
 from chronowheel.store.cassandra import CassandraAccessError, connect
 
 from tests.security.support import REPO, Secured, chronowheel_cli
@@ -305,6 +308,35 @@ def test_a_command_with_a_wrong_password_exits_with_one_clear_line(
     assert f"Kafka at {secured.kafka}" in lines[0] and "was refused" in lines[0]
     assert "definitely-wrong" not in out.stderr + out.stdout
     assert took < 30
+
+
+# --- mechanisms and mutual TLS --------------------------------------------------------------
+
+
+async def test_scram_256_scram_512_plain_and_mutual_tls_each_connect(
+        secured: Secured) -> None:
+    for mechanism in ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"):
+        admin = await open_admin(secured.settings("x", "admin", kafka_sasl_mechanism=mechanism))
+        try:
+            assert isinstance(await admin.list_topics(), list)
+        finally:
+            await admin.close()
+    # SSL with a client certificate whose key is encrypted (passphrase from a _FILE variable).
+    settings = Settings.from_env(secured.mtls_env(), namespace="x")
+    assert settings.kafka_ssl_key_password is not None
+    admin = await open_admin(settings)
+    try:
+        assert isinstance(await admin.list_topics(), list)
+    finally:
+        await admin.close()
+    # The same listener refuses a client without a certificate, and says so.
+    t0 = time.monotonic()
+    with pytest.raises(KafkaAccessError) as err:
+        await open_admin(Settings.from_env(secured.mtls_env(with_certificate=False),
+                                           namespace="x"))
+    assert f"Kafka at {secured.kafka_mtls}" in str(err.value)
+    assert "requires a client certificate" in str(err.value)
+    assert time.monotonic() - t0 < 15
 
 
 # --- authorization ---------------------------------------------------------------------------

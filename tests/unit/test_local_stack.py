@@ -179,7 +179,7 @@ def test_the_secured_profile_uses_other_ports_and_its_own_state_folder(
     plain_ports = {p for s in plain.values() for p in (s.port, *s.extra_ports)}
     secured_ports = {p for s in secured.values() for p in (s.port, *s.extra_ports)}
     assert plain_ports == {9042, 7000, 9092, 9093}
-    assert secured_ports == {9142, 7100, 9094, 9095}
+    assert secured_ports == {9142, 7100, 9094, 9095, 9096}
     monkeypatch.setenv("CHRONOWHEEL_STATE_DIR", str(tmp_path / "st"))
     assert stack_script.default_state_dir(stack_script.SECURED) == tmp_path / "st-secured"
     assert stack_script.default_state_dir(stack_script.PLAIN) == tmp_path / "st"
@@ -193,7 +193,7 @@ def test_the_secured_profile_uses_other_ports_and_its_own_state_folder(
 def test_the_secured_kafka_properties_replace_the_listeners_and_authorize(tmp_path: Path) -> None:
     values = {"host": "127.0.0.1", "broker_port": "9094", "controller_port": "9095",
               "data_dir": str(tmp_path), "admin_password": "pw", "keystore": "/k.pem",
-              "truststore": "/t.pem"}
+              "truststore": "/t.pem", "mtls_port": "9096", "plain_users": 'user_admin="pw"'}
     text = render(LOCAL / "kafka" / "server.properties", values) + "\n" + render(
         LOCAL / "kafka" / "secured.properties", values)
     props: dict[str, str] = {}
@@ -201,8 +201,10 @@ def test_the_secured_kafka_properties_replace_the_listeners_and_authorize(tmp_pa
         if line and not line.startswith("#"):
             key, value = line.split("=", 1)
             props[key] = value  # the last one wins, as in java.util.Properties
-    assert props["listeners"] == "SASL_SSL://127.0.0.1:9094,CONTROLLER://127.0.0.1:9095"
-    assert props["advertised.listeners"] == "SASL_SSL://127.0.0.1:9094"
+    assert props["listeners"] == (
+        "SASL_SSL://127.0.0.1:9094,SSL://127.0.0.1:9096,CONTROLLER://127.0.0.1:9095")
+    assert props["advertised.listeners"] == "SASL_SSL://127.0.0.1:9094,SSL://127.0.0.1:9096"
+    assert props["listener.name.ssl.ssl.client.auth"] == "required"
     assert "PLAINTEXT://127.0.0.1:9094" not in props["listeners"]
     assert props["authorizer.class.name"].endswith("StandardAuthorizer")
     assert props["allow.everyone.if.no.acl.found"] == "false"
