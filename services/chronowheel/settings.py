@@ -164,6 +164,10 @@ class Settings:
     )
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "kafka_security_protocol",
+                           self.kafka_security_protocol.strip().upper())
+        object.__setattr__(self, "kafka_sasl_mechanism",
+                           self.kafka_sasl_mechanism.strip().upper())
         if self.kafka_security_protocol not in KAFKA_SECURITY_PROTOCOLS:
             raise ConfigError(f"kafka_security_protocol: expected one of "
                               f"{', '.join(KAFKA_SECURITY_PROTOCOLS)}, got "

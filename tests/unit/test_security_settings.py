@@ -143,6 +143,9 @@ def test_booleans_and_protocols_are_checked(monkeypatch: pytest.MonkeyPatch) -> 
         Settings.from_env({"CHRONOWHEEL_CASSANDRA_SSL": "perhaps"})
     with pytest.raises(ConfigError, match="kafka_security_protocol"):
         Settings(kafka_security_protocol="TLS")
+    lower = Settings(kafka_security_protocol="sasl_ssl", kafka_sasl_mechanism="scram-sha-256")
+    assert (lower.kafka_security_protocol, lower.kafka_sasl_mechanism) == (
+        "SASL_SSL", "SCRAM-SHA-256")
     with pytest.raises(ConfigError, match="kafka_sasl_mechanism"):
         Settings(kafka_sasl_mechanism="GSSAPI")
     args = build_parser().parse_args(["node", "--kafka-ssl-check-hostname", "false"])
