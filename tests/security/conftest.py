@@ -17,14 +17,13 @@ import json
 import secrets
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.security.support import REPO, Secured, chronowheel_cli
+from tests.security.support import REPO, Secured, chronowheel_cli, drop_namespace
 
 STACK_SCRIPT = REPO / "deploy" / "local" / "stack.py"
 
@@ -73,44 +72,7 @@ def secured_ns(secured: Secured) -> Iterator[str]:
     assert acl.returncode == 0, acl.stderr
     assert "applied 22 Kafka ACLs" in acl.stdout
     yield ns
-    _drop(secured, ns)
-
-
-def _drop(secured: Secured, ns: str) -> None:
-    import asyncio
-
-    from chronowheel.bus.kafka import open_admin
-    from chronowheel.store.cassandra import connect
-
-    settings = secured.settings(ns, "admin", "admin")
-    try:
-        cluster, session = connect(settings)
-        try:
-            session.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=60)
-        finally:
-            cluster.shutdown()
-    except Exception as exc:  # cleanup must not fail a test that passed
-        print(f"dropping keyspace {ns} failed: {exc!r}", file=sys.stderr)
-
-    async def drop_topics() -> None:
-        admin = await open_admin(settings)
-        try:
-            mine = [t for t in await admin.list_topics() if t.startswith(f"{ns}.")]
-            if mine:
-                await admin.delete_topics(mine)
-        finally:
-            await admin.close()
-
-    def in_own_thread() -> None:
-        # asyncio.run in a thread of its own leaves pytest-asyncio's event loop alone.
-        try:
-            asyncio.run(drop_topics())
-        except Exception as exc:
-            print(f"deleting topics of {ns} failed: {exc!r}", file=sys.stderr)
-
-    worker = threading.Thread(target=in_own_thread, name=f"drop-{ns}")
-    worker.start()
-    worker.join(60)
+    drop_namespace(secured, ns)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

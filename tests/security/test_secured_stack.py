@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import re
+import secrets
 import subprocess
 import sys
 import time
@@ -37,7 +38,7 @@ from chronowheel.errors import ConfigError
 from chronowheel.settings import Settings
 from chronowheel.store.cassandra import CassandraAccessError, connect
 
-from tests.security.support import REPO, Secured, chronowheel_cli
+from tests.security.support import REPO, Secured, chronowheel_cli, drop_namespace
 
 pytestmark = [pytest.mark.security, pytest.mark.integration]
 
@@ -359,3 +360,29 @@ async def test_the_submitter_may_only_write_the_submit_topic(
             assert secured.kafka in message and "chronowheel acl" in message
     finally:
         await producer.stop()
+
+
+# --- replication per data centre -------------------------------------------------------------
+
+
+def test_init_with_a_replication_map_makes_a_network_topology_keyspace(
+        secured: Secured) -> None:
+    """`--replication <dc>:1` on the one-DC local cluster, with its DC as the local one."""
+    ns = "r" + secrets.token_hex(5)
+    out = chronowheel_cli(secured, ["init", "--namespace", ns, "--shards", "1",
+                                    "--replication", "datacenter1:1",
+                                    "--cassandra-local-dc", "datacenter1"], "admin", "admin")
+    try:
+        assert out.returncode == 0, out.stderr
+        settings = secured.settings(ns, "admin", "admin", cassandra_local_dc="datacenter1")
+        cluster, session = connect(settings)
+        try:
+            row = session.execute("SELECT replication FROM system_schema.keyspaces WHERE "
+                                  "keyspace_name = %s", (settings.keyspace,)).one()
+        finally:
+            cluster.shutdown()
+        assert row is not None
+        assert row.replication["class"].endswith("NetworkTopologyStrategy")
+        assert row.replication["datacenter1"] == "1"
+    finally:
+        drop_namespace(secured, ns)
