@@ -99,7 +99,8 @@ class Node:
             self._cassandra = await asyncio.to_thread(CassandraStore.open, s)
             self._store = self._cassandra
         self.metrics.dispatch_blocked.set(1)
-        self.http = HttpEndpoint(self.metrics, self.health, s.http_port)
+        self.http = HttpEndpoint(self.metrics, self.health, s.http_port, s.http_host,
+                                 token=s.http_token)
         await self.http.start()
         consumer = group_consumer(s, self.group_id, session_timeout_ms=s.node_session_timeout_ms,
                                   max_partition_fetch_bytes=4 << 20, client_id=self.node_id)
