@@ -1,0 +1,37 @@
+"""A node that starts on a submit topic already full of commands, with no committed offset (a
+new namespace fed before its first node, or a group whose offsets expired): every command is
+applied. Reading from the beginning must not let the first fetched records slip past the shard
+while it is still taking over."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from chronowheel.store.cassandra import CassandraStore
+
+from tests.integration.harness import make_namespace, now_ms, produce, running_node, upsert
+
+pytestmark = pytest.mark.integration
+
+
+async def test_a_backlog_without_committed_offsets_is_applied_completely(
+        stack: Any, namespace: str) -> None:
+    settings = await make_namespace(stack, namespace)
+    n = 6000
+    due = now_ms() + 86_400_000  # tomorrow: nothing fires, everything must be stored
+    await produce(settings, [upsert(f"b{i}", at=due + i) for i in range(n)])
+    async with running_node(settings) as node:
+        deadline = time.monotonic() + 180
+        while node.metrics.ingested.labels("upsert")._value.get() < n:
+            assert time.monotonic() < deadline, "the node did not apply the backlog in time"
+            await asyncio.sleep(0.2)
+    store = await asyncio.to_thread(CassandraStore.open, settings)
+    try:
+        rows = await asyncio.to_thread(lambda: sum(1 for _ in store.session.execute(
+            f"SELECT job_id FROM {settings.keyspace}.jobs")))
+    finally:
+        await asyncio.to_thread(store.close)
+    assert rows == n, f"{n - rows} accepted commands were never stored"
