@@ -18,10 +18,8 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-
 from chronowheel.admin import recorded_shard_count
-from chronowheel.bus.kafka import group_consumer
+from chronowheel.bus.ports import NodeBus, SubmitGroup
 from chronowheel.core.clock import Clock, SystemClock
 from chronowheel.core.model import ValidationPolicy
 from chronowheel.errors import ChronowheelError, ConfigError
@@ -34,8 +32,10 @@ from chronowheel.store.cassandra import CassandraStore
 
 log = logging.getLogger(__name__)
 
-SKEW_CHECK_INTERVAL_S = 5.0
-STOP_DEADLINE_S = 30.0
+# The default of `stop_deadline_ms`, in seconds (what a node started without flags allows).
+STOP_DEADLINE_S = Settings.stop_deadline_ms / 1000
+# Fetches of the ingest pump wait at most this long for records.
+PUMP_POLL_MS = 200
 
 
 @dataclass
@@ -53,7 +53,10 @@ class NodeStatus:
 
 class Node:
     def __init__(self, settings: Settings, *, clock: Clock | None = None,
-                 store: JobStore | None = None, node_id: str | None = None) -> None:
+                 store: JobStore | None = None, node_id: str | None = None,
+                 bus: NodeBus | None = None, shards: int | None = None) -> None:
+        """Without `store` / `bus` the node opens Cassandra / Kafka itself; without `shards`
+        it reads the namespace's shard count from Cassandra."""
         self.settings = settings
         self.clock = clock or SystemClock()
         self._store = store
@@ -65,9 +68,10 @@ class Node:
         self.skew_ms: int | None = None
         # Blocked until the first skew check passes: never early includes the first second.
         self.blocked = True
-        self.shards = 0
+        self.shards = shards or 0
         self.http: HttpEndpoint | None = None
-        self._consumer: AIOKafkaConsumer | None = None
+        self._bus = bus
+        self._group: SubmitGroup | None = None
         self._failure: BaseException | None = None
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -94,23 +98,29 @@ class Node:
 
     async def start(self) -> None:
         s = self.settings
-        self.shards = await recorded_shard_count(s)
+        if not self.shards:
+            self.shards = await recorded_shard_count(s)
+        if self._bus is None:
+            from chronowheel.bus.kafka_node import KafkaNodeBus
+
+            self._bus = KafkaNodeBus(s)
         if self._store is None:
             self._cassandra = await asyncio.to_thread(CassandraStore.open, s)
             self._store = self._cassandra
         self.metrics.dispatch_blocked.set(1)
         self.http = HttpEndpoint(self.metrics, self.health, s.http_port)
         await self.http.start()
-        consumer = group_consumer(s, self.group_id, session_timeout_ms=s.node_session_timeout_ms,
-                                  max_partition_fetch_bytes=4 << 20, client_id=self.node_id)
-        consumer.subscribe([s.submit_topic], listener=_Rebalance(self))
-        self._consumer = consumer  # before start(): the first assignment can arrive during it
-        await consumer.start()
-        parts = consumer.partitions_for_topic(s.submit_topic)
-        if parts is not None and len(parts) != self.shards:
-            await consumer.stop()
-            self._consumer = None
-            raise ConfigError(f"{s.submit_topic} has {len(parts)} partitions but the namespace "
+        group = self._bus.submit_group(
+            group_id=self.group_id, client_id=self.node_id,
+            session_timeout_ms=s.node_session_timeout_ms,
+            on_assigned=self._on_assigned, on_revoked=self._on_revoked)
+        self._group = group  # before start(): the first assignment can arrive during it
+        await group.start()
+        parts = group.partition_count()
+        if parts is not None and parts != self.shards:
+            await group.stop()
+            self._group = None
+            raise ConfigError(f"{s.submit_topic} has {parts} partitions but the namespace "
                               f"has {self.shards} shards")
         self._spawn(self._pump(), "ingest-pump")
         self._spawn(self._skew_monitor(), "clock-skew-monitor")
@@ -127,10 +137,10 @@ class Node:
                 await t
         self._tasks.clear()
         await self._stop_shards(list(self.owned))
-        if self._consumer is not None:
+        if self._group is not None:
             with contextlib.suppress(Exception):
-                await self._consumer.stop()  # leaves the group: others take over at once
-            self._consumer = None
+                await self._group.stop()  # leaves the group: others take over at once
+            self._group = None
         if self.http is not None:
             await self.http.stop()
         if self._cassandra is not None:
@@ -173,13 +183,13 @@ class Node:
 
     # --- shards ---------------------------------------------------------------------------
     async def _start_shards(self, partitions: list[int]) -> None:
-        assert self._consumer is not None
+        assert self._group is not None and self._bus is not None
         for k in partitions:
             if k in self.owned:
                 continue
             actor = ShardActor(
                 shard=k, shards=self.shards, settings=self.settings, store=self.store,
-                consumer=self._consumer, clock=self.clock, metrics=self.metrics,
+                bus=self._bus, submit=self._group, clock=self.clock, metrics=self.metrics,
                 policy=self.policy, group_id=self.group_id, node_id=self.node_id,
                 dispatch_blocked=lambda: self.blocked)
             task = asyncio.ensure_future(actor.run())
@@ -195,7 +205,7 @@ class Node:
             o.task.remove_done_callback(self._supervise)
         stops = [asyncio.ensure_future(o.actor.stop()) for o in owned]
         if stops:
-            await asyncio.wait(stops, timeout=STOP_DEADLINE_S)
+            await asyncio.wait(stops, timeout=self.settings.stop_deadline_ms / 1000)
             for o in owned:
                 if not o.task.done():
                     o.task.cancel()  # past the deadline: abort (its transaction aborts too)
@@ -206,27 +216,27 @@ class Node:
 
     async def _pump(self) -> None:
         """Route fetched submit records to their shard's actor."""
-        consumer = self._consumer
-        assert consumer is not None
-        paused: set[TopicPartition] = set()
+        group = self._group
+        assert group is not None
+        s = self.settings
+        paused: set[int] = set()
         while True:
-            batches = await consumer.getmany(timeout_ms=200, max_records=5_000)
-            for tp, records in batches.items():
-                owned = self.owned.get(tp.partition)
+            batches = await group.fetch(PUMP_POLL_MS, s.pump_fetch_records)
+            for shard, records in batches.items():
+                owned = self.owned.get(shard)
                 if owned is not None and owned.actor.ready:
                     owned.actor.enqueue(records)
                 # Records of a shard still taking over are dropped: it seeks to its committed
                 # offset when ready, so they are read again.
-            for k, o in self.owned.items():  # backpressure per shard
-                tp = o.actor.tp
-                if len(o.actor.queue) > 20_000 and tp not in paused:
-                    consumer.pause(tp)
-                    paused.add(tp)
-                elif len(o.actor.queue) < 5_000 and tp in paused:
-                    consumer.resume(tp)
-                    paused.discard(tp)
-                del k
-            paused &= consumer.assignment()
+            for shard, o in self.owned.items():  # backpressure per shard
+                queued = o.actor.queued
+                if queued > s.pump_pause_rows and shard not in paused:
+                    group.pause(shard)
+                    paused.add(shard)
+                elif queued < s.pump_resume_rows and shard in paused:
+                    group.resume(shard)
+                    paused.discard(shard)
+            paused &= group.assigned()
 
     async def _measure_skew(self) -> tuple[int, int]:
         """(skew, uncertainty) in ms from the tightest of a few round trips: the server's
@@ -271,26 +281,22 @@ class Node:
                 if not blocked:
                     for o in self.owned.values():
                         o.actor.wake.set()
-            await asyncio.sleep(SKEW_CHECK_INTERVAL_S)
+            await asyncio.sleep(self.settings.skew_check_interval_ms / 1000)
 
-
-class _Rebalance(ConsumerRebalanceListener):
-    def __init__(self, node: Node) -> None:
-        self.node = node
-
+    # --- group assignment -----------------------------------------------------------------
     # aiokafka logs and swallows a listener's exception; a node that silently owns nothing
     # would be worse than one that stops, so failures here stop the node loudly.
-    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+    async def _on_revoked(self, shards: list[int]) -> None:
         try:
-            await self.node._stop_shards([tp.partition for tp in revoked])
+            await self._stop_shards(shards)
         except Exception as exc:
-            self.node._fail("revoking shards", exc)
+            self._fail("revoking shards", exc)
 
-    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+    async def _on_assigned(self, shards: list[int]) -> None:
         try:
-            await self.node._start_shards([tp.partition for tp in assigned])
+            await self._start_shards(shards)
         except Exception as exc:
-            self.node._fail("taking over shards", exc)
+            self._fail("taking over shards", exc)
 
 
 def install_signal_handlers(node: Node) -> None:
