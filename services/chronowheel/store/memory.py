@@ -2,8 +2,10 @@
 tools that run a node without servers. Not durable; one event loop only.
 
 Rows expire by their TTL when a clock is given (`clock`), never otherwise. `pause`, when given,
-is awaited at the start of every call: a test passes e.g. `lambda: asyncio.sleep(0)` so that
-tasks sharing the store interleave at every storage call, as they do on a real database.
+is awaited at the start of every call, and again between taking a read's result and returning
+it: a test passes e.g. `lambda: asyncio.sleep(0)` so that tasks sharing the store interleave at
+every storage call, and a read can be stale by the time its caller sees it, as on a real
+database.
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ class MemoryStore:
         if self.pause is not None:
             await self.pause()
 
+    async def _return(self) -> None:
+        if self.pause is not None:
+            await self.pause()
+
     def _expiry(self, ttl_s: int) -> int | None:
         if ttl_s <= 0 or self.clock is None:
             return None
@@ -60,6 +66,7 @@ class MemoryStore:
     async def get_job(self, job_id: str) -> JobRow | None:
         await self._enter()
         hit = self.jobs.get(job_id)
+        await self._return()
         if hit is None or not self._alive(hit[1]):
             return None
         return replace(hit[0], ttl_s=0)  # like Cassandra: the TTL is not read back
@@ -101,8 +108,10 @@ class MemoryStore:
                           if (from_slot_ms is None or k[0] >= from_slot_ms)
                           and (after is None or k > after) and self._alive(bucket[k][1]))
             page = keys[:page_rows]
-            if page:
-                yield [bucket[k][0] for k in page]
+            rows = [bucket[k][0] for k in page]
+            await self._return()
+            if rows:
+                yield rows
             if len(keys) <= page_rows:
                 return
             after = page[-1]
@@ -114,8 +123,10 @@ class MemoryStore:
 
     async def bucket_counts(self, shard: int, from_minute: int, to_minute: int) -> dict[int, int]:
         await self._enter()
-        return {m: n for (k, m), n in self.counts.items()
-                if k == shard and from_minute <= m <= to_minute}
+        counts = {m: n for (k, m), n in self.counts.items()
+                  if k == shard and from_minute <= m <= to_minute}
+        await self._return()
+        return counts
 
     # --- clock, idempotency, meta --------------------------------------------------------
     async def clock_sample(self) -> tuple[int, int, int]:
