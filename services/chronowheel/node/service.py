@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chronowheel.admin import recorded_shard_count
+from chronowheel.bus.kafka_node import KafkaNodeBus
 from chronowheel.bus.ports import NodeBus, SubmitGroup
 from chronowheel.core.clock import Clock, SystemClock
 from chronowheel.core.model import ValidationPolicy
@@ -101,8 +102,6 @@ class Node:
         if not self.shards:
             self.shards = await recorded_shard_count(s)
         if self._bus is None:
-            from chronowheel.bus.kafka_node import KafkaNodeBus
-
             self._bus = KafkaNodeBus(s)
         if self._store is None:
             self._cassandra = await asyncio.to_thread(CassandraStore.open, s)
