@@ -1,9 +1,9 @@
 """The shard's invariants under interleaved ingest, load and dispatch (a Hypothesis state machine).
 
-The three tasks of one shard share a `ShardState` (node/state.py); here each step of each task
-is started by a rule and the event loop is turned by another, over an in-memory store that
-yields at every call, so the tasks interleave at every storage access as they do against
-Cassandra. After every rule:
+The three tasks of one shard share a `ShardState` (node/state.py). Here a real ShardActor runs
+them on an in-memory store and bus with a manual clock; rules submit commands, move the clock
+and turn the event loop, and every storage call takes a varying number of loop turns each way,
+so the tasks interleave at every storage access, as they do against Cassandra. After every rule:
 - never early: nothing is handed to the publisher before its slot;
 - exactly once: no occurrence of one submitted version is published twice;
 - watermark: every stored row with slot <= the committed watermark has been taken by
