@@ -14,8 +14,6 @@ from chronowheel.store.base import DueRow
 
 from tests.unit.node_rig import T0, NodeRig, scheduled_at
 
-pytestmark = pytest.mark.asyncio(loop_scope="function")
-
 
 @pytest.fixture
 async def rig() -> AsyncIterator[NodeRig]:
