@@ -18,8 +18,11 @@ tag of the same scenario name (`--tags steady` etc. work too):
 Statistics: request type `submit` (name = scenario) is the time until Kafka acknowledged the
 command; request type `fire`, name `lateness`, is each occurrence's lateness as seen by a
 read_committed consumer (receive time - cw-scheduled-at), and name `lateness (cw-fired-at)` is
-cw-fired-at - cw-scheduled-at. An occurrence received before its scheduled instant, or twice,
-is a failure. Only jobs of this run (their ids start with the run's prefix) are measured.
+cw-fired-at - cw-scheduled-at. With --cw-worker, request type `handler`, name `start lateness`,
+is when chronowheel's Worker (default settings, run beside the probe) started the handler of
+each occurrence - cw-scheduled-at: what a user's handler sees. An occurrence received or
+handled before its scheduled instant, or twice, is a failure. Only jobs of this run (their ids
+start with the run's prefix) are measured.
 
 Bounds: every user submits at a fixed rate; no job is submitted that is due after the end of a
 `-t` run (so every submitted occurrence can be measured before the run ends); the whole run
@@ -30,7 +33,6 @@ loopback address.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import os
 import random
@@ -45,6 +47,7 @@ from typing import Any
 import gevent
 import orjson
 from chronowheel.core.model import encode_cancel, encode_upsert
+from chronowheel.testing import LatenessTally, require_loopback
 from gevent.event import AsyncResult
 from gevent.lock import Semaphore
 from locust import User, events, tag, task
@@ -88,25 +91,23 @@ def _options(parser: Any) -> None:
                         help="stop submitting after this many jobs in the run")
     parser.add_argument("--cw-max-runtime-s", type=float, default=900.0,
                         help="stop the whole run after this long, whatever -t says")
-
-
-def _require_loopback(servers: str) -> None:
-    for item in servers.split(","):
-        host = item.strip().rsplit(":", 1)[0].strip("[]")
-        try:
-            ok = ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            ok = host == "localhost"
-        if not ok:
-            raise SystemExit(f"--cw-kafka {servers!r}: only loopback addresses are allowed")
+    parser.add_argument("--cw-worker", action="store_true",
+                        help="also run chronowheel's Worker (default settings) and report its "
+                             "handler's start lateness as request type `handler`")
+    parser.add_argument("--cw-cassandra", default=os.environ.get("CHRONOWHEEL_CASSANDRA",
+                                                                 "127.0.0.1:9042"),
+                        help="Cassandra of the namespace, for --cw-worker; loopback only")
 
 
 class KafkaBridge:
     """Runs kafka_bridge.py as a child process and talks to it over a socket pair."""
 
     def __init__(self, kafka: str, namespace: str, prefix: str,
-                 on_fires: Callable[[list[list[Any]]], None]) -> None:
+                 on_fires: Callable[[list[list[Any]]], None],
+                 on_starts: Callable[[list[list[Any]]], None],
+                 worker_cassandra: str | None) -> None:
         self.on_fires = on_fires
+        self.on_starts = on_starts
         self._next_id = 0
         self._pending: dict[int, AsyncResult] = {}
         self._lock = Semaphore()
@@ -114,7 +115,8 @@ class KafkaBridge:
         self.sock, child = socket.socketpair()
         self.proc = subprocess.Popen(
             [sys.executable, str(BRIDGE), "--fd", str(child.fileno()), "--kafka", kafka,
-             "--namespace", namespace, "--prefix", prefix],
+             "--namespace", namespace, "--prefix", prefix,
+             *(() if worker_cassandra is None else ("--worker", "--cassandra", worker_cassandra))],
             pass_fds=[child.fileno()], stdin=subprocess.DEVNULL)
         child.close()
         self._reader = gevent.spawn(self._read)
@@ -133,6 +135,8 @@ class KafkaBridge:
                     res.set(msg["err"])
             elif kind == "fires":
                 self.on_fires(msg["items"])
+            elif kind == "starts":
+                self.on_starts(msg["items"])
             elif kind == "ready":
                 self._ready.set(msg)
             elif kind == "error":
@@ -193,15 +197,19 @@ class Run:
         self.seq = 0
         self.submitted = 0
         self.expected: set[str] = set()  # occurrences due before the end of the run
-        self.seen: set[str] = set()
-        self.duplicates = 0
-        self.early = 0
-        self.lateness: list[float] = []
+        self.received = LatenessTally()  # by the read_committed probe
+        self.worker = bool(o.cw_worker) if o else False
+        self.started = LatenessTally()  # handler starts, with --cw-worker
         self.cap_logged = False
         self.horizon_ids: list[str] = []
         self.stopped_ms = self.started_ms
-        _require_loopback(self.kafka)
-        self.bridge = KafkaBridge(self.kafka, self.namespace, self.prefix, self.on_fires)
+        require_loopback("--cw-kafka", self.kafka)
+        cassandra: str | None = None
+        if self.worker:
+            cassandra = o.cw_cassandra if o else "127.0.0.1:9042"
+            require_loopback("--cw-cassandra", cassandra)
+        self.bridge = KafkaBridge(self.kafka, self.namespace, self.prefix, self.on_fires,
+                                  self.on_starts, cassandra)
         self.bridge.wait_ready()
 
     def new_id(self, scenario: str) -> str:
@@ -231,52 +239,69 @@ class Run:
 
     def on_fires(self, items: list[list[Any]]) -> None:
         fire = events.request.fire
+        tally = self.received
         for occurrence, scheduled, fired, received in items:
             late = received - scheduled
+            early_before = tally.early
             exc: Exception | None = None
-            if occurrence in self.seen:
-                self.duplicates += 1
+            if not tally.observe(occurrence, scheduled, received, fired_ms=fired):
                 exc = DuplicateFire(occurrence)
-            else:
-                self.seen.add(occurrence)
-            if late < 0 or fired < scheduled:
-                self.early += 1
+            if tally.early > early_before:
                 exc = EarlyFire(f"{occurrence} received {late:.1f} ms, fired "
                                 f"{fired - scheduled} ms")
-            self.lateness.append(late)
             fire(request_type="fire", name="lateness", response_time=max(0.0, late),
                  response_length=0, exception=exc, context={})
             fire(request_type="fire", name="lateness (cw-fired-at)",
                  response_time=max(0, fired - scheduled), response_length=0, exception=None,
                  context={})
 
-    def _overdue(self, at_ms: float) -> set[str]:
-        """Expected occurrences due by at_ms that have not been received."""
-        return {o for o in self.expected - self.seen if int(o.rsplit("@", 1)[1]) <= at_ms}
+    def on_starts(self, items: list[list[Any]]) -> None:
+        fire = events.request.fire
+        tally = self.started
+        for occurrence, scheduled, started in items:
+            late = started - scheduled
+            early_before = tally.early
+            exc: Exception | None = None
+            if not tally.observe(occurrence, scheduled, started):
+                exc = DuplicateFire(f"{occurrence} handled twice")
+            if tally.early > early_before:
+                exc = EarlyFire(f"{occurrence} handler started {late:.1f} ms after its time")
+            fire(request_type="handler", name="start lateness", response_time=max(0.0, late),
+                 response_length=0, exception=exc, context={})
+
+    def _overdue(self, tally: LatenessTally, at_ms: float) -> set[str]:
+        """Expected occurrences due by at_ms that the tally has not seen."""
+        return {o for o in self.expected - tally.seen.keys()
+                if int(o.rsplit("@", 1)[1]) <= at_ms}
+
+    def _tallies(self) -> list[LatenessTally]:
+        return [self.received, self.started] if self.worker else [self.received]
 
     def drain(self) -> None:
-        """After the users stopped: give occurrences due by now a bounded time to arrive."""
+        """After the users stopped: give occurrences due by now a bounded time to arrive (and
+        be handled, with --cw-worker)."""
         self.stopped_ms = now_ms()
         deadline = time.monotonic() + DRAIN_S
-        while self._overdue(self.stopped_ms) and time.monotonic() < deadline:
+        while (any(self._overdue(t, self.stopped_ms) for t in self._tallies())
+               and time.monotonic() < deadline):
             gevent.sleep(0.1)
 
+    def _figures(self, tally: LatenessTally) -> dict[str, Any]:
+        overdue = len(self._overdue(tally, self.stopped_ms))
+        lateness = {k: None if v is None else round(v, 1)
+                    for k, v in tally.summary().items() if k != "n"}
+        return {"missing": overdue,
+                "not_yet_due": len(self.expected - tally.seen.keys()) - overdue,
+                "duplicates": tally.duplicates, "early": tally.early, "lateness_ms": lateness}
+
     def summary(self) -> dict[str, Any]:
-        lat = sorted(self.lateness)
-
-        def pct(q: float) -> float | None:
-            if not lat:
-                return None
-            return round(lat[min(len(lat) - 1, max(0, int(q / 100 * len(lat) + 0.999) - 1))], 1)
-
-        return {"prefix": self.prefix, "namespace": self.namespace, "submitted": self.submitted,
-                "expected_fires": len(self.expected), "received": len(self.seen),
-                "missing": len(self._overdue(self.stopped_ms)),
-                "not_yet_due": len(self.expected - self.seen) - len(self._overdue(
-                    self.stopped_ms)),
-                "duplicates": self.duplicates,
-                "early": self.early, "lateness_ms": {"p50": pct(50), "p95": pct(95),
-                                                     "p99": pct(99), "max": pct(100)}}
+        out = {"prefix": self.prefix, "namespace": self.namespace, "submitted": self.submitted,
+               "expected_fires": len(self.expected), "received": self.received.distinct,
+               **self._figures(self.received)}
+        if self.worker:
+            out["handler_start"] = {"started": self.started.distinct,
+                                    **self._figures(self.started)}
+        return out
 
 
 RUN: Run | None = None

@@ -32,13 +32,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import json
 import os
 import platform
 import secrets
-import subprocess
 import sys
 import time
 import tracemalloc
@@ -46,19 +44,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from aiokafka import TopicPartition
 from chronowheel.admin import init_namespace
-from chronowheel.bus.kafka import open_admin, reader
+from chronowheel.bus.kafka import open_admin
 from chronowheel.client import SchedulerClient
 from chronowheel.core.buckets import minute_of
 from chronowheel.core.wheel import TimingWheel
 from chronowheel.node.pending import Pending, pending_from_row
 from chronowheel.settings import Settings
 from chronowheel.store.base import DueRow
-from chronowheel.store.cassandra import connect
+from chronowheel.testing import NodeProcess, collecting, drop_namespace
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "loadtest" / "results" / "measured-quick.json"
+LOG = ROOT / "loadtest" / "out" / "measure-quick-node.log"
 
 
 def now_ms() -> int:
@@ -93,17 +91,6 @@ def wheel_bytes_per_entry(n: int) -> float:
 
 # --- 2 and 3: a real node -----------------------------------------------------------------
 
-def rss_bytes(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 async def committed_total(settings: Settings, shards: int) -> int:
     admin = await open_admin(settings)
     try:
@@ -130,36 +117,9 @@ async def send_jobs(settings: Settings, prefix: str, k: int, at_ms: int) -> None
         raise SystemExit(f"send failed: {report.failed[:3]} {report.invalid[:3]}")
 
 
-async def read_fired(settings: Settings, shards: int, k: int,
-                     timeout_s: float) -> list[tuple[int, int]]:
-    """(cw-fired-at, local receive time in ms) of the first k fired messages."""
-    consumer = reader(settings, max_partition_fetch_bytes=8 << 20)
-    await consumer.start()
-    fired: list[tuple[int, int]] = []
-    try:
-        tps = [TopicPartition(settings.fired_topic, p) for p in range(shards)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        deadline = time.monotonic() + timeout_s
-        while len(fired) < k:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"only {len(fired)} of {k} fired in {timeout_s}s")
-            batches = await consumer.getmany(timeout_ms=100, max_records=50_000)
-            received = now_ms()
-            for msgs in batches.values():
-                for m in msgs:
-                    fired.append((int(dict(m.headers)["cw-fired-at"]), received))
-    finally:
-        await consumer.stop()
-    return fired
-
-
 async def node_figures(settings: Settings, ingest_k: int, herd_k: int) -> dict[str, Any]:
-    env = dict(os.environ, CHRONOWHEEL_NAMESPACE=settings.namespace,
-               CHRONOWHEEL_CASSANDRA=settings.cassandra, CHRONOWHEEL_KAFKA=settings.kafka,
-               CHRONOWHEEL_HTTP_PORT="0")
-    proc = subprocess.Popen([sys.executable, "-m", "chronowheel", "node"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = NodeProcess(settings, LOG)
+    proc.start()
     try:
         # Owned and taken over once the first idle watermark commit moves the offsets of the
         # group; simpler: wait until a probe command is committed.
@@ -176,7 +136,7 @@ async def node_figures(settings: Settings, ingest_k: int, herd_k: int) -> dict[s
         ingest_rate = ingest_k / ingest_s
         log(f"ingest: {ingest_rate:,.0f}/s (sending took {sent_s:.1f}s of {ingest_s:.1f}s)")
 
-        rss_before = rss_bytes(proc.pid)
+        rss_before = proc.rss_bytes()
         lead_s = herd_k / ingest_rate * 1.5 + 20
         herd_at = now_ms() + int(lead_s * 1000)
         log(f"herd: {herd_k} jobs all due at +{lead_s:.0f}s")
@@ -184,24 +144,21 @@ async def node_figures(settings: Settings, ingest_k: int, herd_k: int) -> dict[s
         await wait_committed(settings, settings.shards, base + ingest_k + herd_k, 600)
         # The reader runs from before T, so receive times are when messages became visible
         # to a read_committed consumer (cw-fired-at is stamped before the commit).
-        reading = asyncio.ensure_future(read_fired(settings, settings.shards, herd_k, 600))
-        # Loaded into the wheel ahead of T (lookahead 2 min): sample memory just before T.
-        await asyncio.sleep(max(0.0, (herd_at - now_ms()) / 1000 - 1.0))
-        rss_loaded = rss_bytes(proc.pid)
-        fired = await reading
+        async with collecting(settings) as reader:
+            # Loaded into the wheel ahead of T (lookahead 2 min): sample memory just before T.
+            await asyncio.sleep(max(0.0, (herd_at - now_ms()) / 1000 - 1.0))
+            rss_loaded = proc.rss_bytes()
+            await reader.wait_for(lambda got: len(got) >= herd_k, 600, f"{herd_k} fired")
+            fired = [(m.fired_ms, m.received_ms) for m in reader.messages[:herd_k]]
         last_visible = max(r for _, r in fired)
         fire_s = max(0.001, (last_visible - herd_at) / 1000)
         fire_rate = herd_k / fire_s
-        first_visible = min(r for _, r in fired) - herd_at
+        first_visible = round(min(r for _, r in fired) - herd_at)
         stamped_s = (max(f for f, _ in fired) - herd_at) / 1000
         log(f"herd: {fire_rate:,.0f}/s visible ({herd_k} visible {fire_s:.2f}s after T; first "
             f"{first_visible} ms after T; last cw-fired-at {stamped_s:.2f}s after T)")
     finally:
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(60)
-        if proc.poll() is None:
-            proc.kill()
+        proc.stop(timeout_s=60)
     rss_delta = None
     if rss_before is not None and rss_loaded is not None:
         rss_delta = (rss_loaded - rss_before) / herd_k
@@ -209,27 +166,6 @@ async def node_figures(settings: Settings, ingest_k: int, herd_k: int) -> dict[s
             "first_fire_after_t_ms": first_visible, "last_stamp_after_t_s": stamped_s,
             "rss_delta_per_loaded_job": rss_delta,
             "rss_before_herd_bytes": rss_before, "rss_herd_loaded_bytes": rss_loaded}
-
-
-async def drop_namespace(settings: Settings) -> None:
-    """The scratch namespace's topics and keyspace: a measurement leaves nothing behind."""
-    admin = await open_admin(settings)
-    try:
-        prefix = settings.namespace + "."
-        mine = [t for t in await admin.list_topics() if t.startswith(prefix)]
-        if mine:
-            await admin.delete_topics(mine, timeout_ms=60_000)
-    finally:
-        await admin.close()
-
-    def drop_keyspace() -> None:
-        cluster, session = connect(settings)
-        try:
-            session.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=120)
-        finally:
-            cluster.shutdown()
-
-    await asyncio.to_thread(drop_keyspace)
 
 
 async def main() -> None:

@@ -23,8 +23,9 @@ from chronowheel.bus.kafka import (
     reader,
 )
 from chronowheel.errors import ConfigError
+from chronowheel.schema import cql_statements
 from chronowheel.settings import Settings
-from chronowheel.store.cassandra import connect, schema_statements
+from chronowheel.store.cassandra import connect
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ async def init_namespace(settings: Settings) -> InitReport:
                                   f"namespace needs {spec.partitions} (--shards {shards})")
         # 2. storage
         existed = await asyncio.to_thread(_keyspace_exists, session, ks)
-        for stmt in schema_statements(ks, replication):
+        for stmt in cql_statements(ks, replication):
             await asyncio.to_thread(session.execute, stmt, timeout=60)
         applied = await asyncio.to_thread(
             lambda: session.execute(

@@ -1,8 +1,10 @@
 """The demo: a node and a worker on a fresh namespace, a mixed workload, a live summary.
 
 Everything runs against the real Cassandra and Kafka named by the settings. Lateness is
-measured where a user would see it: a read_committed consumer's receive time minus the
-occurrence's scheduled instant (so it includes the consumer's own fetch delay).
+measured at two points, each minus the occurrence's scheduled instant: when a read_committed
+reader receives the fired message (so it includes the reader's own fetch delay), and when the
+worker's handler starts (what a user's code sees: the worker's fetch, idempotency and slots
+come on top).
 """
 
 from __future__ import annotations
@@ -13,17 +15,19 @@ import logging
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import orjson
-from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from chronowheel.admin import init_namespace
 from chronowheel.client import SchedulerClient
 from chronowheel.core.recurrence import compile_schedule, occurrences
 from chronowheel.node.service import Node
 from chronowheel.settings import Settings
+from chronowheel.supervise import install_stop_signals
+from chronowheel.testing import Collector, Fired, LatenessTally, wait_owned, wall_ms
 from chronowheel.worker import Occurrence, Worker
 
 log = logging.getLogger(__name__)
@@ -45,37 +49,25 @@ class DemoPlan:
     end_ms: int
 
 
+HERD = "herd"
+OTHERS = ""  # every occurrence but the herd's: one-shots and recurring jobs
+HANDLER_DRAIN_S = 30.0
+"""After the run, how long the worker may take to start the handlers of what was received."""
+
+
 @dataclass
 class Tally:
-    received: Counter[str] = field(default_factory=Counter)
-    lateness_ms: list[int] = field(default_factory=list)  # all but the herd
-    herd_lateness_ms: list[int] = field(default_factory=list)
-    early: int = 0
-    rejected: int = 0
-    handled: int = 0
-    herd_last_ms: int | None = None
+    """What the demo saw, at two points: received by a read_committed reader, and started by
+    the worker's handler (what a user's code sees)."""
 
-    def record(self, occurrence: str, scheduled_ms: int, received_ms: int, fired_ms: int,
-               herd: bool) -> None:
-        self.received[occurrence] += 1
-        if self.received[occurrence] > 1:
-            return  # a duplicate: counted, not measured twice
-        (self.herd_lateness_ms if herd else self.lateness_ms).append(received_ms - scheduled_ms)
-        if fired_ms < scheduled_ms or received_ms < scheduled_ms:
-            self.early += 1
-        if herd:
-            self.herd_last_ms = max(self.herd_last_ms or 0, received_ms)
+    received: LatenessTally = field(default_factory=LatenessTally)
+    started: LatenessTally = field(default_factory=LatenessTally)
+    rejected: int = 0
 
     @property
-    def duplicates(self) -> int:
-        return sum(n - 1 for n in self.received.values() if n > 1)
-
-    def percentile(self, q: float, *, herd: bool = False) -> int | None:
-        values = self.herd_lateness_ms if herd else self.lateness_ms
-        if not values:
-            return None
-        ordered = sorted(values)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    def unhandled(self) -> list[str]:
+        """Occurrences received whose handler has not started (yet)."""
+        return self.started.missing(self.received.seen)
 
 
 def make_plan(now_ms: int, *, one_shots: int, herd: int, seconds: int) -> DemoPlan:
@@ -100,31 +92,49 @@ def expected_recurring(plan: DemoPlan, until_ms: int, first_ms: int) -> dict[str
 
 
 async def run_demo(settings: Settings, *, seconds: int = 100, one_shots: int = 1_500,
-                   herd: int = 10_000, shards: int = 8, out: TextIO = sys.stdout) -> int:
-    """Run the whole demo; return 0 when every check holds (no early, no duplicate, none
-    missing), 1 otherwise."""
+                   herd: int = 10_000, shards: int = 8, out: TextIO = sys.stdout,
+                   stop_on_signals: bool = False) -> int:
+    """Run the whole demo; return 0 when every check holds (nothing received or handled early,
+    twice, or not at all), 1 otherwise, 130 when stopped by a signal. With `stop_on_signals`,
+    the first SIGTERM/SIGINT ends the run early (summary included), a second aborts."""
     settings = settings.replace(shards=shards, http_port=settings.http_port or 0)
     say = _printer(out)
     say(f"namespace {settings.namespace}: creating keyspace and topics ({shards} shards)")
     await init_namespace(settings)
+    stop = asyncio.Event()
+    if stop_on_signals:
+        install_stop_signals(stop.set, graceful="ending the demo early: stopping the worker and "
+                                                 "the node, then the summary")
     node = Node(settings, node_id="demo-node")
     tally = Tally()
-    handled_by_worker: Counter[str] = Counter()
+    herd_ids: set[str] = set()
+
+    def group(job_id: str) -> str:
+        return HERD if job_id in herd_ids else OTHERS
 
     async def handle(occ: Occurrence) -> None:
-        handled_by_worker[occ.occurrence] += 1
+        # What a user sees: when the handler starts, against the instant the job was due.
+        tally.started.observe(occ.occurrence, occ.scheduled_ms, wall_ms(),
+                              group=group(occ.job_id))
+
+    def received(m: Fired) -> None:
+        if m.topic == settings.rejected_topic:
+            tally.rejected += 1
+        else:
+            tally.received.observe(m.occurrence, m.scheduled_ms, m.received_ms,
+                                   fired_ms=m.fired_ms, group=group(m.job_id))
 
     worker = Worker(settings, handlers={settings.fired_topic: handle}, concurrency=64)
-    reader = _reader(settings)
+    reader = Collector(settings, (settings.fired_topic, settings.rejected_topic),
+                       keep_messages=False, on_fired=received)
     await node.start()
     assert node.http is not None
     say(f"node started; metrics at http://127.0.0.1:{node.http.port}/metrics")
     await worker.start()
     await reader.start()
-    herd_ids: set[str] = set()
-    reading = asyncio.create_task(_read(reader, settings, tally, herd_ids))
+    plan: DemoPlan | None = None
     try:
-        await _wait_owned(node)
+        await wait_owned(node)
         plan = make_plan(_now(), one_shots=one_shots, herd=herd, seconds=seconds)
         herd_ids.update(plan.herd)
         say(f"submitting {one_shots} one-shot jobs over the next {seconds - 20}s, "
@@ -132,22 +142,33 @@ async def run_demo(settings: Settings, *, seconds: int = 100, one_shots: int = 1
             f"a {herd}-job herd at {_clock(plan.herd_at_ms)}, and 3 bad commands")
         first_recurring = await _submit(settings, plan)
         say(f"submitted in {(_now() - plan.start_ms) / 1000:.1f}s")
-        while _now() < plan.end_ms:
-            await asyncio.sleep(2)
-            tally.handled = sum(handled_by_worker.values())
-            say(_status_line(tally, plan))
-            if node._failure is not None or worker.failure is not None:
-                raise RuntimeError(f"a component failed: {node._failure or worker.failure!r}")
+
+        async def every_2s(until_ms: int, done: Callable[[], bool] = lambda: False) -> None:
+            while _now() < until_ms and not stop.is_set() and not done():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 2)
+                say(_status_line(tally, plan))
+                reader.check_alive()
+                if node._failure is not None or worker.failure is not None:
+                    raise RuntimeError(f"a component failed: {node._failure or worker.failure!r}")
+
+        await every_2s(plan.end_ms)
         await asyncio.sleep(2)  # let the last transactions reach the reader
+        if tally.unhandled and not stop.is_set():
+            say(f"waiting up to {HANDLER_DRAIN_S:.0f}s for the worker to start the handlers of "
+                f"{len(tally.unhandled)} received occurrences")
+            await every_2s(_now() + int(HANDLER_DRAIN_S * 1000), lambda: not tally.unhandled)
     finally:
-        reading.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reading
         await reader.stop()
         await worker.shutdown()
         await node.shutdown()
-    tally.handled = sum(handled_by_worker.values())
-    return _summary(say, tally, plan, first_recurring, node)
+    if plan is None:
+        return 130
+    ok = _summary(say, tally, plan, first_recurring)
+    if stop.is_set():
+        say("result: INTERRUPTED (ended early by a signal)")
+        return 130
+    return 0 if ok else 1
 
 
 async def _submit(settings: Settings, plan: DemoPlan) -> int:
@@ -183,93 +204,81 @@ async def _send_unvalidated(client: SchedulerClient, command: dict[str, Any]) ->
                         key=command["job"]["id"].encode())
 
 
-def _reader(settings: Settings) -> AIOKafkaConsumer:
-    return AIOKafkaConsumer(bootstrap_servers=settings.kafka, group_id=None,
-                            isolation_level="read_committed", enable_auto_commit=False,
-                            auto_offset_reset="earliest", fetch_max_wait_ms=20,
-                            max_partition_fetch_bytes=4 << 20)
-
-
-async def _read(reader: AIOKafkaConsumer, settings: Settings, tally: Tally,
-                herd: set[str]) -> None:
-    tps = [TopicPartition(settings.fired_topic, p) for p in range(settings.shards)]
-    tps.append(TopicPartition(settings.rejected_topic, 0))
-    reader.assign(tps)
-    await reader.seek_to_beginning(*tps)
-    while True:
-        batches = await reader.getmany(timeout_ms=100)
-        received = _now()
-        for tp, msgs in batches.items():
-            for m in msgs:
-                if tp.topic == settings.rejected_topic:
-                    tally.rejected += 1
-                    continue
-                h = {k: v.decode() for k, v in (m.headers or ())}
-                tally.record(h["cw-occurrence"], int(h["cw-scheduled-at"]), received,
-                             int(h["cw-fired-at"]), h["cw-job-id"] in herd)
-
-
-async def _wait_owned(node: Node, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not (len(node.owned) == node.shards
-               and all(o.actor.ready for o in node.owned.values())):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the node owns {sorted(node.owned)} after {timeout_s}s")
-        await asyncio.sleep(0.1)
-
-
 def _status_line(t: Tally, plan: DemoPlan) -> str:
     now = _now()
     due = sum(1 for at in plan.one_shots.values() if at <= now)
     if plan.herd_at_ms <= now:
         due += len(plan.herd)
-    p50, p99 = t.percentile(0.5), t.percentile(0.99)
-    return (f"t+{(now - plan.start_ms) / 1000:5.0f}s  fired {len(t.received):6d} "
-            f"(one-shots due {due:6d})  lateness p50 {_ms(p50)} p99 {_ms(p99)}  "
-            f"early {t.early}  duplicates {t.duplicates}  rejected {t.rejected}  "
-            f"worker handled {t.handled}")
+    r, h = t.received, t.started
+    return (f"t+{(now - plan.start_ms) / 1000:5.0f}s  fired {r.distinct:6d} "
+            f"(one-shots due {due:6d})  lateness p50 {_ms(r.percentile(50, OTHERS))} "
+            f"p99 {_ms(r.percentile(99, OTHERS))}  handler start p99 "
+            f"{_ms(h.percentile(99, OTHERS))}  early {r.early + h.early}  duplicates "
+            f"{r.duplicates + h.duplicates}  rejected {t.rejected}  worker handled {h.distinct}")
 
 
-def _summary(say: Any, t: Tally, plan: DemoPlan, first_recurring: int, node: Node) -> int:
-    fired_ids = {occ.rsplit("@", 1)[0] for occ in t.received}
+def _percentiles(tally: LatenessTally, group: str, qs: tuple[int, ...] = (50, 95, 99)) -> str:
+    g = tally.group(group)
+    return "  ".join([*(f"p{q} {_ms(g.percentile(q))}" for q in qs),
+                      f"max {_ms(max(g.lateness_ms, default=None))}"])
+
+
+def _summary(say: Callable[[str], None], t: Tally, plan: DemoPlan, first_recurring: int,
+             ) -> bool:
+    """Print the summary; whether every check holds."""
+    r, h = t.received, t.started
+    fired_ids = {occ.rsplit("@", 1)[0] for occ in r.seen}
     missing = [j for j in (*plan.one_shots, *plan.herd) if j not in fired_ids]
-    recurring = Counter(occ.rsplit("@", 1)[0] for occ in t.received
+    unhandled = t.unhandled
+    recurring = Counter(occ.rsplit("@", 1)[0] for occ in r.seen
                         if occ.rsplit("@", 1)[0] in {r[0] for r in RECURRING})
     expected = expected_recurring(plan, plan.end_ms, first_recurring)
-    herd_span = (None if t.herd_last_ms is None else t.herd_last_ms - plan.herd_at_ms)
+    herd_received, herd_started = r.group(HERD), h.group(HERD)
+
+    def after_herd(last_ms: float | None) -> float | None:
+        return None if last_ms is None else last_ms - plan.herd_at_ms
+
     say("")
     say("summary")
-    say(f"  occurrences fired      {len(t.received)}")
+    say(f"  occurrences fired      {r.distinct}")
     say(f"  one-shot + herd jobs   {len(plan.one_shots) + len(plan.herd) - len(missing)} of "
         f"{len(plan.one_shots) + len(plan.herd)} fired")
     for job_id, _, expr, tz in RECURRING:
         say(f"  {job_id:<16} {recurring[job_id]:3d} fires (about {expected[job_id]} expected; "
             f"{expr} {tz})")
-    say(f"  lateness (ms)          p50 {_ms(t.percentile(0.5))}  p95 {_ms(t.percentile(0.95))}"
-        f"  p99 {_ms(t.percentile(0.99))}  max {_ms(max(t.lateness_ms, default=None))}"
+    say(f"  lateness (ms)          {_percentiles(r, OTHERS)}"
         "  (all but the herd; read_committed receive time minus scheduled time)")
-    say(f"  herd lateness (ms)     p50 {_ms(t.percentile(0.5, herd=True))}  "
-        f"p99 {_ms(t.percentile(0.99, herd=True))}")
+    say(f"  handler start (ms)     {_percentiles(h, OTHERS)}"
+        "  (all but the herd; the worker's handler start minus scheduled time)")
+    say(f"  herd lateness (ms)     receive {_percentiles(r, HERD, (50, 99))}; handler start "
+        f"{_percentiles(h, HERD, (50, 99))}")
     say(f"  herd of {len(plan.herd)} at one second: last received "
-        f"{_ms(herd_span)} ms after that second")
-    say(f"  early                  {t.early} (must be 0)")
-    say(f"  duplicates             {t.duplicates} (must be 0)")
+        f"{_ms(after_herd(herd_received.last_observed_ms))} ms, last handler start "
+        f"{_ms(after_herd(herd_started.last_observed_ms))} ms after that second")
+    say(f"  early                  {r.early} received, {h.early} handler starts (must be 0)")
+    say(f"  duplicates             {r.duplicates} received, {h.duplicates} handler starts "
+        "(must be 0)")
     say(f"  rejected commands      {t.rejected} (3 were sent on purpose)")
-    say(f"  handled by the worker  {t.handled}")
-    ok = t.early == 0 and t.duplicates == 0 and not missing and t.rejected == 3
-    say("result: OK" if ok else f"result: FAILED (missing {len(missing)}: {missing[:5]})")
-    del node
-    return 0 if ok else 1
+    say(f"  handled by the worker  {h.distinct} of {r.distinct} received "
+        f"({len(unhandled)} not started, must be 0)")
+    ok = (r.early == 0 and h.early == 0 and r.duplicates == 0 and h.duplicates == 0
+          and not missing and not unhandled and t.rejected == 3)
+    if ok:
+        say("result: OK")
+    else:
+        say(f"result: FAILED (missing {len(missing)}: {missing[:5]}; handler not started "
+            f"{len(unhandled)}: {unhandled[:5]})")
+    return ok
 
 
-def _printer(out: TextIO) -> Any:
+def _printer(out: TextIO) -> Callable[[str], None]:
     def say(text: str) -> None:
         print(text, file=out, flush=True)
     return say
 
 
-def _ms(value: int | None) -> str:
-    return "-" if value is None else f"{value}"
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
 
 
 def _clock(ms: int) -> str:

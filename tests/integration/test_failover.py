@@ -21,7 +21,6 @@ import re
 import signal
 import subprocess
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from chronowheel.core.buckets import MINUTE_MS
 from chronowheel.core.shard import shard_of
 from chronowheel.node.service import STOP_DEADLINE_S
 from chronowheel.settings import Settings
+from chronowheel.testing import percentile
 
 from tests.integration.harness import (
     Collector,
@@ -135,25 +135,16 @@ def sharing(shards: int, *members: NodeProcess) -> Callable[[], bool]:
     return check
 
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
-
-
 def metric(node: NodeProcess, name: str) -> dict[str, float]:
     """Samples of one metric from the node's /metrics, keyed by their label set."""
-    port = node.http_port()
-    if port is None or not alive(node):
+    if node.http_port() is None or not alive(node):
         return {}
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-            text = r.read().decode()
+        samples = node.metrics(timeout_s=5)
     except OSError:
         return {}
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m and m.group(1) == name:
-            out[m.group(2) or ""] = float(m.group(3))
-    return out
+    return {key[len(name):]: value for key, value in samples.items()
+            if key == name or key.startswith(name + "{")}
 
 
 def metric_sum(node: NodeProcess, name: str, shards: Iterable[int] | None = None) -> float:
@@ -225,23 +216,19 @@ def assert_never_early(tap: Tap) -> None:
                        f"timestamp, arrival, each minus scheduled ms): {early[:5]}")
 
 
-def distribution(values: list[int]) -> str:
+def distribution(values: list[float]) -> str:
     if not values:
         return "n=0"
     s = sorted(values)
-    n = len(s)
-
-    def q(p: float) -> int:
-        return s[min(n - 1, int(p * n))]
-
-    return (f"n={n} min={s[0]} p50={q(0.5)} p90={q(0.9)} p99={q(0.99)} max={s[-1]} "
-            f"(ms)")
+    q = {p: percentile(s, p) for p in (50, 90, 99)}
+    return (f"n={len(s)} min={s[0]:.0f} p50={q[50]:.0f} p90={q[90]:.0f} p99={q[99]:.0f} "
+            f"max={s[-1]:.0f} (ms)")
 
 
 def lateness_report(tap: Tap, title: str, keep: Callable[[Fired], bool]) -> None:
-    fired = [m.fired_ms - m.scheduled_ms for m in tap.messages if keep(m)]
-    seen = [recv - m.scheduled_ms for m, recv in zip(tap.messages, tap.received_ms, strict=True)
-            if keep(m)]
+    fired = [float(m.fired_ms - m.scheduled_ms) for m in tap.messages if keep(m)]
+    seen = [float(recv - m.scheduled_ms)
+            for m, recv in zip(tap.messages, tap.received_ms, strict=True) if keep(m)]
     print(f"  lateness, {title}: cw-fired-at {distribution(fired)}")
     print(f"  lateness, {title}: arrival     {distribution(seen)}")
 

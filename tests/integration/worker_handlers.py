@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
+from typing import Any
 
 import orjson
 from chronowheel.worker import Occurrence
 
 
-def _log(event: str, occ: Occurrence) -> None:
+def _log(event: str, occ: Occurrence, **extra: Any) -> None:
     line = orjson.dumps({"event": event, "occurrence": occ.occurrence, "attempt": occ.attempt,
-                         "pid": os.getpid(), "payload": occ.payload.decode()})
+                         "pid": os.getpid(), "payload": occ.payload.decode(),
+                         "partition": occ.partition, "offset": occ.offset, **extra})
     with open(os.environ["CHRONOWHEEL_TEST_LOG"], "ab") as f:
         f.write(line + b"\n")
 
@@ -26,3 +29,10 @@ async def hang(occ: Occurrence) -> None:
     """Starts and never finishes: the process is killed meanwhile."""
     _log("started", occ)
     await asyncio.Event().wait()
+
+
+async def timed(occ: Occurrence) -> None:
+    """Logs its start (with the wall time) and its end around a short piece of work."""
+    _log("started", occ, t=time.time())
+    await asyncio.sleep(float(os.environ.get("CHRONOWHEEL_TEST_WORK_S", "0.02")))
+    _log("done", occ, t=time.time())

@@ -55,7 +55,10 @@ class Group:
 
 @dataclass(frozen=True)
 class StateRecord:
-    """The last watermark a shard committed (DESIGN section 6; written by the node)."""
+    """The last watermark a shard committed, as the node writes it.
+
+    Format: docs/design.md, section "The state record".
+    """
 
     shard: int
     watermark: int

@@ -16,7 +16,8 @@ def register(sub: Any) -> None:
         description="Create a fresh namespace, start a node and a worker in this process, "
                     "submit one-shot jobs, recurring jobs in several zones, a herd of jobs "
                     "due in one second and a few bad commands, print a live summary, then "
-                    "stop. Exits 1 if anything fired early, twice, or not at all.")
+                    "stop. Exits 1 if anything fired or was handled early, twice, or not at all. "
+                    "SIGINT/SIGTERM ends it early (with the summary); a second one aborts.")
     add_settings_arguments(p, ("cassandra", "kafka", "http_port"))
     p.add_argument("--namespace", default=None,
                    help="namespace to create (default: demo<epoch seconds>, always fresh)")
@@ -37,4 +38,4 @@ def run(args: argparse.Namespace) -> int:
         args.namespace = f"demo{int(time.time())}"
     settings = settings_from_args(args)
     return asyncio.run(run_demo(settings, seconds=args.seconds, one_shots=args.one_shots,
-                                herd=args.herd, shards=args.shards))
+                                herd=args.herd, shards=args.shards, stop_on_signals=True))

@@ -12,8 +12,9 @@ from chronowheel.settings import add_settings_arguments, settings_from_args
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "init", help="create or verify a namespace (idempotent; the shard count is fixed)",
-        description="Apply schema/cassandra.cql and create the namespace's Kafka topics. "
-                    "Safe to repeat; refuses a different --shards than the namespace has.")
+        description="Apply the Cassandra schema (chronowheel/schema/cassandra.cql, shipped in "
+                    "the package) and create the namespace's Kafka topics. Safe to repeat; "
+                    "refuses a different --shards than the namespace has.")
     add_settings_arguments(p, ("namespace", "cassandra", "kafka", "shards", "replication"))
     p.set_defaults(func=run)
 

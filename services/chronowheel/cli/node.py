@@ -27,13 +27,15 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from chronowheel.node.service import Node, install_signal_handlers
+    from chronowheel.node.service import Node
+    from chronowheel.supervise import install_stop_signals
 
     settings = settings_from_args(args)
 
     async def main() -> None:
         node = Node(settings)
-        install_signal_handlers(node)
+        install_stop_signals(node.request_stop,
+                             graceful="finishing open transactions, leaving the group")
         await node.run()
 
     asyncio.run(main())

@@ -33,8 +33,12 @@ def register(sub: Any) -> None:
     p.add_argument("--idempotency-scope", default=None,
                    help="share deduplication with other groups under this name "
                         "(default: the group)")
-    p.add_argument("--lease-s", type=int, default=30,
-                   help="seconds a claim survives a crashed worker (default 30)")
+    p.add_argument("--lease-s", type=int, default=15,
+                   help="seconds a crashed worker's partitions stay fenced before another "
+                        "worker may handle them (renewed every third of it; default 15)")
+    p.add_argument("--prefetch", type=int, default=None,
+                   help="most records received and not yet handled (default max(1000, 8 x "
+                        "concurrency))")
     p.add_argument("--shutdown-deadline-s", type=float, default=30.0,
                    help="seconds in-flight handlers get to finish on stop (default 30)")
     p.add_argument("--session-timeout-ms", type=int, default=10_000,
@@ -97,12 +101,14 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--concurrency must be at least 1")
     if args.lease_s < 1:
         raise ConfigError("--lease-s must be at least 1")
+    if args.prefetch is not None and args.prefetch < 1:
+        raise ConfigError("--prefetch must be at least 1")
 
     async def main() -> None:
         worker = Worker(settings, handlers=handlers, group_id=args.group,
                         concurrency=args.concurrency, idempotency=args.idempotency,
                         idempotency_scope=args.idempotency_scope, lease_s=args.lease_s,
-                        shutdown_deadline_s=args.shutdown_deadline_s,
+                        shutdown_deadline_s=args.shutdown_deadline_s, prefetch=args.prefetch,
                         session_timeout_ms=args.session_timeout_ms)
         install_signal_handlers(worker)
         await worker.run()

@@ -130,7 +130,7 @@ RESERVED_HEADER_PREFIX: Final = "cw-"
 
 @dataclass(frozen=True)
 class ValidationPolicy:
-    """The configurable limits of one namespace. Defaults match DESIGN section 2."""
+    """The configurable limits of one namespace (docs/design.md, section "Wire format")."""
 
     namespace: str = "chronowheel"
     # Extra target topics, as a regex that must match the whole name; "" allows none extra.

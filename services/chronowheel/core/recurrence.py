@@ -13,9 +13,9 @@ weekday names SUN-SAT (any case); `*`, `?` (day fields only, same as `*`), range
 in Vixie cron: if either field starts with `*` (or `?`) a day must match both fields, otherwise
 it matches when either field matches.
 
-Daylight saving time (DESIGN section 5) is handled here explicitly rather than by a library:
-wall times are searched in local time and then mapped to instants, and the mapping applies the
-job's policy:
+Daylight saving time (docs/design.md, section "Recurrence and DST") is handled here explicitly
+rather than by a library: wall times are searched in local time and then mapped to instants, and
+the mapping applies the job's policy:
 
 - ``skip``: a wall time that does not exist (spring-forward gap) does not fire; one that occurs
   twice (fall back) fires once, at its first instant.

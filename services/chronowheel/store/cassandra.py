@@ -6,8 +6,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from cassandra import (
@@ -48,27 +46,6 @@ TUPLES = "tuples"
 
 class CassandraError(RetriableError):
     """A transient Cassandra failure (timeout, unavailable replicas, no host)."""
-
-
-def schema_text() -> str:
-    """The CQL of schema/cassandra.cql (shipped in the repo next to the package)."""
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        candidate = parent / "schema" / "cassandra.cql"
-        if candidate.is_file():
-            return candidate.read_text()
-    try:  # installed without the repo: fall back to package data, if present
-        return resources.files("chronowheel").joinpath("cassandra.cql").read_text()
-    except (FileNotFoundError, ModuleNotFoundError) as exc:
-        raise ConfigError("schema/cassandra.cql not found next to the package") from exc
-
-
-def schema_statements(keyspace: str, replication: int) -> list[str]:
-    text = schema_text()
-    lines = [ln for ln in text.splitlines() if not ln.strip().startswith("--")]
-    body = "\n".join(ln.split("--")[0] for ln in lines)
-    body = body.format(keyspace=keyspace, replication=replication)
-    return [s.strip() for s in body.split(";") if s.strip()]
 
 
 def connect(settings: Settings, *, keyspace: str | None = None) -> tuple[Cluster, Session]:
@@ -138,6 +115,15 @@ def _settle_error(fut: asyncio.Future[Any], exc: BaseException) -> None:
                           if isinstance(exc, _TRANSIENT) else exc)
 
 
+async def execute(session: Session, stmt: PreparedStatement, params: Sequence[Any], what: str,
+                  **kw: Any) -> Any:
+    """Run a prepared statement from the event loop, retrying transient failures."""
+    async def once() -> Any:
+        return await _await_future(session.execute_async(stmt, params, **kw))
+
+    return await with_retries(once, what)
+
+
 class CassandraStore:
     """JobStore over one keyspace. Create with `open()`; close with `close()`."""
 
@@ -191,10 +177,7 @@ class CassandraStore:
 
     async def _run(self, stmt: PreparedStatement, params: Sequence[Any], what: str,
                    **kw: Any) -> Any:
-        async def once() -> Any:
-            return await _await_future(self.session.execute_async(stmt, params, **kw))
-
-        return await with_retries(once, what)
+        return await execute(self.session, stmt, params, what, **kw)
 
     # --- jobs ---------------------------------------------------------------------------
     async def get_job(self, job_id: str) -> JobRow | None:

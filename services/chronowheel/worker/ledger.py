@@ -37,7 +37,7 @@ from chronowheel.store.base import Claim
 log = logging.getLogger(__name__)
 
 RUNNING, FAILED, DONE = "running", "failed", "done"
-DEFAULT_LEASE_S = 30
+DEFAULT_LEASE_S = 15
 DEFAULT_KEEP_S = 7 * 86_400
 
 

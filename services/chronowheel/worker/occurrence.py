@@ -15,6 +15,7 @@ DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_BACKOFF_MS = 10_000
 
 _REQUIRED = ("cw-job-id", "cw-scheduled-at", "cw-fired-at", "cw-attempt", "cw-occurrence")
+_REQUIRED_SET = frozenset(_REQUIRED)
 
 
 class MalformedOccurrence(ValueError):
@@ -56,11 +57,20 @@ class Occurrence:
     @classmethod
     def from_record(cls, topic: str, partition: int, offset: int, value: bytes | None,
                     headers: Iterable[tuple[str, bytes]] | None) -> Occurrence:
-        raw = tuple((k, v or b"") for k, v in (headers or ()))
+        raw = tuple(headers) if headers else ()
         # Later duplicates win, as for most header readers; the node never repeats a name.
-        text = {k: v.decode("utf-8", "replace") for k, v in raw}
-        missing = [h for h in _REQUIRED if h not in text]
-        if missing:
+        text: dict[str, str] = {}
+        has_none = False
+        for k, v in raw:
+            if v is None:
+                has_none = True
+                text[k] = ""
+            else:
+                text[k] = v.decode("utf-8", "replace")
+        if has_none:
+            raw = tuple((k, v or b"") for k, v in raw)
+        if not text.keys() >= _REQUIRED_SET:
+            missing = [h for h in _REQUIRED if h not in text]
             raise MalformedOccurrence(f"not a chronowheel occurrence: missing header "
                                       f"{', '.join(missing)}")
         return cls(
@@ -78,10 +88,12 @@ class Occurrence:
 
 def _int(headers: dict[str, str], name: str, default: int | None, low: int) -> int:
     raw = headers.get(name)
-    if raw is None and default is not None:
-        return default
+    if raw is None:
+        if default is not None:
+            return default
+        raw = ""
     try:
-        value = int(raw or "", 10)
+        value = int(raw, 10)
     except ValueError:
         raise MalformedOccurrence(f"header {name}: not a decimal integer ({raw!r:.40})") from None
     if value < low:

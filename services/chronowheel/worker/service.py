@@ -1,10 +1,19 @@
 """The worker: a consumer group on target topics that runs a handler per fired occurrence.
 
-Per record: parse the occurrence, claim it in the idempotency ledger (or skip it), run the
-handler with its lease renewed, then record the outcome. A failure first produces a `retry`
-command (or a dead letter) and only then counts as handled, and a record's offset is committed
-only once it and every record before it on its partition are handled: a crash at any point
-redelivers, never loses.
+Records flow: the fetch loop reads batches (read_committed) into the intake (`intake.py`); a
+partition's records become ready once its idempotency lease is held and the outcomes already
+recorded past its starting offset are known (`partitions.py`); `concurrency` handler slots
+(`handling.py`) take ready records in order and run the handler. Each outcome is queued as a
+mark; the marks of a partition are written together, and a record's offset is committed only
+once it and every record before it on its partition are handled and marked (`offsets.py`): a
+crash at any point redelivers, never loses, and the redelivery skips what was already handled.
+
+A failure first produces a `retry` command (or a dead letter) and only then counts as handled.
+Retries (`cw-attempt` > 1) are checked against the per-occurrence ledger (`ledger.py`), since a
+crash between producing a retry and committing can put the same attempt on the topic twice.
+
+The fetch loop wakes as soon as a handler frees room (the first version waited in a paused
+`getmany` for 200 ms, capping a worker at `concurrency` records per 200 ms).
 
 Infrastructure failures outside a handler (Cassandra, Kafka) stop the worker loudly with
 nothing past the failed record committed; a supervisor restarts it and redelivery resumes.
@@ -15,15 +24,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import functools
-import inspect
 import logging
 import os
-import signal
 import socket
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, cast
+from collections.abc import Mapping
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
@@ -32,34 +37,21 @@ from chronowheel.bus.kafka import group_consumer, plain_producer
 from chronowheel.core.clock import Clock, SystemClock
 from chronowheel.errors import ChronowheelError
 from chronowheel.settings import Settings
-from chronowheel.worker.ledger import DEFAULT_KEEP_S, DEFAULT_LEASE_S, ClaimStore, Lease, Ledger
-from chronowheel.worker.occurrence import MalformedOccurrence, Occurrence
-from chronowheel.worker.offsets import OffsetTracker, Ticket
-from chronowheel.worker.policy import dead_headers, error_text, gives_up, retry_command
+from chronowheel.supervise import Supervisor, install_stop_signals
+from chronowheel.worker.handling import Handler, Slots, WorkerStats
+from chronowheel.worker.intake import Intake
+from chronowheel.worker.ledger import DEFAULT_KEEP_S, DEFAULT_LEASE_S, ClaimStore, Ledger
+from chronowheel.worker.offsets import OffsetTracker
+from chronowheel.worker.partitions import MarkStore
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[Occurrence], Awaitable[None]] | Callable[[Occurrence], None]
-"""`async def handler(occ) -> None`, or a plain function (run in a thread)."""
+__all__ = ["Handler", "Worker", "WorkerError", "WorkerStats", "default_group_id",
+           "install_signal_handlers"]
 
 
 class WorkerError(ChronowheelError):
     """The worker stopped because of a failure outside a handler."""
-
-
-@dataclass
-class WorkerStats:
-    succeeded: int = 0
-    """handler calls that returned"""
-    failed: int = 0
-    """handler calls that raised (each then retried or dead-lettered)"""
-    retried: int = 0
-    dead: int = 0
-    """dead letters published (failed occurrences and malformed records)"""
-    skipped: int = 0
-    """deliveries the idempotency ledger found already handled"""
-    cancelled: int = 0
-    """handlings cancelled at shutdown or revocation (left uncommitted: redelivered)"""
 
 
 def default_group_id(namespace: str, topics: list[str]) -> str:
@@ -82,13 +74,17 @@ class Worker:
         shutdown_deadline_s: float = 30.0,
         commit_interval_s: float = 0.5,
         session_timeout_ms: int = 10_000,
+        prefetch: int | None = None,
         store: ClaimStore | None = None,
+        marks: MarkStore | None = None,
         worker_id: str | None = None,
     ) -> None:
         if not handlers:
             raise ValueError("handlers: give at least one topic -> handler")
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        if lease_s < 1:
+            raise ValueError(f"lease_s must be at least 1, got {lease_s}")
         self.settings = settings
         self.handlers = dict(handlers)
         self.topics = sorted(self.handlers)
@@ -102,22 +98,25 @@ class Worker:
         self.shutdown_deadline_s = shutdown_deadline_s
         self.commit_interval_s = commit_interval_s
         self.session_timeout_ms = session_timeout_ms
+        self.prefetch = prefetch or max(1000, 8 * concurrency)
+        """Most records received and not yet handled, over all partitions. Handled records
+        waiting for their marks to be written do not count (up to 8 x prefetch of them), so
+        the write latency of the marks does not throttle fetching."""
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.stats = WorkerStats()
         self._store = store
+        self._marks = marks
         self._own_store: Any = None
         self._ledger: Ledger | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._tracker: OffsetTracker[TopicPartition] = OffsetTracker()
-        self._slots = asyncio.Semaphore(concurrency)
-        self._handlings: dict[asyncio.Task[None], Ticket[TopicPartition]] = {}
+        self._intake: Intake | None = None
+        self._slots: Slots | None = None
+        self._sup = Supervisor("worker")
         self._commit_lock = asyncio.Lock()
-        self._stop = asyncio.Event()
-        self._fetching: asyncio.Task[None] | None = None
-        self._committing: asyncio.Task[None] | None = None
-        self._failure: BaseException | None = None
+        self._loops: list[asyncio.Task[Any]] = []
         self._started = False
         self._closed = False
 
@@ -128,11 +127,14 @@ class Worker:
             raise RuntimeError("a Worker starts once")
         self._started = True
         if self.idempotency:
-            if self._store is None:
+            if self._store is None or self._marks is None:
                 from chronowheel.store.cassandra import CassandraStore
+                from chronowheel.store.cassandra_marks import CassandraMarks
 
                 self._own_store = await asyncio.to_thread(CassandraStore.open, self.settings)
-                self._store = self._own_store
+                self._store = self._store or self._own_store
+                self._marks = self._marks or await asyncio.to_thread(
+                    CassandraMarks, self._own_store.session, self.settings.keyspace)
             assert self._store is not None
             self._ledger = Ledger(self._store, self.idempotency_scope, self.worker_id,
                                   lease_s=self.lease_s, keep_s=self.keep_s)
@@ -142,45 +144,68 @@ class Worker:
         await self._producer.start()
         consumer = group_consumer(self.settings, self.group_id, session_timeout_ms=
                                   self.session_timeout_ms, max_partition_fetch_bytes=4 << 20)
+        self._intake = Intake(
+            self._tracker, self._marks if self.idempotency else None,
+            scope=self.idempotency_scope, worker_id=self.worker_id, lease_s=self.lease_s,
+            keep_s=self.keep_s, poll_s=self._ledger.poll_s if self._ledger else 1.0,
+            spawn=self._sup.job, end_offset=consumer.highwater)
+        self._slots = Slots(self._intake, self.handlers, concurrency=self.concurrency,
+                            settings=self.settings, clock=self.clock, ledger=self._ledger,
+                            producer=self._producer, executor=self._executor, stats=self.stats,
+                            fail=self._sup.fail)
         consumer.subscribe(self.topics, listener=_Rebalance(self))
         self._consumer = consumer  # before start(): an assignment can arrive during it
         await consumer.start()
-        self._fetching = self._spawn(self._fetch_loop(), "fetch")
-        self._committing = self._spawn(self._commit_loop(), "commit")
+        self._loops = [self._sup.spawn(self._fetch_loop(), "worker-fetch"),
+                       self._sup.spawn(self._commit_loop(), "worker-commit")]
+        if self._ledger is not None:
+            self._loops.append(self._sup.spawn(self._lease_loop(), "worker-leases"))
+        self._slots.start()
         log.info("worker %s started: group %s, topics %s, concurrency %d, idempotency %s",
                  self.worker_id, self.group_id, ", ".join(self.topics), self.concurrency,
                  self.idempotency_scope if self.idempotency else "off")
 
     def request_stop(self) -> None:
-        self._stop.set()
+        self._sup.request_stop()
 
     async def run(self) -> None:
-        """Start, run until request_stop() (or a failure), shut down gracefully."""
-        await self.start()
-        try:
-            await self._stop.wait()
-        finally:
-            await self.shutdown()
-        if self._failure is not None:
-            raise WorkerError(f"worker stopped: {self._failure!r}") from self._failure
+        """Start, run until request_stop() (or a failure), shut down gracefully; raises
+        WorkerError for a failure outside a handler."""
+        await self._sup.run(self.start, self.shutdown, error=WorkerError)
 
     async def shutdown(self, deadline_s: float | None = None) -> None:
-        """Stop fetching; let in-flight handlers finish until the deadline, cancel the rest
-        (left uncommitted, so redelivered); commit; leave the group."""
+        """Stop fetching; let running handlers finish until the deadline, cancel the rest
+        (left uncommitted, so redelivered); write the marks; commit; release the leases;
+        leave the group."""
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
+        self._sup.begin_shutdown()
         deadline = self.shutdown_deadline_s if deadline_s is None else deadline_s
-        for task in (self._fetching, self._committing):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-        await self._drain(list(self._handlings), deadline)
-        if self._consumer is not None:
+        for task in self._loops:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        intake, slots = self._intake, self._slots
+        if intake is not None and slots is not None:
+            # Records not begun stay uncommitted: fetched again by whoever owns them next.
+            slots.closed = True
+            intake.draining = True
+            intake.ready.clear()
+            intake.work.set()  # idle slots wake up and end
+            await slots.drain(deadline)
+            parts = list(intake.parts.values())
+            for part in parts:
+                if part.acquiring is not None:
+                    part.acquiring.cancel()
             with contextlib.suppress(Exception):
-                await self._commit()
+                await intake.settle_marks(parts)
+            if self._consumer is not None:
+                with contextlib.suppress(Exception):
+                    await self._commit()
+            with contextlib.suppress(Exception):
+                await intake.release_leases(parts)
+        if self._consumer is not None:
             with contextlib.suppress(Exception):
                 await self._consumer.stop()  # leaves the group: partitions move at once
             self._consumer = None
@@ -206,7 +231,7 @@ class Worker:
 
     @property
     def failure(self) -> BaseException | None:
-        return self._failure
+        return self._sup.failure
 
     def committed_points(self) -> dict[TopicPartition, int]:
         """Offsets committed by this worker so far, per partition it tracks (for tests/ops)."""
@@ -217,57 +242,38 @@ class Worker:
                 out[tp] = offset
         return out
 
-    # --- supervision ----------------------------------------------------------------------
-    def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)
-        task.set_name(f"worker-{name}")
-        task.add_done_callback(self._supervise)
-        return task
+    def holding(self) -> int:
+        """Records received and not yet fully handled (waiting, running or being marked)."""
+        return 0 if self._intake is None else self._intake.holding
 
-    def _supervise(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or self._closed:
-            return
-        exc = task.exception()
-        self._fail(task.get_name(), exc or RuntimeError(f"{task.get_name()} ended"))
-
-    def _fail(self, what: str, exc: BaseException) -> None:
-        if self._failure is None:
-            self._failure = exc
-        log.critical("%s failed; stopping the worker: %r", what, exc, exc_info=exc)
-        self._stop.set()
-
-    # --- fetching and committing ----------------------------------------------------------
+    # --- loops ----------------------------------------------------------------------------
     async def _fetch_loop(self) -> None:
-        consumer = self._consumer
-        assert consumer is not None
-        while not self._stop.is_set():
-            free = self.concurrency - len(self._handlings)
-            # Stay in getmany even when full (paused): aiokafka leaves the group after
-            # max_poll_interval without a poll.
-            if free <= 0:
-                consumer.pause(*consumer.assignment())
-            elif consumer.paused():
-                consumer.resume(*consumer.paused())
-            batches = await consumer.getmany(timeout_ms=200, max_records=max(1, free))
-            if self._stop.is_set():
+        consumer, intake = self._consumer, self._intake
+        assert consumer is not None and intake is not None
+        while not self._sup.stopping:
+            room = min(self.prefetch - intake.unhandled(), 8 * self.prefetch - intake.holding)
+            if room <= 0:
+                # Wake as soon as handlers free room. The short getmany(timeout 0) on a timeout
+                # keeps aiokafka counting this consumer as polling (max_poll_interval).
+                intake.room.clear()
+                try:
+                    await asyncio.wait_for(intake.room.wait(), timeout=1.0)
+                    continue
+                except TimeoutError:
+                    room = 1
+                batches = await consumer.getmany(timeout_ms=0, max_records=room)
+            else:
+                batches = await consumer.getmany(timeout_ms=500, max_records=room)
+            if self._sup.stopping:
                 return  # records not begun are not committed: fetched again next time
             for tp, records in batches.items():
-                for rec in records:
-                    self._dispatch(tp, rec)
+                intake.receive(tp, records)
 
-    def _dispatch(self, tp: TopicPartition, rec: Any) -> None:
-        ticket = self._tracker.begin(tp, rec.offset)
-        task: asyncio.Task[None] = asyncio.ensure_future(self._handle(ticket, rec))
-        task.set_name(f"handle-{tp.topic}-{tp.partition}-{rec.offset}")
-        self._handlings[task] = ticket
-        task.add_done_callback(self._handled)
-
-    def _handled(self, task: asyncio.Task[None]) -> None:
-        self._handlings.pop(task, None)
-        if task.cancelled():
-            self.stats.cancelled += 1
-        elif task.exception() is not None and not self._closed:
-            self._fail(task.get_name(), task.exception())  # type: ignore[arg-type]
+    async def _lease_loop(self) -> None:
+        assert self._ledger is not None and self._intake is not None
+        while True:
+            await asyncio.sleep(self._ledger.renew_every_s)
+            await self._intake.renew_leases()
 
     async def _commit_loop(self) -> None:
         while True:
@@ -287,142 +293,29 @@ class Worker:
             try:
                 await consumer.commit(points)
             except KafkaError as exc:
-                # A rebalance raced us: the new owner redelivers, which the ledger makes harmless.
+                # A rebalance raced us: the new owner redelivers, which the marks make harmless.
                 log.warning("offset commit failed (will be redelivered): %r", exc)
                 return
             self._tracker.committed(points)
-
-    async def _drain(self, tasks: list[asyncio.Task[None]], deadline_s: float) -> None:
-        """Let `tasks` finish for up to `deadline_s`, then cancel what is left."""
-        if not tasks:
-            return
-        _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline_s))
-        if pending:
-            log.warning("cancelling %d handler(s) still running after %.1fs; their records "
-                        "are not committed and will be redelivered", len(pending), deadline_s)
-            for t in pending:
-                t.cancel()
-            await asyncio.wait(pending)
+            if self._intake is not None:
+                for tp, offset in points.items():
+                    part = self._intake.parts.get(tp)
+                    if part is not None and part.guard is not None:
+                        part.guard.prune(offset)
 
     async def _revoked(self, revoked: list[TopicPartition]) -> None:
+        """Let the partitions' running handlers finish (bounded), write their marks, commit,
+        release the leases, forget the partitions."""
+        intake, slots = self._intake, self._slots
+        if intake is None or slots is None:
+            return
         gone = set(revoked)
-        mine = [t for t, ticket in self._handlings.items() if ticket.partition in gone]
-        await self._drain(mine, self.shutdown_deadline_s)
+        parts = intake.take(gone)
+        await slots.finish_partitions(parts, self.shutdown_deadline_s)
+        await intake.settle_marks(parts)
         await self._commit(list(gone))
-        self._tracker.drop(gone)
-
-    # --- one record -----------------------------------------------------------------------
-    async def _handle(self, ticket: Ticket[TopicPartition], rec: Any) -> None:
-        async with self._slots:
-            await self._process(rec)
-        self._tracker.finish(ticket)
-
-    async def _process(self, rec: Any) -> None:
-        try:
-            occ = Occurrence.from_record(rec.topic, rec.partition, rec.offset, rec.value,
-                                         rec.headers)
-        except MalformedOccurrence as exc:
-            log.warning("%s[%d]@%d: dead-lettered: %s", rec.topic, rec.partition, rec.offset,
-                        exc)
-            await self._dead_letter(rec.key, rec.value or b"", tuple(rec.headers or ()), exc,
-                                    rec.topic, rec.partition, rec.offset)
-            return
-        lease: Lease | None = None
-        if self._ledger is not None:
-            lease = await self._ledger.acquire(occ.occurrence, occ.attempt)
-            if lease is None:
-                self.stats.skipped += 1
-                log.debug("%s attempt %d: already handled, skipped", occ.occurrence,
-                          occ.attempt)
-                return
-        handler = self.handlers[occ.topic]
-        error = await self._call(handler, occ, lease)
-        if error is None:
-            self.stats.succeeded += 1
-            if lease is not None:
-                await lease.done()
-            return
-        self.stats.failed += 1
-        if gives_up(occ, error):
-            log.warning("%s attempt %d/%d failed, dead-lettered: %s", occ.occurrence,
-                        occ.attempt, occ.max_attempts, error_text(error, 300))
-            await self._dead_letter(occ.job_id.encode(), occ.payload, occ.raw_headers, error,
-                                    occ.topic, occ.partition, occ.offset)
-        else:
-            key, value = retry_command(occ, self.clock.now_ms())
-            assert self._producer is not None
-            await self._producer.send_and_wait(self.settings.submit_topic, value, key=key)
-            self.stats.retried += 1
-            log.info("%s attempt %d/%d failed, retry submitted: %s", occ.occurrence,
-                     occ.attempt, occ.max_attempts, error_text(error, 300))
-        if lease is not None:
-            await lease.failed()  # only after the retry/dead letter is durable
-
-    async def _call(self, handler: Handler, occ: Occurrence,
-                    lease: Lease | None) -> Exception | None:
-        """Run the handler, renewing the lease meanwhile; return what it raised."""
-        is_async = _is_async(handler)
-        if is_async:
-            call: asyncio.Future[Any] = asyncio.ensure_future(
-                cast(Awaitable[None], handler(occ)))
-        else:
-            loop = asyncio.get_running_loop()
-            call = loop.run_in_executor(self._executor, functools.partial(_run_sync, handler, occ))
-        try:
-            while True:
-                done, _ = await asyncio.wait(
-                    {call}, timeout=None if lease is None else self._renew_every(lease))
-                if done:
-                    break
-                assert lease is not None
-                try:
-                    await lease.renew()
-                except Exception as renew_error:  # keep the handler going; the outcome decides
-                    log.warning("renewing the lease on %s failed: %r", occ.occurrence,
-                                renew_error)
-        except asyncio.CancelledError:
-            call.cancel()
-            if is_async:
-                # Bounded: a handler that swallows the cancellation must not hang shutdown.
-                stopped, _ = await asyncio.wait({call}, timeout=5)
-                if stopped and lease is not None:  # it has stopped: a redelivery may run now
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(lease.release(), 5)
-            # Otherwise (a sync handler's thread runs on) the lease expires on its own.
-            raise
-        if call.cancelled():
-            return RuntimeError("handler was cancelled")
-        exc = call.exception()
-        if exc is not None and not isinstance(exc, Exception):
-            raise exc  # KeyboardInterrupt, SystemExit: not a handler failure
-        return exc
-
-    @staticmethod
-    def _renew_every(lease: Lease) -> float:
-        return lease.ledger.renew_every_s
-
-    async def _dead_letter(self, key: bytes | None, value: bytes,
-                           headers: tuple[tuple[str, bytes], ...], error: BaseException,
-                           topic: str, partition: int, offset: int) -> None:
-        assert self._producer is not None
-        await self._producer.send_and_wait(
-            self.settings.dead_topic, value, key=key,
-            headers=dead_headers(headers, error, self.clock.now_ms(), topic, partition, offset))
-        self.stats.dead += 1
-
-
-def _is_async(handler: Handler) -> bool:
-    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
-        getattr(handler, "__call__", None))  # noqa: B004 - an object with an async __call__
-
-
-def _run_sync(handler: Handler, occ: Occurrence) -> None:
-    result = handler(occ)
-    if inspect.isawaitable(result):
-        if inspect.iscoroutine(result):
-            result.close()
-        raise TypeError("handler returned an awaitable from a plain function; "
-                        "declare it `async def` so the worker awaits it")
+        await intake.release_leases(parts)
+        intake.forget(parts)
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -435,7 +328,7 @@ class _Rebalance(ConsumerRebalanceListener):
         try:
             await self.worker._revoked(list(revoked))
         except Exception as exc:
-            self.worker._fail("revoking partitions", exc)
+            self.worker._sup.fail("revoking partitions", exc)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         log.info("worker %s assigned %s", self.worker.worker_id,
@@ -444,19 +337,6 @@ class _Rebalance(ConsumerRebalanceListener):
 
 def install_signal_handlers(worker: Worker) -> None:
     """First SIGTERM/SIGINT: graceful stop. Second: abort at once."""
-    loop = asyncio.get_running_loop()
-    count = 0
-
-    def handler() -> None:
-        nonlocal count
-        count += 1
-        if count == 1:
-            log.warning("stop requested: finishing in-flight handlers (up to %.0fs), "
-                        "committing, leaving the group", worker.shutdown_deadline_s)
-            worker.request_stop()
-        else:
-            log.error("second stop signal: aborting")
-            os._exit(130)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, handler)
+    install_stop_signals(worker.request_stop, graceful=(
+        f"finishing in-flight handlers (up to {worker.shutdown_deadline_s:.0f}s), committing, "
+        f"leaving the group"))

@@ -1,0 +1,130 @@
+"""What every part of the benchmark shares: paths, presets, the run's configuration, the
+workload's job ids and payloads, the node's defaults, progress output and number formatting."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from chronowheel.core.model import encode_upsert
+from chronowheel.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+LOADTEST = ROOT / "loadtest"
+RESULTS_DIR = LOADTEST / "results"
+RESULTS_MD = LOADTEST / "RESULTS.md"
+LOG_DIR = LOADTEST / "out"
+
+ON_TIME_P99_MS = 100.0
+# The node applies each new upsert with 2 requests: read `jobs`, then one logged batch
+# writing `due` and `jobs` (the bucket counts are one update per minute per ingest batch,
+# negligible per job). A logged batch costs the server more than one insert.
+CASSANDRA_REQUESTS_PER_JOB = 2
+PAD = "x" * 48  # payload padding: a small realistic JSON payload of ~90 bytes
+SMALL_TXN_BATCH = 100
+"""The raw produce limit is measured with the node's largest transaction and with this one."""
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {
+        "shards": 16, "ingest_jobs": 20_000, "rates": [50, 100, 250, 500, 1000, 2000, 4000],
+        "step_s": 10, "herd": 100_000, "raw_s": 3.0, "heap_n": 200_000, "refine": False,
+    },
+    "full": {
+        "shards": 16, "ingest_jobs": 200_000,
+        "rates": [500, 1000, 2000, 4000, 6000, 8000, 12000, 16000],
+        "step_s": 30, "herd": 100_000, "raw_s": 10.0, "heap_n": 1_000_000, "refine": True,
+    },
+}
+
+
+@dataclass
+class Config:
+    preset: str
+    shards: int
+    ingest_jobs: int
+    rates: list[int]
+    step_s: float
+    herd: int
+    raw_s: float
+    raw_batches: list[int]
+    heap_n: int
+    refine: bool
+    namespace: str
+    kafka: str
+    cassandra: str
+    keep: bool
+    note: str
+    node_env: dict[str, str]
+    profile: Path | None
+    skip_limits: bool
+    write_results: bool
+
+    @property
+    def node_settings(self) -> Settings:
+        """The settings the node runs with: its defaults, with the --node-env overrides."""
+        return node_settings(self.node_env)
+
+
+def node_settings(node_env: dict[str, str]) -> Settings:
+    return Settings.from_env(node_env)
+
+
+def node_ingest_concurrency(node: Settings) -> int:
+    """Jobs of one ingest batch a shard writes to Cassandra at once: a node setting where the
+    node has it, else the shard actor's constant."""
+    configured = getattr(node, "ingest_concurrency", None)
+    if configured is not None:
+        return int(configured)
+    from chronowheel.node.shard import INGEST_CONCURRENCY
+
+    return INGEST_CONCURRENCY
+
+
+# --- output ---------------------------------------------------------------------------------
+_T0 = time.monotonic()
+
+
+def say(msg: str) -> None:
+    print(f"[bench {time.monotonic() - _T0:7.1f}s] {msg}", flush=True)
+
+
+def fmt(x: float | int | None, digits: int = 0) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+        return "-"
+    return f"{x:,.{digits}f}"
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+# --- workload -------------------------------------------------------------------------------
+def job_id(run: str, phase: str, i: int) -> str:
+    """`<run>.<phase>.<i>`: the probe groups what it receives by the phase in the key."""
+    return f"{run}.{phase}.{i:07d}"
+
+
+def phase_of(key: bytes | None) -> str:
+    parts = (key or b"").split(b".", 2)
+    return parts[1].decode() if len(parts) == 3 else "?"
+
+
+def payload(phase: str, i: int) -> dict[str, Any]:
+    return {"bench": phase, "i": i, "pad": PAD}
+
+
+def upserts(run: str, phase: str, dues: Sequence[int]) -> list[tuple[bytes, bytes]]:
+    out = []
+    for i, at in enumerate(dues):
+        jid = job_id(run, phase, i)
+        out.append((jid.encode(), encode_upsert({"id": jid, "at": at,
+                                                  "payload": payload(phase, i)})))
+    return out

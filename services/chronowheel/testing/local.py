@@ -1,0 +1,48 @@
+"""Measurement tools run against a local stack only (a load test pointed at a shared cluster by
+mistake would harm it), on scratch namespaces they drop afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+
+from chronowheel.bus.kafka import open_admin
+from chronowheel.settings import Settings
+
+
+def require_loopback(what: str, servers: str) -> None:
+    """Raise SystemExit unless every host of `servers` (host:port,...) is a loopback address."""
+    for item in servers.split(","):
+        host = item.strip().rsplit(":", 1)[0].strip("[]")
+        if not host:
+            continue
+        try:
+            ok = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            ok = host == "localhost"
+        if not ok:
+            raise SystemExit(f"{what}: {host!r} is not a loopback address; only a local stack "
+                             "may be used")
+
+
+async def drop_namespace(settings: Settings) -> None:
+    """Delete a scratch namespace: every topic named `<ns>.*` and its keyspace."""
+    admin = await open_admin(settings)
+    try:
+        prefix = settings.namespace + "."
+        mine = [t for t in await admin.list_topics() if t.startswith(prefix)]
+        if mine:
+            await admin.delete_topics(mine, timeout_ms=60_000)
+    finally:
+        await admin.close()
+
+    def drop_keyspace() -> None:
+        from chronowheel.store.cassandra import connect
+
+        cluster, session = connect(settings)
+        try:
+            session.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=120)
+        finally:
+            cluster.shutdown()
+
+    await asyncio.to_thread(drop_keyspace)

@@ -1,0 +1,422 @@
+"""The handler slots: take ready records in order, decide (skip, wait for a running copy, run),
+run the handler, produce the retry or dead letter of a failure, and leave the outcome.
+
+Why slots and not a task per record: a record costs a few tens of microseconds of Python; a
+task and an extra loop iteration per record would double it. An `async def` handler is awaited
+in the slot itself; plain functions run in a thread pool, several waiting records per thread
+hop when many are waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+from aiokafka import AIOKafkaProducer
+
+from chronowheel.core.clock import Clock
+from chronowheel.settings import Settings
+from chronowheel.worker.intake import Intake, Item, Part
+from chronowheel.worker.ledger import Lease, Ledger
+from chronowheel.worker.occurrence import MalformedOccurrence, Occurrence
+from chronowheel.worker.partitions import (
+    MARK_DEAD,
+    MARK_DONE,
+    MARK_FAILED,
+    MARK_SKIPPED,
+    PartitionGuard,
+)
+from chronowheel.worker.policy import dead_headers, error_text, gives_up, retry_command
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Occurrence], Awaitable[None]] | Callable[[Occurrence], None]
+"""`async def handler(occ) -> None`, or a plain function (run in a thread)."""
+
+YIELD_EVERY = 64
+"""Records a slot handles before it lets the loop run other work (fetch, marks, commits)."""
+MAX_CHUNK = 64
+"""Most records of a plain-function handler run in one thread hop."""
+
+
+@dataclass
+class WorkerStats:
+    succeeded: int = 0
+    """handler calls that returned"""
+    failed: int = 0
+    """handler calls that raised (each then retried or dead-lettered)"""
+    retried: int = 0
+    dead: int = 0
+    """dead letters published (failed occurrences and malformed records)"""
+    skipped: int = 0
+    """deliveries found already handled"""
+    cancelled: int = 0
+    """handlings cancelled at shutdown or revocation (left uncommitted: redelivered)"""
+
+
+class Slots:
+    def __init__(self, intake: Intake, handlers: Mapping[str, Handler], *, concurrency: int,
+                 settings: Settings, clock: Clock, ledger: Ledger | None,
+                 producer: AIOKafkaProducer, executor: concurrent.futures.Executor,
+                 stats: WorkerStats, fail: Callable[[str, BaseException], None]) -> None:
+        self.intake = intake
+        self.handlers = dict(handlers)
+        self.is_async = {t: is_async_handler(h) for t, h in self.handlers.items()}
+        self.concurrency = concurrency
+        self.settings = settings
+        self.clock = clock
+        self.ledger = ledger
+        self.producer = producer
+        self.executor = executor
+        self.stats = stats
+        self._fail = fail
+        self.closed = False
+        self.current: dict[asyncio.Task[None], list[Item]] = {}
+        """Each slot and the records it works on (none between records)."""
+
+    # --- the slots ----------------------------------------------------------------------------
+    def start(self) -> None:
+        for i in range(self.concurrency):
+            self._start_one(i)
+
+    def _start_one(self, i: int) -> None:
+        runner = self._run_async if all(self.is_async.values()) else self._run_sync
+        task: asyncio.Task[None] = asyncio.ensure_future(runner())
+        task.set_name(f"worker-slot-{i}")
+        self.current[task] = []
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self.current.pop(task, None)
+        if task.cancelled() or self.closed:
+            return
+        exc = task.exception()
+        self._fail(task.get_name(), exc or RuntimeError(f"{task.get_name()} ended"))
+
+    async def _run_async(self) -> None:
+        me = asyncio.current_task()
+        assert me is not None
+        since_yield = 0
+        while True:
+            item = await self.intake.next()
+            if item is None:
+                return
+            self.current[me] = [item]
+            item[0].running += 1
+            try:
+                await self._one(item)
+            finally:
+                item[0].running -= 1
+                self.current[me] = []
+            since_yield += 1
+            if since_yield >= YIELD_EVERY:
+                since_yield = 0
+                await asyncio.sleep(0)
+
+    async def _run_sync(self) -> None:
+        """Plain-function handlers: records whose checks pass run in one thread hop per chunk,
+        the rest (async handlers of other topics, retries) one by one."""
+        me = asyncio.current_task()
+        assert me is not None
+        ready = self.intake
+        while True:
+            item = await ready.next()
+            if item is None:
+                return
+            chunk = [item]
+            want = min(MAX_CHUNK, len(ready.ready) // self.concurrency)
+            while want > 0 and ready.ready:
+                chunk.append(ready.ready.popleft())
+                want -= 1
+            self.current[me] = chunk
+            for it in chunk:
+                it[0].running += 1
+            try:
+                await self._chunk(chunk)
+            finally:
+                for it in chunk:
+                    it[0].running -= 1
+                self.current[me] = []
+
+    async def drain(self, deadline_s: float) -> None:
+        """Shutdown: let the slots finish their records for up to `deadline_s`, then cancel."""
+        tasks = list(self.current)
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline_s))
+        if pending:
+            running = [t for t in pending if self.current.get(t)]
+            if running:
+                log.warning("cancelling %d handler(s) still running after %.1fs; their "
+                            "records are not committed and will be redelivered", len(running),
+                            deadline_s)
+            for t in pending:
+                t.cancel()
+            await asyncio.wait(pending)
+            self.stats.cancelled += len(running)
+
+    async def finish_partitions(self, parts: list[Part], deadline_s: float) -> None:
+        """Revoke: wait until no slot works on a record of `parts`; past the deadline cancel
+        those slots (their records stay uncommitted) and start fresh ones instead."""
+        gone = {id(p) for p in parts}
+        busy = {t: items for t, items in self.current.items()
+                if any(id(it[0]) in gone for it in items)}
+        if not busy:
+            return
+        loop = asyncio.get_running_loop()
+        end = loop.time() + max(0.0, deadline_s)
+        while loop.time() < end:
+            if all(self.current.get(t) is not items for t, items in busy.items()):
+                return
+            await asyncio.sleep(0.02)
+        stuck = [t for t, items in busy.items() if self.current.get(t) is items]
+        if not stuck:
+            return
+        log.warning("cancelling %d handler(s) of revoked partitions still running after "
+                    "%.1fs; their records are not committed and will be redelivered",
+                    len(stuck), deadline_s)
+        for t in stuck:
+            self.current.pop(t, None)  # not a failure: replaced below
+            t.remove_done_callback(self._ended)
+            t.cancel()
+        await asyncio.wait(stuck)
+        self.stats.cancelled += len(stuck)
+        for i in range(len(stuck)):
+            self._start_one(len(self.current) + i)
+
+    # --- one record ---------------------------------------------------------------------------
+    def _admit(self, item: Item) -> Occurrence | None:
+        """Checks before a handler may start; None when the record is settled or set aside.
+
+        Raises MalformedOccurrence for a record that is not an occurrence.
+        """
+        part, rec, ticket = item
+        if part.gone:
+            return None
+        guard = part.guard
+        if guard is not None:
+            if not guard.holds():
+                self.intake.hold_again(item)  # a zombie, or a lease not renewed in time
+                return None
+            if rec.offset in guard.done_offsets:
+                self._skip(part, rec.offset, f"{rec.topic}:{rec.partition}@{rec.offset}",
+                           ticket)
+                return None
+        occ = Occurrence.from_record(rec.topic, rec.partition, rec.offset, rec.value,
+                                     rec.headers)
+        if guard is None:
+            return occ
+        # A copy of a first delivery is recognised here; a retry's attempt is checked in the
+        # per-occurrence ledger (the first attempt's mark carries the same occurrence key).
+        if occ.attempt == 1 and occ.occurrence in guard.recent:
+            self._skip(part, rec.offset, occ.occurrence, ticket)
+            return None
+        if occ.occurrence in guard.running:
+            self.intake.defer(item, occ.occurrence)
+            return None
+        guard.running.add(occ.occurrence)
+        return occ
+
+    def _skip(self, part: Part, offset: int, occurrence: str, ticket: Any) -> None:
+        self.stats.skipped += 1
+        log.debug("%s (offset %d): already handled, skipped", occurrence, offset)
+        self.intake.outcome(part, offset, MARK_SKIPPED, occurrence, ticket)
+
+    async def _one(self, item: Item) -> None:
+        try:
+            occ = self._admit(item)
+        except MalformedOccurrence as exc:
+            await self._malformed(item, exc)
+            return
+        if occ is not None:
+            await self._admitted(item, occ)
+
+    async def _admitted(self, item: Item, occ: Occurrence) -> None:
+        part, rec, ticket = item
+        try:
+            if occ.attempt > 1 and self.ledger is not None:
+                state = await self._retry_delivery(occ)
+            else:
+                state = await self._settle(occ, await self._call(occ, None), None)
+        finally:
+            self.intake.release_running(part, occ.occurrence)
+        self.intake.outcome(part, rec.offset, state, occ.occurrence, ticket)
+
+    async def _chunk(self, chunk: list[Item]) -> None:
+        runnable: list[tuple[Item, Occurrence]] = []
+        for item in chunk:
+            try:
+                occ = self._admit(item)
+            except MalformedOccurrence as exc:
+                await self._malformed(item, exc)
+                continue
+            if occ is None:
+                continue
+            if (occ.attempt > 1 and self.ledger is not None) or self.is_async[occ.topic]:
+                await self._admitted(item, occ)
+            else:
+                runnable.append((item, occ))
+        if not runnable:
+            return
+        loop = asyncio.get_running_loop()
+        call = loop.run_in_executor(self.executor, functools.partial(
+            _run_sync_chunk, [self.handlers[o.topic] for _, o in runnable],
+            [o for _, o in runnable], [item[0].guard for item, _ in runnable]))
+        try:
+            results = await asyncio.shield(call)
+        except asyncio.CancelledError:
+            for item, occ in runnable:
+                self.intake.release_running(item[0], occ.occurrence)
+            raise
+        for (item, occ), result in zip(runnable, results, strict=True):
+            part, rec, ticket = item
+            if result is _NOT_STARTED:
+                self.intake.release_running(part, occ.occurrence)
+                self.intake.hold_again(item)
+                continue
+            error = cast(BaseException | None, result)
+            try:
+                if error is not None and not isinstance(error, Exception):
+                    raise error  # KeyboardInterrupt, SystemExit: not a handler failure
+                state = await self._settle(occ, error, None)
+            finally:
+                self.intake.release_running(part, occ.occurrence)
+            self.intake.outcome(part, rec.offset, state, occ.occurrence, ticket)
+
+    async def _retry_delivery(self, occ: Occurrence) -> str:
+        """A retry: claimed in the per-occurrence ledger, which knows every attempt handled so
+        far wherever it was delivered."""
+        assert self.ledger is not None
+        lease = await self.ledger.acquire(occ.occurrence, occ.attempt)
+        if lease is None:
+            self.stats.skipped += 1
+            log.debug("%s attempt %d: already handled, skipped", occ.occurrence, occ.attempt)
+            return MARK_SKIPPED
+        return await self._settle(occ, await self._call(occ, lease), lease)
+
+    async def _settle(self, occ: Occurrence, error: BaseException | None,
+                      lease: Lease | None) -> str:
+        """Count the outcome; for a failure, produce the retry or dead letter first."""
+        if error is None:
+            self.stats.succeeded += 1
+            if lease is not None:
+                await lease.done()
+            return MARK_DONE
+        self.stats.failed += 1
+        if gives_up(occ, error):
+            log.warning("%s attempt %d/%d failed, dead-lettered: %s", occ.occurrence,
+                        occ.attempt, occ.max_attempts, error_text(error, 300))
+            await self.dead_letter(occ.job_id.encode(), occ.payload, occ.raw_headers, error,
+                                   occ.topic, occ.partition, occ.offset)
+        else:
+            key, value = retry_command(occ, self.clock.now_ms())
+            await self.producer.send_and_wait(self.settings.submit_topic, value, key=key)
+            self.stats.retried += 1
+            log.info("%s attempt %d/%d failed, retry submitted: %s", occ.occurrence,
+                     occ.attempt, occ.max_attempts, error_text(error, 300))
+        if lease is not None:
+            await lease.failed()  # only after the retry/dead letter is durable
+        return MARK_FAILED
+
+    async def _malformed(self, item: Item, exc: MalformedOccurrence) -> None:
+        part, rec, ticket = item
+        log.warning("%s[%d]@%d: dead-lettered: %s", rec.topic, rec.partition, rec.offset, exc)
+        await self.dead_letter(rec.key, rec.value or b"", tuple(rec.headers or ()), exc,
+                               rec.topic, rec.partition, rec.offset)
+        self.intake.outcome(part, rec.offset, MARK_DEAD,
+                            f"{rec.topic}:{rec.partition}@{rec.offset}", ticket)
+
+    async def dead_letter(self, key: bytes | None, value: bytes,
+                          headers: tuple[tuple[str, bytes], ...], error: BaseException,
+                          topic: str, partition: int, offset: int) -> None:
+        await self.producer.send_and_wait(
+            self.settings.dead_topic, value, key=key,
+            headers=dead_headers(headers, error, self.clock.now_ms(), topic, partition, offset))
+        self.stats.dead += 1
+
+    async def _call(self, occ: Occurrence, lease: Lease | None) -> Exception | None:
+        """Run the topic's handler, renewing a per-occurrence lease meanwhile; return what it
+        raised."""
+        handler = self.handlers[occ.topic]
+        is_async = self.is_async[occ.topic]
+        if is_async and lease is None:
+            try:  # the common path: no task, no extra loop iteration
+                await cast(Awaitable[None], handler(occ))
+            except Exception as failure:
+                return failure
+            return None
+        if is_async:
+            call: asyncio.Future[Any] = asyncio.ensure_future(
+                cast(Awaitable[None], handler(occ)))
+        else:
+            loop = asyncio.get_running_loop()
+            call = loop.run_in_executor(self.executor, functools.partial(_run_sync, handler, occ))
+        try:
+            while True:
+                done, _ = await asyncio.wait(
+                    {call}, timeout=None if lease is None else lease.ledger.renew_every_s)
+                if done:
+                    break
+                assert lease is not None
+                try:
+                    await lease.renew()
+                except Exception as renew_error:  # keep the handler going; the outcome decides
+                    log.warning("renewing the lease on %s failed: %r", occ.occurrence,
+                                renew_error)
+        except asyncio.CancelledError:
+            call.cancel()
+            if is_async:
+                # Bounded: a handler that swallows the cancellation must not hang shutdown.
+                stopped, _ = await asyncio.wait({call}, timeout=5)
+                if stopped and lease is not None:  # it has stopped: a redelivery may run now
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(lease.release(), 5)
+            # Otherwise (a sync handler's thread runs on) the lease expires on its own.
+            raise
+        if call.cancelled():
+            return RuntimeError("handler was cancelled")
+        outcome = call.exception()
+        if outcome is not None and not isinstance(outcome, Exception):
+            raise outcome  # KeyboardInterrupt, SystemExit: not a handler failure
+        return outcome
+
+
+_NOT_STARTED = object()
+
+
+def is_async_handler(handler: Handler) -> bool:
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None))  # noqa: B004 - an object with an async __call__
+
+
+def _run_sync(handler: Handler, occ: Occurrence) -> None:
+    result = handler(occ)
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()
+        raise TypeError("handler returned an awaitable from a plain function; "
+                        "declare it `async def` so the worker awaits it")
+
+
+def _run_sync_chunk(handlers: list[Handler], occs: list[Occurrence],
+                    guards: list[PartitionGuard | None]) -> list[object]:
+    """In a handler thread: each record's outcome (None or the exception), or _NOT_STARTED for
+    records whose partition lease stopped being valid before their turn (a pause, say)."""
+    out: list[object] = []
+    for handler, occ, guard in zip(handlers, occs, guards, strict=True):
+        if guard is not None and not guard.holds():
+            out.append(_NOT_STARTED)
+            continue
+        try:
+            _run_sync(handler, occ)
+            out.append(None)
+        except BaseException as exc:  # handed back to the loop, which decides
+            out.append(exc)
+    return out

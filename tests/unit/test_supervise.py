@@ -1,0 +1,240 @@
+"""The service skeleton: supervised tasks stop the service loudly; stop signals."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any
+
+import pytest
+from chronowheel.supervise import ABORT_EXIT_CODE, Supervisor, install_stop_signals
+
+
+class Boom(Exception):
+    pass
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_a_crashed_loop_stops_the_service_and_is_raised(
+        caplog: pytest.LogCaptureFixture) -> None:
+    sup = Supervisor("demo service")
+
+    async def crash() -> None:
+        raise Boom("disk on fire")
+
+    with caplog.at_level(logging.CRITICAL, logger="chronowheel.supervise"):
+        sup.spawn(crash(), "pump")
+        await asyncio.wait_for(sup.wait(), 1)
+    assert isinstance(sup.failure, Boom)
+    assert "pump failed; stopping the demo service" in caplog.text
+    with pytest.raises(RuntimeError, match="demo service stopped: Boom") as info:
+        sup.raise_failure()
+    assert info.value.__cause__ is sup.failure
+
+
+async def test_a_loop_that_returns_is_a_failure_too() -> None:
+    sup = Supervisor("svc")
+
+    async def quits() -> None:
+        return None
+
+    sup.spawn(quits(), "skew-monitor")
+    await asyncio.wait_for(sup.wait(), 1)
+    assert isinstance(sup.failure, RuntimeError)
+    assert "skew-monitor ended unexpectedly" in str(sup.failure)
+
+
+async def test_a_job_may_end_but_not_raise() -> None:
+    sup = Supervisor("svc")
+
+    async def done() -> int:
+        return 1
+
+    async def raises() -> None:
+        raise Boom("marks")
+
+    await sup.job(done(), "flush")
+    await settle()
+    assert sup.failure is None and not sup.stopping
+    job = sup.job(raises(), "flush-2")
+    with pytest.raises(Boom):
+        await job
+    await settle()
+    assert isinstance(sup.failure, Boom)
+    assert sup.stopping
+
+
+async def test_an_expected_end_is_not_a_failure() -> None:
+    sup = Supervisor("svc")
+    seen: list[tuple[str, BaseException | None]] = []
+
+    def fenced_is_fine(task: asyncio.Task[Any], exc: BaseException | None) -> bool:
+        seen.append((task.get_name(), exc))
+        return isinstance(exc, Boom)
+
+    async def fenced() -> None:
+        raise Boom("fenced")
+
+    task = sup.spawn(fenced(), "shard-3", expected=fenced_is_fine)
+    with pytest.raises(Boom):
+        await task
+    await settle()
+    assert sup.failure is None and not sup.stopping
+    assert [name for name, _ in seen] == ["shard-3"]
+
+
+async def test_the_first_failure_is_kept() -> None:
+    sup = Supervisor("svc")
+    first, second = Boom("first"), Boom("second")
+    sup.fail("a", first)
+    sup.fail("b", second)
+    assert sup.failure is first
+
+
+async def test_cancel_all_ends_the_tasks_without_failing() -> None:
+    sup = Supervisor("svc")
+    cleaned: list[str] = []
+
+    async def forever(name: str) -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cleaned.append(name)
+            if name == "noisy":
+                raise Boom("raised while cancelled")
+
+    tasks = [sup.spawn(forever("quiet"), "quiet"), sup.spawn(forever("noisy"), "noisy")]
+    await settle()
+    await sup.cancel_all()
+    assert all(t.done() for t in tasks)
+    assert sorted(cleaned) == ["noisy", "quiet"]
+    assert sup.failure is None
+    assert sup.stopping
+    sup.raise_failure()  # nothing to raise
+
+
+async def test_begin_shutdown_lets_the_service_cancel_tasks_in_its_own_order() -> None:
+    sup = Supervisor("svc")
+    fetch = sup.spawn(asyncio.Event().wait(), "fetch")
+    commit = sup.spawn(asyncio.Event().wait(), "commit")
+    await settle()
+    sup.begin_shutdown()
+    fetch.cancel()
+    await asyncio.gather(fetch, return_exceptions=True)
+    assert not commit.done()  # still running: the service ends it when it is ready to
+    await sup.cancel_all()
+    assert commit.cancelled() and sup.failure is None
+
+
+class ServiceError(Exception):
+    pass
+
+
+async def test_run_starts_waits_shuts_down_and_raises_the_failure() -> None:
+    sup = Supervisor("svc")
+    steps: list[str] = []
+
+    async def start() -> None:
+        steps.append("start")
+
+        async def crash() -> None:
+            await asyncio.sleep(0.01)
+            raise Boom("lost Cassandra")
+
+        sup.spawn(crash(), "ingest")
+
+    async def shutdown() -> None:
+        steps.append("shutdown")
+        await sup.cancel_all()
+
+    with pytest.raises(ServiceError, match="svc stopped: Boom") as info:
+        await asyncio.wait_for(sup.run(start, shutdown, error=ServiceError), 2)
+    assert steps == ["start", "shutdown"]
+    assert isinstance(info.value.__cause__, Boom)
+
+
+async def test_run_returns_after_a_requested_stop() -> None:
+    sup = Supervisor("svc")
+    steps: list[str] = []
+
+    async def start() -> None:
+        steps.append("start")
+        asyncio.get_running_loop().call_later(0.01, sup.request_stop)
+
+    async def shutdown() -> None:
+        steps.append("shutdown")
+
+    await asyncio.wait_for(sup.run(start, shutdown), 2)
+    assert steps == ["start", "shutdown"] and sup.failure is None
+
+
+async def test_first_signal_requests_a_stop_and_the_second_aborts() -> None:
+    # SIGUSR1/SIGUSR2 stand for SIGTERM/SIGINT: the test loop is shared, so its handlers go.
+    user_signals = (signal.SIGUSR1, signal.SIGUSR2)
+    stops: list[str] = []
+    aborts: list[int] = []
+
+    def abort(code: int) -> Any:
+        aborts.append(code)
+
+    install_stop_signals(lambda: stops.append("stop"), graceful="finishing up",
+                         signals=user_signals, abort=abort)
+    try:
+        os.kill(os.getpid(), user_signals[0])
+        await asyncio.sleep(0.05)
+        assert stops == ["stop"] and aborts == []
+        os.kill(os.getpid(), user_signals[1])  # either signal counts as the second
+        await asyncio.sleep(0.05)
+        assert stops == ["stop"] and aborts == [ABORT_EXIT_CODE]
+    finally:
+        loop = asyncio.get_running_loop()
+        for sig in user_signals:
+            loop.remove_signal_handler(sig)
+
+
+SERVICE = textwrap.dedent("""
+    import asyncio, sys
+    from chronowheel.supervise import Supervisor, install_stop_signals
+
+    async def main() -> int:
+        sup = Supervisor("svc")
+        install_stop_signals(sup.request_stop, graceful="draining")
+        print("ready", flush=True)
+        await sup.wait()
+        print("graceful stop", flush=True)
+        await asyncio.sleep(float(sys.argv[1]))  # a slow shutdown
+        return 0
+
+    sys.exit(asyncio.run(main()))
+""")
+
+
+def run_service(shutdown_s: float, signals: int) -> tuple[int, str]:
+    proc = subprocess.Popen([sys.executable, "-c", SERVICE, str(shutdown_s)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    for _ in range(signals):
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+    out, _ = proc.communicate(timeout=30)
+    return proc.returncode, out
+
+
+def test_a_process_stops_gracefully_on_sigterm_and_aborts_on_the_second() -> None:
+    code, out = run_service(0.0, 1)
+    assert code == 0, out
+    assert "graceful stop" in out
+    code, out = run_service(30.0, 2)  # the slow shutdown is cut short
+    assert code == ABORT_EXIT_CODE, out
+    assert "graceful stop" in out and "second stop signal: aborting" in out
