@@ -188,7 +188,7 @@ async def test_a_new_owner_resumes_from_the_committed_watermark_and_offsets(
     # transaction fails; it gives the shards up without publishing anything more.
     second = await rig.start("second")
     await rig.advance_to(T0 + 30_000)
-    assert first.owned == {} and first._failure is None
+    assert first.owned == {} and first.failure is None
     assert sorted(second.owned) == [0, 1]
     counts = Counter(m.key for m in rig.fired())
     assert counts == Counter(j.encode() for j in ats)  # each exactly once, across both
@@ -214,6 +214,20 @@ async def test_takeover_without_a_watermark_reloads_the_lookback_period() -> Non
         assert scheduled_at(msg) == T0 - 30_000
     finally:
         await rig.stop_all()
+
+
+async def test_a_failing_shard_stops_the_node_loudly(rig: NodeRig) -> None:
+    node = await rig.start()
+
+    async def storage_gone() -> None:
+        raise RuntimeError("storage is gone")
+
+    rig.store.pause = storage_gone
+    rig.upsert("doomed", at=T0 + 1_000)
+    await rig.advance(2_000)
+    assert node.supervisor.stopping
+    assert isinstance(node.failure, RuntimeError) and "storage is gone" in str(node.failure)
+    assert not node.health()[0]
 
 
 async def test_the_memory_cap_bounds_the_wheel_and_every_job_still_fires() -> None:

@@ -1,8 +1,8 @@
 """The node: joins the `<ns>.submit` consumer group and runs a shard actor per assigned partition.
 
 Shard ownership is the group assignment: no membership protocol of our own. Side tasks (the
-ingest pump, the clock-skew monitor, the HTTP endpoint, every shard actor) are supervised: one
-that crashes stops the node loudly, except a fenced shard, which is simply given up.
+ingest pump, the clock-skew monitor, every shard actor) are supervised (`chronowheel.supervise`):
+one that crashes stops the node loudly, except a fenced shard, which is simply given up.
 """
 
 from __future__ import annotations
@@ -11,10 +11,8 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import socket
 import time
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +28,7 @@ from chronowheel.node.shard import ShardActor, ShardLost
 from chronowheel.settings import Settings
 from chronowheel.store.base import JobStore
 from chronowheel.store.cassandra import CassandraStore
+from chronowheel.supervise import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +72,8 @@ class Node:
         self.http: HttpEndpoint | None = None
         self._bus = bus
         self._group: SubmitGroup | None = None
-        self._failure: BaseException | None = None
-        self._stop = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+        self.supervisor = Supervisor("node")
+        self._side_tasks: list[asyncio.Task[Any]] = []
         self._cassandra: CassandraStore | None = None
 
     # --- public ---------------------------------------------------------------------------
@@ -84,18 +82,19 @@ class Node:
         assert self._store is not None
         return self._store
 
+    @property
+    def failure(self) -> BaseException | None:
+        """The first failure of a supervised task; None while all is well."""
+        return self.supervisor.failure
+
+    _failure = failure  # the name chronowheel.testing and the demo read
+
     def request_stop(self) -> None:
-        self._stop.set()
+        self.supervisor.request_stop()
 
     async def run(self) -> None:
         """Run until stopped (request_stop / SIGTERM); raise if a supervised task failed."""
-        await self.start()
-        try:
-            await self._stop.wait()
-        finally:
-            await self.shutdown()
-        if self._failure is not None:
-            raise ChronowheelError(f"node stopped: {self._failure!r}") from self._failure
+        await self.supervisor.run(self.start, self.shutdown, error=ChronowheelError)
 
     async def start(self) -> None:
         s = self.settings
@@ -121,20 +120,18 @@ class Node:
             self._group = None
             raise ConfigError(f"{s.submit_topic} has {parts} partitions but the namespace "
                               f"has {self.shards} shards")
-        self._spawn(self._pump(), "ingest-pump")
-        self._spawn(self._skew_monitor(), "clock-skew-monitor")
+        self._side_tasks = [self.supervisor.spawn(self._pump(), "ingest-pump"),
+                            self.supervisor.spawn(self._skew_monitor(), "clock-skew-monitor")]
         log.info("node %s started: namespace %s, %d shards, group %s", self.node_id,
                  s.namespace, self.shards, self.group_id)
 
     async def shutdown(self) -> None:
         """Stop taking work, finish open transactions, leave the group."""
-        self._stop.set()
-        for t in self._tasks:
+        self.supervisor.begin_shutdown()  # from here on, tasks that end are no failures
+        for t in self._side_tasks:
             t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        self._tasks.clear()
+        await asyncio.gather(*self._side_tasks, return_exceptions=True)
+        self._side_tasks.clear()
         await self._stop_shards(list(self.owned))
         if self._group is not None:
             with contextlib.suppress(Exception):
@@ -145,40 +142,31 @@ class Node:
         if self._cassandra is not None:
             await asyncio.to_thread(self._cassandra.close)
             self._cassandra = None
+        await self.supervisor.cancel_all()
         log.info("node %s stopped", self.node_id)
 
     def health(self) -> tuple[bool, dict[str, object]]:
         lag = {str(k): o.actor.dispatch_lag_ms() for k, o in self.owned.items()}
-        ok = not self.blocked and self._failure is None and all(v < 5_000 for v in lag.values())
+        ok = not self.blocked and self.failure is None and all(v < 5_000 for v in lag.values())
         return ok, {"node": self.node_id, "shards": sorted(self.owned), "dispatch_lag_ms": lag,
                     "clock_skew_ms": self.skew_ms, "dispatch_blocked": self.blocked}
 
     # --- supervision ----------------------------------------------------------------------
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.ensure_future(coro)
-        task.set_name(name)
-        task.add_done_callback(self._supervise)
-        self._tasks.append(task)
-
-    def _supervise(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or self._stop.is_set():
-            return
-        exc = task.exception()
+    def _shard_ended(self, task: asyncio.Task[Any], exc: BaseException | None) -> bool:
+        """Whether a shard actor's end is no failure: it was stopped on purpose (revoked or
+        shut down: `_stop_shards` delists it first) or lost to a newer owner (fenced)."""
+        shard = next((k for k, o in self.owned.items() if o.task is task), None)
+        if shard is None:
+            return True
         if isinstance(exc, ShardLost):
             log.warning("%s", exc)
-            # Not ours any more: stop listing it (the group will revoke it too).
-            for k, o in list(self.owned.items()):
-                if o.task is task:
-                    del self.owned[k]
+            del self.owned[shard]  # not ours any more (the group will revoke it too)
             self.metrics.owned_shards.set(len(self.owned))
-            return
-        self._fail(task.get_name(), exc or RuntimeError(f"{task.get_name()} ended unexpectedly"))
+            return True
+        return False
 
     def _fail(self, what: str, exc: BaseException) -> None:
-        if self._failure is None:
-            self._failure = exc
-        log.critical("%s failed; stopping the node: %r", what, exc, exc_info=exc)
-        self._stop.set()
+        self.supervisor.fail(what, exc)
 
     # --- shards ---------------------------------------------------------------------------
     async def _start_shards(self, partitions: list[int]) -> None:
@@ -191,17 +179,14 @@ class Node:
                 bus=self._bus, submit=self._group, clock=self.clock, metrics=self.metrics,
                 policy=self.policy, group_id=self.group_id, node_id=self.node_id,
                 dispatch_blocked=lambda: self.blocked)
-            task = asyncio.ensure_future(actor.run())
-            task.set_name(f"shard-{k}")
-            task.add_done_callback(self._supervise)
+            task = self.supervisor.spawn(actor.run(), f"shard-{k}", expected=self._shard_ended)
             self.owned[k] = _Owned(actor, task)
         self.metrics.owned_shards.set(len(self.owned))
         log.info("node %s owns shards %s", self.node_id, sorted(self.owned))
 
     async def _stop_shards(self, partitions: list[int]) -> None:
+        # Delisted first: their ends are then expected (`_shard_ended`), not failures.
         owned = [self.owned.pop(k) for k in partitions if k in self.owned]
-        for o in owned:
-            o.task.remove_done_callback(self._supervise)
         stops = [asyncio.ensure_future(o.actor.stop()) for o in owned]
         if stops:
             await asyncio.wait(stops, timeout=self.settings.stop_deadline_ms / 1000)
@@ -283,8 +268,8 @@ class Node:
             await asyncio.sleep(self.settings.skew_check_interval_ms / 1000)
 
     # --- group assignment -----------------------------------------------------------------
-    # aiokafka logs and swallows a listener's exception; a node that silently owns nothing
-    # would be worse than one that stops, so failures here stop the node loudly.
+    # The Kafka client logs and swallows a rebalance callback's exception; a node that silently
+    # owns nothing would be worse than one that stops, so failures here stop the node loudly.
     async def _on_revoked(self, shards: list[int]) -> None:
         try:
             await self._stop_shards(shards)
@@ -296,22 +281,3 @@ class Node:
             await self._start_shards(shards)
         except Exception as exc:
             self._fail("taking over shards", exc)
-
-
-def install_signal_handlers(node: Node) -> None:
-    """First SIGTERM/SIGINT: graceful stop. Second: abort at once."""
-    loop = asyncio.get_running_loop()
-    count = 0
-
-    def handler() -> None:
-        nonlocal count
-        count += 1
-        if count == 1:
-            log.warning("stop requested: finishing open transactions, leaving the group")
-            node.request_stop()
-        else:
-            log.error("second stop signal: aborting")
-            os._exit(130)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, handler)
