@@ -33,8 +33,8 @@ import sys
 from typing import Any
 
 import orjson
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from chronowheel.bus.kafka import plain_producer
+from aiokafka import TopicPartition
+from chronowheel.bus.kafka import group_consumer, plain_producer
 from chronowheel.errors import ConfigError
 from chronowheel.settings import Settings
 from chronowheel.testing import Collector, Fired, wall_ms
@@ -83,8 +83,7 @@ async def start_group_at_end(settings: Settings, group_id: str, topic: str,
                              partitions: int) -> None:
     """Commit the end of `topic` for a new consumer group, so that a worker joining it reads
     only what is fired from now on (a new group would otherwise start at the beginning)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka, group_id=group_id,
-                                enable_auto_commit=False, isolation_level="read_committed")
+    consumer = group_consumer(settings, group_id)
     await consumer.start()
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]
@@ -179,7 +178,8 @@ def main() -> int:
     p.add_argument("--worker", action="store_true",
                    help="also run a Worker and report its handler's start times")
     a = p.parse_args()
-    settings = Settings(namespace=a.namespace, kafka=a.kafka, cassandra=a.cassandra)
+    # from_env: the security settings come from the environment too
+    settings = Settings.from_env(namespace=a.namespace, kafka=a.kafka, cassandra=a.cassandra)
     return asyncio.run(serve(a.fd, settings, a.prefix, a.worker))
 
 

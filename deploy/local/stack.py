@@ -13,6 +13,14 @@ Nothing is mocked.
 
 SERVER is `cassandra` or `kafka` (default: both). `up` and `down` are idempotent. Data and
 logs live under one state folder ($CHRONOWHEEL_STATE_DIR, default ~/.cache/chronowheel/stack);
+
+`--profile secured` (or CHRONOWHEEL_STACK_PROFILE=secured) runs a second, secured pair beside
+the plain one, on other ports and in its own state folder (default: the plain one's name +
+`-secured`): Kafka on 127.0.0.1:9094 with SASL_SSL only (SCRAM users admin, node, worker,
+submitter; StandardAuthorizer, so nothing is allowed without an ACL) and Cassandra on
+127.0.0.1:9142 with client TLS and PasswordAuthenticator (roles admin, node, worker, ops). A
+throwaway CA, the servers' certificate and random passwords are made at the first start under
+`<state>/secrets/` (see secured.py); `up --json` names the files.
 the Maven repository and resolved classpaths under $CHRONOWHEEL_CACHE_DIR (default
 ~/.cache/chronowheel). Progress goes to stderr; `--json` puts a machine-readable summary on
 stdout. The readiness checks use the project's drivers (cassandra-driver, aiokafka), so run
@@ -57,6 +65,36 @@ CASSANDRA_HEAP = os.environ.get("CHRONOWHEEL_CASSANDRA_HEAP", "2g")
 MAVEN_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
 DEFAULT_TIMEOUT_S = 180.0
 STOP_GRACE_S = 45.0
+SECURED_CQL_PORT = 9142
+SECURED_CASSANDRA_STORAGE_PORT = 7100
+SECURED_KAFKA_PORT = 9094
+SECURED_KAFKA_CONTROLLER_PORT = 9095
+SECURED_KAFKA_MTLS_PORT = 9096  # SSL with a required client certificate
+# The secured pair holds a few test keyspaces only: smaller heaps leave room for the plain one.
+SECURED_HEAP = os.environ.get("CHRONOWHEEL_SECURED_STACK_HEAP", "512m")
+SECURED_CASSANDRA_HEAP = os.environ.get("CHRONOWHEEL_SECURED_CASSANDRA_HEAP", "1g")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Ports, heaps and security of one pair of servers."""
+
+    name: str
+    cql_port: int
+    storage_port: int
+    kafka_port: int
+    controller_port: int
+    kafka_heap: str
+    cassandra_heap: str
+    secured: bool = False
+
+
+PLAIN = Profile("plain", CQL_PORT, CASSANDRA_STORAGE_PORT, KAFKA_PORT, KAFKA_CONTROLLER_PORT,
+                HEAP, CASSANDRA_HEAP)
+SECURED = Profile("secured", SECURED_CQL_PORT, SECURED_CASSANDRA_STORAGE_PORT,
+                  SECURED_KAFKA_PORT, SECURED_KAFKA_CONTROLLER_PORT, SECURED_HEAP,
+                  SECURED_CASSANDRA_HEAP, secured=True)
+PROFILES = {p.name: p for p in (PLAIN, SECURED)}
 
 # --add-exports/--add-opens that Cassandra 5.0 needs on Java 17 (its conf/jvm17-server.options).
 CASSANDRA_JAVA17_MODULE_FLAGS = [
@@ -147,15 +185,23 @@ def default_cache_dir() -> Path:
     return Path(raw).expanduser() if raw else Path.home() / ".cache" / "chronowheel"
 
 
-def default_state_dir() -> Path:
+def default_state_dir(profile: Profile | None = None) -> Path:
     raw = os.environ.get("CHRONOWHEEL_STATE_DIR")
-    return Path(raw).expanduser() if raw else Path.home() / ".cache" / "chronowheel" / "stack"
+    plain = Path(raw).expanduser() if raw else Path.home() / ".cache" / "chronowheel" / "stack"
+    if profile is not None and profile.secured:
+        return plain.with_name(plain.name + "-secured")
+    return plain
 
 
 @dataclass
 class Paths:
     state: Path
     cache: Path
+    profile: Profile = PLAIN
+
+    @property
+    def secrets(self) -> Path:
+        return self.state / "secrets"
 
     @property
     def m2(self) -> Path:
@@ -330,8 +376,11 @@ def quiet_driver_logs() -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
-def cql_answers(port: int, timeout: float = 5.0) -> bool:
-    """True when the server at HOST:port answers a CQL query."""
+def cql_answers(port: int, timeout: float = 5.0, **secure: Any) -> bool:
+    """True when the server at HOST:port answers a CQL query.
+
+    `secure` holds extra Cluster arguments (ssl_context, auth_provider) for the secured profile.
+    """
     if not port_open(port):
         return False
     quiet_driver_logs()
@@ -342,7 +391,7 @@ def cql_answers(port: int, timeout: float = 5.0) -> bool:
             "the Cassandra readiness check needs cassandra-driver: run this script with the "
             "project's virtualenv Python (.venv/bin/python)"
         ) from exc
-    cluster = Cluster([HOST], port=port, connect_timeout=timeout, protocol_version=5)
+    cluster = Cluster([HOST], port=port, connect_timeout=timeout, protocol_version=5, **secure)
     try:
         session = cluster.connect()
         row = session.execute("SELECT release_version FROM system.local", timeout=timeout).one()
@@ -353,7 +402,7 @@ def cql_answers(port: int, timeout: float = 5.0) -> bool:
         cluster.shutdown()
 
 
-def kafka_answers(port: int, timeout: float = 5.0) -> bool:
+def kafka_answers(port: int, timeout: float = 5.0, **secure: Any) -> bool:
     """True when the broker at HOST:port answers a metadata request listing a live broker."""
     if not port_open(port):
         return False
@@ -370,7 +419,7 @@ def kafka_answers(port: int, timeout: float = 5.0) -> bool:
 
     async def probe() -> bool:
         admin = AIOKafkaAdminClient(
-            bootstrap_servers=f"{HOST}:{port}", request_timeout_ms=int(timeout * 1000)
+            bootstrap_servers=f"{HOST}:{port}", request_timeout_ms=int(timeout * 1000), **secure
         )
         try:
             await asyncio.wait_for(admin.start(), timeout)
@@ -445,6 +494,9 @@ class Server:
     def ready(self) -> bool:
         return self.ready_check(self.port)
 
+    def after_ready(self) -> None:
+        """One-off set-up once the server answers (the secured Cassandra's roles)."""
+
     def render(self, template: Path, target: Path, values: dict[str, str]) -> None:
         try:
             text = string.Template(template.read_text()).substitute(values)
@@ -497,18 +549,24 @@ class Cassandra(Server):
     def prepare(self, java: str, classpath: str) -> list[str]:
         values = {
             "listen_address": HOST,
-            "storage_port": str(CASSANDRA_STORAGE_PORT),
+            "storage_port": str(self.paths.profile.storage_port),
             "native_port": str(self.port),
         }
         self.render(HERE / "cassandra" / "cassandra.yaml", self.conf / "cassandra.yaml", values)
+        secured_flags: list[str] = []
+        if self.paths.profile.secured:
+            self.secure_yaml(self.conf / "cassandra.yaml")
+            # The default superuser exists at once (instead of after 10 s), to be replaced.
+            secured_flags = ["-Dcassandra.superuser_setup_delay_ms=0"]
+        heap = self.paths.profile.cassandra_heap
         shutil.copyfile(HERE / "cassandra" / "logback.xml", self.conf / "logback.xml")
         storage = self.home / "data"
         triggers = self.home / "triggers"
         for d in (storage, triggers):
             d.mkdir(parents=True, exist_ok=True)
         return [
-            f"-Xms{CASSANDRA_HEAP}",
-            f"-Xmx{CASSANDRA_HEAP}",
+            f"-Xms{heap}",
+            f"-Xmx{heap}",
             "-Xss256k",
             "-XX:+UseG1GC",
             "-XX:+ParallelRefProcEnabled",
@@ -535,10 +593,46 @@ class Cassandra(Server):
             f"-Dcassandra.logdir={self.logs}",
             f"-Dcassandra.triggers_dir={triggers}",
             f"-Dlogback.configurationFile={(self.conf / 'logback.xml').as_uri()}",
+            *secured_flags,
             "-Dcassandra-foreground=yes",
             "-Dcassandra.skip_wait_for_gossip_to_settle=0",
             "org.apache.cassandra.service.CassandraDaemon",
         ]
+
+
+    def secure_yaml(self, yaml: Path) -> None:
+        """PasswordAuthenticator, CassandraAuthorizer and client TLS (no plaintext port)."""
+        material = secured_material(self.paths)
+        text = yaml.read_text()
+        for key, value in (("authenticator", "PasswordAuthenticator"),
+                           ("authorizer", "CassandraAuthorizer")):
+            text, n = re.subn(rf"^{key}: .*$", f"{key}: {value}", text, flags=re.M)
+            if n != 1:
+                raise StackError(f"{yaml}: expected one `{key}:` line to replace, found {n}")
+        store_password = material.cassandra_keystore_password.read_text().strip()
+        text += (
+            "\n# --- secured profile (stack.py --profile secured) ---\n"
+            "client_encryption_options:\n"
+            "  enabled: true\n"
+            "  optional: false\n"
+            f"  keystore: {material.cassandra_keystore}\n"
+            f"  keystore_password: \"{store_password}\"\n"
+            "  store_type: PKCS12\n"
+            "  require_client_auth: false\n"
+        )
+        yaml.write_text(text)
+        yaml.chmod(0o600)
+
+    def secure_options(self, user: str = "admin") -> dict[str, Any]:
+        from cassandra.auth import PlainTextAuthProvider
+
+        material = secured_material(self.paths)
+        return {"ssl_context": client_ssl_context(material),
+                "auth_provider": PlainTextAuthProvider(user, material.password(user))}
+
+    def after_ready(self) -> None:
+        if self.paths.profile.secured:
+            provision_cassandra_roles(self)
 
 
 class Kafka(Server):
@@ -547,11 +641,23 @@ class Kafka(Server):
         values = {
             "host": HOST,
             "broker_port": str(self.port),
-            "controller_port": str(KAFKA_CONTROLLER_PORT),
+            "controller_port": str(self.paths.profile.controller_port),
             "data_dir": str(data),
         }
         props = self.conf / "server.properties"
         self.render(HERE / "kafka" / "server.properties", props, values)
+        if self.paths.profile.secured:
+            material = secured_material(self.paths)
+            plain_users = " ".join(f'user_{u}="{material.password(u)}"'
+                                   for u in ("admin", "node", "worker", "submitter"))
+            self.render(HERE / "kafka" / "secured.properties", self.conf / "secured.part", {
+                **values, "admin_password": material.password("admin"),
+                "mtls_port": str(SECURED_KAFKA_MTLS_PORT), "plain_users": plain_users,
+                "keystore": str(material.server_pem), "truststore": str(material.ca)})
+            with props.open("a") as f:
+                f.write("\n" + (self.conf / "secured.part").read_text())
+            (self.conf / "secured.part").unlink()
+            props.chmod(0o600)
         shutil.copyfile(HERE / "kafka" / "log4j2.xml", self.conf / "log4j2.xml")
         common = [
             f"-Dkafka.logs.dir={self.logs}",
@@ -561,8 +667,8 @@ class Kafka(Server):
         if not (data / "meta.properties").exists():
             self.format_storage(java, classpath, props, common)
         return [
-            f"-Xms{HEAP}",
-            f"-Xmx{HEAP}",
+            f"-Xms{self.paths.profile.kafka_heap}",
+            f"-Xmx{self.paths.profile.kafka_heap}",
             "-server",
             "-XX:+UseG1GC",
             "-XX:MaxGCPauseMillis=20",
@@ -580,6 +686,21 @@ class Kafka(Server):
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         say(f"formatting kafka storage (cluster id {cluster_id})")
         env = dict(os.environ, CLASSPATH=classpath)
+        scram: list[str] = []
+        if self.paths.profile.secured:
+            # SCRAM users go into the metadata log at format time. Passed in an argument file
+            # (`java @file`) so that no password appears in the process list.
+            material = secured_material(self.paths)
+            args_file = self.conf / "format.args"
+            lines = []
+            for user in ("admin", "node", "worker", "submitter"):
+                for mech in ("SCRAM-SHA-512", "SCRAM-SHA-256"):
+                    lines += ["--add-scram",
+                              f"{mech}=[name={user},password={material.password(user)}]"]
+            fd = os.open(args_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write("\n".join(lines) + "\n")
+            scram = [f"@{args_file}"]
         out = subprocess.run(
             [
                 java,
@@ -589,6 +710,7 @@ class Kafka(Server):
                 "format",
                 f"--cluster-id={cluster_id}",  # ids may start with "-"
                 f"--config={props}",
+                *scram,
             ],
             capture_output=True,
             text=True,
@@ -605,23 +727,138 @@ class Kafka(Server):
 
 
 def servers(paths: Paths) -> dict[str, Server]:
+    profile = paths.profile
+    cql_check: Callable[[int], bool] = cql_answers
+    kafka_check: Callable[[int], bool] = kafka_answers
+    if profile.secured:
+        def cql_check(port: int) -> bool:
+            return secured_cql_answers(paths, port)
+
+        def kafka_check(port: int) -> bool:
+            return kafka_answers(port, **kafka_secure_options(paths, "admin"))
+
     return {
         "cassandra": Cassandra(
             "cassandra",
-            CQL_PORT,
+            profile.cql_port,
             "system.log",
             paths,
-            cql_answers,
-            extra_ports=(CASSANDRA_STORAGE_PORT,),
+            cql_check,
+            extra_ports=(profile.storage_port,),
         ),
         "kafka": Kafka(
             "kafka",
-            KAFKA_PORT,
+            profile.kafka_port,
             "server.log",
             paths,
-            kafka_answers,
-            extra_ports=(KAFKA_CONTROLLER_PORT,),
+            kafka_check,
+            extra_ports=(profile.controller_port,
+                         *((SECURED_KAFKA_MTLS_PORT,) if profile.secured else ())),
         ),
+    }
+
+
+# --- the secured profile ---------------------------------------------------------------------
+
+
+def secured_material(paths: Paths) -> Any:
+    """The CA, certificates and passwords of a secured state folder (made on first use)."""
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    import secured  # deploy/local/secured.py
+
+    try:
+        return secured.ensure(paths.secrets)
+    except RuntimeError as exc:
+        raise StackError(str(exc)) from None
+
+
+def client_ssl_context(material: Any) -> Any:
+    import ssl
+
+    ctx = ssl.create_default_context(cafile=str(material.ca))
+    ctx.check_hostname = True
+    return ctx
+
+
+def kafka_secure_options(paths: Paths, user: str) -> dict[str, Any]:
+    material = secured_material(paths)
+    return {"security_protocol": "SASL_SSL", "ssl_context": client_ssl_context(material),
+            "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": user,
+            "sasl_plain_password": material.password(user)}
+
+
+def secured_cql_answers(paths: Paths, port: int) -> bool:
+    """Ready once the admin role answers, or the default superuser does (first start)."""
+    srv = servers(paths)["cassandra"]
+    assert isinstance(srv, Cassandra)
+    if cql_answers(port, **srv.secure_options("admin")):
+        return True
+    from cassandra.auth import PlainTextAuthProvider
+
+    material = secured_material(paths)
+    return cql_answers(port, ssl_context=client_ssl_context(material),
+                       auth_provider=PlainTextAuthProvider("cassandra", "cassandra"))
+
+
+def provision_cassandra_roles(srv: Cassandra) -> None:
+    """Replace the default superuser by `admin`; make login roles node, worker and ops.
+
+    Idempotent: once `admin` can log in, only missing roles are created.
+    """
+    from cassandra.auth import PlainTextAuthProvider
+    from cassandra.cluster import Cluster
+
+    material = secured_material(srv.paths)
+
+    def session_as(user: str, password: str) -> tuple[Any, Any]:
+        cluster = Cluster([HOST], port=srv.port, protocol_version=5, connect_timeout=10,
+                          ssl_context=client_ssl_context(material),
+                          auth_provider=PlainTextAuthProvider(user, password))
+        return cluster, cluster.connect()
+
+    quiet_driver_logs()
+    admin_password = material.password("admin")
+    try:
+        cluster, session = session_as("admin", admin_password)
+    except Exception:
+        cluster, session = session_as("cassandra", "cassandra")
+        try:
+            session.execute("CREATE ROLE IF NOT EXISTS admin WITH SUPERUSER = true AND "
+                            "LOGIN = true AND PASSWORD = %s", (admin_password,), timeout=30)
+        finally:
+            cluster.shutdown()
+        cluster, session = session_as("admin", admin_password)
+    try:
+        for user in ("node", "worker", "ops"):
+            session.execute(f"CREATE ROLE IF NOT EXISTS {user} WITH LOGIN = true AND "
+                            "PASSWORD = %s", (material.password(user),), timeout=30)
+        # The well-known default superuser must not stay usable.
+        session.execute("ALTER ROLE cassandra WITH PASSWORD = %s AND LOGIN = false",
+                        (base64.urlsafe_b64encode(os.urandom(18)).decode(),), timeout=30)
+    finally:
+        cluster.shutdown()
+    say("cassandra roles ready: admin (superuser), node, worker, ops; default superuser "
+        "disabled")
+
+
+def secured_summary(paths: Paths) -> dict[str, Any]:
+    """What a client of the secured pair needs, by file name: no secret is printed."""
+    material = secured_material(paths)
+    return {
+        "profile": "secured",
+        "kafka_security_protocol": "SASL_SSL",
+        "kafka_sasl_mechanisms": ["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"],
+        "ca_file": str(material.ca),
+        "kafka_mtls": f"{HOST}:{SECURED_KAFKA_MTLS_PORT}",
+        "client_cert": str(material.client_cert),
+        "client_key": str(material.client_key),
+        "client_key_password_file": str(material.client_key_password),
+        "secrets_dir": str(paths.secrets),
+        "password_files": {u: str(material.password_file(u))
+                           for u in ("admin", "node", "worker", "submitter", "ops")},
+        "kafka_users": ["admin", "node", "worker", "submitter"],
+        "cassandra_roles": ["admin", "node", "worker", "ops"],
     }
 
 
@@ -716,6 +953,7 @@ def wait_ready(pending_servers: list[Server], timeout: float, result: dict[str, 
             if srv.died():
                 raise StackError(srv.failure_report("exited during start-up"))
             if srv.ready():
+                srv.after_ready()
                 result["seconds"][srv.name] = round(ticker.elapsed(), 1)
                 say(f"{srv.name} is up on {srv.address} after {ticker.elapsed():.1f}s")
                 pending.remove(srv)
@@ -848,6 +1086,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="Maven repository and classpaths [env CHRONOWHEEL_CACHE_DIR; "
         "default ~/.cache/chronowheel]",
     )
+    parser.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default=os.environ.get("CHRONOWHEEL_STACK_PROFILE", "plain"),
+        help="plain (9042/9092, no auth) or secured (9142/9094, TLS, SASL, ACLs, own state "
+        "folder) [env CHRONOWHEEL_STACK_PROFILE; default plain]",
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("install", help="resolve the pinned Maven artifacts only")
@@ -879,9 +1124,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    profile = PROFILES[args.profile]
     paths = Paths(
-        state=(args.state_dir or default_state_dir()).expanduser().resolve(),
+        state=(args.state_dir or default_state_dir(profile)).expanduser().resolve(),
         cache=(args.cache_dir or default_cache_dir()).expanduser().resolve(),
+        profile=profile,
     )
     try:
         if args.command == "install":
@@ -893,11 +1140,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = cmd_up(paths, args.servers, args.timeout)
             result.update(
                 {
-                    "cassandra": f"{HOST}:{CQL_PORT}",
-                    "kafka": f"{HOST}:{KAFKA_PORT}",
+                    "cassandra": f"{HOST}:{profile.cql_port}",
+                    "kafka": f"{HOST}:{profile.kafka_port}",
                     "state_dir": str(paths.state),
                 }
             )
+            if profile.secured:
+                result.update(secured_summary(paths))
             emit(result, args.json)
             return 0
         if args.command == "down":

@@ -340,8 +340,8 @@ async def herd_phase(cfg: Config, settings: Settings, node: BenchNode, probe: Fi
 async def run(cfg: Config) -> int:
     for what, servers in (("kafka", cfg.kafka), ("cassandra", cfg.cassandra)):
         require_loopback(what, servers)
-    settings = Settings(namespace=cfg.namespace, kafka=cfg.kafka, cassandra=cfg.cassandra,
-                        shards=cfg.shards, http_port=0)
+    settings = Settings.from_env(namespace=cfg.namespace, kafka=cfg.kafka,
+                                 cassandra=cfg.cassandra, shards=cfg.shards, http_port=0)
     try:
         return await run_phases(cfg, settings)
     finally:

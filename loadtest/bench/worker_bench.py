@@ -41,8 +41,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from chronowheel.bus.kafka import plain_producer
+from aiokafka import TopicPartition
+from chronowheel.bus.kafka import plain_producer, reader
 from chronowheel.client import SchedulerClient
 from chronowheel.node.pending import encode_headers
 from chronowheel.settings import Settings
@@ -229,10 +229,7 @@ async def fill(settings: Settings, n: int) -> None:
 
 
 async def raw_consume(settings: Settings, n: int) -> float:
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka, group_id=None,
-                                isolation_level="read_committed", enable_auto_commit=False,
-                                auto_offset_reset="earliest",
-                                max_partition_fetch_bytes=4 << 20)
+    consumer = reader(settings, max_partition_fetch_bytes=4 << 20)
     await consumer.start()
     try:
         consumer.assign([TopicPartition(settings.fired_topic, p) for p in range(SHARDS)])

@@ -55,11 +55,11 @@ def _keyspace_exists(session: Session, keyspace: str) -> bool:
 
 
 async def init_namespace(settings: Settings) -> InitReport:
-    shards, replication, ks = settings.shards, settings.replication, settings.keyspace
+    shards, ks = settings.shards, settings.keyspace
+    cassandra_replication = settings.cassandra_replication()  # checks the text
+    replication = settings.topic_replication
     if not 1 <= shards <= 4096:
         raise ConfigError(f"shards: must be 1..4096, got {shards}")
-    if not 1 <= replication <= 9:
-        raise ConfigError(f"replication: must be 1..9, got {replication}")
     if not ks.replace("_", "a").isalnum() or not ks[0].isalpha() or len(ks) > 48:
         raise ConfigError(f"namespace: {settings.namespace!r} does not make a valid keyspace "
                           "(letters, digits, '-', '_', '.', starting with a letter, <= 48)")
@@ -81,7 +81,7 @@ async def init_namespace(settings: Settings) -> InitReport:
                                   f"namespace needs {spec.partitions} (--shards {shards})")
         # 2. storage
         existed = await asyncio.to_thread(_keyspace_exists, session, ks)
-        for stmt in cql_statements(ks, replication):
+        for stmt in cql_statements(ks, cassandra_replication):
             await asyncio.to_thread(session.execute, stmt, timeout=60)
         applied = await asyncio.to_thread(
             lambda: session.execute(

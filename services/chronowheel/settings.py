@@ -1,6 +1,12 @@
 """One frozen settings object. Every field is a CLI flag and a CHRONOWHEEL_* environment variable.
 
 Precedence: command-line flag > environment variable > default.
+
+Secrets (passwords, key passphrases, the HTTP bearer token) are the exception: they have no
+command-line flag, so they never show in `ps` output or shell history. Each is read from
+CHRONOWHEEL_<NAME> or from the file named by CHRONOWHEEL_<NAME>_FILE (one trailing newline
+stripped), is held as a `Secret` whose repr and str are masked, and is never part of
+`repr(settings)`.
 """
 
 from __future__ import annotations
@@ -8,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,10 +22,67 @@ from typing import Any
 from chronowheel.errors import ConfigError
 
 ENV_PREFIX = "CHRONOWHEEL_"
+KAFKA_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+class Secret:
+    """A password or token. Shown as `***` by repr, str and format; `reveal()` gives the value.
+
+    Only the code that hands the value to a driver calls `reveal()`.
+    """
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    def __str__(self) -> str:
+        return "***"
+
+    def __format__(self, spec: str) -> str:
+        return "***"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(("Secret", self._value))
+
+    def __reduce__(self) -> Any:  # no pickling a password into a file or a queue by accident
+        raise TypeError("a Secret cannot be pickled")
+
+    def __copy__(self) -> Secret:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Secret:  # immutable: copies may share it
+        return self
 
 
 def _opt(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
+
+
+def _secret(help: str) -> dict[str, Any]:
+    """Field metadata of a secret (the field itself: default None, repr=False)."""
+    return {"help": help, "secret": True}
+
+
+def parse_bool(raw: str) -> bool:
+    text = raw.strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError(f"expected true or false, got {raw!r}")
 
 
 @dataclass(frozen=True)
@@ -27,7 +91,9 @@ class Settings:
     cassandra: str = _opt("127.0.0.1:9042", "Cassandra contact points, host[:port],...")
     kafka: str = _opt("127.0.0.1:9092", "Kafka bootstrap servers, host:port,...")
     shards: int = _opt(16, "number of shards N (fixed at init)")
-    replication: int = _opt(1, "Cassandra replication factor and Kafka topic replication (init)")
+    replication: str = _opt(
+        "1", "Cassandra replication at init: a factor N (SimpleStrategy, one data centre) or "
+             "dc1:N,dc2:M (NetworkTopologyStrategy); Kafka topics get N, or the largest M")
     consistency: str = _opt("LOCAL_QUORUM", "Cassandra consistency level for reads and writes")
     http_port: int = _opt(8080, "HTTP port for /metrics and /healthz (0 = pick a free one)")
     lookahead_ms: int = _opt(120_000, "keep the wheel loaded this far ahead of now")
@@ -73,10 +139,125 @@ class Settings:
     pump_pause_rows: int = _opt(
         20_000, "pause fetching a shard's submit partition with this many records queued")
     pump_resume_rows: int = _opt(5_000, "resume it once fewer than this many are queued")
+    http_host: str = _opt("127.0.0.1", "address the HTTP endpoint listens on (loopback unless "
+                                       "set; 0.0.0.0 for all)")
+    # --- Kafka security ----------------------------------------------------------------------
+    kafka_security_protocol: str = _opt(
+        "PLAINTEXT", "Kafka security protocol: " + ", ".join(KAFKA_SECURITY_PROTOCOLS))
+    kafka_sasl_mechanism: str = _opt(
+        "PLAIN", "SASL mechanism for SASL_*: " + ", ".join(KAFKA_SASL_MECHANISMS))
+    kafka_sasl_username: str = _opt("", "SASL user name (the password comes from "
+                                        "CHRONOWHEEL_KAFKA_SASL_PASSWORD[_FILE])")
+    kafka_ssl_cafile: str = _opt("", "PEM file of the CAs that sign the brokers' certificates "
+                                     "(empty: the system trust store)")
+    kafka_ssl_certfile: str = _opt("", "PEM client certificate for mutual TLS")
+    kafka_ssl_keyfile: str = _opt("", "PEM private key of the client certificate (passphrase: "
+                                      "CHRONOWHEEL_KAFKA_SSL_KEY_PASSWORD[_FILE])")
+    kafka_ssl_check_hostname: bool = _opt(True, "verify that the broker certificate names the "
+                                                "host connected to")
+    # --- Cassandra security ------------------------------------------------------------------
+    cassandra_username: str = _opt("", "Cassandra user (PasswordAuthenticator; the password "
+                                       "comes from CHRONOWHEEL_CASSANDRA_PASSWORD[_FILE])")
+    cassandra_ssl: bool = _opt(False, "connect to Cassandra over TLS (on when a CA file is set)")
+    cassandra_ssl_cafile: str = _opt("", "PEM file of the CAs that sign the Cassandra nodes' "
+                                         "certificates (empty: the system trust store)")
+    cassandra_ssl_certfile: str = _opt("", "PEM client certificate (client_encryption_options "
+                                           "require_client_auth)")
+    cassandra_ssl_keyfile: str = _opt("", "PEM private key of the client certificate "
+                                          "(passphrase: "
+                                          "CHRONOWHEEL_CASSANDRA_SSL_KEY_PASSWORD[_FILE])")
+    cassandra_ssl_check_hostname: bool = _opt(True, "verify that the node certificate names "
+                                                    "the host connected to")
+    cassandra_local_dc: str = _opt("", "the driver's local data centre (DCAwareRoundRobinPolicy); "
+                                       "empty: the data centre of the first contact point")
+    # --- secrets: environment or file only, never a flag, never in repr ----------------------
+    kafka_sasl_password: Secret | None = field(
+        default=None, repr=False, compare=False, metadata=_secret("Kafka SASL password"))
+    kafka_ssl_key_password: Secret | None = field(
+        default=None, repr=False, compare=False,
+        metadata=_secret("passphrase of the Kafka client key"))
+    cassandra_password: Secret | None = field(
+        default=None, repr=False, compare=False, metadata=_secret("Cassandra password"))
+    cassandra_ssl_key_password: Secret | None = field(
+        default=None, repr=False, compare=False,
+        metadata=_secret("passphrase of the Cassandra client key"))
+    http_token: Secret | None = field(
+        default=None, repr=False, compare=False,
+        metadata=_secret("bearer token for HTTP paths beyond /metrics and /healthz"))
     state_dir: str = _opt(
         os.path.join(os.path.expanduser("~"), ".cache", "chronowheel", "stack"),
         "folder for the local stack's data and logs",
     )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kafka_security_protocol",
+                           self.kafka_security_protocol.strip().upper())
+        object.__setattr__(self, "kafka_sasl_mechanism",
+                           self.kafka_sasl_mechanism.strip().upper())
+        if self.kafka_security_protocol not in KAFKA_SECURITY_PROTOCOLS:
+            raise ConfigError(f"kafka_security_protocol: expected one of "
+                              f"{', '.join(KAFKA_SECURITY_PROTOCOLS)}, got "
+                              f"{self.kafka_security_protocol!r}")
+        if self.kafka_sasl_mechanism not in KAFKA_SASL_MECHANISMS:
+            raise ConfigError(f"kafka_sasl_mechanism: expected one of "
+                              f"{', '.join(KAFKA_SASL_MECHANISMS)}, got "
+                              f"{self.kafka_sasl_mechanism!r}")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.metadata.get("secret") and value is not None and not isinstance(value, Secret):
+                if not isinstance(value, str):
+                    raise ConfigError(f"{f.name}: expected a string")
+                object.__setattr__(self, f.name, Secret(value))
+            elif isinstance(f.default, bool) and not isinstance(value, bool):
+                raise ConfigError(f"{f.name}: expected true or false")
+        if isinstance(self.replication, int):  # Settings(replication=3) from Python code
+            object.__setattr__(self, "replication", str(self.replication))
+        self.cassandra_replication()  # fail at start, not at init
+
+    # --- security ------------------------------------------------------------------------
+    @property
+    def kafka_uses_ssl(self) -> bool:
+        return self.kafka_security_protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def kafka_uses_sasl(self) -> bool:
+        return self.kafka_security_protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+
+    @property
+    def cassandra_uses_ssl(self) -> bool:
+        return bool(self.cassandra_ssl or self.cassandra_ssl_cafile
+                    or self.cassandra_ssl_certfile)
+
+    def cassandra_replication(self) -> dict[str, int]:
+        """{"replication_factor": N} for a plain number, else {dc: N, ...} per data centre."""
+        text = str(self.replication).strip()
+        where = f"replication: {text!r}"
+        if text.isdigit():
+            n = int(text)
+            if not 1 <= n <= 9:
+                raise ConfigError(f"{where}: a factor must be 1..9")
+            return {"replication_factor": n}
+        out: dict[str, int] = {}
+        for item in text.split(","):
+            dc, sep, factor = item.strip().partition(":")
+            dc = dc.strip()
+            if not sep or not dc or not factor.strip().isdigit():
+                raise ConfigError(f"{where}: expected N or dc1:N,dc2:M")
+            if not re.fullmatch(r"[A-Za-z0-9_.-]+", dc):
+                raise ConfigError(f"{where}: data centre name {dc!r} has characters other than "
+                                  "letters, digits, '_', '-', '.'")
+            if dc in out:
+                raise ConfigError(f"{where}: data centre {dc!r} named twice")
+            n = int(factor)
+            if not 1 <= n <= 9:
+                raise ConfigError(f"{where}: factor of {dc} must be 1..9")
+            out[dc] = n
+        return out
+
+    @property
+    def topic_replication(self) -> int:
+        """Kafka topic replication: the factor, or the largest per-data-centre factor."""
+        return max(self.cassandra_replication().values())
 
     # --- derived names -------------------------------------------------------------------
     @property
@@ -128,11 +309,55 @@ class Settings:
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
+            if f.metadata.get("secret"):
+                secret = read_secret(env, f.name)
+                if secret is not None:
+                    values[f.name] = secret
+                continue
             raw = env.get(env_name(f.name))
             if raw is not None and raw != "":
                 values[f.name] = _convert(f, raw, f"environment {env_name(f.name)}")
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+    def safe_view(self) -> dict[str, Any]:
+        """Every setting by name, for display: secrets only say whether they are set."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = ("(set)" if value is not None else "(unset)") \
+                if f.metadata.get("secret") else value
+        return out
+
+
+def secret_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(Settings) if f.metadata.get("secret")]
+
+
+def read_secret(env: Mapping[str, str], name: str) -> Secret | None:
+    """CHRONOWHEEL_<NAME> or the contents of the file named by CHRONOWHEEL_<NAME>_FILE.
+
+    Errors name the variables and the file, never the value.
+    """
+    var = env_name(name)
+    direct = env.get(var)
+    path = env.get(var + "_FILE")
+    if direct and path:
+        raise ConfigError(f"both {var} and {var}_FILE are set: set one of them")
+    if direct:
+        return Secret(direct)
+    if not path:
+        return None
+    try:
+        with open(os.path.expanduser(path), encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ConfigError(f"{var}_FILE: cannot read {path}: {exc.strerror}") from None
+    text = text[:-1] if text.endswith("\n") else text
+    text = text[:-1] if text.endswith("\r") else text
+    if not text:
+        raise ConfigError(f"{var}_FILE: {path} is empty")
+    return Secret(text)
 
 
 def env_name(field_name: str) -> str:
@@ -145,6 +370,11 @@ def flag_name(field_name: str) -> str:
 
 def _convert(f: dataclasses.Field[Any], raw: str, where: str) -> Any:
     kind = type(f.default)
+    if kind is bool:
+        try:
+            return parse_bool(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {f.name}: {exc}") from None
     if kind is int:
         try:
             return int(raw.replace("_", ""))
@@ -154,18 +384,63 @@ def _convert(f: dataclasses.Field[Any], raw: str, where: str) -> Any:
 
 
 def add_settings_arguments(parser: argparse.ArgumentParser, names: Iterable[str]) -> None:
-    """Add a flag per named setting; the help shows the environment variable and the default."""
+    """Add a flag per named setting; the help shows the environment variable and the default.
+
+    Naming `kafka` brings the Kafka security flags along, naming `cassandra` the Cassandra
+    ones, so every command that connects takes them; the help's epilog lists the secrets those
+    read (by variable name). A secret gets no flag: naming one here is a programming error.
+    """
     by_name = {f.name: f for f in dataclasses.fields(Settings)}
-    for name in names:
+    wanted = list(dict.fromkeys(names))
+    secrets: list[str] = []
+    if "kafka" in wanted:
+        wanted += [n for n in KAFKA_SECURITY_SETTINGS if n not in wanted]
+        secrets += KAFKA_SECRETS
+    if "cassandra" in wanted:
+        wanted += [n for n in CASSANDRA_SECURITY_SETTINGS if n not in wanted]
+        secrets += CASSANDRA_SECRETS
+    if "http_port" in wanted:
+        wanted += [] if "http_host" in wanted else ["http_host"]
+        secrets.append("http_token")
+    for name in wanted:
         f = by_name[name]
+        if f.metadata.get("secret"):
+            raise ValueError(f"{name} is a secret: environment or file only, never a flag")
         kind = type(f.default)
         parser.add_argument(
             flag_name(name),
             dest=name,
-            type=int if kind is int else str,
+            type=parse_bool if kind is bool else int if kind is int else str,
+            metavar="{true,false}" if kind is bool else None,
             default=None,
             help=f"{f.metadata['help']} [env {env_name(name)}; default {f.default!r}]",
         )
+    if secrets:
+        add_secret_notes(parser, secrets)
+
+
+SECRETS_NOTE = "secrets, read from the environment or a file only (never a flag):"
+
+
+class _SecretsNoteFormatter(argparse.HelpFormatter):
+    """The default formatter, except that the secrets note keeps one variable per line."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        head, sep, tail = text.partition(SECRETS_NOTE)
+        if not sep:
+            return super()._fill_text(text, width, indent)
+        before = super()._fill_text(head, width, indent) + "\n\n" if head.strip() else ""
+        return before + indent + SECRETS_NOTE + "\n" + "\n".join(
+            indent + line for line in tail.strip("\n").splitlines())
+
+
+def add_secret_notes(parser: argparse.ArgumentParser, names: Iterable[str]) -> None:
+    """Say in --help which secrets a command reads, by variable name only."""
+    lines = [f"  {env_name(n)} or {env_name(n)}_FILE" for n in dict.fromkeys(names)]
+    note = SECRETS_NOTE + "\n" + "\n".join(lines)
+    parser.epilog = f"{parser.epilog}\n\n{note}" if parser.epilog else note
+    if parser.formatter_class is argparse.HelpFormatter:
+        parser.formatter_class = _SecretsNoteFormatter
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -174,6 +449,17 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return Settings.from_env(**overrides)
 
 
+KAFKA_SECURITY_SETTINGS = (
+    "kafka_security_protocol", "kafka_sasl_mechanism", "kafka_sasl_username",
+    "kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile", "kafka_ssl_check_hostname",
+)
+CASSANDRA_SECURITY_SETTINGS = (
+    "cassandra_username", "cassandra_ssl", "cassandra_ssl_cafile", "cassandra_ssl_certfile",
+    "cassandra_ssl_keyfile", "cassandra_ssl_check_hostname", "cassandra_local_dc",
+)
+KAFKA_SECRETS = ("kafka_sasl_password", "kafka_ssl_key_password")
+CASSANDRA_SECRETS = ("cassandra_password", "cassandra_ssl_key_password")
+SECURITY_SETTINGS = KAFKA_SECURITY_SETTINGS + CASSANDRA_SECURITY_SETTINGS
 CONNECTION_SETTINGS = ("namespace", "cassandra", "kafka", "consistency")
 NODE_TUNABLES = (
     "ingest_batch", "ingest_concurrency", "ingest_slack_ms", "catch_up_grace_ms",

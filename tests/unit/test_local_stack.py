@@ -167,3 +167,45 @@ def test_docker_compose_runs_the_same_versions_and_settings() -> None:
         key, value = line.split("=", 1)
         env = "KAFKA_" + key.upper().replace(".", "_")
         assert re.search(rf"^\s+{env}: \"?{re.escape(value)}\"?$", compose, re.M), key
+
+
+def test_the_secured_profile_uses_other_ports_and_its_own_state_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain = stack_script.servers(stack_script.Paths(state=tmp_path, cache=tmp_path))
+    secured_paths = stack_script.Paths(state=tmp_path / "s", cache=tmp_path,
+                                       profile=stack_script.SECURED)
+    secured = stack_script.servers(secured_paths)
+    plain_ports = {p for s in plain.values() for p in (s.port, *s.extra_ports)}
+    secured_ports = {p for s in secured.values() for p in (s.port, *s.extra_ports)}
+    assert plain_ports == {9042, 7000, 9092, 9093}
+    assert secured_ports == {9142, 7100, 9094, 9095, 9096}
+    monkeypatch.setenv("CHRONOWHEEL_STATE_DIR", str(tmp_path / "st"))
+    assert stack_script.default_state_dir(stack_script.SECURED) == tmp_path / "st-secured"
+    assert stack_script.default_state_dir(stack_script.PLAIN) == tmp_path / "st"
+
+    cmd = stack_cli.stack_command(parse(["stack", "up", "--profile", "secured"]))
+    assert cmd[2:6] == ["--profile", "secured", "--state-dir", str(tmp_path / "st-secured")]
+    monkeypatch.setenv("CHRONOWHEEL_STACK_PROFILE", "secured")
+    assert stack_cli.stack_command(parse(["stack", "down"]))[2:4] == ["--profile", "secured"]
+
+
+def test_the_secured_kafka_properties_replace_the_listeners_and_authorize(tmp_path: Path) -> None:
+    values = {"host": "127.0.0.1", "broker_port": "9094", "controller_port": "9095",
+              "data_dir": str(tmp_path), "admin_password": "pw", "keystore": "/k.pem",
+              "truststore": "/t.pem", "mtls_port": "9096", "plain_users": 'user_admin="pw"'}
+    text = render(LOCAL / "kafka" / "server.properties", values) + "\n" + render(
+        LOCAL / "kafka" / "secured.properties", values)
+    props: dict[str, str] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            props[key] = value  # the last one wins, as in java.util.Properties
+    assert props["listeners"] == (
+        "SASL_SSL://127.0.0.1:9094,SSL://127.0.0.1:9096,CONTROLLER://127.0.0.1:9095")
+    assert props["advertised.listeners"] == "SASL_SSL://127.0.0.1:9094,SSL://127.0.0.1:9096"
+    assert props["listener.name.ssl.ssl.client.auth"] == "required"
+    assert "PLAINTEXT://127.0.0.1:9094" not in props["listeners"]
+    assert props["authorizer.class.name"].endswith("StandardAuthorizer")
+    assert props["allow.everyone.if.no.acl.found"] == "false"
+    assert "SCRAM-SHA-512" in props["sasl.enabled.mechanisms"]

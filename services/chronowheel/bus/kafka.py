@@ -1,10 +1,17 @@
-"""Kafka access: topic administration and producer/consumer factories over aiokafka.
+"""Kafka access: topic administration and producer/consumer/admin factories over aiokafka.
+
+Every Kafka client of the package is made here, so each gets the security settings
+(`security_options`): protocol, TLS context, SASL mechanism and credentials. The clients made
+here also explain a failed `start()`: when aiokafka only says "Unable to bootstrap", the
+endpoints are probed once more, directly, and the error names the endpoint and the cause
+(refused, not TLS, untrusted certificate, bad credentials, ...), never a secret.
 
 aiokafka marks its transient errors with `retriable = True`, which the shared retry policy reads.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable, Mapping
@@ -13,9 +20,16 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
+from aiokafka.errors import (
+    KafkaConnectionError,
+    KafkaError,
+    TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+)
 
 from chronowheel.errors import ConfigError, RetriableError
+from chronowheel.security import quiet_loggers, speaks_tls, ssl_context, tls_failure
 from chronowheel.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -43,13 +57,218 @@ def namespace_topics(settings: Settings, shards: int, replication: int) -> list[
     ]
 
 
-async def open_admin(settings: Settings) -> AIOKafkaAdminClient:
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka, request_timeout_ms=15000)
+# --- security -----------------------------------------------------------------------------
+
+
+def security_options(settings: Settings) -> dict[str, Any]:
+    """The aiokafka arguments for the configured protocol, TLS and SASL (checked here)."""
+    opts: dict[str, Any] = {"security_protocol": settings.kafka_security_protocol}
+    if settings.kafka_uses_ssl:
+        opts["ssl_context"] = ssl_context(
+            what="kafka", cafile=settings.kafka_ssl_cafile, certfile=settings.kafka_ssl_certfile,
+            keyfile=settings.kafka_ssl_keyfile, key_password=settings.kafka_ssl_key_password,
+            check_hostname=settings.kafka_ssl_check_hostname)
+    elif settings.kafka_ssl_cafile or settings.kafka_ssl_certfile:
+        raise ConfigError(f"kafka_ssl_* files are set but kafka_security_protocol is "
+                          f"{settings.kafka_security_protocol}: use SSL or SASL_SSL")
+    if settings.kafka_uses_sasl:
+        if not settings.kafka_sasl_username or settings.kafka_sasl_password is None:
+            raise ConfigError(
+                f"kafka_security_protocol {settings.kafka_security_protocol} needs "
+                "kafka_sasl_username and a password in CHRONOWHEEL_KAFKA_SASL_PASSWORD or "
+                "CHRONOWHEEL_KAFKA_SASL_PASSWORD_FILE")
+        opts.update(sasl_mechanism=settings.kafka_sasl_mechanism,
+                    sasl_plain_username=settings.kafka_sasl_username,
+                    sasl_plain_password=settings.kafka_sasl_password.reveal())
+    return opts
+
+
+def _endpoints(settings: Settings) -> list[tuple[str, int]]:
+    out = []
+    for item in settings.kafka.split(","):
+        host, _, port = item.strip().rpartition(":")
+        if host and port.isdigit():
+            out.append((host.strip("[]"), int(port)))
+    return out
+
+
+async def diagnose(settings: Settings, timeout_s: float = 10.0) -> str:
+    """Probe each bootstrap endpoint directly; say what fails where, in one line.
+
+    Used after a client failed to start, to replace aiokafka's "Unable to bootstrap" by the
+    cause: refused, timed out, not TLS, untrusted certificate, SASL refused, ...
+    """
+    from aiokafka.conn import create_conn
+
+    opts = security_options(settings)
+    causes = []
+    for host, port in _endpoints(settings) or [(settings.kafka, 0)]:
+        where = f"Kafka at {host}:{port} ({settings.kafka_security_protocol})"
+        try:
+            conn = await asyncio.wait_for(
+                create_conn(host, port, request_timeout_ms=int(timeout_s * 1000), **opts),
+                timeout_s)
+        except BaseException as exc:  # each failure is reported, never raised from here
+            if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt):
+                raise
+            causes.append(f"{where}: {await _explain(settings, host, port, exc)}")
+            continue
+        conn.close()
+        causes.append(f"{where}: a direct connection works; the broker it advertises may be "
+                      "unreachable or refuse this client")
+    return "; ".join(causes)
+
+
+async def _explain(settings: Settings, host: str, port: int, exc: BaseException) -> str:
+    tls = tls_failure(exc)
+    if tls is not None:
+        return tls
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    lowered = text.lower()
+    if "authentication" in lowered or "sasl" in lowered:
+        return (f"SASL {settings.kafka_sasl_mechanism} authentication of user "
+                f"{settings.kafka_sasl_username!r} was refused (wrong user name or password?)")
+    if isinstance(exc, ConnectionRefusedError) or "refused" in lowered:
+        return "connection refused (nothing listens there)"
+    if isinstance(exc, TimeoutError | asyncio.TimeoutError):
+        return "no answer in time"
+    if not settings.kafka_uses_ssl and await asyncio.to_thread(speaks_tls, host, port):
+        return (f"the port speaks TLS but kafka_security_protocol is "
+                f"{settings.kafka_security_protocol}: use SSL or SASL_SSL")
+    return f"the connection failed ({text})"
+
+
+class KafkaAccessError(ConfigError):
+    """Kafka refused this client: authentication, TLS or authorization. Not retried."""
+
+
+async def _start(client: Any, settings: Settings, what: str) -> None:
     try:
-        await admin.start()
-    except KafkaConnectionError as exc:
-        await admin.close()
-        raise RetriableError(f"cannot reach Kafka at {settings.kafka}: {exc}") from exc
+        with quiet_loggers("aiokafka.client", "aiokafka.conn", "aiokafka"):
+            await client.start()
+    except (KafkaConnectionError, OSError) as exc:
+        with contextlib.suppress(Exception):
+            await _close(client)
+        cause = await diagnose(settings)
+        fatal = any(word in cause for word in ("TLS", "certificate", "SASL", "speaks TLS"))
+        message = f"{what} cannot start: {cause}"
+        if fatal:
+            raise KafkaAccessError(message) from None
+        raise RetriableError(message) from exc
+    except (TopicAuthorizationFailedError, TransactionalIdAuthorizationFailed) as exc:
+        with contextlib.suppress(Exception):
+            await _close(client)
+        raise KafkaAccessError(f"{what} at {settings.kafka}: {authorization_message(exc, settings)}"
+                               ) from None
+
+
+async def _close(client: Any) -> None:
+    if isinstance(client, AIOKafkaAdminClient):
+        await client.close()
+    else:
+        await client.stop()
+
+
+def authorization_message(exc: BaseException, settings: Settings) -> str:
+    """Kafka said no: who was refused what, and where to look."""
+    who = (f"user {settings.kafka_sasl_username!r}" if settings.kafka_uses_sasl
+           else "this client")
+    detail = str(exc) or type(exc).__name__
+    return (f"{who} is not authorized ({type(exc).__name__}: {detail}); see "
+            "`chronowheel acl` for the ACLs each principal needs")
+
+
+def is_authorization_error(exc: BaseException) -> bool:
+    return isinstance(exc, KafkaError) and "Authorization" in type(exc).__name__
+
+
+class Producer(AIOKafkaProducer):
+    """AIOKafkaProducer whose start() failure says what and where."""
+
+    def __init__(self, settings: Settings, what: str, **kw: Any) -> None:
+        self._cw_settings = settings
+        self._cw_what = what
+        super().__init__(bootstrap_servers=settings.kafka, **security_options(settings), **kw)
+
+    async def start(self) -> None:
+        await _start(super(), self._cw_settings, self._cw_what)
+
+    def _refused(self, exc: KafkaError, topic: str | None = None) -> KafkaAccessError:
+        s = self._cw_settings
+        who = f"user {s.kafka_sasl_username!r}" if s.kafka_uses_sasl else "this client"
+        if isinstance(exc, TopicAuthorizationFailedError):
+            named = topic or ", ".join(sorted(_names(exc))) or "?"
+            what = f"may not write topic {named}"
+        elif isinstance(exc, TransactionalIdAuthorizationFailed):
+            what = f"may not use transactional id {self._cw_what.rsplit(' ', 1)[-1]}"
+        else:
+            what = "was refused by Kafka's authorizer"
+        return KafkaAccessError(
+            f"{self._cw_what} at {s.kafka}: {who} {what} ({type(exc).__name__}); see "
+            "`chronowheel acl` for the ACLs each principal needs")
+
+    async def send(self, topic: str, *args: Any, **kw: Any) -> Any:
+        """As aiokafka's, but a refusal by the broker's authorizer names who, what and where."""
+        try:
+            return await super().send(topic, *args, **kw)
+        except KafkaError as exc:
+            if not is_authorization_error(exc):
+                raise
+            raise self._refused(exc, topic) from None
+
+    async def commit_transaction(self) -> None:
+        """As aiokafka's; an ACL revoked meanwhile (a topic, the transactional id, the group)
+        surfaces here, and is reported as a KafkaAccessError saying who may not do what."""
+        try:
+            await super().commit_transaction()
+        except KafkaError as exc:
+            if not is_authorization_error(exc):
+                raise
+            raise self._refused(exc) from None
+
+    async def send_offsets_to_transaction(self, *args: Any, **kw: Any) -> None:
+        try:
+            await super().send_offsets_to_transaction(*args, **kw)
+        except KafkaError as exc:
+            if not is_authorization_error(exc):
+                raise
+            raise self._refused(exc) from None
+
+
+def _names(exc: BaseException) -> set[str]:
+    """The topic names an aiokafka authorization error carries (a name or a set of them)."""
+    out: set[str] = set()
+    for arg in exc.args:
+        if isinstance(arg, str):
+            out.add(arg)
+        elif isinstance(arg, set | frozenset | list | tuple):
+            out.update(str(a) for a in arg)
+    return out
+
+
+class Consumer(AIOKafkaConsumer):
+    """AIOKafkaConsumer whose start() failure says what and where."""
+
+    def __init__(self, settings: Settings, what: str, *topics: str, **kw: Any) -> None:
+        self._cw_settings = settings
+        self._cw_what = what
+        super().__init__(*topics, bootstrap_servers=settings.kafka,
+                         **security_options(settings), **kw)
+
+    async def start(self) -> None:
+        await _start(super(), self._cw_settings, self._cw_what)
+
+
+def admin_client(settings: Settings, *, request_timeout_ms: int = 15000) -> AIOKafkaAdminClient:
+    """An admin client with the security settings, not started (see `open_admin`)."""
+    return AIOKafkaAdminClient(bootstrap_servers=settings.kafka,
+                               request_timeout_ms=request_timeout_ms,
+                               **security_options(settings))
+
+
+async def open_admin(settings: Settings) -> AIOKafkaAdminClient:
+    admin = admin_client(settings)
+    await _start(admin, settings, f"Kafka admin client for {settings.kafka}")
     return admin
 
 
@@ -86,8 +305,8 @@ async def ensure_topics(admin: AIOKafkaAdminClient, specs: list[TopicSpec],
 
 
 def transactional_producer(settings: Settings, transactional_id: str) -> AIOKafkaProducer:
-    return AIOKafkaProducer(
-        bootstrap_servers=settings.kafka,
+    return Producer(
+        settings, f"transactional producer {transactional_id}",
         transactional_id=transactional_id,
         enable_idempotence=True,
         acks="all",
@@ -100,8 +319,8 @@ def transactional_producer(settings: Settings, transactional_id: str) -> AIOKafk
 
 
 def plain_producer(settings: Settings, *, linger_ms: int = 5) -> AIOKafkaProducer:
-    return AIOKafkaProducer(
-        bootstrap_servers=settings.kafka,
+    return Producer(
+        settings, "producer",
         enable_idempotence=True,
         acks="all",
         linger_ms=linger_ms,
@@ -112,9 +331,9 @@ def plain_producer(settings: Settings, *, linger_ms: int = 5) -> AIOKafkaProduce
 
 def group_consumer(settings: Settings, group_id: str, *topics: str,
                    session_timeout_ms: int = 10000, **kw: Any) -> AIOKafkaConsumer:
-    return AIOKafkaConsumer(
+    return Consumer(
+        settings, f"consumer of group {group_id}",
         *topics,
-        bootstrap_servers=settings.kafka,
         group_id=group_id,
         isolation_level="read_committed",
         enable_auto_commit=False,
@@ -127,12 +346,13 @@ def group_consumer(settings: Settings, group_id: str, *topics: str,
 
 
 def reader(settings: Settings, **kw: Any) -> AIOKafkaConsumer:
-    """A group-less read_committed consumer for assigned partitions (state, tail)."""
-    return AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka,
+    """A group-less consumer for assigned partitions (state, tail): read_committed unless
+    `isolation_level` says otherwise."""
+    kw.setdefault("isolation_level", "read_committed")
+    kw.setdefault("auto_offset_reset", "earliest")
+    return Consumer(
+        settings, "reader",
         group_id=None,
-        isolation_level="read_committed",
         enable_auto_commit=False,
-        auto_offset_reset="earliest",
         **kw,
     )

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from chronowheel.bus.kafka import open_admin, partition_counts
+from chronowheel.bus.kafka import open_admin, partition_counts, reader
 from chronowheel.errors import ConfigError
 from chronowheel.settings import Settings
 
@@ -64,10 +64,9 @@ class TopicReader:
         if missing:
             raise ConfigError(f"topics {missing} do not exist (run `chronowheel init` first)")
         self.partitions = {t: counts[t] for t in self.topics}
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.settings.kafka, group_id=None,
-            isolation_level=self.isolation, enable_auto_commit=False,
-            auto_offset_reset="latest" if self.from_end else "earliest", **self._options)
+        consumer = reader(self.settings, isolation_level=self.isolation,
+                          auto_offset_reset="latest" if self.from_end else "earliest",
+                          **self._options)
         await consumer.start()
         try:
             tps = [TopicPartition(t, p) for t, n in self.partitions.items() for p in range(n)]

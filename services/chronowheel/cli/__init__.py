@@ -15,6 +15,7 @@ from chronowheel.logs import configure
 COMMAND_MODULES = (
     "chronowheel.cli.stack",
     "chronowheel.cli.init",
+    "chronowheel.cli.acl",
     "chronowheel.cli.node",
     "chronowheel.cli.cron",
     "chronowheel.cli.worker",

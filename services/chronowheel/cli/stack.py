@@ -36,9 +36,18 @@ def stack_script() -> Path:
     return script
 
 
+PROFILE_ENV = "CHRONOWHEEL_STACK_PROFILE"
+
+
 def stack_command(args: argparse.Namespace) -> list[str]:
     settings = settings_from_args(args)
-    cmd = [sys.executable, str(stack_script()), "--state-dir", settings.state_dir]
+    profile = getattr(args, "profile", None) or os.environ.get(PROFILE_ENV) or "plain"
+    if profile == "secured":
+        # Its own state folder beside the plain one's, so that both can run at once.
+        state = settings.state_dir.rstrip("/") + "-secured"
+        cmd = [sys.executable, str(stack_script()), "--profile", "secured", "--state-dir", state]
+    else:
+        cmd = [sys.executable, str(stack_script()), "--state-dir", settings.state_dir]
     if args.json:
         cmd.append("--json")
     cmd.append(args.stack_command)
@@ -74,6 +83,10 @@ def register(sub: Any) -> None:
     def action(name: str, help: str, servers: bool = True) -> argparse.ArgumentParser:
         p = actions.add_parser(name, help=help)
         add_settings_arguments(p, ["state_dir"])
+        p.add_argument("--profile", choices=("plain", "secured"), default=None,
+                       help="plain (9042/9092, no auth) or secured (9142/9094: TLS, SASL "
+                            "SCRAM, ACLs, passwords; state folder <state-dir>-secured) "
+                            f"[env {PROFILE_ENV}; default plain]")
         p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
         if servers:
             p.add_argument(

@@ -1,4 +1,8 @@
-"""A minimal HTTP endpoint for /metrics and /healthz (no web framework needed for two routes)."""
+"""A minimal HTTP endpoint for /metrics and /healthz (no web framework needed for two routes).
+
+Listens on loopback unless `http_host` says otherwise. /metrics and /healthz are public; any
+other path needs `Authorization: Bearer <CHRONOWHEEL_HTTP_TOKEN>` (chronowheel.security).
+"""
 
 from __future__ import annotations
 
@@ -11,17 +15,20 @@ import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from chronowheel.node.metrics import NodeMetrics
+from chronowheel.security import bearer_allowed
+from chronowheel.settings import Secret
 
 log = logging.getLogger(__name__)
 
 
 class HttpEndpoint:
     def __init__(self, metrics: NodeMetrics, health: Callable[[], tuple[bool, dict[str, object]]],
-                 port: int, host: str = "127.0.0.1") -> None:
+                 port: int, host: str = "127.0.0.1", *, token: Secret | None = None) -> None:
         self._metrics = metrics
         self._health = health
         self._port = port
         self._host = host
+        self._token = token
         self._server: asyncio.Server | None = None
 
     @property
@@ -41,11 +48,16 @@ class HttpEndpoint:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             line = await asyncio.wait_for(reader.readline(), 5)
-            while (await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
-                pass
+            headers: dict[str, str] = {}
+            while (raw := await asyncio.wait_for(reader.readline(), 5)) not in (
+                    b"\r\n", b"\n", b""):
+                name, _, value = raw.decode("latin-1").partition(":")
+                headers[name.strip().lower()] = value.strip()
             parts = line.decode("latin-1").split()
             path = parts[1] if len(parts) >= 2 else "/"
-            if path.startswith("/metrics"):
+            if not bearer_allowed(path, headers, self._token):
+                status, ctype, body = 401, "text/plain", b"bearer token required\n"
+            elif path.startswith("/metrics"):
                 status, ctype, body = 200, CONTENT_TYPE_LATEST, generate_latest(
                     self._metrics.registry)
             elif path.startswith("/healthz"):
@@ -54,8 +66,10 @@ class HttpEndpoint:
                 body = orjson.dumps({"ok": ok, **detail})
             else:
                 status, ctype, body = 404, "text/plain", b"not found\n"
-            reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}[status]
-            writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\n"
+            reason = {200: "OK", 401: "Unauthorized", 404: "Not Found",
+                      503: "Service Unavailable"}[status]
+            extra = 'WWW-Authenticate: Bearer realm="chronowheel"\r\n' if status == 401 else ""
+            writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\n{extra}"
                          f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
                          .encode() + body)
             await writer.drain()

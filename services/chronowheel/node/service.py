@@ -106,7 +106,8 @@ class Node:
             self._cassandra = await asyncio.to_thread(CassandraStore.open, s)
             self._store = self._cassandra
         self.metrics.dispatch_blocked.set(1)
-        self.http = HttpEndpoint(self.metrics, self.health, s.http_port)
+        self.http = HttpEndpoint(self.metrics, self.health, s.http_port, s.http_host,
+                                 token=s.http_token)
         await self.http.start()
         group = self._bus.submit_group(
             group_id=self.group_id, client_id=self.node_id,

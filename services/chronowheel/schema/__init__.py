@@ -8,6 +8,8 @@ The layout of the tables is explained in docs/design.md, section "Storage layout
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from importlib import resources
 
 from chronowheel.errors import ConfigError
@@ -24,12 +26,33 @@ def cql_text() -> str:
                           "package") from exc
 
 
-def cql_statements(keyspace: str, replication: int) -> list[str]:
+def replication_map(replication: int | Mapping[str, int]) -> str:
+    """The CQL replication map: a factor means SimpleStrategy (one data centre), a mapping
+    {dc: factor} NetworkTopologyStrategy. `{"replication_factor": n}` counts as a factor."""
+    if isinstance(replication, Mapping) and set(replication) == {"replication_factor"}:
+        replication = replication["replication_factor"]
+    if isinstance(replication, int):
+        if not 1 <= replication <= 9:
+            raise ConfigError(f"replication: a factor must be 1..9, got {replication}")
+        return f"{{'class': 'SimpleStrategy', 'replication_factor': {replication}}}"
+    if not replication:
+        raise ConfigError("replication: no data centre given")
+    parts = ["'class': 'NetworkTopologyStrategy'"]
+    for dc, factor in replication.items():
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", dc) or not 1 <= int(factor) <= 9:
+            raise ConfigError(f"replication: bad data centre {dc!r} or factor {factor!r}")
+        parts.append(f"'{dc}': {int(factor)}")
+    return "{" + ", ".join(parts) + "}"
+
+
+def cql_statements(keyspace: str, replication: int | Mapping[str, int]) -> list[str]:
     """The schema's statements for one keyspace, comments removed, in file order.
 
-    Every statement is `CREATE ... IF NOT EXISTS`, so applying the list again is harmless.
+    `replication` is a factor (SimpleStrategy) or {data centre: factor}
+    (NetworkTopologyStrategy). Every statement is `CREATE ... IF NOT EXISTS`, so applying the
+    list again is harmless.
     """
     lines = [ln for ln in cql_text().splitlines() if not ln.strip().startswith("--")]
     body = "\n".join(ln.split("--")[0] for ln in lines)
-    body = body.format(keyspace=keyspace, replication=replication)
+    body = body.format(keyspace=keyspace, replication=replication_map(replication))
     return [s.strip() for s in body.split(";") if s.strip()]

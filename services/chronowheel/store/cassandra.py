@@ -9,12 +9,14 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from cassandra import (
+    AuthenticationFailed,
     ConsistencyLevel,
     OperationTimedOut,
     ReadTimeout,
     Unavailable,
     WriteTimeout,
 )
+from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import (
     EXEC_PROFILE_DEFAULT,
     Cluster,
@@ -34,6 +36,7 @@ from cassandra.query import (
 
 from chronowheel.errors import ConfigError, RetriableError
 from chronowheel.retry import with_retries
+from chronowheel.security import quiet_loggers, speaks_tls, ssl_context, tls_failure
 from chronowheel.settings import Settings
 from chronowheel.store.base import Claim, DueRow, JobRow
 
@@ -48,6 +51,75 @@ class CassandraError(RetriableError):
     """A transient Cassandra failure (timeout, unavailable replicas, no host)."""
 
 
+class CassandraAccessError(ConfigError):
+    """Cassandra refused this client (credentials, TLS): not retried."""
+
+
+def security_options(settings: Settings) -> dict[str, Any]:
+    """The Cluster arguments for authentication and TLS (checked here)."""
+    opts: dict[str, Any] = {}
+    if settings.cassandra_username or settings.cassandra_password is not None:
+        if not settings.cassandra_username or settings.cassandra_password is None:
+            raise ConfigError("Cassandra authentication needs both cassandra_username and a "
+                              "password in CHRONOWHEEL_CASSANDRA_PASSWORD or "
+                              "CHRONOWHEEL_CASSANDRA_PASSWORD_FILE")
+        opts["auth_provider"] = PlainTextAuthProvider(
+            username=settings.cassandra_username,
+            password=settings.cassandra_password.reveal())
+    if settings.cassandra_uses_ssl:
+        opts["ssl_context"] = ssl_context(
+            what="cassandra", cafile=settings.cassandra_ssl_cafile,
+            certfile=settings.cassandra_ssl_certfile, keyfile=settings.cassandra_ssl_keyfile,
+            key_password=settings.cassandra_ssl_key_password,
+            check_hostname=settings.cassandra_ssl_check_hostname)
+    return opts
+
+
+def explain_no_host(settings: Settings,
+                    exc: NoHostAvailable) -> CassandraAccessError | CassandraError:
+    """One line per contact point saying why it failed; access problems are not retriable."""
+    errors: dict[Any, Any] = getattr(exc, "errors", None) or {}
+    lines = []
+    fatal = False
+    for endpoint, err in errors.items():
+        where = f"Cassandra at {endpoint}"
+        tls = tls_failure(err) if isinstance(err, BaseException) else None
+        text = f"{type(err).__name__}: {err}" if isinstance(err, BaseException) else str(err)
+        if isinstance(err, AuthenticationFailed) or "Bad credentials" in text \
+                or "AuthenticationFailed" in text:
+            fatal = True
+            lines.append(f"{where}: the credentials of user {settings.cassandra_username!r} "
+                         "were refused (wrong user name or password?)")
+        elif "requires authentication" in text or "AllowAllAuthenticator" in text \
+                or "PasswordAuthenticator" in text:
+            fatal = True
+            lines.append(f"{where}: the server requires authentication: set "
+                         "cassandra_username and CHRONOWHEEL_CASSANDRA_PASSWORD[_FILE]")
+        elif tls is not None:
+            fatal = True
+            lines.append(f"{where}: {tls}")
+        elif not settings.cassandra_uses_ssl and _closed_early(text) \
+                and _endpoint_speaks_tls(endpoint):
+            fatal = True
+            lines.append(f"{where}: the port speaks TLS but this client does not: set "
+                         "cassandra_ssl true (and cassandra_ssl_cafile)")
+        else:
+            lines.append(f"{where}: {text}")
+    message = "; ".join(lines) or f"cannot reach Cassandra at {settings.cassandra}: {exc}"
+    return CassandraAccessError(message) if fatal else CassandraError(message)
+
+
+def _closed_early(text: str) -> bool:
+    lowered = text.lower()
+    return any(w in lowered for w in ("connection closed", "connectionshutdown",
+                                      "connection reset", "eof"))
+
+
+def _endpoint_speaks_tls(endpoint: Any) -> bool:
+    host, _, port = str(endpoint).rpartition(":")
+    return port.isdigit() and speaks_tls(host.strip("[]"), int(port))
+
+
 def connect(settings: Settings, *, keyspace: str | None = None) -> tuple[Cluster, Session]:
     hosts = settings.cassandra_hosts()
     port = hosts[0][1]
@@ -55,14 +127,15 @@ def connect(settings: Settings, *, keyspace: str | None = None) -> tuple[Cluster
         level = ConsistencyLevel.name_to_value[settings.consistency.upper()]
     except KeyError:
         raise ConfigError(f"consistency: unknown level {settings.consistency!r}") from None
+    local_dc = settings.cassandra_local_dc or None
     profile = ExecutionProfile(
-        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
+        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=local_dc)),
         consistency_level=level, serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,
         request_timeout=10.0,
     )
     # Hot reads build plain tuples: the default named tuples cost a class per result set.
     tuples = ExecutionProfile(
-        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
+        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=local_dc)),
         consistency_level=level, serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,
         request_timeout=10.0, row_factory=tuple_factory,
     )
@@ -70,12 +143,19 @@ def connect(settings: Settings, *, keyspace: str | None = None) -> tuple[Cluster
         contact_points=[h for h, _ in hosts], port=port, protocol_version=5,
         connect_timeout=10, control_connection_timeout=10,
         execution_profiles={EXEC_PROFILE_DEFAULT: profile, TUPLES: tuples},
+        **security_options(settings),
     )
     try:
-        session = cluster.connect(keyspace)
+        with quiet_loggers("cassandra.cluster", "cassandra.connection", "cassandra.pool"):
+            session = cluster.connect(keyspace)
     except NoHostAvailable as exc:
         cluster.shutdown()
-        raise CassandraError(f"cannot reach Cassandra at {settings.cassandra}: {exc}") from exc
+        raise explain_no_host(settings, exc) from None
+    except AuthenticationFailed:
+        cluster.shutdown()
+        raise CassandraAccessError(
+            f"Cassandra at {settings.cassandra}: the credentials of user "
+            f"{settings.cassandra_username!r} were refused") from None
     return cluster, session
 
 
