@@ -113,6 +113,32 @@ class Settings:
     max_id_bytes: int = _opt(256, "longest job id in bytes")
     max_payload_bytes: int = _opt(262_144, "largest payload in bytes")
     max_horizon_ms: int = _opt(3653 * 86_400_000, "latest 'at' accepted, relative to now")
+    # --- node tunables (defaults measured on the local stack; see docs/design.md) --------
+    ingest_batch: int = _opt(2_000, "submit commands a shard applies per ingest batch")
+    ingest_concurrency: int = _opt(
+        64, "jobs of one ingest batch a shard writes to Cassandra concurrently")
+    ingest_slack_ms: int = _opt(
+        50, "a command due in the past (or this soon) gets a slot this far ahead of now")
+    catch_up_grace_ms: int = _opt(
+        60_000, "a recurring occurrence fired at most this late is on time; later ones "
+                "follow the job's catch-up policy")
+    idle_commit_ms: int = _opt(
+        2_000, "with nothing to publish, still commit an advancing watermark this often")
+    idle_commit_clearance_ms: int = _opt(
+        250, "skip an idle watermark commit when an entry is due within this margin")
+    skip_empty_after_ms: int = _opt(
+        600_000, "when the loaded horizon trails by more, skip empty minutes by their counts")
+    stop_drain_ms: int = _opt(
+        20_000, "on a graceful stop, wait this long at most for a shard's ingest batch")
+    stop_deadline_ms: int = _opt(
+        30_000, "on a graceful stop or a revocation, abort shards still running after this")
+    missing_watermark_lookback_ms: int = _opt(
+        3_600_000, "without a watermark record, a shard loads from this far back")
+    skew_check_interval_ms: int = _opt(5_000, "measure the clock skew to Cassandra this often")
+    pump_fetch_records: int = _opt(5_000, "most submit records fetched by one poll")
+    pump_pause_rows: int = _opt(
+        20_000, "pause fetching a shard's submit partition with this many records queued")
+    pump_resume_rows: int = _opt(5_000, "resume it once fewer than this many are queued")
     http_host: str = _opt("127.0.0.1", "address the HTTP endpoint listens on (loopback unless "
                                        "set; 0.0.0.0 for all)")
     # --- Kafka security ----------------------------------------------------------------------
@@ -435,3 +461,10 @@ KAFKA_SECRETS = ("kafka_sasl_password", "kafka_ssl_key_password")
 CASSANDRA_SECRETS = ("cassandra_password", "cassandra_ssl_key_password")
 SECURITY_SETTINGS = KAFKA_SECURITY_SETTINGS + CASSANDRA_SECURITY_SETTINGS
 CONNECTION_SETTINGS = ("namespace", "cassandra", "kafka", "consistency")
+NODE_TUNABLES = (
+    "ingest_batch", "ingest_concurrency", "ingest_slack_ms", "catch_up_grace_ms",
+    "idle_commit_ms", "idle_commit_clearance_ms", "skip_empty_after_ms", "stop_drain_ms",
+    "stop_deadline_ms", "missing_watermark_lookback_ms", "skew_check_interval_ms",
+    "pump_fetch_records", "pump_pause_rows", "pump_resume_rows",
+)
+"""Settings only the node reads: `chronowheel node` has a flag for each."""

@@ -6,14 +6,13 @@ import argparse
 import asyncio
 from typing import Any
 
-from chronowheel.settings import add_settings_arguments, settings_from_args
+from chronowheel.settings import NODE_TUNABLES, add_settings_arguments, settings_from_args
 
 NODE_SETTINGS = (
     "namespace", "cassandra", "kafka", "consistency", "http_port", "lookahead_ms", "prewarm_ms",
     "hot_bucket_rows", "bucket_page_rows", "bucket_cap_rows", "max_clock_skew_ms", "tick_ms",
     "max_batch", "node_session_timeout_ms", "retention_ms", "allowed_topics", "max_id_bytes",
-    "max_payload_bytes",
-    "max_horizon_ms",
+    "max_payload_bytes", "max_horizon_ms", *NODE_TUNABLES,
 )
 
 

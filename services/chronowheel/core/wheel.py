@@ -159,6 +159,10 @@ class TimingWheel(Generic[K, V]):
     def __contains__(self, key: object) -> bool:
         return key in self._due
 
+    def due_times(self) -> dict[K, int]:
+        """key -> due_ms of every pending entry (a copy, for checks and tests)."""
+        return dict(self._due)
+
     def get(self, key: K) -> tuple[int, V] | None:
         due = self._due.get(key)
         if due is None:

@@ -1,8 +1,8 @@
 """The node: joins the `<ns>.submit` consumer group and runs a shard actor per assigned partition.
 
 Shard ownership is the group assignment: no membership protocol of our own. Side tasks (the
-ingest pump, the clock-skew monitor, the HTTP endpoint, every shard actor) are supervised: one
-that crashes stops the node loudly, except a fenced shard, which is simply given up.
+ingest pump, the clock-skew monitor, every shard actor) are supervised (`chronowheel.supervise`):
+one that crashes stops the node loudly, except a fenced shard, which is simply given up.
 """
 
 from __future__ import annotations
@@ -11,17 +11,14 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import socket
 import time
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-
 from chronowheel.admin import recorded_shard_count
-from chronowheel.bus.kafka import group_consumer
+from chronowheel.bus.kafka_node import KafkaNodeBus
+from chronowheel.bus.ports import NodeBus, SubmitGroup
 from chronowheel.core.clock import Clock, SystemClock
 from chronowheel.core.model import ValidationPolicy
 from chronowheel.errors import ChronowheelError, ConfigError
@@ -31,11 +28,14 @@ from chronowheel.node.shard import ShardActor, ShardLost
 from chronowheel.settings import Settings
 from chronowheel.store.base import JobStore
 from chronowheel.store.cassandra import CassandraStore
+from chronowheel.supervise import Supervisor
 
 log = logging.getLogger(__name__)
 
-SKEW_CHECK_INTERVAL_S = 5.0
-STOP_DEADLINE_S = 30.0
+# The default of `stop_deadline_ms`, in seconds (what a node started without flags allows).
+STOP_DEADLINE_S = Settings.stop_deadline_ms / 1000
+# Fetches of the ingest pump wait at most this long for records.
+PUMP_POLL_MS = 200
 
 
 @dataclass
@@ -53,7 +53,10 @@ class NodeStatus:
 
 class Node:
     def __init__(self, settings: Settings, *, clock: Clock | None = None,
-                 store: JobStore | None = None, node_id: str | None = None) -> None:
+                 store: JobStore | None = None, node_id: str | None = None,
+                 bus: NodeBus | None = None, shards: int | None = None) -> None:
+        """Without `store` / `bus` the node opens Cassandra / Kafka itself; without `shards`
+        it reads the namespace's shard count from Cassandra."""
         self.settings = settings
         self.clock = clock or SystemClock()
         self._store = store
@@ -65,12 +68,12 @@ class Node:
         self.skew_ms: int | None = None
         # Blocked until the first skew check passes: never early includes the first second.
         self.blocked = True
-        self.shards = 0
+        self.shards = shards or 0
         self.http: HttpEndpoint | None = None
-        self._consumer: AIOKafkaConsumer | None = None
-        self._failure: BaseException | None = None
-        self._stop = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._bus = bus
+        self._group: SubmitGroup | None = None
+        self.supervisor = Supervisor("node")
+        self._side_tasks: list[asyncio.Task[Any]] = []
         self._cassandra: CassandraStore | None = None
 
     # --- public ---------------------------------------------------------------------------
@@ -79,22 +82,26 @@ class Node:
         assert self._store is not None
         return self._store
 
+    @property
+    def failure(self) -> BaseException | None:
+        """The first failure of a supervised task; None while all is well."""
+        return self.supervisor.failure
+
+    _failure = failure  # the name chronowheel.testing and the demo read
+
     def request_stop(self) -> None:
-        self._stop.set()
+        self.supervisor.request_stop()
 
     async def run(self) -> None:
         """Run until stopped (request_stop / SIGTERM); raise if a supervised task failed."""
-        await self.start()
-        try:
-            await self._stop.wait()
-        finally:
-            await self.shutdown()
-        if self._failure is not None:
-            raise ChronowheelError(f"node stopped: {self._failure!r}") from self._failure
+        await self.supervisor.run(self.start, self.shutdown, error=ChronowheelError)
 
     async def start(self) -> None:
         s = self.settings
-        self.shards = await recorded_shard_count(s)
+        if not self.shards:
+            self.shards = await recorded_shard_count(s)
+        if self._bus is None:
+            self._bus = KafkaNodeBus(s)
         if self._store is None:
             self._cassandra = await asyncio.to_thread(CassandraStore.open, s)
             self._store = self._cassandra
@@ -102,101 +109,88 @@ class Node:
         self.http = HttpEndpoint(self.metrics, self.health, s.http_port, s.http_host,
                                  token=s.http_token)
         await self.http.start()
-        consumer = group_consumer(s, self.group_id, session_timeout_ms=s.node_session_timeout_ms,
-                                  max_partition_fetch_bytes=4 << 20, client_id=self.node_id)
-        consumer.subscribe([s.submit_topic], listener=_Rebalance(self))
-        self._consumer = consumer  # before start(): the first assignment can arrive during it
-        await consumer.start()
-        parts = consumer.partitions_for_topic(s.submit_topic)
-        if parts is not None and len(parts) != self.shards:
-            await consumer.stop()
-            self._consumer = None
-            raise ConfigError(f"{s.submit_topic} has {len(parts)} partitions but the namespace "
+        group = self._bus.submit_group(
+            group_id=self.group_id, client_id=self.node_id,
+            session_timeout_ms=s.node_session_timeout_ms,
+            on_assigned=self._on_assigned, on_revoked=self._on_revoked)
+        self._group = group  # before start(): the first assignment can arrive during it
+        await group.start()
+        parts = group.partition_count()
+        if parts is not None and parts != self.shards:
+            await group.stop()
+            self._group = None
+            raise ConfigError(f"{s.submit_topic} has {parts} partitions but the namespace "
                               f"has {self.shards} shards")
-        self._spawn(self._pump(), "ingest-pump")
-        self._spawn(self._skew_monitor(), "clock-skew-monitor")
+        self._side_tasks = [self.supervisor.spawn(self._pump(), "ingest-pump"),
+                            self.supervisor.spawn(self._skew_monitor(), "clock-skew-monitor")]
         log.info("node %s started: namespace %s, %d shards, group %s", self.node_id,
                  s.namespace, self.shards, self.group_id)
 
     async def shutdown(self) -> None:
         """Stop taking work, finish open transactions, leave the group."""
-        self._stop.set()
-        for t in self._tasks:
+        self.supervisor.begin_shutdown()  # from here on, tasks that end are no failures
+        for t in self._side_tasks:
             t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        self._tasks.clear()
+        await asyncio.gather(*self._side_tasks, return_exceptions=True)
+        self._side_tasks.clear()
         await self._stop_shards(list(self.owned))
-        if self._consumer is not None:
+        if self._group is not None:
             with contextlib.suppress(Exception):
-                await self._consumer.stop()  # leaves the group: others take over at once
-            self._consumer = None
+                await self._group.stop()  # leaves the group: others take over at once
+            self._group = None
         if self.http is not None:
             await self.http.stop()
         if self._cassandra is not None:
             await asyncio.to_thread(self._cassandra.close)
             self._cassandra = None
+        await self.supervisor.cancel_all()
         log.info("node %s stopped", self.node_id)
 
     def health(self) -> tuple[bool, dict[str, object]]:
         lag = {str(k): o.actor.dispatch_lag_ms() for k, o in self.owned.items()}
-        ok = not self.blocked and self._failure is None and all(v < 5_000 for v in lag.values())
+        ok = not self.blocked and self.failure is None and all(v < 5_000 for v in lag.values())
         return ok, {"node": self.node_id, "shards": sorted(self.owned), "dispatch_lag_ms": lag,
                     "clock_skew_ms": self.skew_ms, "dispatch_blocked": self.blocked}
 
     # --- supervision ----------------------------------------------------------------------
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.ensure_future(coro)
-        task.set_name(name)
-        task.add_done_callback(self._supervise)
-        self._tasks.append(task)
-
-    def _supervise(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or self._stop.is_set():
-            return
-        exc = task.exception()
+    def _shard_ended(self, task: asyncio.Task[Any], exc: BaseException | None) -> bool:
+        """Whether a shard actor's end is no failure: it was stopped on purpose (revoked or
+        shut down: `_stop_shards` delists it first) or lost to a newer owner (fenced)."""
+        shard = next((k for k, o in self.owned.items() if o.task is task), None)
+        if shard is None:
+            return True
         if isinstance(exc, ShardLost):
             log.warning("%s", exc)
-            # Not ours any more: stop listing it (the group will revoke it too).
-            for k, o in list(self.owned.items()):
-                if o.task is task:
-                    del self.owned[k]
+            del self.owned[shard]  # not ours any more (the group will revoke it too)
             self.metrics.owned_shards.set(len(self.owned))
-            return
-        self._fail(task.get_name(), exc or RuntimeError(f"{task.get_name()} ended unexpectedly"))
+            return True
+        return False
 
     def _fail(self, what: str, exc: BaseException) -> None:
-        if self._failure is None:
-            self._failure = exc
-        log.critical("%s failed; stopping the node: %r", what, exc, exc_info=exc)
-        self._stop.set()
+        self.supervisor.fail(what, exc)
 
     # --- shards ---------------------------------------------------------------------------
     async def _start_shards(self, partitions: list[int]) -> None:
-        assert self._consumer is not None
+        assert self._group is not None and self._bus is not None
         for k in partitions:
             if k in self.owned:
                 continue
             actor = ShardActor(
                 shard=k, shards=self.shards, settings=self.settings, store=self.store,
-                consumer=self._consumer, clock=self.clock, metrics=self.metrics,
+                bus=self._bus, submit=self._group, clock=self.clock, metrics=self.metrics,
                 policy=self.policy, group_id=self.group_id, node_id=self.node_id,
                 dispatch_blocked=lambda: self.blocked)
-            task = asyncio.ensure_future(actor.run())
-            task.set_name(f"shard-{k}")
-            task.add_done_callback(self._supervise)
+            task = self.supervisor.spawn(actor.run(), f"shard-{k}", expected=self._shard_ended)
             self.owned[k] = _Owned(actor, task)
         self.metrics.owned_shards.set(len(self.owned))
         log.info("node %s owns shards %s", self.node_id, sorted(self.owned))
 
     async def _stop_shards(self, partitions: list[int]) -> None:
+        # Delisted first: their ends are then expected (`_shard_ended`), not failures.
         owned = [self.owned.pop(k) for k in partitions if k in self.owned]
-        for o in owned:
-            o.task.remove_done_callback(self._supervise)
         stops = [asyncio.ensure_future(o.actor.stop()) for o in owned]
         if stops:
-            await asyncio.wait(stops, timeout=STOP_DEADLINE_S)
+            await asyncio.wait(stops, timeout=self.settings.stop_deadline_ms / 1000)
             for o in owned:
                 if not o.task.done():
                     o.task.cancel()  # past the deadline: abort (its transaction aborts too)
@@ -207,27 +201,27 @@ class Node:
 
     async def _pump(self) -> None:
         """Route fetched submit records to their shard's actor."""
-        consumer = self._consumer
-        assert consumer is not None
-        paused: set[TopicPartition] = set()
+        group = self._group
+        assert group is not None
+        s = self.settings
+        paused: set[int] = set()
         while True:
-            batches = await consumer.getmany(timeout_ms=200, max_records=5_000)
-            for tp, records in batches.items():
-                owned = self.owned.get(tp.partition)
+            batches = await group.fetch(PUMP_POLL_MS, s.pump_fetch_records)
+            for shard, records in batches.items():
+                owned = self.owned.get(shard)
                 if owned is not None and owned.actor.ready:
                     owned.actor.enqueue(records)
                 # Records of a shard still taking over are dropped: it seeks to its committed
                 # offset when ready, so they are read again.
-            for k, o in self.owned.items():  # backpressure per shard
-                tp = o.actor.tp
-                if len(o.actor.queue) > 20_000 and tp not in paused:
-                    consumer.pause(tp)
-                    paused.add(tp)
-                elif len(o.actor.queue) < 5_000 and tp in paused:
-                    consumer.resume(tp)
-                    paused.discard(tp)
-                del k
-            paused &= consumer.assignment()
+            for shard, o in self.owned.items():  # backpressure per shard
+                queued = o.actor.queued
+                if queued > s.pump_pause_rows and shard not in paused:
+                    group.pause(shard)
+                    paused.add(shard)
+                elif queued < s.pump_resume_rows and shard in paused:
+                    group.resume(shard)
+                    paused.discard(shard)
+            paused &= group.assigned()
 
     async def _measure_skew(self) -> tuple[int, int]:
         """(skew, uncertainty) in ms from the tightest of a few round trips: the server's
@@ -272,42 +266,19 @@ class Node:
                 if not blocked:
                     for o in self.owned.values():
                         o.actor.wake.set()
-            await asyncio.sleep(SKEW_CHECK_INTERVAL_S)
+            await asyncio.sleep(self.settings.skew_check_interval_ms / 1000)
 
-
-class _Rebalance(ConsumerRebalanceListener):
-    def __init__(self, node: Node) -> None:
-        self.node = node
-
-    # aiokafka logs and swallows a listener's exception; a node that silently owns nothing
-    # would be worse than one that stops, so failures here stop the node loudly.
-    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+    # --- group assignment -----------------------------------------------------------------
+    # The Kafka client logs and swallows a rebalance callback's exception; a node that silently
+    # owns nothing would be worse than one that stops, so failures here stop the node loudly.
+    async def _on_revoked(self, shards: list[int]) -> None:
         try:
-            await self.node._stop_shards([tp.partition for tp in revoked])
+            await self._stop_shards(shards)
         except Exception as exc:
-            self.node._fail("revoking shards", exc)
+            self._fail("revoking shards", exc)
 
-    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+    async def _on_assigned(self, shards: list[int]) -> None:
         try:
-            await self.node._start_shards([tp.partition for tp in assigned])
+            await self._start_shards(shards)
         except Exception as exc:
-            self.node._fail("taking over shards", exc)
-
-
-def install_signal_handlers(node: Node) -> None:
-    """First SIGTERM/SIGINT: graceful stop. Second: abort at once."""
-    loop = asyncio.get_running_loop()
-    count = 0
-
-    def handler() -> None:
-        nonlocal count
-        count += 1
-        if count == 1:
-            log.warning("stop requested: finishing open transactions, leaving the group")
-            node.request_stop()
-        else:
-            log.error("second stop signal: aborting")
-            os._exit(130)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, handler)
+            self._fail("taking over shards", exc)

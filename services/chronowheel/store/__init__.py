@@ -1,1 +1,2 @@
-"""Cassandra access: the only package that imports cassandra-driver."""
+"""Storage: `base.py` states the contract, `cassandra.py` implements it (the only module that
+imports cassandra-driver), `memory.py` in memory for tests."""

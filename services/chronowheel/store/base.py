@@ -55,34 +55,75 @@ class Claim:
 
 
 class JobStore(Protocol):
-    async def get_job(self, job_id: str) -> JobRow | None: ...
+    """Storage of jobs, due rows, bucket counts, worker claims and namespace facts.
 
-    async def put_job(self, row: JobRow) -> None: ...
+    Implementations: `store/cassandra.py` (production), `store/memory.py` (tests); one contract
+    suite (tests/contract/job_store.py) runs against both.
 
-    async def put_due(self, row: DueRow, ttl_s: int) -> None: ...
+    Every method retries transient failures itself and, once they are exhausted, raises a
+    `RetriableError` (Cassandra: `CassandraError`) naming the operation; nothing else is
+    raised on purpose. A write that raised may or may not have been applied. Writes are
+    upserts: writing a row whose key exists replaces it. A TTL of 0 means "never expires";
+    other TTLs are at least one second.
+    """
+
+    async def get_job(self, job_id: str) -> JobRow | None:
+        """The jobs row of `job_id`, None when there is none (or it expired). The returned
+        row's `ttl_s` is always 0: the remaining TTL is not read back."""
+        ...
+
+    async def put_job(self, row: JobRow) -> None:
+        """Write (replace) the jobs row of `row.job_id`, expiring after `row.ttl_s`."""
+        ...
+
+    async def put_due(self, row: DueRow, ttl_s: int) -> None:
+        """Write (replace) the due row keyed (minute, shard, slot_ms, job_id, attempt),
+        expiring after `ttl_s` seconds (at least 1)."""
+        ...
 
     async def put_due_and_job(self, row: DueRow, ttl_s: int, job: JobRow) -> None:
         """Both rows, atomically (a logged batch): never one without the other."""
         ...
 
     async def delete_due(self, minute: int, shard: int, slot_ms: int, job_id: str,
-                         attempt: int) -> None: ...
+                         attempt: int) -> None:
+        """Delete one due row by its full key; deleting a row that does not exist is fine."""
+        ...
 
-    async def add_bucket_count(self, shard: int, minute: int, rows: int) -> None: ...
+    async def add_bucket_count(self, shard: int, minute: int, rows: int) -> None:
+        """Add `rows` to the counter of bucket (minute, shard). Not idempotent: a retried
+        call may count twice (counts are an upper bound, used to skip empty minutes)."""
+        ...
 
     async def bucket_counts(self, shard: int, from_minute: int, to_minute: int) -> dict[int, int]:
+        """minute -> count for every counted minute of `shard` in [from_minute, to_minute],
+        both ends inclusive; minutes never counted are absent."""
         ...
 
     def read_bucket(self, minute: int, shard: int, *, from_slot_ms: int | None = None,
-                    page_rows: int = 5000) -> AsyncIterator[list[DueRow]]: ...
+                    page_rows: int = 5000) -> AsyncIterator[list[DueRow]]:
+        """The due rows of bucket (minute, shard) with slot_ms >= from_slot_ms (inclusive;
+        all when None), ordered by (slot_ms, job_id, attempt), in non-empty pages of at most
+        `page_rows`. Each page is read when asked for, continuing after the last row of the
+        previous one: a row written meanwhile after that point is seen, one before it is not.
+        Close the iterator (`contextlib.aclosing`) when stopping early."""
+        ...
 
     async def clock_sample(self) -> tuple[int, int, int]:
         """(Cassandra's now() in epoch ms, local ms when sent, local ms when answered)."""
         ...
 
     async def swap_claim(self, consumer: str, occurrence: str, expected: Claim | None,
-                         new: Claim, worker: str, ttl_s: int) -> tuple[bool, Claim | None]: ...
+                         new: Claim, worker: str, ttl_s: int) -> tuple[bool, Claim | None]:
+        """Compare-and-set the claim of (consumer, occurrence): when the stored claim equals
+        `expected` (None: there is none) store `new` for `ttl_s` seconds and return
+        (True, None); otherwise change nothing and return (False, the stored claim or None)."""
+        ...
 
-    async def release_claim(self, consumer: str, occurrence: str, owner: str) -> None: ...
+    async def release_claim(self, consumer: str, occurrence: str, owner: str) -> None:
+        """Delete the claim when it is a "running" lease held by `owner`; else do nothing."""
+        ...
 
-    async def get_meta(self, name: str) -> str | None: ...
+    async def get_meta(self, name: str) -> str | None:
+        """A namespace fact written at init (e.g. "shards"), None when absent."""
+        ...

@@ -1,0 +1,215 @@
+"""The node's bus ports (`bus/ports.py`) over aiokafka."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import (
+    InvalidProducerEpoch,
+    KafkaError,
+    ProducerFenced,
+    TransactionalIdAuthorizationFailed,
+)
+
+from chronowheel.bus.kafka import group_consumer, reader, transactional_producer
+from chronowheel.bus.ports import (
+    BusError,
+    Fenced,
+    Headers,
+    ShardsChanged,
+    SubmitRecord,
+)
+from chronowheel.retry import with_retries
+from chronowheel.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_FENCED = (ProducerFenced, InvalidProducerEpoch, TransactionalIdAuthorizationFailed)
+PARTITIONS_LOOKUP_TIMEOUT_S = 10
+
+
+@contextlib.contextmanager
+def _translated(what: str) -> Iterator[None]:
+    try:
+        yield
+    except _FENCED as exc:
+        raise Fenced(f"{what}: fenced by a newer owner ({exc})") from exc
+    except KafkaError as exc:
+        raise BusError(f"{what}: {exc!r}") from exc
+
+
+class KafkaTransaction:
+    def __init__(self, producer: AIOKafkaProducer, submit: TopicPartition, group_id: str) -> None:
+        self._producer = producer
+        self._submit = submit
+        self._group_id = group_id
+        self._batches: dict[tuple[str, int], Any] = {}
+
+    def append(self, topic: str, partition: int, key: bytes | None, value: bytes,
+               headers: Headers) -> bool:
+        batch = self._batches.get((topic, partition))
+        return batch is not None and batch.append(key=key, value=value, timestamp=None,
+                                                  headers=headers) is not None
+
+    async def publish(self, topic: str, partition: int, key: bytes | None, value: bytes,
+                      headers: Headers) -> None:
+        batch = self._batches.get((topic, partition))
+        if batch is not None and batch.append(key=key, value=value, timestamp=None,
+                                              headers=headers) is not None:
+            return
+        with _translated(f"publishing to {topic}[{partition}]"):
+            if batch is not None:
+                await self._producer.send_batch(batch, topic, partition=partition)  # full
+            batch = self._batches[(topic, partition)] = self._producer.create_batch()
+        if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+            raise BusError(f"message for {topic} too large for one batch")
+
+    async def commit(self, submit_offset: int | None) -> None:
+        with _translated(f"committing the transaction of {self._submit.topic}"
+                         f"[{self._submit.partition}]"):
+            for (topic, part), batch in self._batches.items():
+                await self._producer.send_batch(batch, topic, partition=part)
+            self._batches.clear()
+            if submit_offset is not None:
+                await self._producer.send_offsets_to_transaction(
+                    {self._submit: submit_offset}, self._group_id)
+            await self._producer.commit_transaction()
+
+    async def abort(self) -> None:
+        self._batches.clear()
+        with contextlib.suppress(Exception):
+            await self._producer.abort_transaction()
+
+
+class KafkaShardProducer:
+    def __init__(self, settings: Settings, shard: int, group_id: str) -> None:
+        self._shard = shard
+        self._group_id = group_id
+        self._submit = TopicPartition(settings.submit_topic, shard)
+        self._producer = transactional_producer(settings,
+                                                f"{settings.namespace}-shard-{shard}")
+
+    async def start(self) -> None:
+        # init_transactions bumps the epoch of this transactional.id: the previous owner is
+        # fenced from here on, and its open transaction (if any) is aborted.
+        with _translated(f"shard {self._shard}: init transactional producer"):
+            await with_retries(self._producer.start,
+                               f"shard {self._shard}: init transactional producer")
+
+    async def stop(self) -> None:
+        await self._producer.stop()
+
+    async def begin(self) -> KafkaTransaction:
+        with _translated(f"shard {self._shard}: begin transaction"):
+            await self._producer.begin_transaction()
+        return KafkaTransaction(self._producer, self._submit, self._group_id)
+
+    async def partition_count(self, topic: str) -> int | None:
+        try:
+            parts = await asyncio.wait_for(self._producer.partitions_for(topic),
+                                           PARTITIONS_LOOKUP_TIMEOUT_S)
+        except (TimeoutError, KafkaError):
+            return None
+        return len(parts) if parts else None
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    def __init__(self, on_assigned: ShardsChanged, on_revoked: ShardsChanged) -> None:
+        self._on_assigned = on_assigned
+        self._on_revoked = on_revoked
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await self._on_revoked([tp.partition for tp in revoked])
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        await self._on_assigned([tp.partition for tp in assigned])
+
+
+class KafkaSubmitGroup:
+    def __init__(self, settings: Settings, *, group_id: str, client_id: str,
+                 session_timeout_ms: int, on_assigned: ShardsChanged,
+                 on_revoked: ShardsChanged) -> None:
+        self._topic = settings.submit_topic
+        self._consumer: AIOKafkaConsumer = group_consumer(
+            settings, group_id, session_timeout_ms=session_timeout_ms,
+            max_partition_fetch_bytes=4 << 20, client_id=client_id)
+        self._consumer.subscribe([self._topic], listener=_Rebalance(on_assigned, on_revoked))
+
+    def _tp(self, shard: int) -> TopicPartition:
+        return TopicPartition(self._topic, shard)
+
+    async def start(self) -> None:
+        await self._consumer.start()
+
+    async def stop(self) -> None:
+        await self._consumer.stop()
+
+    def partition_count(self) -> int | None:
+        parts = self._consumer.partitions_for_topic(self._topic)
+        return None if parts is None else len(parts)
+
+    async def fetch(self, timeout_ms: int, max_records: int) -> dict[int, list[SubmitRecord]]:
+        batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        return {tp.partition: records for tp, records in batches.items()}
+
+    def pause(self, shard: int) -> None:
+        self._consumer.pause(self._tp(shard))
+
+    def resume(self, shard: int) -> None:
+        self._consumer.resume(self._tp(shard))
+
+    def assigned(self) -> set[int]:
+        return {tp.partition for tp in self._consumer.assignment()}
+
+    async def committed(self, shard: int) -> int | None:
+        offset: int | None = await self._consumer.committed(self._tp(shard))
+        return offset
+
+    async def seek(self, shard: int, offset: int | None) -> None:
+        if offset is None:
+            await self._consumer.seek_to_beginning(self._tp(shard))
+        else:
+            self._consumer.seek(self._tp(shard), offset)
+
+
+class KafkaNodeBus:
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+
+    def submit_group(self, *, group_id: str, client_id: str, session_timeout_ms: int,
+                     on_assigned: ShardsChanged, on_revoked: ShardsChanged) -> KafkaSubmitGroup:
+        return KafkaSubmitGroup(self._settings, group_id=group_id, client_id=client_id,
+                                session_timeout_ms=session_timeout_ms,
+                                on_assigned=on_assigned, on_revoked=on_revoked)
+
+    def shard_producer(self, shard: int, group_id: str) -> KafkaShardProducer:
+        return KafkaShardProducer(self._settings, shard, group_id)
+
+    async def read_last(self, topic: str, partition: int, key: bytes,
+                        timeout_ms: int) -> bytes | None:
+        tp = TopicPartition(topic, partition)
+        consumer = reader(self._settings)
+        await consumer.start()
+        try:
+            consumer.assign([tp])
+            end = (await consumer.end_offsets([tp]))[tp]
+            await consumer.seek_to_beginning(tp)
+            found: bytes | None = None
+            deadline = time.monotonic() + timeout_ms / 1000
+            while await consumer.position(tp) < end:
+                if time.monotonic() > deadline:
+                    raise BusError(f"timed out reading {topic}[{partition}] to its end "
+                                   f"({timeout_ms} ms)")
+                batch = await consumer.getmany(tp, timeout_ms=500)
+                for msg in batch.get(tp, []):
+                    if msg.key == key and msg.value:
+                        found = msg.value
+        finally:
+            await consumer.stop()
+        return found

@@ -1,0 +1,285 @@
+"""The node's bus ports (`bus/ports.py`) in memory, for tests that run a node without Kafka.
+
+Topics are lists of partition logs. Transactions buffer their messages and append them (and the
+group offset) only on commit, so every log holds committed messages only, as a read_committed
+consumer sees them. Starting a shard producer fences the previous one with the same
+transactional id, as `init_transactions` does. One event loop only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from chronowheel.bus.ports import BusError, Fenced, Headers, ShardsChanged, SubmitRecord
+from chronowheel.core.clock import Clock
+from chronowheel.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Sequence[tuple[str, bytes]]
+    committed_ms: int
+    """The bus clock's time when the message became visible (its transaction committed)."""
+    seq: int = 0
+    """Order of visibility across all topics."""
+
+    def header(self, name: str) -> bytes | None:
+        return next((v for k, v in self.headers if k == name), None)
+
+
+@dataclass
+class _Pending:
+    topic: str
+    partition: int
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
+
+
+class MemoryBus:
+    def __init__(self, settings: Settings, clock: Clock, *, batch_rows: int = 3,
+                 max_message_bytes: int = 1 << 20) -> None:
+        """`batch_rows`: messages per producer batch, small so that tests exercise both the
+        `append` and the `publish` path of a transaction."""
+        self.settings = settings
+        self.clock = clock
+        self.batch_rows = batch_rows
+        self.max_message_bytes = max_message_bytes
+        self.topics: dict[str, list[list[Message]]] = {}
+        self.group_offsets: dict[tuple[str, str, int], int] = {}
+        self.epochs: dict[str, int] = {}
+        self.commits = 0
+        self.fail_commits = 0
+        """Make this many next commits fail with BusError (after nothing was applied)."""
+        self._seq = itertools.count(1)
+        self._arrived = asyncio.Event()
+
+    # --- test helpers --------------------------------------------------------------------
+    def create_topic(self, name: str, partitions: int) -> None:
+        self.topics.setdefault(name, [[] for _ in range(partitions)])
+
+    def create_namespace(self, shards: int) -> None:
+        s = self.settings
+        for name, parts in ((s.submit_topic, shards), (s.state_topic, shards),
+                            (s.fired_topic, shards), (s.rejected_topic, 1), (s.dead_topic, 1)):
+            self.create_topic(name, parts)
+
+    def produce(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
+                headers: Sequence[tuple[str, bytes]] = ()) -> Message:
+        """A plain (non-transactional) send, visible at once."""
+        return self._append(topic, partition, key, value, list(headers))
+
+    def messages(self, topic: str) -> list[Message]:
+        """Every message of `topic`, in the order they became visible."""
+        return sorted((m for log in self.topics.get(topic, []) for m in log),
+                      key=lambda m: m.seq)
+
+    def _append(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
+                headers: list[tuple[str, bytes]]) -> Message:
+        logs = self.topics.get(topic)
+        if logs is None or not 0 <= partition < len(logs):
+            raise BusError(f"no partition {partition} of topic {topic}")
+        log = logs[partition]
+        msg = Message(topic, partition, len(log), key, value, tuple(headers),
+                      self.clock.now_ms(), next(self._seq))
+        log.append(msg)
+        self._arrived.set()
+        return msg
+
+    # --- NodeBus -------------------------------------------------------------------------
+    def submit_group(self, *, group_id: str, client_id: str, session_timeout_ms: int,
+                     on_assigned: ShardsChanged, on_revoked: ShardsChanged) -> MemorySubmitGroup:
+        del client_id, session_timeout_ms
+        return MemorySubmitGroup(self, group_id, on_assigned, on_revoked)
+
+    def shard_producer(self, shard: int, group_id: str) -> MemoryShardProducer:
+        return MemoryShardProducer(self, f"{self.settings.namespace}-shard-{shard}", shard,
+                                   group_id)
+
+    async def read_last(self, topic: str, partition: int, key: bytes,
+                        timeout_ms: int) -> bytes | None:
+        del timeout_ms
+        await asyncio.sleep(0)
+        logs = self.topics.get(topic)
+        if logs is None or not 0 <= partition < len(logs):
+            raise BusError(f"no partition {partition} of topic {topic}")
+        found: bytes | None = None
+        for msg in logs[partition]:
+            if msg.key == key and msg.value:
+                found = msg.value
+        return found
+
+
+class MemoryTransaction:
+    def __init__(self, producer: MemoryShardProducer) -> None:
+        self._producer = producer
+        self._bus = producer.bus
+        self._pending: list[_Pending] = []
+        self._open: dict[tuple[str, int], int] = {}  # messages in the current batch
+
+    def append(self, topic: str, partition: int, key: bytes | None, value: bytes,
+               headers: Headers) -> bool:
+        n = self._open.get((topic, partition))
+        if n is None or n >= self._bus.batch_rows or len(value) > self._bus.max_message_bytes:
+            return False
+        self._open[(topic, partition)] = n + 1
+        self._pending.append(_Pending(topic, partition, key, value, list(headers)))
+        return True
+
+    async def publish(self, topic: str, partition: int, key: bytes | None, value: bytes,
+                      headers: Headers) -> None:
+        self._producer.check_epoch()
+        await asyncio.sleep(0)
+        if len(value) > self._bus.max_message_bytes:
+            raise BusError(f"message for {topic} too large for one batch")
+        if not self.append(topic, partition, key, value, headers):
+            self._open[(topic, partition)] = 1  # a new batch
+            self._pending.append(_Pending(topic, partition, key, value, list(headers)))
+
+    async def commit(self, submit_offset: int | None) -> None:
+        bus = self._bus
+        self._producer.check_epoch()
+        await asyncio.sleep(0)
+        self._producer.check_epoch()
+        if bus.fail_commits:
+            bus.fail_commits -= 1
+            raise BusError("commit failed (injected)")
+        for p in self._pending:  # before anything is applied: all or nothing
+            logs = bus.topics.get(p.topic)
+            if logs is None or not 0 <= p.partition < len(logs):
+                raise BusError(f"no partition {p.partition} of topic {p.topic}")
+        for p in self._pending:
+            bus._append(p.topic, p.partition, p.key, p.value, p.headers)
+        if submit_offset is not None:
+            bus.group_offsets[(self._producer.group_id, bus.settings.submit_topic,
+                               self._producer.shard)] = submit_offset
+        bus.commits += 1
+        self._pending.clear()
+        self._producer.in_transaction = False
+
+    async def abort(self) -> None:
+        self._pending.clear()
+        self._producer.in_transaction = False
+
+
+class MemoryShardProducer:
+    def __init__(self, bus: MemoryBus, transactional_id: str, shard: int, group_id: str) -> None:
+        self.bus = bus
+        self.transactional_id = transactional_id
+        self.shard = shard
+        self.group_id = group_id
+        self.epoch: int | None = None
+        self.in_transaction = False
+
+    def check_epoch(self) -> None:
+        if self.epoch is None:
+            raise BusError(f"producer {self.transactional_id} not started")
+        if self.bus.epochs[self.transactional_id] != self.epoch:
+            raise Fenced(f"producer {self.transactional_id} epoch {self.epoch} is fenced by "
+                         f"epoch {self.bus.epochs[self.transactional_id]}")
+
+    async def start(self) -> None:
+        await asyncio.sleep(0)
+        self.epoch = self.bus.epochs.get(self.transactional_id, 0) + 1
+        self.bus.epochs[self.transactional_id] = self.epoch
+
+    async def stop(self) -> None:
+        self.in_transaction = False
+
+    async def begin(self) -> MemoryTransaction:
+        self.check_epoch()
+        if self.in_transaction:
+            raise BusError(f"producer {self.transactional_id}: a transaction is already open")
+        self.in_transaction = True
+        return MemoryTransaction(self)
+
+    async def partition_count(self, topic: str) -> int | None:
+        await asyncio.sleep(0)
+        logs = self.bus.topics.get(topic)
+        return len(logs) if logs else None
+
+
+class MemorySubmitGroup:
+    """One member of the node group. `start` assigns it every shard (a group of one);
+    tests move shards with `assign` and `revoke`."""
+
+    def __init__(self, bus: MemoryBus, group_id: str, on_assigned: ShardsChanged,
+                 on_revoked: ShardsChanged) -> None:
+        self.bus = bus
+        self.group_id = group_id
+        self.topic = bus.settings.submit_topic
+        self._on_assigned = on_assigned
+        self._on_revoked = on_revoked
+        self._assigned: set[int] = set()
+        self._paused: set[int] = set()
+        self._position: dict[int, int] = {}
+
+    async def start(self) -> None:
+        count = self.partition_count()
+        if count:
+            await self.assign(list(range(count)))
+
+    async def stop(self) -> None:
+        await self.revoke(sorted(self._assigned))
+
+    async def assign(self, shards: list[int]) -> None:
+        for k in shards:
+            self._assigned.add(k)
+            self._position[k] = await self.committed(k) or 0
+        await self._on_assigned(shards)
+
+    async def revoke(self, shards: list[int]) -> None:
+        await self._on_revoked(shards)
+        self._assigned.difference_update(shards)
+
+    def partition_count(self) -> int | None:
+        logs = self.bus.topics.get(self.topic)
+        return None if logs is None else len(logs)
+
+    async def fetch(self, timeout_ms: int, max_records: int) -> dict[int, list[SubmitRecord]]:
+        out = self._take(max_records)
+        if not out:
+            self.bus._arrived.clear()
+            try:
+                await asyncio.wait_for(self.bus._arrived.wait(), timeout_ms / 1000)
+            except TimeoutError:
+                return {}
+            out = self._take(max_records)
+        return out
+
+    def _take(self, max_records: int) -> dict[int, list[SubmitRecord]]:
+        out: dict[int, list[SubmitRecord]] = {}
+        logs = self.bus.topics.get(self.topic, [])
+        for k in sorted(self._assigned - self._paused):
+            start = self._position.get(k, 0)
+            records = logs[k][start:start + max_records]
+            if records:
+                out[k] = list(records)
+                self._position[k] = start + len(records)
+                max_records -= len(records)
+            if max_records <= 0:
+                break
+        return out
+
+    def pause(self, shard: int) -> None:
+        self._paused.add(shard)
+
+    def resume(self, shard: int) -> None:
+        self._paused.discard(shard)
+
+    def assigned(self) -> set[int]:
+        return set(self._assigned)
+
+    async def committed(self, shard: int) -> int | None:
+        return self.bus.group_offsets.get((self.group_id, self.topic, shard))
+
+    async def seek(self, shard: int, offset: int | None) -> None:
+        self._position[shard] = offset or 0

@@ -1,0 +1,166 @@
+"""What the node needs from Kafka, as interfaces: no driver here.
+
+`bus/kafka_node.py` implements them over aiokafka, `bus/memory.py` in memory for tests. The
+node (`node/`) sees only these names, so it can run without a broker.
+
+Partitions of `<ns>.submit` and `<ns>.state` are shards: a shard is named by its number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
+
+from chronowheel.errors import ChronowheelError
+
+Headers = Sequence[tuple[str, bytes]]
+
+
+class BusError(ChronowheelError):
+    """A Kafka operation failed (not a fencing): the caller restarts from committed state."""
+
+
+class Fenced(BusError):
+    """A newer producer with the same transactional id exists: this one may not commit."""
+
+
+class SubmitRecord(Protocol):
+    """One record read from `<ns>.submit` (aiokafka's ConsumerRecord has these attributes)."""
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def partition(self) -> int: ...
+
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def key(self) -> bytes | None: ...
+
+    @property
+    def value(self) -> bytes | None: ...
+
+    @property
+    def headers(self) -> Sequence[tuple[str, bytes]]: ...
+
+
+class ShardTransaction(Protocol):
+    """One open Kafka transaction of a shard's producer.
+
+    Messages become visible to read_committed consumers only when `commit` returns; after an
+    exception from any method the caller must `abort` (which never raises) and drop the
+    transaction. Raises `Fenced` when a newer owner exists, `BusError` on any other failure.
+    """
+
+    def append(self, topic: str, partition: int, key: bytes | None, value: bytes,
+               headers: Headers) -> bool:
+        """Buffer a message without awaiting anything; False when it needs `publish` (no
+        open batch for that partition yet, or the batch is full). The hot path of a herd."""
+        ...
+
+    async def publish(self, topic: str, partition: int, key: bytes | None, value: bytes,
+                      headers: Headers) -> None:
+        """Add a message, shipping a full batch first when needed. Raises BusError when one
+        message does not fit an empty batch."""
+        ...
+
+    async def commit(self, submit_offset: int | None) -> None:
+        """Send every buffered message and, when given, the shard's next `<ns>.submit` offset
+        for the node group, then commit all of it atomically."""
+        ...
+
+    async def abort(self) -> None:
+        """Abort the transaction; never raises (the shard is failing anyway)."""
+        ...
+
+
+class ShardProducer(Protocol):
+    """The transactional producer of one shard (transactional id `<ns>-shard-<k>`)."""
+
+    async def start(self) -> None:
+        """Initialise transactions: from here on the previous owner is fenced and its open
+        transaction is aborted. Retries transient failures; raises BusError after that."""
+        ...
+
+    async def stop(self) -> None:
+        """Release the producer; an open transaction is aborted by the broker."""
+        ...
+
+    async def begin(self) -> ShardTransaction:
+        """Open a transaction (at most one at a time). Raises Fenced or BusError."""
+        ...
+
+    async def partition_count(self, topic: str) -> int | None:
+        """Partitions of `topic`; None when it does not exist or cannot be read within 10 s."""
+        ...
+
+
+class SubmitPositions(Protocol):
+    """Where the node group reads a shard's partition of `<ns>.submit`."""
+
+    async def committed(self, shard: int) -> int | None:
+        """The offset committed for the node group (None when never committed)."""
+        ...
+
+    async def seek(self, shard: int, offset: int | None) -> None:
+        """Read the shard's partition from `offset` next (None: from its beginning)."""
+        ...
+
+
+ShardsChanged = Callable[[list[int]], Awaitable[None]]
+
+
+class SubmitGroup(SubmitPositions, Protocol):
+    """The node's member of the `<ns>-nodes` consumer group over `<ns>.submit`.
+
+    The group assignment is shard ownership: `on_assigned` / `on_revoked` (given when the group
+    is made) run inside `start` and `fetch` whenever the assignment changes; `on_revoked` of
+    a shard completes before any other member is given it.
+    """
+
+    async def start(self) -> None:
+        """Join the group (the first assignment may arrive before this returns)."""
+        ...
+
+    async def stop(self) -> None:
+        """Leave the group: other members take the shards over at once."""
+        ...
+
+    def partition_count(self) -> int | None:
+        """Partitions of `<ns>.submit` as known after `start` (None when unknown)."""
+        ...
+
+    async def fetch(self, timeout_ms: int, max_records: int) -> dict[int, list[SubmitRecord]]:
+        """Committed records of assigned, unpaused shards, in offset order per shard."""
+        ...
+
+    def pause(self, shard: int) -> None:
+        """Stop fetching this shard's records until `resume` (backpressure)."""
+        ...
+
+    def resume(self, shard: int) -> None: ...
+
+    def assigned(self) -> set[int]:
+        """Shards currently assigned to this member."""
+        ...
+
+
+class NodeBus(Protocol):
+    """Everything a node needs from Kafka."""
+
+    def submit_group(self, *, group_id: str, client_id: str, session_timeout_ms: int,
+                     on_assigned: ShardsChanged, on_revoked: ShardsChanged) -> SubmitGroup: ...
+
+    def shard_producer(self, shard: int, group_id: str) -> ShardProducer:
+        """A (not yet started) transactional producer for `shard`; `group_id` is the group
+        whose submit offsets its transactions commit."""
+        ...
+
+    async def read_last(self, topic: str, partition: int, key: bytes,
+                        timeout_ms: int) -> bytes | None:
+        """The value of the last committed record with `key` in one partition of a compacted
+        topic (None when there is none). Raises BusError when the end is not reached in
+        `timeout_ms`."""
+        ...

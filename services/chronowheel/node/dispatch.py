@@ -1,0 +1,169 @@
+"""Dispatch: take due occurrences out of a shard's wheel and have them published.
+
+Each step fires what is due up to `ShardState.dispatch_limit` (never early, never past the
+loaded horizon or an ingest write in flight), raises the watermark before its first await,
+makes a recurring job's next occurrence durable, and commits one transaction. With nothing
+to publish it still commits an advancing watermark now and then, so a takeover reloads little.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+
+from chronowheel.core.buckets import minute_of, slot_for
+from chronowheel.core.clock import Clock, sleep_until_or_event
+from chronowheel.core.model import JobSpec, Upsert, ValidationPolicy, parse_command
+from chronowheel.core.recurrence import Schedule, catch_up, next_after
+from chronowheel.node.metrics import NodeMetrics
+from chronowheel.node.pending import Pending, pending_from_row, with_schedule
+from chronowheel.node.publisher import Publisher
+from chronowheel.node.state import ShardState
+from chronowheel.node.writes import RowWriter, schedule_of
+from chronowheel.settings import Settings
+from chronowheel.store.base import DueRow, JobRow, JobStore
+
+log = logging.getLogger(__name__)
+
+# Compiled schedules of recurring specs kept for their next fires (least recently used out).
+SCHEDULE_CACHE_SIZE = 10_000
+
+
+def stored_policy(policy: ValidationPolicy) -> ValidationPolicy:
+    """Specs already accepted stay valid if the operator tightens limits or the allowlist."""
+    return ValidationPolicy(
+        namespace=policy.namespace, allowed_topic_pattern=".*",
+        max_id_bytes=1 << 20, max_payload_bytes=1 << 30, max_horizon_ms=1 << 60,
+        max_max_catch_up=policy.max_max_catch_up, max_headers_bytes=1 << 30)
+
+
+class Dispatcher:
+    def __init__(self, *, state: ShardState, settings: Settings, store: JobStore,
+                 writer: RowWriter, publisher: Publisher, clock: Clock, metrics: NodeMetrics,
+                 policy: ValidationPolicy, dispatch_blocked: Callable[[], bool]) -> None:
+        self.state = state
+        self.shard = state.shard
+        self.settings = settings
+        self.store = store
+        self.writer = writer
+        self.publisher = publisher
+        self.clock = clock
+        self.metrics = metrics
+        self.stored_policy = stored_policy(policy)
+        self.dispatch_blocked = dispatch_blocked
+        self._schedules: OrderedDict[bytes, tuple[JobSpec, Schedule]] = OrderedDict()
+
+    async def step(self, *, final: bool = False) -> None:
+        """Fire what is due and commit; `final` also commits an unchanged-but-uncommitted
+        watermark at once (graceful stop)."""
+        state = self.state
+        now = self.clock.now_ms()
+        fired: list[Pending] = []
+        if not self.dispatch_blocked():
+            limit = state.dispatch_limit(now)
+            if limit > state.watermark:
+                fired = await self._take_due(limit, now)
+        nd = state.wheel.next_deadline()
+        s = self.settings
+        idle_commit = (state.watermark > state.committed_watermark
+                       and (final or (now - state.last_commit_ms >= s.idle_commit_ms
+                                      # not right before a due entry: it would wait for it
+                                      and (nd is None or nd > now + s.idle_commit_clearance_ms))))
+        if fired or state.outbox or state.offset_to_commit is not None or idle_commit:
+            await self.publisher.commit(fired)
+
+    async def wait(self) -> None:
+        """Sleep until the next due entry, the next idle commit, or a wake-up."""
+        state = self.state
+        if state.stopping:
+            return
+        now = self.clock.now_ms()
+        wake_at = now + self.settings.idle_commit_ms
+        nd = state.wheel.next_deadline()
+        # While dispatch is blocked (clock skew) due entries cannot go: the skew monitor
+        # wakes us when it lifts, so only the idle commit interval bounds the sleep.
+        if nd is not None and nd <= state.horizon_ms and not self.dispatch_blocked():
+            wake_at = min(wake_at, nd)
+        if wake_at <= now:
+            await asyncio.sleep(0)
+            return
+        await sleep_until_or_event(self.clock, wake_at, state.wake)
+
+    async def _take_due(self, limit: int, now: int) -> list[Pending]:
+        state = self.state
+        max_batch = self.settings.max_batch
+        entries = state.wheel.advance(limit, max_batch)
+        complete = len(entries) < max_batch
+        if not complete:
+            # Finish the last millisecond, so the watermark can say "all up to here".
+            entries.extend(state.wheel.advance(entries[-1][0]))
+            nd = state.wheel.next_deadline()
+            complete = nd is None or nd > limit
+        new_watermark = limit if complete else entries[-1][0]
+        # Raise the watermark now, before any await: the loader must not re-insert these.
+        state.watermark = max(state.watermark, new_watermark)
+        fired: list[Pending] = []
+        writes = []
+        for _due, _key, p in entries:
+            if p.spec is None:
+                fired.append(p)
+            else:
+                writes.append(self._fire_recurring(p, now, fired))
+        if writes:
+            await asyncio.gather(*writes)
+        return fired
+
+    async def _fire_recurring(self, p: Pending, now: int, fired: list[Pending]) -> None:
+        async with self.state.job_lock(p.job_id):
+            current = await self.store.get_job(p.job_id)
+            if current is None or current.status != "scheduled" or current.version != p.version \
+                    or current.scheduled_ms != p.scheduled_ms:
+                # Edited or cancelled while this occurrence was on its way out: it still goes
+                # (an occurrence being published may run), but the old spec schedules nothing.
+                fired.append(p)
+                return
+            await self._fire_recurring_locked(p, now, fired)
+
+    async def _fire_recurring_locked(self, p: Pending, now: int, fired: list[Pending]) -> None:
+        job, schedule = self._recurring(p.spec or b"")
+        if now - p.slot_ms <= self.settings.catch_up_grace_ms:
+            fires: tuple[int, ...] = (p.scheduled_ms,)
+            nxt = next_after(schedule, p.scheduled_ms)
+        else:
+            cu = catch_up(schedule, policy=job.catch_up, max_catch_up=job.max_catch_up,
+                          first_missed_ms=p.scheduled_ms, now_ms=now)
+            fires, nxt = cu.fire, cu.next_ms
+            if cu.coalesced:
+                self.metrics.coalesced.inc()
+            log.info("shard %d: job %s missed occurrences since %d; catch_up=%s fires %d",
+                     self.shard, p.job_id, p.scheduled_ms, job.catch_up, len(fires),
+                     extra={"shard": self.shard, "job_id": p.job_id})
+        fired.extend(p if s == p.scheduled_ms else with_schedule(p, s) for s in fires)
+        # The next occurrence is durable before the transaction that publishes this one.
+        state = self.state
+        if nxt is None:
+            await self.store.put_job(self.writer.finished(p.job_id, p.spec or b"", p.version))
+            state.touch(p.job_id)
+            return
+        slot = max(slot_for(p.job_id, nxt, job.window_ms), state.watermark + 1)
+        row = DueRow(minute_of(slot), self.shard, slot, p.job_id, 1, nxt, p.version, p.topic,
+                     p.payload, job.headers, p.spec, job.max_attempts, job.backoff_ms)
+        await self.writer.write_due(row, now, JobRow(p.job_id, self.shard, p.spec or b"",
+                                                     p.version, "scheduled", nxt, slot))
+        state.apply_job_change(p.job_id, None, pending_from_row(row))
+
+    def _recurring(self, spec: bytes) -> tuple[JobSpec, Schedule]:
+        hit = self._schedules.get(spec)
+        if hit is not None:
+            self._schedules.move_to_end(spec)
+            return hit
+        cmd = parse_command(b'{"v":1,"op":"upsert","job":' + spec + b"}", key=None,
+                            policy=self.stored_policy, now_ms=self.clock.now_ms())
+        assert isinstance(cmd, Upsert)
+        hit = (cmd.job, schedule_of(cmd.job))
+        self._schedules[spec] = hit
+        if len(self._schedules) > SCHEDULE_CACHE_SIZE:
+            self._schedules.popitem(last=False)
+        return hit

@@ -1,0 +1,190 @@
+"""The state a shard's tasks share, and the devices by which they coordinate.
+
+One shard runs three tasks on one event loop (so no threads, but every `await` is a point where
+another task may run): ingest (`node/ingest.py`) applies submit commands, the loader
+(`node/loader.py`) fills the wheel from Cassandra's minute buckets, dispatch
+(`node/dispatch.py`) takes due occurrences out of the wheel and hands them to the transaction
+publisher (`node/publisher.py`). `ShardState` is what they share; it has one owner, the shard
+actor (`node/shard.py`), which creates it, starts the tasks and sets `stopping`.
+
+Invariants (they carry the contract's musts; see docs/design.md):
+- `watermark`: every due row of this shard with slot <= watermark has been published (or is in
+  the transaction being committed). Ingest never writes a slot <= watermark; the loader never
+  puts a row with slot <= watermark into the wheel; so nothing is published twice.
+- `horizon_ms`: every due row with slot <= horizon_ms is in the wheel (or already published).
+  Dispatch never looks past min(now, horizon_ms), so nothing is skipped and nothing is early.
+- Offsets are sent only in the transaction that follows the commands' durable writes.
+- An ingest write in flight holds the dispatch limit below its slot (`ingest_slots`), so the
+  watermark can never pass a row that is not in the wheel yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from chronowheel.core.buckets import minute_of
+from chronowheel.core.wheel import TimingWheel
+from chronowheel.node.pending import OccurrenceKey, Pending
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """A message that is not a fired occurrence (forwarded, rejected, dead-lettered)."""
+
+    topic: str
+    partition: int | None  # None: by the key's hash over the topic's partitions
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
+
+
+class ShardState:
+    """Everything two or more of a shard's tasks read or write. Each attribute group below is
+    one coordination device; its docstring says who writes it and what it guarantees."""
+
+    def __init__(self, *, shard: int, start_ms: int, tick_ms: int, ingest_slack_ms: int) -> None:
+        self.shard = shard
+        self.ingest_slack_ms = ingest_slack_ms
+
+        self.wheel: TimingWheel[OccurrenceKey, Pending] = TimingWheel(
+            start_ms=start_ms, tick_ms=tick_ms)
+        """Pending occurrences by due slot. Inserted into by ingest (its own rows), the loader
+        (rows read from buckets) and dispatch (a recurring job's next occurrence); emptied
+        only by dispatch."""
+
+        self.watermark = 0
+        """All rows with slot <= watermark are published or being published. Raised only by
+        dispatch, before its first await after taking entries out of the wheel."""
+        self.committed_watermark = 0
+        """The watermark of the last committed transaction (what a takeover would resume
+        from). Written only by the publisher."""
+        self.last_commit_ms = 0
+        """Clock time of the last committed transaction; paces idle watermark commits."""
+
+        self.horizon_ms = 0
+        """Every row with slot <= horizon_ms is in the wheel (or published). Raised only by the
+        loader, after the rows up to it are in the wheel."""
+        self.reading_upto = 0
+        """The loader is reading rows up to here (>= horizon_ms). Ingest inserts its own rows
+        with slots up to here itself: a read that began before their write misses them."""
+        self.loaded_minutes: set[int] = set()
+        """Hot minutes beyond the horizon that are loaded or being loaded ahead of time
+        (pre-warm); ingest inserts its rows of these minutes too."""
+        self.prewarmed: set[int] = set()
+        """Minutes whose pre-warm read completed: the loader moves the horizon over them
+        without reading them again."""
+
+        self.touch_seq = 0
+        """Counts job changes made by ingest and dispatch (see `touch`)."""
+        self.touched: dict[str, int] = {}
+        """job id -> `touch_seq` of its last change while a loader read was in flight. A
+        loader page started before that change is stale for that job and is not applied."""
+        self.reads_in_flight = 0
+        """Loader reads in progress; `touched` is recorded only while there are some, and
+        cleared when the last one ends."""
+
+        self.ingest_slots: dict[int, int] = {}
+        """slot -> ingest writes in flight for it. Dispatch never moves the watermark up to
+        the smallest of these, so it cannot pass a row that is written but not yet in the
+        wheel. Claimed and released only through `claim_slot` / `release_slot`."""
+
+        self.outbox: list[Outgoing] = []
+        """Messages ingest produced (forwards, rejections), published by the next
+        transaction, together with `offset_to_commit`."""
+        self.offset_to_commit: int | None = None
+        """The submit offset after the last fully applied ingest batch; the publisher takes
+        it (and the outbox) at the start of a transaction."""
+
+        self.wake = asyncio.Event()
+        """Wakes the dispatch loop: something may be due or there is something to commit."""
+        self.ingest_wake = asyncio.Event()
+        """Wakes the ingest task: records were queued."""
+        self.loader_wake = asyncio.Event()
+        """Wakes the loader early (stop)."""
+        self.stopping = False
+        """Set by the actor on a stop; every task finishes its current step and returns."""
+
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._lock_users: dict[str, int] = {}
+
+    # --- per-job order -------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def job_lock(self, job_id: str) -> AsyncIterator[None]:
+        """Orders what ingest and dispatch do to one job (an edit against a recurring fire).
+        A lock exists only while someone holds or waits for it."""
+        lock = self._locks.get(job_id)
+        if lock is None:
+            lock = self._locks[job_id] = asyncio.Lock()
+        self._lock_users[job_id] = self._lock_users.get(job_id, 0) + 1
+        try:
+            async with lock:
+                yield
+        finally:
+            left = self._lock_users[job_id] - 1
+            if left:
+                self._lock_users[job_id] = left
+            else:
+                del self._lock_users[job_id], self._locks[job_id]
+
+    def busy_jobs(self) -> set[str]:
+        """Jobs some task is changing right now (their rows and wheel entries may differ)."""
+        return set(self._locks)
+
+    # --- ingest slots --------------------------------------------------------------------
+    def claim_slot(self, computed: int, now: int) -> int:
+        """The slot for a row about to be written, held as a floor for dispatch until the
+        row is in the wheel (see `release_slot`): never <= watermark, and a little ahead of
+        now so the write normally completes before dispatch reaches it."""
+        slot = max(computed, self.watermark + 1, now + self.ingest_slack_ms)
+        self.ingest_slots[slot] = self.ingest_slots.get(slot, 0) + 1
+        return slot
+
+    def release_slot(self, slot: int) -> None:
+        left = self.ingest_slots[slot] - 1
+        if left:
+            self.ingest_slots[slot] = left
+        else:
+            del self.ingest_slots[slot]
+        self.wake.set()
+
+    def dispatch_limit(self, now: int) -> int:
+        """How far dispatch may fire: never early, never past the loaded horizon, never up to
+        a row whose write is in flight."""
+        limit = min(now, self.horizon_ms)
+        if self.ingest_slots:
+            limit = min(limit, min(self.ingest_slots) - 1)
+        return limit
+
+    # --- wheel changes by ingest and dispatch --------------------------------------------
+    def insert_bound(self, slot: int) -> bool:
+        """True when a row at `slot` written now must go into the wheel by its writer: the
+        loader has passed it, is reading it, or pre-warmed its minute."""
+        return slot <= max(self.horizon_ms, self.reading_upto) or \
+            minute_of(slot) in self.loaded_minutes
+
+    def touch(self, job_id: str) -> None:
+        """Mark a job changed: loader pages read before this moment must not overwrite it."""
+        self.touch_seq += 1
+        if self.reads_in_flight:
+            self.touched[job_id] = self.touch_seq
+
+    def apply_job_change(self, job_id: str, old_key: OccurrenceKey | None,
+                         new: Pending | None) -> None:
+        """All wheel changes of one command, after its writes, with no await in between, so
+        a loader page applied meanwhile cannot leave a stale entry behind."""
+        if old_key is not None:
+            self.wheel.cancel(old_key)
+        if new is not None and self.insert_bound(new.slot_ms):
+            self.wheel.insert(new.wheel_key, new.slot_ms, new)
+        self.touch(job_id)
+        self.wake.set()
+
+    def dispatch_lag_ms(self, now: int) -> int:
+        oldest = self.wheel.next_deadline()
+        lag: int = 0 if oldest is None else now - oldest
+        if self.horizon_ms < now:
+            lag = max(lag, now - self.horizon_ms)
+        return max(0, lag)

@@ -1,0 +1,157 @@
+"""An in-memory JobStore with the Cassandra store's contract (`store/base.py`), for tests and
+tools that run a node without servers. Not durable; one event loop only.
+
+Rows expire by their TTL when a clock is given (`clock`), never otherwise. `pause`, when given,
+is awaited at the start of every call, and again between taking a read's result and returning
+it: a test passes e.g. `lambda: asyncio.sleep(0)` so that tasks sharing the store interleave at
+every storage call, and a read can be stale by the time its caller sees it, as on a real
+database.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
+
+from chronowheel.core.clock import Clock
+from chronowheel.store.base import Claim, DueRow, JobRow
+
+HOUR_MS = 3_600_000
+_Key = tuple[int, str, int]  # clustering key of a due row: (slot_ms, job_id, attempt)
+
+
+def _system_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class MemoryStore:
+    def __init__(self, *, clock: Clock | None = None,
+                 pause: Callable[[], Awaitable[None]] | None = None) -> None:
+        self.clock = clock
+        self.pause = pause
+        self.jobs: dict[str, tuple[JobRow, int | None]] = {}
+        self.due: dict[tuple[int, int], dict[_Key, tuple[DueRow, int | None]]] = {}
+        self.counts: dict[tuple[int, int], int] = {}
+        self.claims: dict[tuple[str, str], tuple[Claim, str, int | None]] = {}
+        self.meta: dict[str, str] = {}
+        self.calls = 0
+        """Storage calls made so far (tests read it to see that something was or was not
+        read)."""
+
+    # --- helpers -------------------------------------------------------------------------
+    async def _enter(self) -> None:
+        self.calls += 1
+        if self.pause is not None:
+            await self.pause()
+
+    async def _return(self) -> None:
+        if self.pause is not None:
+            await self.pause()
+
+    def _expiry(self, ttl_s: int) -> int | None:
+        if ttl_s <= 0 or self.clock is None:
+            return None
+        return self.clock.now_ms() + ttl_s * 1000
+
+    def _alive(self, expires: int | None) -> bool:
+        return expires is None or self.clock is None or self.clock.now_ms() < expires
+
+    def due_rows(self, shard: int | None = None) -> list[DueRow]:
+        """Every live due row (of one shard, when given), in no particular order."""
+        return [row for (_, k), rows in self.due.items() if shard is None or k == shard
+                for row, expires in rows.values() if self._alive(expires)]
+
+    # --- jobs ----------------------------------------------------------------------------
+    async def get_job(self, job_id: str) -> JobRow | None:
+        await self._enter()
+        hit = self.jobs.get(job_id)
+        await self._return()
+        if hit is None or not self._alive(hit[1]):
+            return None
+        return replace(hit[0], ttl_s=0)  # like Cassandra: the TTL is not read back
+
+    async def put_job(self, row: JobRow) -> None:
+        await self._enter()
+        self.jobs[row.job_id] = (replace(row, ttl_s=0), self._expiry(row.ttl_s))
+
+    # --- due rows ------------------------------------------------------------------------
+    async def put_due(self, row: DueRow, ttl_s: int) -> None:
+        await self._enter()
+        self._put_due(row, ttl_s)
+
+    def _put_due(self, row: DueRow, ttl_s: int) -> None:
+        bucket = self.due.setdefault((row.minute, row.shard), {})
+        bucket[(row.slot_ms, row.job_id, row.attempt)] = (row, self._expiry(max(1, ttl_s)))
+
+    async def put_due_and_job(self, row: DueRow, ttl_s: int, job: JobRow) -> None:
+        await self._enter()
+        self._put_due(row, ttl_s)  # no await between the two: atomic
+        self.jobs[job.job_id] = (replace(job, ttl_s=0), self._expiry(job.ttl_s))
+
+    async def delete_due(self, minute: int, shard: int, slot_ms: int, job_id: str,
+                         attempt: int) -> None:
+        await self._enter()
+        bucket = self.due.get((minute, shard))
+        if bucket is not None:
+            bucket.pop((slot_ms, job_id, attempt), None)
+
+    async def read_bucket(self, minute: int, shard: int, *, from_slot_ms: int | None = None,
+                          page_rows: int = 5000) -> AsyncIterator[list[DueRow]]:
+        # Each page is read when it is asked for, from where the last one ended: rows written
+        # meanwhile behind that point are seen, as with Cassandra's paging state.
+        after: _Key | None = None
+        while True:
+            await self._enter()
+            bucket = self.due.get((minute, shard), {})
+            keys = sorted(k for k in bucket
+                          if (from_slot_ms is None or k[0] >= from_slot_ms)
+                          and (after is None or k > after) and self._alive(bucket[k][1]))
+            page = keys[:page_rows]
+            rows = [bucket[k][0] for k in page]
+            await self._return()
+            if rows:
+                yield rows
+            if len(keys) <= page_rows:
+                return
+            after = page[-1]
+
+    # --- bucket counts -------------------------------------------------------------------
+    async def add_bucket_count(self, shard: int, minute: int, rows: int) -> None:
+        await self._enter()
+        self.counts[(shard, minute)] = self.counts.get((shard, minute), 0) + rows
+
+    async def bucket_counts(self, shard: int, from_minute: int, to_minute: int) -> dict[int, int]:
+        await self._enter()
+        counts = {m: n for (k, m), n in self.counts.items()
+                  if k == shard and from_minute <= m <= to_minute}
+        await self._return()
+        return counts
+
+    # --- clock, idempotency, meta --------------------------------------------------------
+    async def clock_sample(self) -> tuple[int, int, int]:
+        await self._enter()
+        sent = _system_ms()
+        # The "server" reads the store's clock: a node sharing that clock measures no skew.
+        server = self.clock.now_ms() if self.clock is not None else sent
+        return server, sent, sent
+
+    async def swap_claim(self, consumer: str, occurrence: str, expected: Claim | None,
+                         new: Claim, worker: str, ttl_s: int) -> tuple[bool, Claim | None]:
+        await self._enter()
+        hit = self.claims.get((consumer, occurrence))
+        current = hit[0] if hit is not None and self._alive(hit[2]) else None
+        if current != expected:
+            return False, current
+        self.claims[(consumer, occurrence)] = (new, worker, self._expiry(max(1, ttl_s)))
+        return True, None
+
+    async def release_claim(self, consumer: str, occurrence: str, owner: str) -> None:
+        await self._enter()
+        hit = self.claims.get((consumer, occurrence))
+        if hit is not None and hit[0].state == "running" and hit[0].owner == owner:
+            del self.claims[(consumer, occurrence)]
+
+    async def get_meta(self, name: str) -> str | None:
+        await self._enter()
+        return self.meta.get(name)

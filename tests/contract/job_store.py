@@ -1,0 +1,194 @@
+"""The JobStore contract (`chronowheel.store.base.JobStore`), once for every implementation.
+
+A test module subclasses `JobStoreContract` and provides a `store` fixture: the unit tests run
+it against the in-memory store, the integration tests against Cassandra. Each test uses its own
+shard and job ids (`ids`), so a store may be shared by the tests of one module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from chronowheel.store.base import Claim, DueRow, JobRow, JobStore
+
+MINUTE_MS = 60_000
+HOUR_MS = 3_600_000
+T0 = 1_796_115_600_000  # 2026-12-01T09:00:00Z, on an hour boundary
+_shards = itertools.count(100)
+
+
+@dataclass(frozen=True)
+class Ids:
+    shard: int
+    prefix: str
+
+    def job(self, name: str) -> str:
+        return f"{self.prefix}-{name}"
+
+
+def due(ids: Ids, name: str, slot_ms: int, *, attempt: int = 1, minute: int | None = None,
+        spec: bytes | None = None, **fields: Any) -> DueRow:
+    values: dict[str, Any] = dict(
+        minute=slot_ms - slot_ms % MINUTE_MS if minute is None else minute, shard=ids.shard,
+        slot_ms=slot_ms, job_id=ids.job(name), attempt=attempt, scheduled_ms=slot_ms - 7,
+        version=3, topic="orders.fired", payload=b"\x00payload", headers=(("h", "v"),),
+        spec=spec, max_attempts=4, backoff_ms=2_500)
+    values.update(fields)
+    return DueRow(**values)
+
+
+async def read_all(store: JobStore, minute: int, shard: int, **kw: Any) -> list[list[DueRow]]:
+    pages = []
+    async for page in store.read_bucket(minute, shard, **kw):
+        pages.append(page)
+    return pages
+
+
+class JobStoreContract:
+    @pytest.fixture
+    def ids(self) -> Ids:
+        return Ids(next(_shards), "j" + secrets.token_hex(4))
+
+    # --- jobs -------------------------------------------------------------------------
+    async def test_a_job_row_reads_back_as_written_and_a_write_replaces_it(
+            self, store: JobStore, ids: Ids) -> None:
+        assert await store.get_job(ids.job("a")) is None
+        row = JobRow(ids.job("a"), ids.shard, b'{"id":"a"}', 1, "scheduled", T0, T0 + 5)
+        await store.put_job(row)
+        assert await store.get_job(ids.job("a")) == row
+        finished = JobRow(ids.job("a"), ids.shard, b'{"id":"a"}', 2, "finished", None, None,
+                          ttl_s=3600)
+        await store.put_job(finished)
+        # The TTL is not read back: a returned row always says 0.
+        assert await store.get_job(ids.job("a")) == JobRow(
+            ids.job("a"), ids.shard, b'{"id":"a"}', 2, "finished", None, None, 0)
+
+    # --- due rows ---------------------------------------------------------------------
+    async def test_a_bucket_reads_in_slot_job_attempt_order_with_every_field(
+            self, store: JobStore, ids: Ids) -> None:
+        m = T0 + 5 * MINUTE_MS
+        rows = [due(ids, "b", m + 10), due(ids, "a", m + 10, attempt=2),
+                due(ids, "a", m + 10), due(ids, "c", m + 1, spec=b'{"id":"c","every":"1m"}'),
+                due(ids, "z", m + 59_999)]
+        for row in rows:
+            await store.put_due(row, 3600)
+        pages = await read_all(store, m, ids.shard)
+        got = [r for page in pages for r in page]
+        assert got == sorted(rows, key=lambda r: (r.slot_ms, r.job_id, r.attempt))
+        assert got[0].spec == b'{"id":"c","every":"1m"}' and got[1].spec is None
+
+    async def test_buckets_are_separate_per_minute_and_shard(
+            self, store: JobStore, ids: Ids) -> None:
+        m = T0 + 6 * MINUTE_MS
+        await store.put_due(due(ids, "a", m + 1), 3600)
+        await store.put_due(due(ids, "b", m + MINUTE_MS + 1), 3600)
+        await store.put_due(due(ids, "c", m + 2, shard=ids.shard + 1000), 3600)
+        assert [[r.job_id for r in p] for p in await read_all(store, m, ids.shard)] == \
+            [[ids.job("a")]]
+        assert await read_all(store, m - MINUTE_MS, ids.shard) == []
+
+    async def test_from_slot_is_inclusive_and_pages_are_bounded_and_non_empty(
+            self, store: JobStore, ids: Ids) -> None:
+        m = T0 + 7 * MINUTE_MS
+        for i in range(7):
+            await store.put_due(due(ids, f"r{i}", m + i), 3600)
+        pages = await read_all(store, m, ids.shard, from_slot_ms=m + 2, page_rows=2)
+        assert [[r.slot_ms - m for r in p] for p in pages] == [[2, 3], [4, 5], [6]]
+        assert await read_all(store, m, ids.shard, from_slot_ms=m + 7) == []
+
+    async def test_a_page_is_read_when_asked_for_and_continues_after_the_last_row(
+            self, store: JobStore, ids: Ids) -> None:
+        m = T0 + 8 * MINUTE_MS
+        for i in (10, 20, 30):
+            await store.put_due(due(ids, f"r{i}", m + i), 3600)
+        pages = store.read_bucket(m, ids.shard, page_rows=2)
+        async with contextlib.aclosing(pages):  # type: ignore[type-var]
+            first = await anext(pages)
+            assert [r.slot_ms - m for r in first] == [10, 20]
+            await store.put_due(due(ids, "before", m + 15), 3600)  # behind the page: unseen
+            await store.put_due(due(ids, "after", m + 25), 3600)
+            second = await anext(pages)
+        assert [r.slot_ms - m for r in second] == [25, 30]
+
+    async def test_delete_removes_exactly_one_row_and_tolerates_a_missing_one(
+            self, store: JobStore, ids: Ids) -> None:
+        m = T0 + 9 * MINUTE_MS
+        await store.put_due(due(ids, "a", m + 1), 3600)
+        await store.put_due(due(ids, "a", m + 1, attempt=2), 3600)
+        await store.delete_due(m, ids.shard, m + 1, ids.job("a"), 1)
+        await store.delete_due(m, ids.shard, m + 1, ids.job("a"), 1)
+        await store.delete_due(m, ids.shard, m + 99, ids.job("nothing"), 1)
+        assert [(r.job_id, r.attempt) for p in await read_all(store, m, ids.shard)
+                for r in p] == [(ids.job("a"), 2)]
+
+    async def test_a_due_row_write_replaces_the_row_with_the_same_key(
+            self, store: JobStore, ids: Ids) -> None:
+        m = T0 + 10 * MINUTE_MS
+        await store.put_due(due(ids, "a", m + 1, version=1), 3600)
+        await store.put_due(due(ids, "a", m + 1, version=2, payload=b"new"), 3600)
+        [[row]] = await read_all(store, m, ids.shard)
+        assert (row.version, row.payload) == (2, b"new")
+
+    async def test_due_and_job_rows_are_written_together(
+            self, store: JobStore, ids: Ids) -> None:
+        m = T0 + 11 * MINUTE_MS
+        row = due(ids, "a", m + 3)
+        job = JobRow(ids.job("a"), ids.shard, b"{}", 3, "scheduled", m - 4, m + 3)
+        await store.put_due_and_job(row, 3600, job)
+        assert await store.get_job(ids.job("a")) == job
+        assert await read_all(store, m, ids.shard) == [[row]]
+
+    # --- bucket counts ----------------------------------------------------------------
+    async def test_counts_add_up_per_minute_and_ranges_include_both_ends_across_hours(
+            self, store: JobStore, ids: Ids) -> None:
+        m = T0 + HOUR_MS - 2 * MINUTE_MS  # two minutes before the next hour
+        minutes = [m + i * MINUTE_MS for i in range(5)]  # spans two hour partitions
+        await store.add_bucket_count(ids.shard, minutes[0], 2)
+        await store.add_bucket_count(ids.shard, minutes[0], 3)
+        await store.add_bucket_count(ids.shard, minutes[2], 1)
+        await store.add_bucket_count(ids.shard, minutes[4], 7)
+        await store.add_bucket_count(ids.shard + 1000, minutes[1], 9)
+        assert await store.bucket_counts(ids.shard, minutes[0], minutes[4]) == {
+            minutes[0]: 5, minutes[2]: 1, minutes[4]: 7}
+        assert await store.bucket_counts(ids.shard, minutes[1], minutes[3]) == {minutes[2]: 1}
+        assert await store.bucket_counts(ids.shard, minutes[4], minutes[4]) == {minutes[4]: 7}
+        assert await store.bucket_counts(ids.shard, minutes[4] + MINUTE_MS,
+                                         minutes[4] + HOUR_MS) == {}
+
+    # --- claims, meta, clock ----------------------------------------------------------
+    async def test_a_claim_is_a_compare_and_set_register(self, store: JobStore,
+                                                         ids: Ids) -> None:
+        occ, consumer = f"{ids.job('a')}@{T0}", f"group-{ids.prefix}"
+        running = Claim("running", 1, "owner-1")
+        assert await store.swap_claim(consumer, occ, None, running, "w1", 60) == (True, None)
+        assert await store.swap_claim(consumer, occ, None, Claim("running", 1, "owner-2"),
+                                      "w2", 60) == (False, running)
+        done = Claim("done", 1, "owner-1")
+        assert await store.swap_claim(consumer, occ, running, done, "w1", 600) == (True, None)
+        assert await store.swap_claim(consumer, occ, running, done, "w1", 600) == (False, done)
+        other = f"{ids.job('b')}@{T0}"
+        assert await store.swap_claim(consumer, other, running, done, "w1", 60) == (False, None)
+
+    async def test_a_claim_is_released_only_by_its_running_owner(
+            self, store: JobStore, ids: Ids) -> None:
+        occ, consumer = f"{ids.job('a')}@{T0}", f"group-{ids.prefix}"
+        running = Claim("running", 2, "owner-1")
+        assert (await store.swap_claim(consumer, occ, None, running, "w1", 60))[0]
+        await store.release_claim(consumer, occ, "owner-2")
+        assert await store.swap_claim(consumer, occ, None, running, "w1", 60) == \
+            (False, running)
+        await store.release_claim(consumer, occ, "owner-1")
+        assert await store.swap_claim(consumer, occ, None, running, "w1", 60) == (True, None)
+
+    async def test_an_unknown_meta_name_is_none(self, store: JobStore, ids: Ids) -> None:
+        assert await store.get_meta(f"nothing-{ids.prefix}") is None
+
+    async def test_a_clock_sample_is_sent_before_it_is_answered(self, store: JobStore) -> None:
+        server, sent, received = await store.clock_sample()
+        assert sent <= received
+        assert abs(server - sent) < 86_400_000  # an epoch-ms instant, not seconds or ns

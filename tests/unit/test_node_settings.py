@@ -1,0 +1,51 @@
+"""Node tunables are settings: a `chronowheel node` flag and a CHRONOWHEEL_* variable each."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+from chronowheel.cli import build_parser
+from chronowheel.settings import NODE_TUNABLES, Settings, env_name, flag_name, settings_from_args
+
+# The values these had as module constants of the node, before they became settings.
+FORMER_CONSTANTS = {
+    "ingest_batch": 2_000, "ingest_concurrency": 64, "ingest_slack_ms": 50,
+    "catch_up_grace_ms": 60_000, "idle_commit_ms": 2_000, "idle_commit_clearance_ms": 250,
+    "skip_empty_after_ms": 600_000, "stop_drain_ms": 20_000, "stop_deadline_ms": 30_000,
+    "missing_watermark_lookback_ms": 3_600_000, "skew_check_interval_ms": 5_000,
+    "pump_fetch_records": 5_000, "pump_pause_rows": 20_000, "pump_resume_rows": 5_000,
+}
+
+
+def _node_parser() -> argparse.ArgumentParser:
+    for action in build_parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices["node"]
+    raise AssertionError("no `node` command")
+
+
+def test_every_tunable_keeps_its_former_default() -> None:
+    assert set(NODE_TUNABLES) == set(FORMER_CONSTANTS)
+    defaults = Settings()
+    assert {name: getattr(defaults, name) for name in NODE_TUNABLES} == FORMER_CONSTANTS
+
+
+def test_every_tunable_is_a_node_flag_whose_help_names_its_variable_and_default() -> None:
+    by_dest = {a.dest: a for a in _node_parser()._actions}
+    fields = {f.name: f for f in dataclasses.fields(Settings)}
+    for name in NODE_TUNABLES:
+        action = by_dest[name]
+        assert flag_name(name) in action.option_strings
+        assert env_name(name) in (action.help or "")
+        assert f"default {fields[name].default!r}" in (action.help or "")
+
+
+@pytest.mark.parametrize("name", NODE_TUNABLES)
+def test_a_tunable_comes_from_its_variable_and_the_flag_wins(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(env_name(name), "7_000")
+    assert getattr(settings_from_args(build_parser().parse_args(["node"])), name) == 7_000
+    args = build_parser().parse_args(["node", flag_name(name), "9"])
+    assert getattr(settings_from_args(args), name) == 9
