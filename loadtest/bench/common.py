@@ -74,14 +74,8 @@ def node_settings(node_env: dict[str, str]) -> Settings:
 
 
 def node_ingest_concurrency(node: Settings) -> int:
-    """Jobs of one ingest batch a shard writes to Cassandra at once: a node setting where the
-    node has it, else the shard actor's constant."""
-    configured = getattr(node, "ingest_concurrency", None)
-    if configured is not None:
-        return int(configured)
-    from chronowheel.node.shard import INGEST_CONCURRENCY
-
-    return INGEST_CONCURRENCY
+    """Jobs of one ingest batch a shard writes to Cassandra at once (a node setting)."""
+    return int(node.ingest_concurrency)
 
 
 # --- output ---------------------------------------------------------------------------------
