@@ -31,6 +31,7 @@ from chronowheel.node.metrics import NodeMetrics
 from chronowheel.node.pending import OccurrenceKey, Pending
 from chronowheel.node.publisher import Publisher, state_key
 from chronowheel.node.shard import ShardActor
+from chronowheel.node.transactions import NodeTransactions
 from chronowheel.settings import Settings
 from chronowheel.store.memory import MemoryStore
 from hypothesis import HealthCheck, settings
@@ -66,9 +67,15 @@ class ShardMachine(RuleBasedStateMachine):
         group = self.bus.submit_group(group_id="sm-nodes", client_id="sm",
                                       session_timeout_ms=10_000, on_assigned=_nothing,
                                       on_revoked=_nothing)
+        metrics = NodeMetrics()
+        self.transactions = NodeTransactions(
+            producer=lambda: self.bus.producer("sm-node-sm", "sm-nodes"), clock=self.clock,
+            metrics=metrics, on_fenced=lambda session: None)
+        self.loop.run_until_complete(self.transactions.start())
+        self.txn_task = self.loop.create_task(self.transactions.run())
         self.actor = ShardActor(
-            shard=0, shards=1, settings=s, store=self.store, bus=self.bus, submit=group,
-            clock=self.clock, metrics=NodeMetrics(),
+            shard=0, shards=1, settings=s, store=self.store, bus=self.bus,
+            transactions=self.transactions, submit=group, clock=self.clock, metrics=metrics,
             policy=ValidationPolicy.from_settings(s), group_id="sm-nodes", node_id="sm",
             dispatch_blocked=lambda: False)
         self.state = self.actor.state
@@ -85,14 +92,14 @@ class ShardMachine(RuleBasedStateMachine):
         commit = publisher.commit
         self.published: set[tuple[bytes, int, int]] = set()
 
-        async def checked_commit(fired: list[Pending]) -> None:
+        async def checked_commit(fired: list[Pending], *, release: bool = False) -> None:
             now = self.clock.now_ms()
             for p in fired:
                 assert p.slot_ms <= now, f"early: {p.job_id} slot {p.slot_ms} at {now}"
                 occurrence = (p.payload, p.scheduled_ms, p.attempt)
                 assert occurrence not in self.published, f"published twice: {occurrence}"
                 self.published.add(occurrence)
-            await commit(fired)
+            await commit(fired, release=release)
 
         publisher.commit = checked_commit  # type: ignore[method-assign]
 
@@ -228,6 +235,9 @@ class ShardMachine(RuleBasedStateMachine):
             self.task.cancel()
             with contextlib.suppress(BaseException):
                 self._turn(self.task)
+            self.txn_task.cancel()
+            with contextlib.suppress(BaseException):
+                self._turn(self.txn_task)
             self.loop.close()
 
     def _drain(self) -> None:

@@ -6,11 +6,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import (
+    CommitFailedError,
+    IllegalStateError,
     InvalidProducerEpoch,
     KafkaError,
     ProducerFenced,
@@ -45,9 +47,11 @@ def _translated(what: str) -> Iterator[None]:
 
 
 class KafkaTransaction:
-    def __init__(self, producer: AIOKafkaProducer, submit: TopicPartition, group_id: str) -> None:
+    def __init__(self, producer: AIOKafkaProducer, transactional_id: str, submit_topic: str,
+                 group_id: str) -> None:
         self._producer = producer
-        self._submit = submit
+        self._id = transactional_id
+        self._submit_topic = submit_topic
         self._group_id = group_id
         self._batches: dict[tuple[str, int], Any] = {}
 
@@ -63,22 +67,22 @@ class KafkaTransaction:
         if batch is not None and batch.append(key=key, value=value, timestamp=None,
                                               headers=headers) is not None:
             return
-        with _translated(f"publishing to {topic}[{partition}]"):
+        with _translated(f"{self._id}: publishing to {topic}[{partition}]"):
             if batch is not None:
                 await self._producer.send_batch(batch, topic, partition=partition)  # full
             batch = self._batches[(topic, partition)] = self._producer.create_batch()
         if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
-            raise BusError(f"message for {topic} too large for one batch")
+            raise BusError(f"{self._id}: message for {topic} too large for one batch")
 
-    async def commit(self, submit_offset: int | None) -> None:
-        with _translated(f"committing the transaction of {self._submit.topic}"
-                         f"[{self._submit.partition}]"):
+    async def commit(self, submit_offsets: Mapping[int, int]) -> None:
+        with _translated(f"{self._id}: committing a transaction"):
             for (topic, part), batch in self._batches.items():
                 await self._producer.send_batch(batch, topic, partition=part)
             self._batches.clear()
-            if submit_offset is not None:
+            if submit_offsets:
                 await self._producer.send_offsets_to_transaction(
-                    {self._submit: submit_offset}, self._group_id)
+                    {TopicPartition(self._submit_topic, k): off
+                     for k, off in submit_offsets.items()}, self._group_id)
             await self._producer.commit_transaction()
 
     async def abort(self) -> None:
@@ -87,28 +91,30 @@ class KafkaTransaction:
             await self._producer.abort_transaction()
 
 
-class KafkaShardProducer:
-    def __init__(self, settings: Settings, shard: int, group_id: str) -> None:
-        self._shard = shard
+class KafkaTxnProducer:
+    def __init__(self, settings: Settings, transactional_id: str, group_id: str) -> None:
+        self._id = transactional_id
         self._group_id = group_id
-        self._submit = TopicPartition(settings.submit_topic, shard)
-        self._producer = transactional_producer(settings,
-                                                f"{settings.namespace}-shard-{shard}")
+        self._submit_topic = settings.submit_topic
+        self._producer = transactional_producer(settings, transactional_id)
+
+    @property
+    def transactional_id(self) -> str:
+        return self._id
 
     async def start(self) -> None:
-        # init_transactions bumps the epoch of this transactional.id: the previous owner is
-        # fenced from here on, and its open transaction (if any) is aborted.
-        with _translated(f"shard {self._shard}: init transactional producer"):
-            await with_retries(self._producer.start,
-                               f"shard {self._shard}: init transactional producer")
+        # init_transactions bumps the epoch of this transactional.id: any other producer with
+        # it is fenced from here on, and its open transaction (if any) is aborted.
+        with _translated(f"{self._id}: init transactional producer"):
+            await with_retries(self._producer.start, f"{self._id}: init transactional producer")
 
     async def stop(self) -> None:
         await self._producer.stop()
 
     async def begin(self) -> KafkaTransaction:
-        with _translated(f"shard {self._shard}: begin transaction"):
+        with _translated(f"{self._id}: begin transaction"):
             await self._producer.begin_transaction()
-        return KafkaTransaction(self._producer, self._submit, self._group_id)
+        return KafkaTransaction(self._producer, self._id, self._submit_topic, self._group_id)
 
     async def partition_count(self, topic: str) -> int | None:
         try:
@@ -167,6 +173,29 @@ class KafkaSubmitGroup:
     def assigned(self) -> set[int]:
         return {tp.partition for tp in self._consumer.assignment()}
 
+    async def check_membership(self) -> bool:
+        # aiokafka has no call that only validates the member, so commit an assigned
+        # partition's committed offset again (a no-op for the group): the coordinator checks
+        # the generation and member id of every OffsetCommit. Nothing else commits these
+        # offsets meanwhile: this is called while the node's producer is fenced.
+        for tp in sorted(self._consumer.assignment()):
+            with _translated(f"{tp.topic}[{tp.partition}]: reading the committed offset"):
+                offset = await self._consumer.committed(tp)
+            if offset is None:
+                continue
+            try:
+                await self._consumer.commit({tp: offset})
+            except (CommitFailedError, IllegalStateError) as exc:
+                log.warning("group membership check failed: %s", exc)
+                return False
+            except KafkaError as exc:
+                raise BusError(f"group membership check on {tp.topic}[{tp.partition}]: "
+                               f"{exc!r}") from exc
+            return True
+        # Nothing committed yet on any assigned partition (or nothing assigned): only a
+        # rejoin can tell; the caller re-takes nothing it does not hold.
+        return bool(self._consumer.assignment())
+
     async def committed(self, shard: int) -> int | None:
         offset: int | None = await self._consumer.committed(self._tp(shard))
         return offset
@@ -188,24 +217,37 @@ class KafkaNodeBus:
                                 session_timeout_ms=session_timeout_ms,
                                 on_assigned=on_assigned, on_revoked=on_revoked)
 
-    def shard_producer(self, shard: int, group_id: str) -> KafkaShardProducer:
-        return KafkaShardProducer(self._settings, shard, group_id)
+    def producer(self, transactional_id: str, group_id: str) -> KafkaTxnProducer:
+        return KafkaTxnProducer(self._settings, transactional_id, group_id)
 
-    async def read_last(self, topic: str, partition: int, key: bytes,
-                        timeout_ms: int) -> bytes | None:
+    async def read_last(self, topic: str, partition: int, key: bytes, timeout_ms: int, *,
+                        settled: bool = False) -> bytes | None:
         tp = TopicPartition(topic, partition)
         consumer = reader(self._settings)
         await consumer.start()
         try:
             consumer.assign([tp])
+            # read_committed: end_offsets is the last stable offset (before the first open
+            # transaction). Settled: the high watermark, which a read_committed position
+            # reaches only once every transaction that wrote below it is resolved.
             end = (await consumer.end_offsets([tp]))[tp]
             await consumer.seek_to_beginning(tp)
             found: bytes | None = None
             deadline = time.monotonic() + timeout_ms / 1000
-            while await consumer.position(tp) < end:
+            while True:
+                position = await consumer.position(tp)
+                if settled:
+                    high = consumer.highwater(tp)
+                    end = max(end, high if high is not None else end)
+                    done = high is not None and position >= end
+                else:
+                    done = position >= end
+                if done:
+                    break
                 if time.monotonic() > deadline:
-                    raise BusError(f"timed out reading {topic}[{partition}] to its end "
-                                   f"({timeout_ms} ms)")
+                    raise BusError(f"timed out reading {topic}[{partition}] to its "
+                                   f"{'high watermark' if settled else 'end'} {end} "
+                                   f"({timeout_ms} ms, at {position})")
                 batch = await consumer.getmany(tp, timeout_ms=500)
                 for msg in batch.get(tp, []):
                     if msg.key == key and msg.value:

@@ -2,15 +2,16 @@
 
 Topics are lists of partition logs. Transactions buffer their messages and append them (and the
 group offset) only on commit, so every log holds committed messages only, as a read_committed
-consumer sees them. Starting a shard producer fences the previous one with the same
-transactional id, as `init_transactions` does. One event loop only.
+consumer sees them; an open transaction is tracked by transactional id, so a settled read waits
+for it. Starting a producer fences the previous one with the same transactional id and aborts
+its open transaction, as `init_transactions` does. One event loop only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from chronowheel.bus.ports import BusError, Fenced, Headers, ShardsChanged, SubmitRecord
@@ -56,6 +57,16 @@ class MemoryBus:
         self.topics: dict[str, list[list[Message]]] = {}
         self.group_offsets: dict[tuple[str, str, int], int] = {}
         self.epochs: dict[str, int] = {}
+        self.open_txns: dict[str, MemoryTransaction] = {}
+        """transactional id -> its open transaction (aborted when the id is started again)."""
+        self.resolved = asyncio.Event()
+        """Set whenever an open transaction ends (commit, abort, fence)."""
+        self.held: dict[str, asyncio.Event] = {}
+        """transactional id -> commits of it wait for this event (see `hold_commits`)."""
+        self.members: dict[str, list[MemorySubmitGroup]] = {}
+        """group id -> members in the order they joined (see `MemorySubmitGroup.start`)."""
+        self.starts: list[str] = []
+        """Transactional ids in the order producers were started (initialised)."""
         self.commits = 0
         self.fail_commits = 0
         """Make this many next commits fail with BusError (after nothing was applied)."""
@@ -76,6 +87,11 @@ class MemoryBus:
                 headers: Sequence[tuple[str, bytes]] = ()) -> Message:
         """A plain (non-transactional) send, visible at once."""
         return self._append(topic, partition, key, value, list(headers))
+
+    def hold_commits(self, transactional_id: str) -> asyncio.Event:
+        """Make commits of `transactional_id` wait (as a process stopped mid-commit, with its
+        transaction open) until the returned event is set."""
+        return self.held.setdefault(transactional_id, asyncio.Event())
 
     def messages(self, topic: str) -> list[Message]:
         """Every message of `topic`, in the order they became visible."""
@@ -100,17 +116,25 @@ class MemoryBus:
         del client_id, session_timeout_ms
         return MemorySubmitGroup(self, group_id, on_assigned, on_revoked)
 
-    def shard_producer(self, shard: int, group_id: str) -> MemoryShardProducer:
-        return MemoryShardProducer(self, f"{self.settings.namespace}-shard-{shard}", shard,
-                                   group_id)
+    def producer(self, transactional_id: str, group_id: str) -> MemoryTxnProducer:
+        return MemoryTxnProducer(self, transactional_id, group_id)
 
-    async def read_last(self, topic: str, partition: int, key: bytes,
-                        timeout_ms: int) -> bytes | None:
-        del timeout_ms
+    async def read_last(self, topic: str, partition: int, key: bytes, timeout_ms: int, *,
+                        settled: bool = False) -> bytes | None:
         await asyncio.sleep(0)
         logs = self.topics.get(topic)
         if logs is None or not 0 <= partition < len(logs):
             raise BusError(f"no partition {partition} of topic {topic}")
+        if settled:  # wait (in real time) until no open transaction wrote to the partition
+            async def resolved() -> None:
+                while any(t.writes_to(topic, partition) for t in self.open_txns.values()):
+                    self.resolved.clear()
+                    await self.resolved.wait()
+            try:
+                await asyncio.wait_for(resolved(), timeout_ms / 1000)
+            except TimeoutError:
+                raise BusError(f"timed out reading {topic}[{partition}] to its high watermark "
+                               f"({timeout_ms} ms)") from None
         found: bytes | None = None
         for msg in logs[partition]:
             if msg.key == key and msg.value:
@@ -119,11 +143,17 @@ class MemoryBus:
 
 
 class MemoryTransaction:
-    def __init__(self, producer: MemoryShardProducer) -> None:
+    def __init__(self, producer: MemoryTxnProducer) -> None:
         self._producer = producer
         self._bus = producer.bus
         self._pending: list[_Pending] = []
         self._open: dict[tuple[str, int], int] = {}  # messages in the current batch
+        self.aborted = False
+
+    def writes_to(self, topic: str, partition: int) -> bool:
+        """Whether this open transaction has a message for that partition (in Kafka: holds
+        its last stable offset back until the transaction is resolved)."""
+        return any(p.topic == topic and p.partition == partition for p in self._pending)
 
     def append(self, topic: str, partition: int, key: bytes | None, value: bytes,
                headers: Headers) -> bool:
@@ -138,17 +168,24 @@ class MemoryTransaction:
                       headers: Headers) -> None:
         self._producer.check_epoch()
         await asyncio.sleep(0)
+        self._producer.check_epoch()
         if len(value) > self._bus.max_message_bytes:
             raise BusError(f"message for {topic} too large for one batch")
         if not self.append(topic, partition, key, value, headers):
             self._open[(topic, partition)] = 1  # a new batch
             self._pending.append(_Pending(topic, partition, key, value, list(headers)))
 
-    async def commit(self, submit_offset: int | None) -> None:
+    async def commit(self, submit_offsets: Mapping[int, int]) -> None:
         bus = self._bus
-        self._producer.check_epoch()
+        producer = self._producer
+        producer.check_epoch()
         await asyncio.sleep(0)
-        self._producer.check_epoch()
+        held = bus.held.get(producer.transactional_id)
+        if held is not None:  # a test pauses this producer mid-commit (a stopped process)
+            await held.wait()
+        producer.check_epoch()
+        if self.aborted:
+            raise Fenced(f"producer {producer.transactional_id}: transaction aborted")
         if bus.fail_commits:
             bus.fail_commits -= 1
             raise BusError("commit failed (injected)")
@@ -158,38 +195,54 @@ class MemoryTransaction:
                 raise BusError(f"no partition {p.partition} of topic {p.topic}")
         for p in self._pending:
             bus._append(p.topic, p.partition, p.key, p.value, p.headers)
-        if submit_offset is not None:
-            bus.group_offsets[(self._producer.group_id, bus.settings.submit_topic,
-                               self._producer.shard)] = submit_offset
+        for shard, offset in submit_offsets.items():
+            bus.group_offsets[(producer.group_id, bus.settings.submit_topic, shard)] = offset
         bus.commits += 1
-        self._pending.clear()
-        self._producer.in_transaction = False
+        self._end()
 
     async def abort(self) -> None:
+        self._end()
+
+    def _end(self) -> None:
         self._pending.clear()
-        self._producer.in_transaction = False
+        producer = self._producer
+        producer.in_transaction = False
+        if self._bus.open_txns.get(producer.transactional_id) is self:
+            del self._bus.open_txns[producer.transactional_id]
+        self._bus.resolved.set()
 
 
-class MemoryShardProducer:
-    def __init__(self, bus: MemoryBus, transactional_id: str, shard: int, group_id: str) -> None:
+class MemoryTxnProducer:
+    def __init__(self, bus: MemoryBus, transactional_id: str, group_id: str) -> None:
         self.bus = bus
-        self.transactional_id = transactional_id
-        self.shard = shard
+        self._id = transactional_id
         self.group_id = group_id
         self.epoch: int | None = None
         self.in_transaction = False
 
+    @property
+    def transactional_id(self) -> str:
+        return self._id
+
     def check_epoch(self) -> None:
         if self.epoch is None:
-            raise BusError(f"producer {self.transactional_id} not started")
-        if self.bus.epochs[self.transactional_id] != self.epoch:
-            raise Fenced(f"producer {self.transactional_id} epoch {self.epoch} is fenced by "
-                         f"epoch {self.bus.epochs[self.transactional_id]}")
+            raise BusError(f"producer {self._id} not started")
+        if self.bus.epochs[self._id] != self.epoch:
+            raise Fenced(f"producer {self._id} epoch {self.epoch} is fenced by "
+                         f"epoch {self.bus.epochs[self._id]}")
 
     async def start(self) -> None:
         await asyncio.sleep(0)
-        self.epoch = self.bus.epochs.get(self.transactional_id, 0) + 1
-        self.bus.epochs[self.transactional_id] = self.epoch
+        bus = self.bus
+        self.epoch = bus.epochs.get(self._id, 0) + 1
+        bus.epochs[self._id] = self.epoch
+        # As InitProducerId: the open transaction of an earlier producer of this id aborts.
+        open_txn = bus.open_txns.pop(self._id, None)
+        if open_txn is not None:
+            open_txn.aborted = True
+            open_txn._pending.clear()
+            bus.resolved.set()
+        bus.starts.append(self._id)
 
     async def stop(self) -> None:
         self.in_transaction = False
@@ -197,9 +250,11 @@ class MemoryShardProducer:
     async def begin(self) -> MemoryTransaction:
         self.check_epoch()
         if self.in_transaction:
-            raise BusError(f"producer {self.transactional_id}: a transaction is already open")
+            raise BusError(f"producer {self._id}: a transaction is already open")
         self.in_transaction = True
-        return MemoryTransaction(self)
+        txn = MemoryTransaction(self)
+        self.bus.open_txns[self._id] = txn
+        return txn
 
     async def partition_count(self, topic: str) -> int | None:
         await asyncio.sleep(0)
@@ -208,8 +263,8 @@ class MemoryShardProducer:
 
 
 class MemorySubmitGroup:
-    """One member of the node group. `start` assigns it every shard (a group of one);
-    tests move shards with `assign` and `revoke`."""
+    """One member of the node group. `start` assigns it every shard (a group of one) and makes
+    the earlier members stale; tests move shards with `assign` and `revoke`."""
 
     def __init__(self, bus: MemoryBus, group_id: str, on_assigned: ShardsChanged,
                  on_revoked: ShardsChanged) -> None:
@@ -219,10 +274,17 @@ class MemorySubmitGroup:
         self._on_assigned = on_assigned
         self._on_revoked = on_revoked
         self._assigned: set[int] = set()
+        self.stale = False
+        """Set by a test: this member's generation is over (its session expired)."""
         self._paused: set[int] = set()
         self._position: dict[int, int] = {}
 
     async def start(self) -> None:
+        # The group moves to a new generation without the earlier members, which are not told
+        # (as a paused process whose session expired): they find out by `check_membership`.
+        for member in self.bus.members.setdefault(self.group_id, []):
+            member.stale = True
+        self.bus.members[self.group_id].append(self)
         count = self.partition_count()
         if count:
             await self.assign(list(range(count)))
@@ -277,6 +339,10 @@ class MemorySubmitGroup:
 
     def assigned(self) -> set[int]:
         return set(self._assigned)
+
+    async def check_membership(self) -> bool:
+        await asyncio.sleep(0)
+        return not self.stale
 
     async def committed(self, shard: int) -> int | None:
         return self.bus.group_offsets.get((self.group_id, self.topic, shard))

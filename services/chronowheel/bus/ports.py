@@ -8,7 +8,7 @@ Partitions of `<ns>.submit` and `<ns>.state` are shards: a shard is named by its
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
 
 from chronowheel.errors import ChronowheelError
@@ -46,12 +46,13 @@ class SubmitRecord(Protocol):
     def headers(self) -> Sequence[tuple[str, bytes]]: ...
 
 
-class ShardTransaction(Protocol):
-    """One open Kafka transaction of a shard's producer.
+class Transaction(Protocol):
+    """One open Kafka transaction of a transactional producer.
 
     Messages become visible to read_committed consumers only when `commit` returns; after an
     exception from any method the caller must `abort` (which never raises) and drop the
-    transaction. Raises `Fenced` when a newer owner exists, `BusError` on any other failure.
+    transaction. Raises `Fenced` when a newer producer with the same transactional id exists,
+    `BusError` on any other failure.
     """
 
     def append(self, topic: str, partition: int, key: bytes | None, value: bytes,
@@ -66,29 +67,35 @@ class ShardTransaction(Protocol):
         message does not fit an empty batch."""
         ...
 
-    async def commit(self, submit_offset: int | None) -> None:
-        """Send every buffered message and, when given, the shard's next `<ns>.submit` offset
-        for the node group, then commit all of it atomically."""
+    async def commit(self, submit_offsets: Mapping[int, int]) -> None:
+        """Send every buffered message and the given next `<ns>.submit` offsets (shard ->
+        offset) for the node group, then commit all of it atomically."""
         ...
 
     async def abort(self) -> None:
-        """Abort the transaction; never raises (the shard is failing anyway)."""
+        """Abort the transaction; never raises."""
         ...
 
 
-class ShardProducer(Protocol):
-    """The transactional producer of one shard (transactional id `<ns>-shard-<k>`)."""
+class TxnProducer(Protocol):
+    """A transactional producer: the node's (`<ns>-node-<node id>`, every dispatch cycle of
+    every owned shard), a shard's (`<ns>-shard-<k>`, only to commit a takeover's claim), or
+    one started only to fence a previous owner."""
+
+    @property
+    def transactional_id(self) -> str: ...
 
     async def start(self) -> None:
-        """Initialise transactions: from here on the previous owner is fenced and its open
-        transaction is aborted. Retries transient failures; raises BusError after that."""
+        """Initialise transactions: from here on any other producer with the same id is
+        fenced and its open transaction is aborted. Retries transient failures; raises
+        BusError after that."""
         ...
 
     async def stop(self) -> None:
         """Release the producer; an open transaction is aborted by the broker."""
         ...
 
-    async def begin(self) -> ShardTransaction:
+    async def begin(self) -> Transaction:
         """Open a transaction (at most one at a time). Raises Fenced or BusError."""
         ...
 
@@ -146,6 +153,13 @@ class SubmitGroup(SubmitPositions, Protocol):
         """Shards currently assigned to this member."""
         ...
 
+    async def check_membership(self) -> bool:
+        """Whether this member is still in the group's current generation, asked of the
+        group coordinator (a synchronous offset commit): False when the group has moved on
+        without it (a paused member whose session expired) or is rebalancing. Raises
+        BusError when the coordinator cannot be asked."""
+        ...
+
 
 class NodeBus(Protocol):
     """Everything a node needs from Kafka."""
@@ -153,14 +167,16 @@ class NodeBus(Protocol):
     def submit_group(self, *, group_id: str, client_id: str, session_timeout_ms: int,
                      on_assigned: ShardsChanged, on_revoked: ShardsChanged) -> SubmitGroup: ...
 
-    def shard_producer(self, shard: int, group_id: str) -> ShardProducer:
-        """A (not yet started) transactional producer for `shard`; `group_id` is the group
-        whose submit offsets its transactions commit."""
+    def producer(self, transactional_id: str, group_id: str) -> TxnProducer:
+        """A (not yet started) transactional producer; `group_id` is the group whose submit
+        offsets its transactions commit."""
         ...
 
-    async def read_last(self, topic: str, partition: int, key: bytes,
-                        timeout_ms: int) -> bytes | None:
+    async def read_last(self, topic: str, partition: int, key: bytes, timeout_ms: int, *,
+                        settled: bool = False) -> bytes | None:
         """The value of the last committed record with `key` in one partition of a compacted
-        topic (None when there is none). Raises BusError when the end is not reached in
-        `timeout_ms`."""
+        topic (None when there is none). `settled`: read up to the partition's high
+        watermark, so wait until every transaction that wrote to it is committed or aborted
+        (without it, up to the last stable offset: open transactions are not waited for).
+        Raises BusError when the end is not reached in `timeout_ms`."""
         ...

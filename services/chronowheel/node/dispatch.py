@@ -56,8 +56,8 @@ class Dispatcher:
         self._schedules: OrderedDict[bytes, tuple[JobSpec, Schedule]] = OrderedDict()
 
     async def step(self, *, final: bool = False) -> None:
-        """Fire what is due and commit; `final` also commits an unchanged-but-uncommitted
-        watermark at once (graceful stop)."""
+        """Fire what is due and commit; `final` (graceful stop) commits at once and releases
+        the shard."""
         state = self.state
         now = self.clock.now_ms()
         fired: list[Pending] = []
@@ -71,8 +71,10 @@ class Dispatcher:
                        and (final or (now - state.last_commit_ms >= s.idle_commit_ms
                                       # not right before a due entry: it would wait for it
                                       and (nd is None or nd > now + s.idle_commit_clearance_ms))))
-        if fired or state.outbox or state.offset_to_commit is not None or idle_commit:
-            await self.publisher.commit(fired)
+        # The final commit of a graceful stop always goes: it releases the shard (its record
+        # names no owner), so the next owner has no reason to fence this node.
+        if fired or state.outbox or state.offset_to_commit is not None or idle_commit or final:
+            await self.publisher.commit(fired, release=final)
 
     async def wait(self) -> None:
         """Sleep until the next due entry, the next idle commit, or a wake-up."""

@@ -41,8 +41,16 @@ class NodeMetrics:
                                  "catch-ups (policy all) that hit max_catch_up and coalesced",
                                  registry=r)
         self.txn_seconds = Histogram("chronowheel_transaction_seconds",
-                                     "dispatch transaction latency (begin to committed)",
+                                     "node transaction latency (begin to committed)",
                                      buckets=LATENESS_BUCKETS, registry=r)
+        self.txn_messages = Counter("chronowheel_transaction_messages_total",
+                                    "messages (fired, outbox, state records) in committed "
+                                    "node transactions", registry=r)
+        self.txn_shards = Counter("chronowheel_transaction_shard_parts_total",
+                                  "shard contributions in committed node transactions",
+                                  registry=r)
+        self.fenced = Counter("chronowheel_node_fenced_total",
+                              "times the node's producer was found fenced", registry=r)
         self.clock_skew = Gauge("chronowheel_clock_skew_seconds",
                                 "local clock minus Cassandra's clock", registry=r)
         self.dispatch_blocked = Gauge("chronowheel_dispatch_blocked",

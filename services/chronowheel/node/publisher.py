@@ -1,8 +1,10 @@
-"""The transaction publisher: one Kafka transaction per dispatch step.
+"""The shard's publisher: its part of the node transaction, one per dispatch step.
 
-It carries the fired occurrences, ingest's outbox (forwarded and rejected commands), the
-dead-lettered occurrences of unknown topics, the shard's state record (its watermark) and the
-submit offset after the last fully applied ingest batch: all of it or none of it.
+A part carries the fired occurrences, ingest's outbox (forwarded and rejected commands), the
+dead-lettered occurrences of unknown topics, the shard's state record (its watermark and its
+owner, the node's transactional id) and the submit offset after the last fully applied ingest
+batch: all of it or none of it, in the same transaction as the other shards' parts
+(`node/transactions.py`).
 """
 
 from __future__ import annotations
@@ -12,20 +14,16 @@ import logging
 
 import orjson
 
-from chronowheel.bus.ports import BusError, Fenced, ShardProducer, ShardTransaction
+from chronowheel.bus.ports import Transaction, TxnProducer
 from chronowheel.core.clock import Clock
 from chronowheel.core.shard import shard_of
-from chronowheel.errors import ChronowheelError
 from chronowheel.node.metrics import NodeMetrics
 from chronowheel.node.pending import Pending
 from chronowheel.node.state import Outgoing, ShardState
+from chronowheel.node.transactions import NodeTransactions
 from chronowheel.settings import Settings
 
 log = logging.getLogger(__name__)
-
-
-class ShardLost(ChronowheelError):
-    """Another node owns this shard now (our producer was fenced)."""
 
 
 def state_key(shard: int) -> bytes:
@@ -37,42 +35,75 @@ def decode_watermark(value: bytes) -> int:
     return int(orjson.loads(value)["watermark"])
 
 
+def legacy_transactional_id(namespace: str, shard: int) -> str:
+    """The per-shard transactional id: the producer that wrote a shard's records before the
+    node-level transactions, and the one a takeover's claim is committed with now."""
+    return f"{namespace}-shard-{shard}"
+
+
+def recorded_owner(value: bytes | None, namespace: str, shard: int) -> str | None:
+    """The transactional id that may still publish for the shard according to its last
+    committed state record: its `owner`; a record without one was written by a per-shard
+    producer (before node transactions); None when the shard was released or never owned."""
+    if value is None:
+        return None
+    record = orjson.loads(value)
+    if "owner" not in record:
+        return legacy_transactional_id(namespace, shard)
+    owner = record["owner"]
+    return None if owner is None else str(owner)
+
+
+def state_record(*, shard: int, watermark: int, state: ShardState | None, node_id: str,
+                 owner: str | None, at: int, claim: bool = False) -> bytes:
+    """A shard's record in `<ns>.state`: its committed watermark and its owner (the
+    transactional id that may publish for it from this record on; None: released)."""
+    record: dict[str, object] = {"shard": shard, "watermark": watermark, "node": node_id,
+                                 "owner": owner, "at": at}
+    if state is not None:
+        record["horizon"] = state.horizon_ms
+        record["wheel"] = len(state.wheel)
+    if claim:
+        record["claim"] = True
+    return orjson.dumps(record)
+
+
 class Publisher:
-    def __init__(self, *, state: ShardState, producer: ShardProducer, settings: Settings,
-                 clock: Clock, metrics: NodeMetrics, node_id: str) -> None:
+    """A shard's side of the node transaction: what one commit of this shard carries."""
+
+    def __init__(self, *, state: ShardState, transactions: NodeTransactions,
+                 settings: Settings, clock: Clock, metrics: NodeMetrics, node_id: str) -> None:
         self.state = state
         self.shard = state.shard
-        self.producer = producer
+        self.transactions = transactions
         self.settings = settings
         self.clock = clock
         self.metrics = metrics
         self.node_id = node_id
+        self.session: int | None = None
+        """The coordinator's session in force before this shard's claim began (set by the
+        takeover); commits of another session are refused."""
         self._partitions: dict[str, int] = {}
 
-    async def commit(self, fired: list[Pending]) -> None:
-        """Publish `fired` with everything pending in one transaction; raise ShardLost when
-        fenced, ChronowheelError on any other failure (the shard then restarts from its
-        committed watermark and offset: crash-only recovery)."""
+    async def commit(self, fired: list[Pending], *, release: bool = False) -> None:
+        """Publish `fired` with everything pending in the next node transaction; `release`
+        (the last commit of a graceful stop) records the shard as owned by nobody, so the next
+        owner need not fence this node. Raises ShardLost when fenced, ChronowheelError on any
+        other failure (the shard then restarts from its committed watermark and offset:
+        crash-only recovery)."""
         state = self.state
+        assert self.session is not None, f"shard {self.shard}: commit before the takeover"
         started = self.clock.now_ms()
         watermark = state.watermark
         # Ingest keeps appending while the transaction is open: take what is there now.
         outbox, state.outbox = state.outbox, []
         offset, state.offset_to_commit = state.offset_to_commit, None
-        try:
-            txn = await self.producer.begin()
-            try:
-                await self._fill(txn, fired, outbox, watermark, started)
-                await txn.commit(offset)
-            except BaseException:
-                await txn.abort()
-                raise
-        except Fenced as exc:
-            raise ShardLost(f"shard {self.shard}: fenced by a newer owner ({exc})") from exc
-        except BusError as exc:
-            raise ChronowheelError(f"shard {self.shard}: transaction failed: {exc}") from exc
+
+        async def fill(txn: Transaction) -> int:
+            return await self._fill(txn, fired, outbox, watermark, started, release)
+
+        await self.transactions.commit(self.shard, self.session, fill, offset)
         done = self.clock.now_ms()
-        self.metrics.txn_seconds.observe((done - started) / 1000)
         observe = self.metrics.lateness.observe
         for p in fired:
             observe(max(0, done - p.slot_ms) / 1000)
@@ -80,8 +111,8 @@ class Publisher:
         state.committed_watermark = watermark
         state.last_commit_ms = done
 
-    async def _fill(self, txn: ShardTransaction, fired: list[Pending], outbox: list[Outgoing],
-                    watermark: int, started: int) -> None:
+    async def _fill(self, txn: Transaction, fired: list[Pending], outbox: list[Outgoing],
+                    watermark: int, started: int, release: bool) -> int:
         fired_at = str(self.clock.now_ms()).encode()
         dead: list[Outgoing] = []
         known = self._partitions
@@ -103,18 +134,18 @@ class Publisher:
                 n = await self._partition_count(out.topic) or 1
                 target = shard_of(out.key.decode("utf-8", "replace"), n) if out.key else 0
             await txn.publish(out.topic, target, out.key, out.value, out.headers)
-        state = self.state
-        record = orjson.dumps({"shard": self.shard, "watermark": watermark,
-                               "horizon": state.horizon_ms, "wheel": len(state.wheel),
-                               "node": self.node_id, "at": started})
+        owner = None if release else self.transactions.transactional_id
+        record = state_record(shard=self.shard, watermark=watermark, state=self.state,
+                              node_id=self.node_id, owner=owner, at=started)
         await txn.publish(self.settings.state_topic, self.shard, state_key(self.shard), record,
                           [])
+        return len(fired) + len(outbox) + 1
 
     async def _partition_count(self, topic: str) -> int | None:
         n = self._partitions.get(topic)
         if n is not None:
             return n
-        n = await self.producer.partition_count(topic)
+        n = await self.transactions.producer.partition_count(topic)
         if n is not None:
             self._partitions[topic] = n
         return n
@@ -129,7 +160,7 @@ class Publisher:
                          ("cw-error", f"target topic {p.topic} is unavailable".encode())])
 
 
-async def stop_quietly(producer: ShardProducer | None) -> None:
+async def stop_quietly(producer: TxnProducer | None) -> None:
     if producer is not None:
         with contextlib.suppress(Exception):
             await producer.stop()

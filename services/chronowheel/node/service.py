@@ -24,7 +24,12 @@ from chronowheel.core.model import ValidationPolicy
 from chronowheel.errors import ChronowheelError, ConfigError
 from chronowheel.node.http import HttpEndpoint
 from chronowheel.node.metrics import NodeMetrics
-from chronowheel.node.shard import ShardActor, ShardLost
+from chronowheel.node.shard import ShardActor
+from chronowheel.node.transactions import (
+    NodeTransactions,
+    ShardLost,
+    node_transactional_id,
+)
 from chronowheel.settings import Settings
 from chronowheel.store.base import JobStore
 from chronowheel.store.cassandra import CassandraStore
@@ -75,6 +80,8 @@ class Node:
         self.supervisor = Supervisor("node")
         self._side_tasks: list[asyncio.Task[Any]] = []
         self._cassandra: CassandraStore | None = None
+        self.transactions: NodeTransactions | None = None
+        self._recovering: asyncio.Task[None] | None = None
 
     # --- public ---------------------------------------------------------------------------
     @property
@@ -109,6 +116,15 @@ class Node:
         self.http = HttpEndpoint(self.metrics, self.health, s.http_port, s.http_host,
                                  token=s.http_token)
         await self.http.start()
+        # One transactional producer for every shard of this process; started (fencing an
+        # earlier process with the same node id) before any shard can be assigned.
+        bus = self._bus
+        txn_id = node_transactional_id(s.namespace, self.node_id)
+        self.transactions = NodeTransactions(
+            producer=lambda: bus.producer(txn_id, self.group_id), clock=self.clock,
+            metrics=self.metrics, on_fenced=self._on_fenced)
+        await self.transactions.start()
+        self._side_tasks = [self.supervisor.spawn(self.transactions.run(), "node-transactions")]
         group = self._bus.submit_group(
             group_id=self.group_id, client_id=self.node_id,
             session_timeout_ms=s.node_session_timeout_ms,
@@ -121,19 +137,29 @@ class Node:
             self._group = None
             raise ConfigError(f"{s.submit_topic} has {parts} partitions but the namespace "
                               f"has {self.shards} shards")
-        self._side_tasks = [self.supervisor.spawn(self._pump(), "ingest-pump"),
-                            self.supervisor.spawn(self._skew_monitor(), "clock-skew-monitor")]
+        self._side_tasks += [self.supervisor.spawn(self._pump(), "ingest-pump"),
+                             self.supervisor.spawn(self._skew_monitor(), "clock-skew-monitor")]
         log.info("node %s started: namespace %s, %d shards, group %s", self.node_id,
                  s.namespace, self.shards, self.group_id)
 
     async def shutdown(self) -> None:
         """Stop taking work, finish open transactions, leave the group."""
         self.supervisor.begin_shutdown()  # from here on, tasks that end are no failures
-        for t in self._side_tasks:
+        if self._recovering is not None:
+            self._recovering.cancel()
+            await asyncio.gather(self._recovering, return_exceptions=True)
+        # The transaction loop goes last: the shards' final commits (releases) need it.
+        loop_tasks = self._side_tasks[:1]
+        for t in self._side_tasks[1:]:
             t.cancel()
-        await asyncio.gather(*self._side_tasks, return_exceptions=True)
-        self._side_tasks.clear()
+        await asyncio.gather(*self._side_tasks[1:], return_exceptions=True)
         await self._stop_shards(list(self.owned))
+        for t in loop_tasks:
+            t.cancel()
+        await asyncio.gather(*loop_tasks, return_exceptions=True)
+        self._side_tasks.clear()
+        if self.transactions is not None:
+            await self.transactions.stop()
         if self._group is not None:
             with contextlib.suppress(Exception):
                 await self._group.stop()  # leaves the group: others take over at once
@@ -161,10 +187,61 @@ class Node:
             return True
         if isinstance(exc, ShardLost):
             log.warning("%s", exc)
-            del self.owned[shard]  # not ours any more (the group will revoke it too)
+            # Not ours any more (the group will revoke it too), or the node's producer was
+            # fenced: then `_recover` takes it again if the group still gives it to us.
+            del self.owned[shard]
             self.metrics.owned_shards.set(len(self.owned))
             return True
         return False
+
+    # --- fencing of the node's producer ---------------------------------------------------
+    def _on_fenced(self, session: int) -> None:
+        """The coordinator found our producer fenced: every actor of an older session can no
+        longer commit. Take the shards again (or not) in one recovery at a time."""
+        if self._recovering is None or self._recovering.done():
+            self._recovering = self.supervisor.job(self._recover(), "fence-recovery")
+
+    async def _recover(self) -> None:
+        """Stop every shard claimed before the fence; then, if this process is still a
+        current member of the group (a paused process whose session expired is not, and must
+        not take anything again by itself), take over again the shards the group gives it.
+        Shards that moved are dropped; the group's callbacks bring new ones as usual."""
+        assert self.transactions is not None and self._group is not None
+        while True:
+            session = self.transactions.session
+            stale = [k for k, o in self.owned.items()
+                     if o.actor.session is None or o.actor.session < session]
+            log.warning("node %s: producer fenced; stopping shards %s to take them over again",
+                        self.node_id, sorted(stale))
+            await self._abort_shards(stale)
+            try:
+                member = await self._group.check_membership()
+            except ChronowheelError as exc:
+                log.warning("node %s: group membership check failed (%s); shards stay "
+                            "stopped until the group assigns them again", self.node_id, exc)
+                member = False
+            if self.transactions.session != session:
+                continue  # fenced again meanwhile: stop what was claimed since, check again
+            if not member:
+                log.warning("node %s: no longer a current member of group %s: taking "
+                            "nothing again until the group assigns shards", self.node_id,
+                            self.group_id)
+                return
+            again = sorted(self._group.assigned() - set(self.owned))
+            log.warning("node %s: still a member of group %s; taking shards %s over again",
+                        self.node_id, self.group_id, again)
+            await self._start_shards(again)
+            return
+
+    async def _abort_shards(self, shards: list[int]) -> None:
+        """Stop actors that cannot commit anything any more: no drain (it would only fail)."""
+        owned = [self.owned.pop(k) for k in shards if k in self.owned]
+        for o in owned:
+            o.task.cancel()
+        for o in owned:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await o.task
+        self.metrics.owned_shards.set(len(self.owned))
 
     def _fail(self, what: str, exc: BaseException) -> None:
         self.supervisor.fail(what, exc)
@@ -175,9 +252,11 @@ class Node:
         for k in partitions:
             if k in self.owned:
                 continue
+            assert self.transactions is not None
             actor = ShardActor(
                 shard=k, shards=self.shards, settings=self.settings, store=self.store,
-                bus=self._bus, submit=self._group, clock=self.clock, metrics=self.metrics,
+                bus=self._bus, transactions=self.transactions, submit=self._group,
+                clock=self.clock, metrics=self.metrics,
                 policy=self.policy, group_id=self.group_id, node_id=self.node_id,
                 dispatch_blocked=lambda: self.blocked)
             task = self.supervisor.spawn(actor.run(), f"shard-{k}", expected=self._shard_ended)

@@ -1,14 +1,15 @@
 """The shard actor: supervises one owned shard's tasks around their shared `ShardState`.
 
-After the takeover (`node/takeover.py`) three tasks share the shard's state on one event loop:
-dispatch (`node/dispatch.py`, run by the actor itself) fires due occurrences and commits them,
-with ingest's outbox, the new watermark and the submit offsets of fully applied commands, in
-ONE Kafka transaction (`node/publisher.py`); ingest (`node/ingest.py`) applies submit commands,
-durable Cassandra writes first; the loader (`node/loader.py`) keeps the wheel filled from
-Cassandra's minute buckets ahead of time. Ingest and dispatch run concurrently so a burst of
-submissions does not delay firing; a per-job lock orders what both do to one job. The
-invariants they keep (watermark, horizon, offsets, ingest slots) are stated in
-`node/state.py`; the design behind them in docs/design.md.
+After the takeover and claim (`node/takeover.py`) three tasks share the shard's state on one
+event loop: dispatch (`node/dispatch.py`, run by the actor itself) fires due occurrences and
+commits them, with ingest's outbox, the new watermark and the submit offsets of fully applied
+commands, as one part of the node's next Kafka transaction (`node/publisher.py`,
+`node/transactions.py`: all of a shard's part or none of it); ingest (`node/ingest.py`) applies
+submit commands, durable Cassandra writes first; the loader (`node/loader.py`) keeps the wheel
+filled from Cassandra's minute buckets ahead of time. Ingest and dispatch run concurrently so a
+burst of submissions does not delay firing; a per-job lock orders what both do to one job. The
+invariants they keep (watermark, horizon, offsets, ingest slots) are stated in `node/state.py`;
+the design behind them in docs/design.md.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable
 
-from chronowheel.bus.ports import NodeBus, ShardProducer, SubmitPositions, SubmitRecord
+from chronowheel.bus.ports import NodeBus, SubmitPositions, SubmitRecord
 from chronowheel.core.clock import Clock
 from chronowheel.core.model import ValidationPolicy
 from chronowheel.errors import ChronowheelError
@@ -26,9 +27,10 @@ from chronowheel.node.dispatch import Dispatcher
 from chronowheel.node.ingest import Ingest
 from chronowheel.node.loader import Loader
 from chronowheel.node.metrics import NodeMetrics
-from chronowheel.node.publisher import Publisher, ShardLost, state_key, stop_quietly
+from chronowheel.node.publisher import Publisher, state_key
 from chronowheel.node.state import ShardState
 from chronowheel.node.takeover import take_over
+from chronowheel.node.transactions import NodeTransactions, ShardLost
 from chronowheel.node.writes import RowWriter
 from chronowheel.settings import Settings
 from chronowheel.store.base import JobStore
@@ -43,12 +45,14 @@ DRAIN_POLL_MS = 50
 
 class ShardActor:
     def __init__(self, *, shard: int, shards: int, settings: Settings, store: JobStore,
-                 bus: NodeBus, submit: SubmitPositions, clock: Clock, metrics: NodeMetrics,
-                 policy: ValidationPolicy, group_id: str, node_id: str,
-                 dispatch_blocked: Callable[[], bool]) -> None:
+                 bus: NodeBus, transactions: NodeTransactions, submit: SubmitPositions,
+                 clock: Clock, metrics: NodeMetrics, policy: ValidationPolicy, group_id: str,
+                 node_id: str, dispatch_blocked: Callable[[], bool]) -> None:
         self.shard = shard
         self.settings = settings
         self.bus = bus
+        self.transactions = transactions
+        self.group_id = group_id
         self.submit = submit
         self.clock = clock
         self.metrics = metrics
@@ -61,13 +65,13 @@ class ShardActor:
 
         self.state = ShardState(shard=shard, start_ms=clock.now_ms(), tick_ms=settings.tick_ms,
                                 ingest_slack_ms=settings.ingest_slack_ms)
-        self.producer: ShardProducer = bus.shard_producer(shard, group_id)
         writer = RowWriter(store, shard, settings.retention_ms)
         self.ingest = Ingest(state=self.state, shards=shards, settings=settings, store=store,
                              writer=writer, clock=clock, metrics=metrics, policy=policy)
         self.loader = Loader(state=self.state, settings=settings, store=store, clock=clock)
-        self.publisher = Publisher(state=self.state, producer=self.producer, settings=settings,
-                                   clock=clock, metrics=metrics, node_id=node_id)
+        self.publisher = Publisher(state=self.state, transactions=transactions,
+                                   settings=settings, clock=clock, metrics=metrics,
+                                   node_id=node_id)
         self.dispatcher = Dispatcher(state=self.state, settings=settings, store=store,
                                      writer=writer, publisher=self.publisher, clock=clock,
                                      metrics=metrics, policy=policy,
@@ -126,13 +130,21 @@ class ShardActor:
             for task in helpers:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-            await stop_quietly(self.producer)
             self.metrics.wheel_entries.labels(self.label).set(0)
             self._stopped.set()
 
+    @property
+    def session(self) -> int | None:
+        """The node transactions' session this actor belongs to (None before its takeover)."""
+        return self.publisher.session
+
     async def _takeover(self) -> None:
-        resume = await take_over(shard=self.shard, producer=self.producer, bus=self.bus,
-                                 submit=self.submit, settings=self.settings, clock=self.clock)
+        # The session is taken BEFORE the claim: a fence found after this moment may have been
+        # made by a node that read our claim, so it must end this actor (`node/transactions.py`).
+        self.publisher.session = self.transactions.session
+        resume = await take_over(shard=self.shard, transactions=self.transactions, bus=self.bus,
+                                 submit=self.submit, settings=self.settings, clock=self.clock,
+                                 group_id=self.group_id, node_id=self.node_id)
         state = self.state
         state.watermark = state.committed_watermark = resume.watermark
         state.horizon_ms = state.reading_upto = resume.watermark

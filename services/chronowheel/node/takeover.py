@@ -1,9 +1,24 @@
 """Takeover: make a shard ours and find where its previous owner stopped.
 
-Starting the shard's transactional producer fences the previous owner (its open transaction is
-aborted). The shard then resumes from the last committed watermark in `<ns>.state` and reads
-`<ns>.submit` from the node group's committed offset: everything after them is redone, and
-nothing before them was lost, because both were committed in the same transaction.
+A node publishes through ONE producer for all its shards (`node/transactions.py`), so fencing
+is by the owner each shard's state record names (docs/design.md, "Fencing"):
+
+1. Start the shard's own transactional producer `<ns>-shard-<k>`: it serialises claims of the
+   shard (a claimer that started before us can no longer commit its claim) and fences an owner
+   from before node transactions, which published with that id.
+2. Read the shard's last committed state record; fence the producer it names as owner (start
+   one with that transactional id: its epoch is bumped and its open transaction aborted),
+   unless it is this node or nobody (released on a graceful stop).
+3. Read the record again, *settled*: up to the partition's high watermark, so after every
+   transaction that wrote to it is resolved. If it names another owner, go back to 2.
+4. Commit a claim: a transaction of the shard's producer holding only the state record with
+   the watermark unchanged and owner = this node's id. Only then may the node publish for the
+   shard, so a later owner always finds, in step 2 or 3, every node that may hold an open
+   transaction with this shard's messages.
+
+The shard then resumes from that watermark and reads `<ns>.submit` from the node group's
+committed offset: everything after them is redone, and nothing before them was lost, because
+both were committed in the same transaction.
 """
 
 from __future__ import annotations
@@ -11,14 +26,30 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from chronowheel.bus.ports import NodeBus, ShardProducer, SubmitPositions
+import orjson
+
+from chronowheel.bus.ports import Fenced, NodeBus, SubmitPositions
 from chronowheel.core.clock import Clock
-from chronowheel.node.publisher import decode_watermark, state_key
+from chronowheel.errors import ChronowheelError
+from chronowheel.node.publisher import (
+    decode_watermark,
+    legacy_transactional_id,
+    recorded_owner,
+    state_key,
+    state_record,
+    stop_quietly,
+)
+from chronowheel.node.transactions import NodeTransactions, ShardLost
 from chronowheel.settings import Settings
 
 log = logging.getLogger(__name__)
 
 STATE_READ_TIMEOUT_MS = 30_000
+# A settled read waits for open transactions on the state partition: one of a paused process
+# that nobody fenced ends at the latest when the broker aborts it (transaction_timeout_ms, 60 s).
+SETTLED_READ_TIMEOUT_MS = 90_000
+# Owners that change again and again while we fence them: something is wrong, say so.
+MAX_FENCE_ROUNDS = 8
 
 
 @dataclass(frozen=True)
@@ -27,21 +58,81 @@ class Resume:
     submit_offset: int | None  # None: the partition is read from its beginning
 
 
-async def take_over(*, shard: int, producer: ShardProducer, bus: NodeBus,
-                    submit: SubmitPositions, settings: Settings, clock: Clock) -> Resume:
-    """Fence the previous owner, then read the watermark and seek the submit partition."""
-    await producer.start()
-    watermark = await read_watermark(shard=shard, bus=bus, settings=settings, clock=clock)
+async def take_over(*, shard: int, transactions: NodeTransactions, bus: NodeBus,
+                    submit: SubmitPositions, settings: Settings, clock: Clock, group_id: str,
+                    node_id: str) -> Resume:
+    """Fence whoever may still publish for the shard, claim it, read the watermark and seek
+    the submit partition. Raises ShardLost when another node claims the shard at the same time
+    (its claimer fenced ours: the group gave it the shard), BusError when Kafka fails."""
+    # Work of an earlier actor of this shard on this node must be over before we read.
+    await transactions.settle(shard)
+    me = transactions.transactional_id
+    claimer = bus.producer(legacy_transactional_id(settings.namespace, shard), group_id)
+    try:
+        await claimer.start()
+        value = await _read(bus, settings, shard, settled=False)
+        fenced: set[str] = set()
+        for _ in range(MAX_FENCE_ROUNDS):
+            owner = recorded_owner(value, settings.namespace, shard)
+            if owner is not None and owner not in (me, claimer.transactional_id, *fenced):
+                await fence(bus, owner, group_id, shard)
+                fenced.add(owner)
+            settled = await _read(bus, settings, shard, settled=True)
+            if recorded_owner(settled, settings.namespace, shard) == owner:
+                value = settled
+                break
+            value = settled
+        else:
+            raise ChronowheelError(f"shard {shard}: its recorded owner kept changing over "
+                                   f"{MAX_FENCE_ROUNDS} fencing rounds (last {owner})")
+        watermark = _watermark(value, shard, settings, clock)
+        txn = await claimer.begin()
+        try:
+            await txn.publish(settings.state_topic, shard, state_key(shard),
+                              state_record(shard=shard, watermark=watermark, state=None,
+                                           node_id=node_id, owner=me, at=clock.now_ms(),
+                                           claim=True), [])
+            await txn.commit({})
+        except BaseException:
+            await txn.abort()
+            raise
+    except Fenced as exc:
+        raise ShardLost(f"shard {shard}: another node is claiming it ({exc})") from exc
+    finally:
+        await stop_quietly(claimer)
+    log.info("shard %d: claimed by %s (previous owner %s%s)", shard, me, owner,
+             f", fenced {sorted(fenced)}" if fenced else "",
+             extra={"shard": shard, "node": node_id})
     committed = await submit.committed(shard)
     await submit.seek(shard, committed)
     return Resume(watermark, committed)
 
 
-async def read_watermark(*, shard: int, bus: NodeBus, settings: Settings, clock: Clock) -> int:
-    value = await bus.read_last(settings.state_topic, shard, state_key(shard),
-                                STATE_READ_TIMEOUT_MS)
+async def fence(bus: NodeBus, transactional_id: str, group_id: str, shard: int) -> None:
+    """Bump the epoch of `transactional_id`: its open transaction is aborted and it can
+    commit nothing more until it initialises again (which a node does only to claim anew)."""
+    log.warning("shard %d: fencing its recorded owner %s", shard, transactional_id,
+                extra={"shard": shard})
+    fencer = bus.producer(transactional_id, group_id)
+    try:
+        await fencer.start()
+    finally:
+        await stop_quietly(fencer)
+
+
+async def _read(bus: NodeBus, settings: Settings, shard: int, *, settled: bool) -> bytes | None:
+    return await bus.read_last(settings.state_topic, shard, state_key(shard),
+                               SETTLED_READ_TIMEOUT_MS if settled else STATE_READ_TIMEOUT_MS,
+                               settled=settled)
+
+
+def _watermark(value: bytes | None, shard: int, settings: Settings, clock: Clock) -> int:
     if value is not None:
-        return decode_watermark(value)
+        try:
+            return decode_watermark(value)
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise ChronowheelError(f"shard {shard}: unreadable record in "
+                                   f"{settings.state_topic}: {value[:200]!r}") from exc
     # Never initialised, or the state topic lost it: reload a fixed period back.
     lookback = settings.missing_watermark_lookback_ms
     found = clock.now_ms() - lookback

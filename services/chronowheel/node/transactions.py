@@ -1,0 +1,228 @@
+"""The node's transaction coordinator: ONE Kafka transaction per dispatch cycle for all shards.
+
+A node runs one transactional producer, `<ns>-node-<node id>`. Every owned shard hands its
+part of a commit (fired occurrences, ingest's outbox, its state record, its submit offset) to
+`NodeTransactions.commit` and waits; the coordinator puts every part that is waiting into one
+transaction, and while that transaction is in flight the next parts accumulate (a natural
+linger as long as one commit takes). The count of transactions, not their size, is what limits
+a Kafka producer, so a node's 16 shards cost one transaction per cycle instead of 16.
+
+Fencing: a node that takes over a shard whose last recorded owner is this node's producer
+fences it (`node/takeover.py`), which aborts our open transaction for ALL our shards. The
+coordinator then sees `Fenced`, starts a new *session* and re-initialises the producer. Every
+part of an older session is refused with `NodeFenced`: a shard actor binds itself to the
+session in force before its claim began (`session`), so an actor whose shard may have been
+claimed by another node since can never publish again; the node re-takes its shards through a
+fresh takeover and claim (`node/service.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from chronowheel.bus.ports import BusError, Fenced, Transaction, TxnProducer
+from chronowheel.core.clock import Clock
+from chronowheel.errors import ChronowheelError
+from chronowheel.node.metrics import NodeMetrics
+
+log = logging.getLogger(__name__)
+
+Fill = Callable[[Transaction], Awaitable[int]]
+"""Writes a shard's messages into the open transaction; returns how many it wrote."""
+
+
+class ShardLost(ChronowheelError):
+    """This node may no longer publish for a shard (another node claimed it, or the node's
+    producer was fenced): the shard actor stops; the node decides whether to take it again."""
+
+
+class NodeFenced(ShardLost):
+    """The node's producer was fenced (or a part belongs to a session before a fence): its
+    open transaction was aborted for every shard in it."""
+
+
+def node_transactional_id(namespace: str, node_id: str) -> str:
+    return f"{namespace}-node-{node_id}"
+
+
+@dataclass(eq=False)
+class _Part:
+    shard: int
+    session: int
+    fill: Fill
+    submit_offset: int | None
+    done: asyncio.Future[None]
+
+
+class NodeTransactions:
+    def __init__(self, *, producer: Callable[[], TxnProducer], clock: Clock,
+                 metrics: NodeMetrics, on_fenced: Callable[[int], None]) -> None:
+        """`producer` makes a new (unstarted) producer of the node's transactional id;
+        `on_fenced(session)` is told the new session when a fence is found."""
+        self._new_producer = producer
+        self.clock = clock
+        self.metrics = metrics
+        self._on_fenced = on_fenced
+        self.session = 0
+        self._producer: TxnProducer | None = None
+        self._queue: list[_Part] = []
+        self._busy: Counter[int] = Counter()  # shard -> parts queued or in a transaction
+        self._idle = asyncio.Event()
+        self._kick = asyncio.Event()
+        self._running = False
+
+    @property
+    def transactional_id(self) -> str:
+        assert self._producer is not None, "the node's producer is not started"
+        return self._producer.transactional_id
+
+    @property
+    def producer(self) -> TxnProducer:
+        assert self._producer is not None, "the node's producer is not started"
+        return self._producer
+
+    async def start(self) -> None:
+        """Initialise the node's producer (fencing an earlier process with the same node id);
+        then `run` must be running for commits to go anywhere."""
+        self._producer = self._new_producer()
+        await self._producer.start()
+
+    async def stop(self) -> None:
+        """After `run` was cancelled: fail what is left and release the producer."""
+        self._fail(self._queue, ChronowheelError("the node is stopping"))
+        self._release(self._queue)
+        self._queue = []
+        self._running = False
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                await self._producer.stop()
+
+    async def commit(self, shard: int, session: int, fill: Fill,
+                     submit_offset: int | None) -> None:
+        """Have `fill` and `submit_offset` committed in the next node transaction; return when
+        it committed. Raises NodeFenced when `session` is over (the producer was fenced since
+        the shard was claimed), ChronowheelError when the transaction failed otherwise."""
+        if session != self.session:
+            raise NodeFenced(f"shard {shard}: the node's producer was fenced since the shard "
+                             f"was claimed (session {session}, now {self.session})")
+        if not self._running:
+            raise ChronowheelError(f"shard {shard}: the node's transaction loop is not running")
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Part(shard, session, fill, submit_offset, done))
+        self._busy[shard] += 1
+        self._kick.set()
+        await done
+
+    async def settle(self, shard: int) -> None:
+        """Wait until no part of `shard` is queued or in a transaction (a takeover on this
+        node must not read the shard's watermark below a commit of ours still under way)."""
+        while self._busy[shard]:
+            self._idle.clear()
+            await self._idle.wait()
+
+    def _release(self, parts: list[_Part]) -> None:
+        """The coordinator is done with these parts (committed, aborted or dropped). Not the
+        waiting actor's business: an actor cancelled while its part is in a transaction must
+        not make `settle` return before that transaction is over."""
+        for p in parts:
+            self._busy[p.shard] -= 1
+            if self._busy[p.shard] <= 0:
+                del self._busy[p.shard]
+        self._idle.set()
+
+    # --- the loop ------------------------------------------------------------------------
+    async def run(self) -> None:
+        """The transaction loop (a supervised task of the node): one transaction at a time,
+        with every part queued when the previous one ended."""
+        self._running = True
+        try:
+            while True:
+                await self._kick.wait()
+                self._kick.clear()
+                queued, self._queue = self._queue, []
+                # A part whose actor was cancelled before its transaction began is dropped:
+                # the actor is gone, and its shard is taken over again from committed state.
+                parts = [p for p in queued if not p.done.done()]
+                self._release([p for p in queued if p.done.done()])
+                if parts:
+                    try:
+                        await self._transaction(parts)
+                    finally:
+                        self._release(parts)
+        finally:
+            self._running = False
+            self._fail(self._queue, ChronowheelError("the node's transaction loop ended"))
+            self._release(self._queue)
+            self._queue = []
+
+    async def _transaction(self, parts: list[_Part]) -> None:
+        stale = [p for p in parts if p.session != self.session]
+        for p in stale:
+            p.done.set_exception(NodeFenced(f"shard {p.shard}: claimed in session {p.session}, "
+                                            f"the node's producer is in session {self.session}"))
+        parts = [p for p in parts if p.session == self.session]
+        if not parts:
+            return
+        producer = self.producer
+        started = self.clock.now_ms()
+        offsets = {p.shard: p.submit_offset for p in parts if p.submit_offset is not None}
+        messages = 0
+        try:
+            txn = await producer.begin()
+            try:
+                for p in parts:
+                    messages += await p.fill(txn)
+                await txn.commit(offsets)
+            except BaseException:
+                await txn.abort()
+                raise
+        except Fenced as exc:
+            await self._fenced(parts, exc)
+            return
+        except (BusError, ChronowheelError) as exc:
+            self._fail(parts, ChronowheelError(
+                f"node transaction of shards {sorted({p.shard for p in parts})} failed: {exc}"))
+            return
+        except Exception as exc:  # a fill bug: every part's shard fails loudly
+            self._fail(parts, exc)
+            return
+        m = self.metrics
+        m.txn_seconds.observe((self.clock.now_ms() - started) / 1000)
+        m.txn_messages.inc(messages)
+        m.txn_shards.inc(len(parts))
+        for p in parts:
+            if not p.done.done():
+                p.done.set_result(None)
+
+    def _fail(self, parts: list[_Part], exc: BaseException) -> None:
+        for p in parts:
+            if not p.done.done():
+                p.done.set_exception(exc)
+
+    async def _fenced(self, parts: list[_Part], exc: Fenced) -> None:
+        """Our open transaction was aborted by a newer producer of our id: end the session
+        (every part of it fails), then re-initialise the producer for the next one."""
+        self.session += 1
+        self.metrics.fenced.inc()
+        log.warning("node producer %s FENCED (%s): its transaction of shards %s is aborted; "
+                    "session %d begins, every shard is taken over again", self.transactional_id,
+                    exc, sorted({p.shard for p in parts}), self.session)
+        self._on_fenced(self.session)
+        err = NodeFenced(f"the node's producer {self.transactional_id} was fenced: {exc}")
+        self._fail(parts, err)
+        for p in self._queue:  # queued meanwhile by actors of the old session
+            if p.session != self.session and not p.done.done():
+                p.done.set_exception(err)
+        old = self._producer
+        self._producer = self._new_producer()
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await old.stop()
+        # Re-initialising bumps our epoch and fences nobody else: publishing for a shard still
+        # needs a claim (`node/takeover.py`), which the node makes only for shards it holds.
+        await self._producer.start()
