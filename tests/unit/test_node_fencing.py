@@ -1,0 +1,192 @@
+"""Fencing with one producer per node (in-memory bus, manual clock): the recorded owner of a
+shard is fenced by its next owner, a claim is committed before anything is published for a
+shard, a paused node's open transaction never becomes visible, a fenced node that is still a
+group member takes its shards again, and records from per-shard producers (no `owner`) are
+fenced through the shard's own transactional id."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator
+
+import orjson
+import pytest
+from chronowheel.bus.memory import Message
+from chronowheel.core.shard import shard_of
+from chronowheel.node.publisher import state_key
+
+from tests.unit.node_rig import T0, NodeRig, scheduled_at
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[NodeRig]:
+    rig = NodeRig()
+    try:
+        yield rig
+    finally:
+        await rig.stop_all()
+
+
+def node_id(name: str) -> str:
+    return f"unit-node-{name}"
+
+
+def state_records(rig: NodeRig, shard: int) -> list[dict[str, object]]:
+    return [orjson.loads(m.value or b"{}") for m in rig.bus.messages(rig.settings.state_topic)
+            if m.partition == shard and m.key == state_key(shard)]
+
+
+def assert_claim_before_publish(rig: NodeRig) -> None:
+    """In the order messages became visible: each fired message of shard k follows a claim of
+    k by the transactional id whose transaction published it (the last claim before it)."""
+    s = rig.settings
+    owner: dict[int, str | None] = {}
+    visible: list[Message] = sorted(
+        (*rig.bus.messages(s.state_topic), *rig.bus.messages(s.fired_topic)),
+        key=lambda m: m.seq)
+    for m in visible:
+        if m.topic == s.state_topic:
+            record = orjson.loads(m.value or b"{}")
+            if record.get("claim"):
+                owner[m.partition] = record["owner"]
+            elif "owner" in record:
+                # A dispatch record is only ever written by the shard's last claimer (or it
+                # releases the shard: owner null).
+                assert record["owner"] in (owner.get(m.partition), None), (m, owner)
+        else:
+            shard = shard_of((m.key or b"").decode(), s.shards)
+            assert owner.get(shard) is not None, f"{m.key!r} published before any claim"
+
+
+async def test_a_takeover_fences_the_recorded_owner_then_claims(rig: NodeRig) -> None:
+    # Shard 0 was last written by another node's producer, which may have an open transaction.
+    rig.bus.produce(rig.settings.state_topic, 0, state_key(0), orjson.dumps(
+        {"shard": 0, "watermark": T0, "owner": node_id("gone")}))
+    zombie = rig.bus.producer(node_id("gone"), "unit-nodes")
+    await zombie.start()
+    txn = await zombie.begin()
+    await txn.publish(rig.settings.fired_topic, 0, b"ghost", b"never", [])
+    await rig.start("me")
+    assert node_id("gone") in rig.bus.starts  # fenced
+    assert node_id("gone") not in rig.bus.open_txns  # its open transaction was aborted
+    with pytest.raises(Exception, match="fenced|aborted"):
+        await txn.commit({})
+    assert rig.fired() == []
+    claims = [r for r in state_records(rig, 0) if r.get("claim")]
+    assert claims[-1]["owner"] == node_id("me") and claims[-1]["watermark"] == T0
+    # Shard 1's record has no owner (written before node transactions): the shard's own id is
+    # the only one fenced for it, by the claim's producer.
+    assert f"{rig.settings.namespace}-shard-1" in rig.bus.starts
+    assert sorted(set(rig.bus.starts)) == sorted(
+        {node_id("gone"), node_id("me"), "unit-shard-0", "unit-shard-1"})
+
+
+async def test_records_without_owner_are_fenced_through_the_shard_id_and_upgraded(
+        rig: NodeRig) -> None:
+    # A per-shard producer of the old scheme, with an open transaction for shard 1.
+    legacy = rig.bus.producer("unit-shard-1", "unit-nodes")
+    await legacy.start()
+    txn = await legacy.begin()
+    await txn.publish(rig.settings.fired_topic, 1, b"old", b"late", [])
+    await txn.publish(rig.settings.state_topic, 1, state_key(1),
+                      orjson.dumps({"shard": 1, "watermark": T0 + 5_000}), [])
+    node = await rig.start("me")
+    with pytest.raises(Exception, match="fenced|aborted"):
+        await txn.commit({})
+    assert rig.fired() == []
+    rig.upsert("after", at=T0 + 1_000)
+    await rig.advance(2_000)
+    assert [m.key for m in rig.fired()] == [b"after"]
+    # From here on the records name the node's producer.
+    for k in (0, 1):
+        assert state_records(rig, k)[-1]["owner"] == node_id("me")
+    assert node.transactions is not None and node.transactions.session == 0
+    assert_claim_before_publish(rig)
+
+
+async def test_a_paused_node_with_an_open_transaction_publishes_nothing_after_a_takeover(
+        rig: NodeRig) -> None:
+    first = await rig.start("first")
+    jobs = {f"j-{i}": T0 + 1_000 + 100 * i for i in range(20)}
+    for job_id, at in jobs.items():
+        rig.upsert(job_id, at=at)
+    await rig.advance(500)
+    # The first node stops mid-commit: its open transaction holds fired messages of a shard.
+    hold = rig.bus.hold_commits(node_id("first"))
+    await rig.advance_to(T0 + 1_200)
+    open_txn = rig.bus.open_txns[node_id("first")]
+    held_shards = {k for k in range(rig.settings.shards)
+                   if open_txn.writes_to(rig.settings.fired_topic, k)}
+    assert held_shards, "the paused node's transaction holds no fired message"
+    assert rig.fired() == []
+    # Its session expires; a second node joins and is given every shard.
+    second = await rig.start("second")
+    assert node_id("first") not in rig.bus.open_txns  # aborted by the fence
+    await rig.advance_to(T0 + 4_000)
+    # The first node wakes up: its commit fails, and it finds it is no longer a member.
+    hold.set()
+    await rig.settle()
+    await rig.advance_to(T0 + 6_000)
+    assert first.owned == {} and first.failure is None
+    assert sorted(second.owned) == [0, 1]
+    fired = rig.fired()
+    assert Counter(m.key for m in fired) == Counter(j.encode() for j in jobs)  # once each
+    for m in fired:
+        assert scheduled_at(m) <= m.committed_ms  # never early
+        assert m.committed_ms >= T0 + 1_200  # all of it published after the takeover
+    for k in (0, 1):
+        assert state_records(rig, k)[-1]["owner"] == node_id("second")
+    assert_claim_before_publish(rig)
+
+
+async def test_a_fenced_node_that_is_still_a_member_takes_its_shards_again(
+        rig: NodeRig) -> None:
+    node = await rig.start("me")
+    rig.upsert("before", at=T0 + 1_000)
+    await rig.advance(1_500)
+    # Another node's takeover of a shard whose record still named us fences our producer
+    # (here without moving any shard: the group still gives us both).
+    fencer = rig.bus.producer(node_id("me"), "unit-nodes")
+    await fencer.start()
+    rig.upsert("after", at=T0 + 3_000)
+    await rig.advance(3_000)
+    assert node.transactions is not None and node.transactions.session == 1
+    assert sorted(node.owned) == [0, 1] and node.failure is None
+    assert all(o.actor.session == 1 for o in node.owned.values())
+    assert Counter(m.key for m in rig.fired()) == Counter([b"before", b"after"])
+    assert_claim_before_publish(rig)
+
+
+async def test_a_graceful_stop_releases_the_shards_and_the_next_owner_fences_nobody(
+        rig: NodeRig) -> None:
+    first = await rig.start("first")
+    rig.upsert("a", at=T0 + 1_000)
+    await rig.advance(1_500)
+    await first.shutdown()
+    rig.nodes.remove(first)
+    for k in (0, 1):
+        assert state_records(rig, k)[-1]["owner"] is None
+    starts = len(rig.bus.starts)
+    await rig.start("second")
+    assert node_id("first") not in rig.bus.starts[starts:]
+    rig.upsert("b", at=T0 + 3_000)
+    await rig.advance(3_000)
+    assert Counter(m.key for m in rig.fired()) == Counter([b"a", b"b"])
+    assert_claim_before_publish(rig)
+
+
+async def test_one_transaction_carries_every_shards_part(rig: NodeRig) -> None:
+    node = await rig.start("me")
+    # Jobs on both shards due at the same instant.
+    ids = [f"same-{i}" for i in range(40)]
+    assert {shard_of(j, 2) for j in ids} == {0, 1}
+    for job_id in ids:
+        rig.upsert(job_id, at=T0 + 2_000)
+    await rig.advance(1_900)
+    commits = rig.bus.commits
+    await rig.advance(200, step_ms=200)
+    assert len(rig.fired()) == len(ids)
+    assert rig.bus.commits - commits <= 2  # not one per shard and step
+    shards = node.metrics.registry.get_sample_value("chronowheel_transaction_shard_parts_total")
+    txns = node.metrics.registry.get_sample_value("chronowheel_transaction_seconds_count")
+    assert shards is not None and txns is not None and shards > txns
