@@ -274,6 +274,7 @@ async def ladder_step(cfg: Config, settings: Settings, node: BenchNode, probe: F
     span = rep.get("last_received_after_start_s") or 0
     achieved = rep["received"] / span if span else None
     node_p99 = histogram_quantile_upper(m0, m1, "chronowheel_lateness_seconds", 0.99)
+    rep.update(transaction_figures(m0, m1, end - start + 2_000))
     rep.update({"rate": rate, "jobs": n, "step_s": cfg.step_s, "complete": complete,
                 "ingest_overran": late_ingest, "achieved_per_s": achieved,
                 "node_p99_bucket_ms": None if node_p99 is None else node_p99 * 1000,
@@ -283,8 +284,23 @@ async def ladder_step(cfg: Config, settings: Settings, node: BenchNode, probe: F
     say(f"ladder {rate}/s: {'PASS' if ok else 'FAIL'} received {rep['received']:,}/{n:,}; "
         f"receive lateness p50 {fmt(r.get('p50'), 1)} p95 {fmt(r.get('p95'), 1)} "
         f"p99 {fmt(r.get('p99'), 1)} max {fmt(r.get('max'), 1)} ms; fired-at p99 "
-        f"{fmt(f.get('p99'), 1)} ms")
+        f"{fmt(f.get('p99'), 1)} ms; {fmt(rep.get('transactions_per_s'), 1)} transactions/s, "
+        f"{fmt(rep.get('fired_per_transaction'), 1)} fired per transaction")
     return rep
+
+
+def transaction_figures(before: dict[str, float], after: dict[str, float],
+                        span_ms: float | None) -> dict[str, Any]:
+    """Kafka transactions the node committed between two scrapes, and what they carried."""
+    txns = metric_sum(after, "chronowheel_transaction_seconds_count") - \
+        metric_sum(before, "chronowheel_transaction_seconds_count")
+    fired = metric_sum(after, "chronowheel_fired_total") - \
+        metric_sum(before, "chronowheel_fired_total")
+    out: dict[str, Any] = {"transactions": txns,
+                           "fired_per_transaction": fired / txns if txns else None}
+    if span_ms:
+        out["transactions_per_s"] = txns / (span_ms / 1000)
+    return out
 
 
 async def herd_phase(cfg: Config, settings: Settings, node: BenchNode, probe: FiredProbe,
@@ -325,6 +341,7 @@ async def herd_phase(cfg: Config, settings: Settings, node: BenchNode, probe: Fi
     m1 = await node.scrape()
     rep = lateness_report(probe.tally.group("herd"), second)
     node_p99 = histogram_quantile_upper(m0, m1, "chronowheel_lateness_seconds", 0.99)
+    rep.update(transaction_figures(m0, m1, None))
     rep.update({"jobs": h, "complete": rep["received"] >= h, "ingest_overran": late_ingest,
                 "rss_before_bytes": rss0, "rss_loaded_bytes": rss1, "wheel_entries_added": loaded,
                 "wheel_bytes_per_entry": per_entry,

@@ -11,7 +11,7 @@ Who needs what (least privilege):
   (`<ns>-workers-*` by default), and writes `<ns>.submit` (retries) and `<ns>.dead`;
 - the **node** owns the internal topics (reads and writes `<ns>.submit` and `<ns>.state`, writes
   `<ns>.fired`, `<ns>.rejected` and the target topics), its consumer group `<ns>-nodes` and the
-  transactional ids `<ns>-shard-*`.
+  transactional ids `<ns>-node-*` (its own and those it fences) and `<ns>-shard-*` (claims).
 
 `chronowheel init` (topic creation) is run by an administrator, not by these principals.
 """
@@ -133,8 +133,10 @@ def kafka_acls(settings: Settings, principals: Principals, *,
     for name, pattern in _topic_patterns(target_topics):
         topic("node", nod, name, ("WRITE", "DESCRIBE"), pattern)
     acls.append(KafkaAcl("node", nod, "GROUP", f"{ns}-nodes", "LITERAL", "READ"))
-    acls.extend(KafkaAcl("node", nod, "TRANSACTIONAL_ID", f"{ns}-shard-", "PREFIXED", op)
-                for op in ("WRITE", "DESCRIBE"))
+    # `<ns>-node-*`: each node's own producer, and the ones it starts to fence a previous
+    # owner; `<ns>-shard-*`: the producer that commits a takeover's claim of a shard.
+    acls.extend(KafkaAcl("node", nod, "TRANSACTIONAL_ID", f"{ns}-{kind}-", "PREFIXED", op)
+                for kind in ("node", "shard") for op in ("WRITE", "DESCRIBE"))
     return acls
 
 

@@ -2,8 +2,9 @@
 
 1. kill -9 of one of two nodes while a 20,000-job burst is firing: the survivor takes over,
    every occurrence is published exactly once and none early.
-2. Fencing: a node paused with SIGSTOP past the session timeout loses its shards; after SIGCONT
-   it publishes nothing for them (no duplicate is visible to read_committed readers).
+2. Fencing: a node paused with SIGSTOP (while its transaction holds fired messages of its
+   shards) past the session timeout loses its shards; after SIGCONT it publishes nothing for
+   them (no duplicate is visible to read_committed readers).
 3. Hot bucket: 50,000 jobs due at one instant are pre-warmed before their minute begins and all
    fire once, none early; the herd's duration is reported.
 4. Graceful SIGTERM: the node exits 0 in time, the other node takes over, nothing is lost or
@@ -28,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka import TopicPartition
+from chronowheel.bus.kafka import reader
 from chronowheel.core.buckets import MINUTE_MS
 from chronowheel.core.shard import shard_of
 from chronowheel.node.service import STOP_DEADLINE_S
@@ -347,8 +350,19 @@ async def test_a_node_paused_past_its_session_publishes_nothing_for_lost_shards(
         late = (now_ms() - stop_at) / 1000
         await asyncio.sleep(max(0.0, -late))
 
-        a.signal(signal.SIGSTOP)
+        # Stop node a while its transaction holds messages of its shards: one producer per
+        # node commits back to back during the burst, so a few tries find one open (a short
+        # stop is far below the session timeout and changes nothing).
+        held: dict[int, int] = {}
+        for _ in range(200):
+            a.signal(signal.SIGSTOP)
+            held = await open_transactions(settings, settings.fired_topic, a_shards)
+            if held:
+                break
+            a.signal(signal.SIGCONT)
+            await asyncio.sleep(0.01)
         stop_ms = now_ms()
+        assert held, f"node a never had an open transaction on its shards{nodes.tails()}"
         takeover_s = await until(lambda: owned(b) == set(range(shards)), 60,
                                  "node b to own every shard while node a is stopped", nodes)
         assert takeover_s < SESSION_TIMEOUT_MS / 1000 + 10, \
@@ -365,7 +379,9 @@ async def test_a_node_paused_past_its_session_publishes_nothing_for_lost_shards(
         during = sum(1 for at in a_jobs if stop_ms < at <= cont_ms)
         after = sum(1 for at in a_jobs if at > cont_ms)
         print(f"\n[SIGSTOP] ingest done {-late:.1f} s before the pause; node a (shards "
-              f"{sorted(a_shards)}) stopped {(cont_ms - stop_ms) / 1000:.1f} s holding "
+              f"{sorted(a_shards)}) stopped with an open transaction of {sum(held.values())} "
+              f"uncommitted fired records on partitions {sorted(held)}; stopped "
+              f"{(cont_ms - stop_ms) / 1000:.1f} s holding "
               f"{in_a_wheel:.0f} wheel entries; node b owned every shard after "
               f"{takeover_s:.1f} s; {during} of node a's jobs came due during the pause, "
               f"{after} after it")
@@ -389,6 +405,23 @@ async def test_a_node_paused_past_its_session_publishes_nothing_for_lost_shards(
                and any(f"partition={k})" in ln for k in a_shards)]
     print("[SIGSTOP] node a after the resume:\n  " + "\n  ".join((fenced + revoked)[:6]))
     assert fenced or revoked, f"node a never reported losing its shards{nodes.tails()}"
+
+
+async def open_transactions(settings: Settings, topic: str,
+                            partitions: Iterable[int]) -> dict[int, int]:
+    """partition -> records past its last stable offset (written by a transaction that is
+    still open), for those partitions of `topic` that have any."""
+    tps = [TopicPartition(topic, k) for k in partitions]
+    ends: list[dict[TopicPartition, int]] = []
+    for isolation in ("read_committed", "read_uncommitted"):
+        consumer = reader(settings, isolation_level=isolation)
+        await consumer.start()
+        try:
+            ends.append(await consumer.end_offsets(tps))
+        finally:
+            await consumer.stop()
+    stable, high = ends
+    return {tp.partition: high[tp] - stable[tp] for tp in tps if high[tp] > stable[tp]}
 
 
 async def rejoins_or_exits(node: NodeProcess, nodes: Nodes) -> str:

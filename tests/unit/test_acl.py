@@ -60,8 +60,9 @@ def test_the_node_owns_the_internal_topics_its_group_and_transactional_ids() -> 
         assert {op for t, name, _p, op in got if t == "TOPIC" and name == topic} \
             == ops | {"DESCRIBE"}, topic
     assert ("GROUP", "acme-nodes", "LITERAL", "READ") in got
-    assert ("TRANSACTIONAL_ID", "acme-shard-", "PREFIXED", "WRITE") in got
-    assert ("TRANSACTIONAL_ID", "acme-shard-", "PREFIXED", "DESCRIBE") in got
+    for prefix in ("acme-node-", "acme-shard-"):
+        assert ("TRANSACTIONAL_ID", prefix, "PREFIXED", "WRITE") in got
+        assert ("TRANSACTIONAL_ID", prefix, "PREFIXED", "DESCRIBE") in got
     assert not {a for a in got if a[0] == "CLUSTER"}  # no cluster-wide rights
 
 

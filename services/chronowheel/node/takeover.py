@@ -23,12 +23,14 @@ both were committed in the same transaction.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 from dataclasses import dataclass
 
 import orjson
 
-from chronowheel.bus.ports import Fenced, NodeBus, SubmitPositions
+from chronowheel.bus.ports import BusError, Fenced, NodeBus, SubmitPositions
 from chronowheel.core.clock import Clock
 from chronowheel.errors import ChronowheelError
 from chronowheel.node.publisher import (
@@ -48,6 +50,10 @@ STATE_READ_TIMEOUT_MS = 30_000
 # A settled read waits for open transactions on the state partition: one of a paused process
 # that nobody fenced ends at the latest when the broker aborts it (transaction_timeout_ms, 60 s).
 SETTLED_READ_TIMEOUT_MS = 90_000
+# Initialising a producer waits while its previous transaction is being aborted; a start that
+# hangs longer than this is abandoned and tried again with a new producer.
+FENCE_TIMEOUT_S = 30
+FENCE_ATTEMPTS = 3
 # Owners that change again and again while we fence them: something is wrong, say so.
 MAX_FENCE_ROUNDS = 8
 
@@ -75,9 +81,13 @@ async def take_over(*, shard: int, transactions: NodeTransactions, bus: NodeBus,
         for _ in range(MAX_FENCE_ROUNDS):
             owner = recorded_owner(value, settings.namespace, shard)
             if owner is not None and owner not in (me, claimer.transactional_id, *fenced):
-                await fence(bus, owner, group_id, shard)
+                # Shards of one previous owner are taken over together: one fence serves them.
+                await transactions.once(f"fence {owner}",
+                                        functools.partial(fence, bus, owner, group_id, shard))
                 fenced.add(owner)
+            started = clock.now_ms()
             settled = await _read(bus, settings, shard, settled=True)
+            log.debug("shard %d: settled read in %d ms", shard, clock.now_ms() - started)
             if recorded_owner(settled, settings.namespace, shard) == owner:
                 value = settled
                 break
@@ -113,11 +123,21 @@ async def fence(bus: NodeBus, transactional_id: str, group_id: str, shard: int) 
     commit nothing more until it initialises again (which a node does only to claim anew)."""
     log.warning("shard %d: fencing its recorded owner %s", shard, transactional_id,
                 extra={"shard": shard})
-    fencer = bus.producer(transactional_id, group_id)
-    try:
-        await fencer.start()
-    finally:
-        await stop_quietly(fencer)
+    for attempt in range(1, FENCE_ATTEMPTS + 1):
+        fencer = bus.producer(transactional_id, group_id)
+        try:
+            await asyncio.wait_for(fencer.start(), FENCE_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("shard %d: fencing %s did not finish in %d s (attempt %d of %d)",
+                        shard, transactional_id, FENCE_TIMEOUT_S, attempt, FENCE_ATTEMPTS,
+                        extra={"shard": shard})
+            continue
+        finally:
+            await stop_quietly(fencer)
+        log.info("shard %d: fenced %s", shard, transactional_id, extra={"shard": shard})
+        return
+    raise BusError(f"shard {shard}: could not fence {transactional_id} in {FENCE_ATTEMPTS} "
+                   f"attempts of {FENCE_TIMEOUT_S} s")
 
 
 async def _read(bus: NodeBus, settings: Settings, shard: int, *, settled: bool) -> bytes | None:

@@ -75,6 +75,7 @@ class NodeTransactions:
         self._idle = asyncio.Event()
         self._kick = asyncio.Event()
         self._running = False
+        self._once: dict[str, asyncio.Future[None]] = {}
 
     @property
     def transactional_id(self) -> str:
@@ -117,6 +118,15 @@ class NodeTransactions:
         self._busy[shard] += 1
         self._kick.set()
         await done
+
+    async def once(self, what: str, action: Callable[[], Awaitable[None]]) -> None:
+        """Run `action`, or join the run of the same `what` already under way (concurrent
+        takeovers of one previous owner's shards fence it once, not once per shard)."""
+        running = self._once.get(what)
+        if running is None:
+            running = self._once[what] = asyncio.ensure_future(action())
+            running.add_done_callback(lambda _t: self._once.pop(what, None))
+        await asyncio.shield(running)
 
     async def settle(self, shard: int) -> None:
         """Wait until no part of `shard` is queued or in a transaction (a takeover on this
