@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 STOP_DEADLINE_S = Settings.stop_deadline_ms / 1000
 # Fetches of the ingest pump wait at most this long for records.
 PUMP_POLL_MS = 200
+# Attempts to ask the group coordinator whether we are still a member, after a fence.
+MEMBERSHIP_CHECKS = 5
 
 
 @dataclass
@@ -214,12 +216,7 @@ class Node:
             log.warning("node %s: producer fenced; stopping shards %s to take them over again",
                         self.node_id, sorted(stale))
             await self._abort_shards(stale)
-            try:
-                member = await self._group.check_membership()
-            except ChronowheelError as exc:
-                log.warning("node %s: group membership check failed (%s); shards stay "
-                            "stopped until the group assigns them again", self.node_id, exc)
-                member = False
+            member = await self._check_membership()
             if self.transactions.session != session:
                 continue  # fenced again meanwhile: stop what was claimed since, check again
             if not member:
@@ -232,6 +229,21 @@ class Node:
                         self.node_id, self.group_id, again)
             await self._start_shards(again)
             return
+
+    async def _check_membership(self) -> bool:
+        """Ask the group coordinator, retrying a few times: a node that cannot tell must not
+        sit on shards it may still be assigned without serving them, so it fails loudly."""
+        assert self._group is not None
+        for attempt in range(1, MEMBERSHIP_CHECKS + 1):
+            try:
+                return await self._group.check_membership()
+            except ChronowheelError as exc:
+                log.warning("node %s: group membership check %d of %d failed: %s",
+                            self.node_id, attempt, MEMBERSHIP_CHECKS, exc)
+                await asyncio.sleep(attempt)
+        raise ChronowheelError(f"node {self.node_id}: its producer was fenced and group "
+                               f"{self.group_id} could not tell whether it is still a member "
+                               f"({MEMBERSHIP_CHECKS} attempts)")
 
     async def _abort_shards(self, shards: list[int]) -> None:
         """Stop actors that cannot commit anything any more: no drain (it would only fail)."""
