@@ -32,6 +32,9 @@ from chronowheel.node.metrics import NodeMetrics
 
 log = logging.getLogger(__name__)
 
+# Event loop turns the loop lets pass before it takes the queue (see `run`).
+NEXT_PART_TURNS = 3
+
 Fill = Callable[[Transaction], Awaitable[int]]
 """Writes a shard's messages into the open transaction; returns how many it wrote."""
 
@@ -153,6 +156,11 @@ class NodeTransactions:
         try:
             while True:
                 await self._kick.wait()
+                # Let the shards woken by the last commit take what came due meanwhile and
+                # queue it (a few loop turns): otherwise they always miss the next transaction
+                # and wait for the one after it.
+                for _ in range(NEXT_PART_TURNS):
+                    await asyncio.sleep(0)
                 self._kick.clear()
                 queued, self._queue = self._queue, []
                 # A part whose actor was cancelled before its transaction began is dropped:
