@@ -24,6 +24,7 @@ from chronowheel.bus.ports import (
     BusError,
     Fenced,
     Headers,
+    Prepared,
     ShardsChanged,
     SubmitRecord,
 )
@@ -44,6 +45,29 @@ def _translated(what: str) -> Iterator[None]:
         raise Fenced(f"{what}: fenced by a newer owner ({exc})") from exc
     except KafkaError as exc:
         raise BusError(f"{what}: {exc!r}") from exc
+
+
+class KafkaPrepared:
+    def __init__(self, producer: AIOKafkaProducer) -> None:
+        self._producer = producer
+        self.batches: list[tuple[str, int, Any]] = []  # in the order they filled
+        self._open: dict[tuple[str, int], Any] = {}
+        self._count = 0
+
+    def add(self, topic: str, partition: int, key: bytes | None, value: bytes,
+            headers: Headers) -> None:
+        batch = self._open.get((topic, partition))
+        if batch is None or batch.append(key=key, value=value, timestamp=None,
+                                         headers=headers) is None:
+            batch = self._producer.create_batch()
+            self._open[(topic, partition)] = batch
+            self.batches.append((topic, partition, batch))
+            if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+                raise BusError(f"message for {topic} too large for one batch")
+        self._count += 1
+
+    def __len__(self) -> int:
+        return self._count
 
 
 class KafkaTransaction:
@@ -73,6 +97,13 @@ class KafkaTransaction:
             batch = self._batches[(topic, partition)] = self._producer.create_batch()
         if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
             raise BusError(f"{self._id}: message for {topic} too large for one batch")
+
+    async def send(self, prepared: Prepared) -> None:
+        assert isinstance(prepared, KafkaPrepared)
+        with _translated(f"{self._id}: sending prepared batches"):
+            for topic, partition, batch in prepared.batches:
+                await self._producer.send_batch(batch, topic, partition=partition)
+        prepared.batches.clear()
 
     async def commit(self, submit_offsets: Mapping[int, int]) -> None:
         with _translated(f"{self._id}: committing a transaction"):
@@ -115,6 +146,9 @@ class KafkaTxnProducer:
         with _translated(f"{self._id}: begin transaction"):
             await self._producer.begin_transaction()
         return KafkaTransaction(self._producer, self._id, self._submit_topic, self._group_id)
+
+    def prepare(self) -> KafkaPrepared:
+        return KafkaPrepared(self._producer)
 
     async def partition_count(self, topic: str) -> int | None:
         try:

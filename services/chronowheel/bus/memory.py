@@ -14,7 +14,14 @@ import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from chronowheel.bus.ports import BusError, Fenced, Headers, ShardsChanged, SubmitRecord
+from chronowheel.bus.ports import (
+    BusError,
+    Fenced,
+    Headers,
+    Prepared,
+    ShardsChanged,
+    SubmitRecord,
+)
 from chronowheel.core.clock import Clock
 from chronowheel.settings import Settings
 
@@ -142,6 +149,21 @@ class MemoryBus:
         return found
 
 
+class MemoryPrepared:
+    def __init__(self, bus: MemoryBus) -> None:
+        self._bus = bus
+        self.messages: list[_Pending] = []
+
+    def add(self, topic: str, partition: int, key: bytes | None, value: bytes,
+            headers: Headers) -> None:
+        if len(value) > self._bus.max_message_bytes:
+            raise BusError(f"message for {topic} too large for one batch")
+        self.messages.append(_Pending(topic, partition, key, value, list(headers)))
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+
 class MemoryTransaction:
     def __init__(self, producer: MemoryTxnProducer) -> None:
         self._producer = producer
@@ -174,6 +196,15 @@ class MemoryTransaction:
         if not self.append(topic, partition, key, value, headers):
             self._open[(topic, partition)] = 1  # a new batch
             self._pending.append(_Pending(topic, partition, key, value, list(headers)))
+
+    async def send(self, prepared: Prepared) -> None:
+        assert isinstance(prepared, MemoryPrepared)
+        self._producer.check_epoch()
+        await asyncio.sleep(0)
+        self._producer.check_epoch()
+        self._pending.extend(prepared.messages)
+        self._open.clear()  # later messages start new batches
+        prepared.messages = []
 
     async def commit(self, submit_offsets: Mapping[int, int]) -> None:
         bus = self._bus
@@ -255,6 +286,9 @@ class MemoryTxnProducer:
         txn = MemoryTransaction(self)
         self.bus.open_txns[self._id] = txn
         return txn
+
+    def prepare(self) -> MemoryPrepared:
+        return MemoryPrepared(self.bus)
 
     async def partition_count(self, topic: str) -> int | None:
         await asyncio.sleep(0)

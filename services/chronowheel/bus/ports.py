@@ -46,6 +46,18 @@ class SubmitRecord(Protocol):
     def headers(self) -> Sequence[tuple[str, bytes]]: ...
 
 
+class Prepared(Protocol):
+    """Messages encoded into producer batches outside any transaction (so a shard encodes its
+    next part while the node's current transaction commits); `Transaction.send` ships them."""
+
+    def add(self, topic: str, partition: int, key: bytes | None, value: bytes,
+            headers: Headers) -> None:
+        """Encode a message (no await). Raises BusError when it does not fit an empty batch."""
+        ...
+
+    def __len__(self) -> int: ...
+
+
 class Transaction(Protocol):
     """One open Kafka transaction of a transactional producer.
 
@@ -65,6 +77,10 @@ class Transaction(Protocol):
                       headers: Headers) -> None:
         """Add a message, shipping a full batch first when needed. Raises BusError when one
         message does not fit an empty batch."""
+        ...
+
+    async def send(self, prepared: Prepared) -> None:
+        """Ship prepared messages in this transaction, in the order they were added."""
         ...
 
     async def commit(self, submit_offsets: Mapping[int, int]) -> None:
@@ -97,6 +113,10 @@ class TxnProducer(Protocol):
 
     async def begin(self) -> Transaction:
         """Open a transaction (at most one at a time). Raises Fenced or BusError."""
+        ...
+
+    def prepare(self) -> Prepared:
+        """An empty set of messages to encode for a later transaction of this producer."""
         ...
 
     async def partition_count(self, topic: str) -> int | None:

@@ -14,7 +14,7 @@ import logging
 
 import orjson
 
-from chronowheel.bus.ports import Transaction, TxnProducer
+from chronowheel.bus.ports import Prepared, Transaction, TxnProducer
 from chronowheel.core.clock import Clock
 from chronowheel.core.shard import shard_of
 from chronowheel.node.metrics import NodeMetrics
@@ -98,10 +98,20 @@ class Publisher:
         # Ingest keeps appending while the transaction is open: take what is there now.
         outbox, state.outbox = state.outbox, []
         offset, state.offset_to_commit = state.offset_to_commit, None
+        # Encoded here, while the node's current transaction commits; the transaction that
+        # takes this part only ships the batches and adds the state record.
+        prepared = await self._prepare(fired, outbox)
+        owner = None if release else self.transactions.transactional_id
+        record = state_record(shard=self.shard, watermark=watermark, state=state,
+                              node_id=self.node_id, owner=owner, at=started)
 
         async def fill(txn: Transaction) -> int:
-            return await self._fill(txn, fired, outbox, watermark, started, release)
+            await txn.send(prepared)
+            await txn.publish(self.settings.state_topic, self.shard, state_key(self.shard),
+                              record, [])
+            return count + 1
 
+        count = len(prepared)
         await self.transactions.commit(self.shard, self.session, fill, offset)
         done = self.clock.now_ms()
         observe = self.metrics.lateness.observe
@@ -111,35 +121,28 @@ class Publisher:
         state.committed_watermark = watermark
         state.last_commit_ms = done
 
-    async def _fill(self, txn: Transaction, fired: list[Pending], outbox: list[Outgoing],
-                    watermark: int, started: int, release: bool) -> int:
+    async def _prepare(self, fired: list[Pending], outbox: list[Outgoing]) -> Prepared:
+        prepared = self.transactions.producer.prepare()
         fired_at = str(self.clock.now_ms()).encode()
         dead: list[Outgoing] = []
         known = self._partitions
-        append = txn.append
+        add = prepared.add
         for p in fired:
             # Hot path (a herd is thousands of messages): dict lookups and a batch append;
-            # awaits only for an unknown topic or a full batch.
+            # awaits only for an unknown topic.
             parts = known.get(p.topic) or await self._partition_count(p.topic)
             if parts is None:
                 dead.append(self._undeliverable(p, fired_at))
                 continue
-            part = shard_of(p.job_id, parts)
-            headers = [*p.headers, ("cw-fired-at", fired_at)]
-            if not append(p.topic, part, p.key, p.payload, headers):
-                await txn.publish(p.topic, part, p.key, p.payload, headers)
+            add(p.topic, shard_of(p.job_id, parts), p.key, p.payload,
+                [*p.headers, ("cw-fired-at", fired_at)])
         for out in (*outbox, *dead):
             target = out.partition
             if target is None:
                 n = await self._partition_count(out.topic) or 1
                 target = shard_of(out.key.decode("utf-8", "replace"), n) if out.key else 0
-            await txn.publish(out.topic, target, out.key, out.value, out.headers)
-        owner = None if release else self.transactions.transactional_id
-        record = state_record(shard=self.shard, watermark=watermark, state=self.state,
-                              node_id=self.node_id, owner=owner, at=started)
-        await txn.publish(self.settings.state_topic, self.shard, state_key(self.shard), record,
-                          [])
-        return len(fired) + len(outbox) + 1
+            add(out.topic, target, out.key, out.value, out.headers)
+        return prepared
 
     async def _partition_count(self, topic: str) -> int | None:
         n = self._partitions.get(topic)
