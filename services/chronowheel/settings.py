@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from chronowheel.core import wire
 from chronowheel.errors import ConfigError
 
 ENV_PREFIX = "CHRONOWHEEL_"
@@ -266,28 +267,27 @@ class Settings:
 
     @property
     def submit_topic(self) -> str:
-        return f"{self.namespace}.submit"
+        return wire.submit_topic(self.namespace)
 
     @property
     def state_topic(self) -> str:
-        return f"{self.namespace}.state"
+        return wire.state_topic(self.namespace)
 
     @property
     def fired_topic(self) -> str:
-        return f"{self.namespace}.fired"
+        return wire.fired_topic(self.namespace)
 
     @property
     def rejected_topic(self) -> str:
-        return f"{self.namespace}.rejected"
+        return wire.rejected_topic(self.namespace)
 
     @property
     def dead_topic(self) -> str:
-        return f"{self.namespace}.dead"
+        return wire.dead_topic(self.namespace)
 
     @property
     def internal_topics(self) -> frozenset[str]:
-        return frozenset(
-            {self.submit_topic, self.state_topic, self.rejected_topic, self.dead_topic})
+        return wire.internal_topics(self.namespace)
 
     def cassandra_hosts(self) -> list[tuple[str, int]]:
         out = []

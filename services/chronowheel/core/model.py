@@ -18,6 +18,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import orjson
 
+from chronowheel.core import wire
 from chronowheel.core.durations import format_duration, parse_duration
 from chronowheel.errors import ConfigError, ValidationError
 
@@ -46,8 +47,8 @@ class JobSpec:
     max_catch_up: int = 100
     dst: DstPolicy = "skip"
     window_ms: int = 0
-    max_attempts: int = 5
-    backoff_ms: int = 10_000
+    max_attempts: int = wire.DEFAULT_MAX_ATTEMPTS
+    backoff_ms: int = wire.DEFAULT_BACKOFF_MS
     tenant: str | None = None
     # The canonical JSON of the job as submitted (orjson, sorted keys): equal bytes = same spec,
     # which is what makes an identical re-submit a no-op.
@@ -125,7 +126,7 @@ _RFC3339 = re.compile(
 BASE64_PATTERN: Final = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 _BASE64 = re.compile(BASE64_PATTERN[1:-1])
 
-RESERVED_HEADER_PREFIX: Final = "cw-"
+RESERVED_HEADER_PREFIX: Final = wire.RESERVED_HEADER_PREFIX
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,7 @@ class ValidationPolicy:
 
     @property
     def fired_topic(self) -> str:
-        return f"{self.namespace}.fired"
+        return wire.fired_topic(self.namespace)
 
     @property
     def internal_topics(self) -> frozenset[str]:
@@ -193,8 +194,7 @@ class ValidationPolicy:
         return f"not allowed: must be {self.fired_topic!r} or match the allowed topics pattern"
 
 
-def internal_topics(namespace: str) -> frozenset[str]:
-    return frozenset(f"{namespace}.{suffix}" for suffix in ("submit", "state", "rejected", "dead"))
+internal_topics = wire.internal_topics
 
 
 # --------------------------------------------------------------------------------------------
@@ -335,10 +335,10 @@ def _parse_job(job: object, key: bytes | None, policy: ValidationPolicy, now_ms:
         # A window as long as the period would let jitter reorder consecutive occurrences.
         if every_ms is not None and window_ms >= every_ms:
             raise ValidationError("job.window", "must be shorter than every", job["window"])
-    max_attempts = 5
+    max_attempts = wire.DEFAULT_MAX_ATTEMPTS
     if "max_attempts" in job:
         max_attempts = _integer(job["max_attempts"], "job.max_attempts", 1, MAX_ATTEMPTS)
-    backoff_ms = 10_000
+    backoff_ms = wire.DEFAULT_BACKOFF_MS
     if "backoff" in job:
         backoff_ms = _backoff(job["backoff"], "job.backoff")
     tenant = None

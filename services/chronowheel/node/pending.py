@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from chronowheel.core import wire
+from chronowheel.core.wire import occurrence_id
 from chronowheel.store.base import DueRow
 
 # Wheel key of an occurrence: (job id, scheduled instant, attempt). A retry of an occurrence
@@ -25,28 +27,25 @@ class Pending:
     headers: list[tuple[str, bytes]]
     spec: bytes | None  # recurring jobs: canonical job JSON, to compute the next occurrence
     user_headers: tuple[tuple[str, str], ...] = ()
-    max_attempts: int = 5
-    backoff_ms: int = 10_000
+    max_attempts: int = wire.DEFAULT_MAX_ATTEMPTS
+    backoff_ms: int = wire.DEFAULT_BACKOFF_MS
 
     @property
     def wheel_key(self) -> OccurrenceKey:
         return (self.job_id, self.scheduled_ms, self.attempt)
 
 
-def occurrence_id(job_id: str, scheduled_ms: int) -> str:
-    return f"{job_id}@{scheduled_ms}"
-
 
 def encode_headers(job_id: str, scheduled_ms: int, attempt: int, max_attempts: int,
                    backoff_ms: int, user: tuple[tuple[str, str], ...]) -> list[tuple[str, bytes]]:
     out = [
-        ("cw-job-id", job_id.encode()),
-        ("cw-scheduled-at", str(scheduled_ms).encode()),
-        ("cw-attempt", str(attempt).encode()),
-        ("cw-occurrence", occurrence_id(job_id, scheduled_ms).encode()),
+        (wire.JOB_ID, job_id.encode()),
+        (wire.SCHEDULED_AT, str(scheduled_ms).encode()),
+        (wire.ATTEMPT, str(attempt).encode()),
+        (wire.OCCURRENCE, occurrence_id(job_id, scheduled_ms).encode()),
         # The worker library's retry policy travels with the message (the job's spec).
-        ("cw-max-attempts", str(max_attempts).encode()),
-        ("cw-backoff-ms", str(backoff_ms).encode()),
+        (wire.MAX_ATTEMPTS, str(max_attempts).encode()),
+        (wire.BACKOFF_MS, str(backoff_ms).encode()),
     ]
     out.extend((k, v.encode()) for k, v in user)
     return out

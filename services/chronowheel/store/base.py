@@ -6,6 +6,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from chronowheel.core import wire
+
 
 @dataclass(frozen=True, slots=True)
 class JobRow:
@@ -36,8 +38,8 @@ class DueRow:
     payload: bytes
     headers: tuple[tuple[str, str], ...]
     spec: bytes | None  # recurring jobs only
-    max_attempts: int = 5
-    backoff_ms: int = 10_000
+    max_attempts: int = wire.DEFAULT_MAX_ATTEMPTS
+    backoff_ms: int = wire.DEFAULT_BACKOFF_MS
 
 
 @dataclass(frozen=True, slots=True)
