@@ -252,6 +252,12 @@ def parse_command(
     return _parse_retry(doc, job_id, policy, now_ms)
 
 
+def decode_stored_job(spec: bytes, *, policy: ValidationPolicy, now_ms: int) -> JobSpec:
+    """A job as stored (`JobSpec.canonical`, the job object of its upsert) back to a JobSpec,
+    validated as on submit; raises ValidationError when the bytes are not a job."""
+    return _parse_job(_load(spec), None, policy, now_ms)
+
+
 def _load(raw: bytes) -> Any:
     try:
         return orjson.loads(raw)
