@@ -80,6 +80,7 @@ def new_namespace(prefix: str) -> str:
 
 def machine() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "python": platform.python_version(),
+            "load_average_1m_at_start": round(os.getloadavg()[0], 2),
             "platform": platform.platform(),
             "mem_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
             "when": datetime.now(UTC).isoformat(timespec="seconds")}
@@ -363,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
             bad += r["early"] + r["duplicates"] + r["missing_60s_after_window"]
     else:
         result.update(asyncio.run(backlog(args.n, [v for v in args.variants.split(",") if v])))
+    result["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
     result["goals"] = goals(args.mode, result)
     for g in result["goals"]:
         say(f"goal ({g['kind']}) {g['goal']}: {g['value']} -> {'met' if g['met'] else 'MISSED'}")
