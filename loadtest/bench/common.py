@@ -82,6 +82,16 @@ def node_ingest_concurrency(node: Settings) -> int:
 _T0 = time.monotonic()
 
 
+def stored_commands(m: dict[str, float], op: str | None = None) -> float:
+    """Commands the node applied that changed what is stored (first applies), from its
+    /metrics: re-deliveries after a takeover and identical re-submits count as
+    outcome="unchanged" and are not progress."""
+    name = "chronowheel_ingested_total{"
+    want = 'outcome="stored"'
+    return sum(v for k, v in m.items() if k.startswith(name) and want in k
+               and (op is None or f'op="{op}"' in k))
+
+
 def say(msg: str) -> None:
     print(f"[bench {time.monotonic() - _T0:7.1f}s] {msg}", flush=True)
 
