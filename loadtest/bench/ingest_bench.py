@@ -5,7 +5,8 @@
 2. Submits N jobs (not due soon: `--due-from-s` .. `--due-to-s` ahead) with
    `SchedulerClient.submit_many` *before* the node starts, so the node finds a full submit
    topic and ingest alone sets the pace.
-3. Starts the node, and times from "owns every shard" until every jobs row is stored: the
+3. Starts the node, and times from "owns every shard" until every jobs row is stored (with
+   `--live` the node runs first and the time starts with the submission): the
    first-apply metric is polled cheaply, then the rows are counted (`count(*)` on `jobs`),
    and the figure is only reported when the count matches.
 4. Reports the node's RSS before and after ingest; with `--restart`, restarts the node and
@@ -142,17 +143,27 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             out["raw_inserts_per_s"] = round(raw["inserts_per_s"])
             say(f"raw prepared inserts: {raw['inserts_per_s']:,.0f}/s "
                 f"({args.raw_concurrency} in flight)")
-        await submit(settings, args.jobs, args.due_from_s, args.due_to_s, ns)
         log_path = LOG_DIR / "ingest-bench-node.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_bytes(b"")
         node = NodeProcess(settings, log_path, env=env, cwd=ROOT)
-        node.start()
-        await node.wait_ready(120)
-        t0 = time.monotonic()
-        out["rss_ready_mib"] = round((node.rss_bytes() or 0) / 2**20, 1)
+        if args.live:  # the node runs first and applies the jobs as they arrive
+            node.start()
+            await node.wait_ready(120)
+            out["rss_ready_mib"] = round((node.rss_bytes() or 0) / 2**20, 1)
+            t0 = time.monotonic()
+            sub = asyncio.create_task(submit(settings, args.jobs, args.due_from_s,
+                                             args.due_to_s, ns))
+        else:
+            await submit(settings, args.jobs, args.due_from_s, args.due_to_s, ns)
+            node.start()
+            await node.wait_ready(120)
+            t0 = time.monotonic()
+            out["rss_ready_mib"] = round((node.rss_bytes() or 0) / 2**20, 1)
         spy = py_spy(node.pid, args.profile_s, Path(args.profile)) if args.profile else None
         took = await wait_stored(node, settings, args.jobs, t0, args.timeout_s)
+        if args.live:
+            await sub
         if spy is not None:
             spy.wait()
         rate = args.jobs / took
@@ -200,6 +211,8 @@ def main() -> int:
     p.add_argument("--timeout-s", type=float, default=900)
     p.add_argument("--load-timeout-s", type=float, default=600)
     p.add_argument("--restart", action="store_true")
+    p.add_argument("--live", action="store_true",
+                   help="start the node first and submit while it runs (else: submit first)")
     p.add_argument("--profile", help="py-spy raw output path (profiles the node during ingest)")
     p.add_argument("--profile-s", type=int, default=20)
     p.add_argument("--node-env", action="append", default=[], metavar="KEY=VALUE")

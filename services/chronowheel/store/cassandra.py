@@ -50,6 +50,9 @@ HOUR_MS = 3_600_000
 TUPLES = "tuples"
 # Partition keys per `jobs` read of get_jobs.
 JOBS_READ_GROUP = 50
+# Bucket counter updates per counter batch of add_bucket_counts (some 60 bytes each: far
+# below the batch size warning).
+COUNTS_PER_BATCH = 50
 
 
 class CassandraError(RetriableError):
@@ -427,24 +430,23 @@ class CassandraStore:
         await self._run(self._add_count, (rows, shard, hour, minute), "count bucket")
 
     async def add_bucket_counts(self, shard: int, counts: Mapping[int, int]) -> None:
-        # Counter updates of one (shard, hour) partition go in one counter batch: a batch of
-        # jobs spread over a day touches a different minute per job, and one request per
-        # minute cost more than the jobs' own writes.
-        by_hour: dict[int, list[tuple[int, int]]] = {}
-        for minute, rows in counts.items():
-            by_hour.setdefault(minute - minute % HOUR_MS, []).append((minute, rows))
-        await asyncio.gather(*(self._count_hour(shard, hour, minutes)
-                               for hour, minutes in by_hour.items()))
+        # Counter updates go COUNTS_PER_BATCH to a counter batch: jobs spread over days touch
+        # a different minute (often a different hour partition) per job, and one request per
+        # minute cost about as much as the jobs' own writes. Counter batches are not logged,
+        # and need not be: a count is an upper bound that a retry may raise further.
+        updates = [(rows, shard, minute - minute % HOUR_MS, minute)
+                   for minute, rows in counts.items()]
+        await asyncio.gather(*(self._count(updates[i:i + COUNTS_PER_BATCH])
+                               for i in range(0, len(updates), COUNTS_PER_BATCH)))
 
-    async def _count_hour(self, shard: int, hour: int, minutes: list[tuple[int, int]]) -> None:
-        if len(minutes) == 1:
-            minute, rows = minutes[0]
-            await self._run(self._add_count, (rows, shard, hour, minute), "count bucket")
+    async def _count(self, updates: list[tuple[int, int, int, int]]) -> None:
+        if len(updates) == 1:
+            await self._run(self._add_count, updates[0], "count bucket")
             return
         batch = BatchStatement(batch_type=BatchType.COUNTER)
-        for minute, rows in minutes:
-            batch.add(self._add_count, (rows, shard, hour, minute))
-        await self._run_batch(batch, f"count {len(minutes)} buckets of hour {hour}")
+        for params in updates:
+            batch.add(self._add_count, params)
+        await self._run_batch(batch, f"count {len(updates)} buckets")
 
     async def bucket_counts(self, shard: int, from_minute: int, to_minute: int) -> dict[int, int]:
         out: dict[int, int] = {}
