@@ -48,6 +48,7 @@ from chronowheel.node.pending import encode_headers
 from chronowheel.settings import Settings
 from chronowheel.testing import Collector, Fired, NodeProcess, summarize
 from chronowheel.worker import Occurrence, Worker
+from common import stored_commands
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -152,8 +153,8 @@ async def e2e_rate(rate: int, window_s: float, workdir: Path, handler: str,
             await client.close()
         if rep.failed:
             raise RuntimeError(f"{len(rep.failed)} submits failed")
-        await wait_for(lambda: node.metrics().get(
-            'chronowheel_ingested_total{op="upsert"}', 0) >= n, lead_s + window_s + 120,
+        await wait_for(lambda: stored_commands(node.metrics(), "upsert") >= n,
+                       lead_s + window_s + 120,
             "the node to ingest every job")
         ingested_s = time.time() - t_submit
         ingest_done_before_window = time.time() * 1000 < t0_ms

@@ -372,7 +372,7 @@ def _parse_job(job: object, key: bytes | None, policy: ValidationPolicy, now_ms:
         max_attempts=max_attempts,
         backoff_ms=backoff_ms,
         tenant=tenant,
-        canonical=orjson.dumps(job, option=orjson.OPT_SORT_KEYS),
+        canonical=kept(orjson.dumps(job, option=orjson.OPT_SORT_KEYS)),
     )
 
 
@@ -604,6 +604,16 @@ def _within_horizon(
         )
 
 
+def kept(data: bytes) -> bytes:
+    """An exact-size copy of bytes made by orjson.dumps, for bytes that are kept.
+
+    orjson allocates at least 4 KiB for its output and does not give the rest back: a
+    90-byte payload held by a parsed job, a wheel entry or a queue costs 4 KiB of memory
+    (measured with tracemalloc). Short-lived results (a message sent at once) need no copy.
+    """
+    return memoryview(data).tobytes()
+
+
 def _job_payload(job: dict[str, Any], policy: ValidationPolicy) -> bytes:
     if "payload" in job and "payload_b64" in job:
         raise ValidationError("job", "at most one of payload, payload_b64", None)
@@ -611,7 +621,7 @@ def _job_payload(job: dict[str, Any], policy: ValidationPolicy) -> bytes:
         return _base64(job["payload_b64"], "job.payload_b64", policy)
     if "payload" not in job:
         return b""
-    payload = orjson.dumps(job["payload"])
+    payload = kept(orjson.dumps(job["payload"]))
     if len(payload) > policy.max_payload_bytes:
         raise ValidationError(
             "job.payload",
