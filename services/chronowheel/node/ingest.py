@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from chronowheel.bus.ports import SubmitRecord
+from chronowheel.core import wire
 from chronowheel.core.buckets import minute_of, slot_for
 from chronowheel.core.clock import Clock
 from chronowheel.core.model import (
@@ -268,10 +269,10 @@ class Ingest:
             reason = f"internal error while validating: {type(exc).__name__}: {exc}"
         outbox.append(Outgoing(
             self.settings.rejected_topic, None, rec.key, rec.value or b"",
-            [("cw-reason", reason.encode()),
-             ("cw-source-topic", rec.topic.encode()),
-             ("cw-source-partition", str(rec.partition).encode()),
-             ("cw-source-offset", str(rec.offset).encode())]))
+            [(wire.REASON, reason.encode()),
+             (wire.SOURCE_TOPIC, rec.topic.encode()),
+             (wire.SOURCE_PARTITION, str(rec.partition).encode()),
+             (wire.SOURCE_OFFSET, str(rec.offset).encode())]))
         self.metrics.rejected.inc()
         log.info("shard %d: rejected offset %d: %s", self.shard, rec.offset, reason,
                  extra={"shard": self.shard, "offset": rec.offset, "partition": rec.partition})
@@ -344,8 +345,9 @@ class Ingest:
         try:
             row = DueRow(minute_of(slot), self.shard, slot, cmd.id, cmd.attempt,
                          cmd.scheduled_ms, 0, cmd.topic, cmd.payload, cmd.headers, None,
-                         cmd.max_attempts if cmd.max_attempts is not None else 5,
-                         cmd.backoff_ms if cmd.backoff_ms is not None else 10_000)
+                         cmd.max_attempts if cmd.max_attempts is not None
+                         else wire.DEFAULT_MAX_ATTEMPTS,
+                         cmd.backoff_ms if cmd.backoff_ms is not None else wire.DEFAULT_BACKOFF_MS)
             await self.writer.write_due(row, now, counted=row.minute in self.counted)
             p = pending_from_row(row)
             if state.insert_bound(slot):

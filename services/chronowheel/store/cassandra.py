@@ -37,6 +37,7 @@ from cassandra.query import (
     tuple_factory,
 )
 
+from chronowheel.core import wire
 from chronowheel.errors import ConfigError, RetriableError
 from chronowheel.retry import with_retries
 from chronowheel.security import quiet_loggers, speaks_tls, ssl_context, tls_failure
@@ -406,8 +407,8 @@ class CassandraStore:
             rows = [
                 DueRow(minute, shard, slot, job, attempt, scheduled, version, topic,
                        payload or b"", tuple(headers or ()), spec,
-                       5 if max_attempts is None else max_attempts,
-                       10_000 if backoff is None else backoff)
+                       wire.DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts,
+                       wire.DEFAULT_BACKOFF_MS if backoff is None else backoff)
                 for (minute, shard, slot, job, attempt, scheduled, version, topic, payload,
                      headers, spec, max_attempts, backoff) in rs.current_rows
             ]
