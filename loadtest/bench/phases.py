@@ -41,6 +41,7 @@ from common import (
     fmt,
     phase_of,
     say,
+    stored_commands,
     upserts,
 )
 from limits import measure_limits
@@ -161,12 +162,13 @@ async def submit(producer: AIOKafkaProducer, topic: str,
 
 async def wait_ingested(node: BenchNode, target: float, total: int, what: str,
                         timeout_s: float) -> float:
-    """Poll until chronowheel_ingested_total >= target; returns the wall ms it was seen."""
+    """Poll until the commands stored (chronowheel_ingested_total{outcome="stored"}) reach
+    target; returns the wall ms it was seen."""
     deadline = time.monotonic() + timeout_s
     last_say = time.monotonic()
     while True:
         m = await node.scrape()
-        done = metric_sum(m, "chronowheel_ingested_total")
+        done = stored_commands(m)
         if done >= target:
             return wall_ms()
         if metric_sum(m, "chronowheel_rejected_total") > 0:
@@ -228,7 +230,7 @@ async def ingest_phase(cfg: Config, settings: Settings, node: BenchNode,
     # Spread over 30 minutes starting in an hour: never loaded during the run, no hot bucket.
     dues = [base_at + (i * 1_800_000) // max(1, m) for i in range(m)]
     recs = upserts(run, "ingest", dues)
-    before = metric_sum(await node.scrape(), "chronowheel_ingested_total")
+    before = stored_commands(await node.scrape())
     say(f"ingest: submitting {m:,} jobs due in 1 h ...")
     t0 = await submit(producer, settings.submit_topic, recs, "ingest")
     t_sent = wall_ms()
@@ -249,7 +251,7 @@ async def ladder_step(cfg: Config, settings: Settings, node: BenchNode, probe: F
     start = math.ceil((wall_ms() + lead_ms) / 1000) * 1000
     dues = [start + (i * 1000) // rate for i in range(n)]
     recs = upserts(run, phase, dues)
-    before_ing = metric_sum(await node.scrape(), "chronowheel_ingested_total")
+    before_ing = stored_commands(await node.scrape())
     say(f"ladder {rate}/s: submitting {n:,} jobs due over {cfg.step_s:.0f}s starting in "
         f"{(start - wall_ms()) / 1000:.0f}s ...")
     await submit(producer, settings.submit_topic, recs, phase)
@@ -313,7 +315,7 @@ async def herd_phase(cfg: Config, settings: Settings, node: BenchNode, probe: Fi
     lead_ms = max(30_000.0, 1.5 * h / max(ingest_rate, 1.0) * 1000 + 20_000)
     second = math.ceil((wall_ms() + lead_ms) / 1000) * 1000
     recs = upserts(run, "herd", [second] * h)
-    before_ing = metric_sum(await node.scrape(), "chronowheel_ingested_total")
+    before_ing = stored_commands(await node.scrape())
     say(f"herd: submitting {h:,} jobs all due at one instant, "
         f"{(second - wall_ms()) / 1000:.0f}s from now ...")
     await submit(producer, settings.submit_topic, recs, "herd")
@@ -429,7 +431,7 @@ async def run_phases(cfg: Config, settings: Settings) -> int:
         m = await node.scrape()
         result["node_final_metrics"] = {
             "fired_total": metric_sum(m, "chronowheel_fired_total"),
-            "ingested_total": metric_sum(m, "chronowheel_ingested_total"),
+            "ingested_total": stored_commands(m),
             "rejected_total": metric_sum(m, "chronowheel_rejected_total"),
             "rss_bytes": node.rss(),
             "slowest_metrics_scrape_s": round(node.slowest_scrape_s, 3),

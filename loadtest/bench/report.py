@@ -73,7 +73,7 @@ def render_table(r: dict[str, Any]) -> str:
     cass = s["raw_cassandra_inserts_per_s"]
     row("ingest, jobs/s", fmt(s["ingest_jobs_per_s"]),
         f"{fmt(cass)} raw `due` inserts/s", s["ingest_vs_raw_insert"])
-    row(f"ingest, Cassandra statements/s ({CASSANDRA_REQUESTS_PER_JOB} per job)",
+    row(f"ingest, Cassandra rows written/s ({CASSANDRA_REQUESTS_PER_JOB} per job, grouped)",
         fmt(None if s["ingest_jobs_per_s"] is None
             else s["ingest_jobs_per_s"] * CASSANDRA_REQUESTS_PER_JOB),
         f"{fmt(cass)} raw inserts/s", s["ingest_requests_vs_raw_insert"])

@@ -48,6 +48,7 @@ from chronowheel.node.pending import encode_headers
 from chronowheel.settings import Settings
 from chronowheel.testing import Collector, Fired, NodeProcess, summarize
 from chronowheel.worker import Occurrence, Worker
+from common import stored_commands
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -80,6 +81,7 @@ def new_namespace(prefix: str) -> str:
 
 def machine() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "python": platform.python_version(),
+            "load_average_1m_at_start": round(os.getloadavg()[0], 2),
             "platform": platform.platform(),
             "mem_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
             "when": datetime.now(UTC).isoformat(timespec="seconds")}
@@ -151,8 +153,8 @@ async def e2e_rate(rate: int, window_s: float, workdir: Path, handler: str,
             await client.close()
         if rep.failed:
             raise RuntimeError(f"{len(rep.failed)} submits failed")
-        await wait_for(lambda: node.metrics().get(
-            'chronowheel_ingested_total{op="upsert"}', 0) >= n, lead_s + window_s + 120,
+        await wait_for(lambda: stored_commands(node.metrics(), "upsert") >= n,
+                       lead_s + window_s + 120,
             "the node to ingest every job")
         ingested_s = time.time() - t_submit
         ingest_done_before_window = time.time() * 1000 < t0_ms
@@ -363,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             bad += r["early"] + r["duplicates"] + r["missing_60s_after_window"]
     else:
         result.update(asyncio.run(backlog(args.n, [v for v in args.variants.split(",") if v])))
+    result["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
     result["goals"] = goals(args.mode, result)
     for g in result["goals"]:
         say(f"goal ({g['kind']}) {g['goal']}: {g['value']} -> {'met' if g['met'] else 'MISSED'}")

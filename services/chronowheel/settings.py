@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from chronowheel.core import wire
 from chronowheel.errors import ConfigError
 
 ENV_PREFIX = "CHRONOWHEEL_"
@@ -114,7 +115,13 @@ class Settings:
     max_payload_bytes: int = _opt(262_144, "largest payload in bytes")
     max_horizon_ms: int = _opt(3653 * 86_400_000, "latest 'at' accepted, relative to now")
     # --- node tunables (defaults measured on the local stack; see docs/design.md) --------
-    ingest_batch: int = _opt(2_000, "submit commands a shard applies per ingest batch")
+    ingest_batch: int = _opt(
+        500, "submit commands a shard applies per ingest step; their offset is committed "
+             "after each step, so a takeover re-applies at most this many")
+    ingest_group_bytes: int = _opt(
+        4_500, "new jobs written per logged batch: at most about this many bytes (keep it "
+               "under Cassandra's batch_size_warn_threshold)")
+    ingest_group_jobs: int = _opt(16, "new jobs written per logged batch: at most this many")
     ingest_concurrency: int = _opt(
         64, "jobs of one ingest batch a shard writes to Cassandra concurrently")
     ingest_slack_ms: int = _opt(
@@ -266,28 +273,27 @@ class Settings:
 
     @property
     def submit_topic(self) -> str:
-        return f"{self.namespace}.submit"
+        return wire.submit_topic(self.namespace)
 
     @property
     def state_topic(self) -> str:
-        return f"{self.namespace}.state"
+        return wire.state_topic(self.namespace)
 
     @property
     def fired_topic(self) -> str:
-        return f"{self.namespace}.fired"
+        return wire.fired_topic(self.namespace)
 
     @property
     def rejected_topic(self) -> str:
-        return f"{self.namespace}.rejected"
+        return wire.rejected_topic(self.namespace)
 
     @property
     def dead_topic(self) -> str:
-        return f"{self.namespace}.dead"
+        return wire.dead_topic(self.namespace)
 
     @property
     def internal_topics(self) -> frozenset[str]:
-        return frozenset(
-            {self.submit_topic, self.state_topic, self.rejected_topic, self.dead_topic})
+        return wire.internal_topics(self.namespace)
 
     def cassandra_hosts(self) -> list[tuple[str, int]]:
         out = []
@@ -462,7 +468,8 @@ CASSANDRA_SECRETS = ("cassandra_password", "cassandra_ssl_key_password")
 SECURITY_SETTINGS = KAFKA_SECURITY_SETTINGS + CASSANDRA_SECURITY_SETTINGS
 CONNECTION_SETTINGS = ("namespace", "cassandra", "kafka", "consistency")
 NODE_TUNABLES = (
-    "ingest_batch", "ingest_concurrency", "ingest_slack_ms", "catch_up_grace_ms",
+    "ingest_batch", "ingest_group_bytes", "ingest_group_jobs", "ingest_concurrency",
+    "ingest_slack_ms", "catch_up_grace_ms",
     "idle_commit_ms", "idle_commit_clearance_ms", "skip_empty_after_ms", "stop_drain_ms",
     "stop_deadline_ms", "missing_watermark_lookback_ms", "skew_check_interval_ms",
     "pump_fetch_records", "pump_pause_rows", "pump_resume_rows",

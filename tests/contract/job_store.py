@@ -68,6 +68,19 @@ class JobStoreContract:
         assert await store.get_job(ids.job("a")) == JobRow(
             ids.job("a"), ids.shard, b'{"id":"a"}', 2, "finished", None, None, 0)
 
+    async def test_jobs_rows_read_together_as_get_job_reads_them(
+            self, store: JobStore, ids: Ids) -> None:
+        rows = [JobRow(ids.job(f"g{i}"), ids.shard, b'{"i":%d}' % i, i + 1, "scheduled",
+                       T0 + i, T0 + 2 * i, ttl_s=3600 if i % 2 else 0) for i in range(120)]
+        for row in rows:
+            await store.put_job(row)
+        wanted = [r.job_id for r in rows] + [ids.job("missing"), rows[0].job_id]
+        got = await store.get_jobs(wanted)
+        # every stored row, as get_job returns it (TTL not read back); none for a missing id
+        assert got == {r.job_id: await store.get_job(r.job_id) for r in rows}
+        assert all(row.ttl_s == 0 for row in got.values())
+        assert await store.get_jobs([]) == {}
+
     # --- due rows ---------------------------------------------------------------------
     async def test_a_bucket_reads_in_slot_job_attempt_order_with_every_field(
             self, store: JobStore, ids: Ids) -> None:
@@ -143,6 +156,24 @@ class JobStoreContract:
         assert await store.get_job(ids.job("a")) == job
         assert await read_all(store, m, ids.shard) == [[row]]
 
+    async def test_several_jobs_due_and_job_rows_are_written_together(
+            self, store: JobStore, ids: Ids) -> None:
+        m = T0 + 12 * MINUTE_MS
+        n = T0 + 13 * MINUTE_MS
+        group = [(due(ids, f"a{i}", (m if i % 2 else n) + i, version=i + 1), 3600,
+                  JobRow(ids.job(f"a{i}"), ids.shard, b"{}", i + 1, "scheduled", m, m + i,
+                         ttl_s=7200))
+                 for i in range(6)]
+        await store.put_dues_and_jobs(group)
+        for row, _ttl, job in group:
+            assert await store.get_job(row.job_id) == JobRow(
+                job.job_id, job.shard, job.spec, job.version, job.status, job.scheduled_ms,
+                job.slot_ms, 0)
+        assert [r for page in await read_all(store, m, ids.shard) for r in page] == \
+            [row for row, _, _ in group if row.minute == m]
+        assert [r for page in await read_all(store, n, ids.shard) for r in page] == \
+            [row for row, _, _ in group if row.minute == n]
+
     # --- bucket counts ----------------------------------------------------------------
     async def test_counts_add_up_per_minute_and_ranges_include_both_ends_across_hours(
             self, store: JobStore, ids: Ids) -> None:
@@ -159,6 +190,17 @@ class JobStoreContract:
         assert await store.bucket_counts(ids.shard, minutes[4], minutes[4]) == {minutes[4]: 7}
         assert await store.bucket_counts(ids.shard, minutes[4] + MINUTE_MS,
                                          minutes[4] + HOUR_MS) == {}
+
+    async def test_counts_added_together_add_up_like_single_additions(
+            self, store: JobStore, ids: Ids) -> None:
+        m = T0 + 2 * HOUR_MS - 2 * MINUTE_MS
+        minutes = [m + i * MINUTE_MS for i in range(4)]  # two hour partitions
+        await store.add_bucket_count(ids.shard, minutes[0], 1)
+        await store.add_bucket_counts(ids.shard, {minutes[0]: 2, minutes[1]: 3, minutes[3]: 4})
+        await store.add_bucket_counts(ids.shard, {minutes[3]: 1})
+        await store.add_bucket_counts(ids.shard, {})
+        assert await store.bucket_counts(ids.shard, minutes[0], minutes[3]) == {
+            minutes[0]: 3, minutes[1]: 3, minutes[3]: 5}
 
     # --- claims, meta, clock ----------------------------------------------------------
     async def test_a_claim_is_a_compare_and_set_register(self, store: JobStore,

@@ -25,7 +25,7 @@ async def test_a_backlog_without_committed_offsets_is_applied_completely(
     await produce(settings, [upsert(f"b{i}", at=due + i) for i in range(n)])
     async with running_node(settings) as node:
         deadline = time.monotonic() + 180
-        while node.metrics.ingested.labels("upsert")._value.get() < n:
+        while node.metrics.ingested.labels("upsert", "stored")._value.get() < n:
             assert time.monotonic() < deadline, "the node did not apply the backlog in time"
             await asyncio.sleep(0.2)
     store = await asyncio.to_thread(CassandraStore.open, settings)

@@ -1189,3 +1189,18 @@ def test_arbitrary_bytes_get_a_verdict_never_a_crash(raw: bytes) -> None:
     verdict = _parser_verdict(raw)
     if isinstance(verdict, ValidationError):
         assert verdict.path and verdict.rule
+
+
+def test_a_stored_spec_decodes_straight_back_to_the_job() -> None:
+    from chronowheel.core.model import decode_stored_job
+
+    policy = ValidationPolicy()
+    now = 1_767_225_600_000
+    raw = encode_upsert({"id": "r1", "cron": "0 9 * * MON-FRI", "tz": "Europe/London",
+                         "payload": {"a": 1}, "headers": {"team": "x"}, "max_attempts": 3})
+    cmd = parse_command(raw, key=b"r1", policy=policy, now_ms=now)
+    assert isinstance(cmd, Upsert)
+    again = decode_stored_job(cmd.job.canonical, policy=policy, now_ms=now)
+    assert again == cmd.job and again.canonical == cmd.job.canonical
+    with pytest.raises(ValidationError):
+        decode_stored_job(b'{"id": "r1"}', policy=policy, now_ms=now)

@@ -3,14 +3,15 @@ cancel and edit races, catch-up, forwarding, rejection and takeover from a water
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 from chronowheel.core.model import encode_upsert
 from chronowheel.core.shard import shard_of
-from chronowheel.store.base import DueRow
+from chronowheel.store.base import DueRow, JobRow
 
 from tests.unit.node_rig import T0, NodeRig, scheduled_at
 
@@ -193,8 +194,9 @@ async def test_a_new_owner_resumes_from_the_committed_watermark_and_offsets(
     counts = Counter(m.key for m in rig.fired())
     assert counts == Counter(j.encode() for j in ats)  # each exactly once, across both
     # The new owner resumed after the committed offsets: it applied no command again.
-    assert second.metrics.registry.get_sample_value(
-        "chronowheel_ingested_total", {"op": "upsert"}) is None
+    for outcome in ("stored", "unchanged"):
+        assert second.metrics.registry.get_sample_value(
+            "chronowheel_ingested_total", {"op": "upsert", "outcome": outcome}) is None
     submit = rig.bus.topics[rig.settings.submit_topic]
     assert [rig.bus.group_offsets[("unit-nodes", rig.settings.submit_topic, k)]
             for k in (0, 1)] == [len(submit[0]), len(submit[1])]
@@ -264,3 +266,57 @@ async def test_more_rows_than_the_memory_cap_on_one_millisecond_still_fire() -> 
         assert len(rig.fired()) == 8
     finally:
         await rig.stop_all()
+
+
+async def test_ingest_commits_its_offset_every_batch_never_ahead_of_the_writes() -> None:
+    rig = NodeRig(shards=1, ingest_batch=4, ingest_group_jobs=3)
+    rig.store.pause = lambda: asyncio.sleep(0)  # storage calls interleave with the commits
+    key = ("unit-nodes", rig.settings.submit_topic, 0)
+    writes: list[tuple[list[str], int]] = []  # (jobs written, offset committed at that time)
+    put = rig.store.put_dues_and_jobs
+
+    async def recording(rows: Sequence[tuple[DueRow, int, JobRow]]) -> None:
+        writes.append(([due.job_id for due, _, _ in rows], rig.bus.group_offsets.get(key, 0)))
+        await put(rows)
+
+    rig.store.put_dues_and_jobs = recording  # type: ignore[method-assign]
+    try:
+        await rig.start()
+        ids = [f"far-{i:02d}" for i in range(12)]
+        for job_id in ids:
+            rig.upsert(job_id, at=T0 + 3_600_000)
+        await rig.settle()
+        # Each job's due row and jobs row went in one logged group of at most 3 jobs.
+        assert sorted(j for jobs, _ in writes for j in jobs) == ids
+        assert all(1 <= len(jobs) <= 3 for jobs, _ in writes)
+        assert all(rig.store.jobs[j][0].status == "scheduled" for j in ids)
+        assert len(rig.store.due_rows(0)) == 12
+        # The committed offset never passed a command not yet written (record i = ids[i])...
+        for jobs, committed in writes:
+            assert committed <= min(ids.index(j) for j in jobs)
+        # ...and was raised while the rest of the backlog was still being applied.
+        assert max(committed for _, committed in writes) >= 4
+        assert rig.bus.group_offsets[key] == 12
+    finally:
+        await rig.stop_all()
+
+
+async def test_the_ingested_metric_tells_stored_changes_from_unchanged_re_applies(
+        rig: NodeRig) -> None:
+    node = await rig.start()
+    rig.upsert("same", at=T0 + 60_000, payload={"n": 1})
+    await rig.settle()
+    rig.upsert("same", at=T0 + 60_000, payload={"n": 1})  # identical: nothing to change
+    rig.cancel("never-submitted")
+    await rig.settle()
+    rig.upsert("same", at=T0 + 60_000, payload={"n": 2})  # an edit: stored
+
+    def count(op: str, outcome: str) -> float | None:
+        return node.metrics.registry.get_sample_value(
+            "chronowheel_ingested_total", {"op": op, "outcome": outcome})
+
+    await rig.settle()
+    assert (count("upsert", "stored"), count("upsert", "unchanged")) == (2, 1)
+    assert (count("cancel", "stored"), count("cancel", "unchanged")) == (None, 1)
+    await rig.advance_to(T0 + 61_000)
+    assert [m.value for m in rig.fired()] == [b'{"n":2}']

@@ -17,6 +17,9 @@ FORMER_CONSTANTS = {
     "missing_watermark_lookback_ms": 3_600_000, "skew_check_interval_ms": 5_000,
     "pump_fetch_records": 5_000, "pump_pause_rows": 20_000, "pump_resume_rows": 5_000,
 }
+# Deliberate changes since, and tunables added later (issue 10: ingest in logged groups, its
+# offset committed every few hundred records).
+CHANGED_SINCE = {"ingest_batch": 500, "ingest_group_bytes": 4_500, "ingest_group_jobs": 16}
 
 
 def _node_parser() -> argparse.ArgumentParser:
@@ -26,10 +29,11 @@ def _node_parser() -> argparse.ArgumentParser:
     raise AssertionError("no `node` command")
 
 
-def test_every_tunable_keeps_its_former_default() -> None:
-    assert set(NODE_TUNABLES) == set(FORMER_CONSTANTS)
+def test_every_tunable_keeps_its_former_default_unless_changed_on_purpose() -> None:
+    expected = {**FORMER_CONSTANTS, **CHANGED_SINCE}
+    assert set(NODE_TUNABLES) == set(expected)
     defaults = Settings()
-    assert {name: getattr(defaults, name) for name in NODE_TUNABLES} == FORMER_CONSTANTS
+    assert {name: getattr(defaults, name) for name in NODE_TUNABLES} == expected
 
 
 def test_every_tunable_is_a_node_flag_whose_help_names_its_variable_and_default() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from chronowheel.cli._format import human_ms, rfc3339
+from chronowheel.core import wire
 from chronowheel.errors import ChronowheelError
 from chronowheel.settings import Settings, add_settings_arguments, settings_from_args
 
@@ -64,8 +65,8 @@ def format_message(m: TailMessage) -> str:
     headers = {k: _text(v) for k, v in m.headers}
     first = [f"{m.topic}[{m.partition}]@{m.offset}",
              "key=" + ("(none)" if m.key is None else _text(m.key))]
-    scheduled = _int(headers.get("cw-scheduled-at"))
-    fired = _int(headers.get("cw-fired-at"))
+    scheduled = _int(headers.get(wire.SCHEDULED_AT))
+    fired = _int(headers.get(wire.FIRED_AT))
     if scheduled is not None:
         first.append(f"scheduled={rfc3339(scheduled)}")
     if fired is not None:
@@ -74,9 +75,9 @@ def format_message(m: TailMessage) -> str:
             first.append(f"late={human_ms(fired - scheduled)}")
     elif m.timestamp_ms is not None:
         first.append(f"time={rfc3339(m.timestamp_ms)}")
-    if "cw-attempt" in headers:
-        first.append(f"attempt={headers['cw-attempt']}")
-    shown = {"cw-scheduled-at", "cw-fired-at", "cw-attempt"}
+    if wire.ATTEMPT in headers:
+        first.append(f"attempt={headers[wire.ATTEMPT]}")
+    shown = {wire.SCHEDULED_AT, wire.FIRED_AT, wire.ATTEMPT}
     rest = " ".join(f"{k}={v}" for k, v in headers.items() if k not in shown)
     name, payload = payload_view(m.value)
     if name == "payload":

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from chronowheel.core.buckets import minute_of, slot_for
 from chronowheel.core.clock import Clock, sleep_until_or_event
-from chronowheel.core.model import JobSpec, Upsert, ValidationPolicy, parse_command
+from chronowheel.core.model import JobSpec, ValidationPolicy, decode_stored_job
 from chronowheel.core.recurrence import Schedule, catch_up, next_after
 from chronowheel.node.metrics import NodeMetrics
 from chronowheel.node.pending import Pending, pending_from_row, with_schedule
@@ -161,10 +161,8 @@ class Dispatcher:
         if hit is not None:
             self._schedules.move_to_end(spec)
             return hit
-        cmd = parse_command(b'{"v":1,"op":"upsert","job":' + spec + b"}", key=None,
-                            policy=self.stored_policy, now_ms=self.clock.now_ms())
-        assert isinstance(cmd, Upsert)
-        hit = (cmd.job, schedule_of(cmd.job))
+        job = decode_stored_job(spec, policy=self.stored_policy, now_ms=self.clock.now_ms())
+        hit = (job, schedule_of(job))
         self._schedules[spec] = hit
         if len(self._schedules) > SCHEDULE_CACHE_SIZE:
             self._schedules.popitem(last=False)

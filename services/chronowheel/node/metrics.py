@@ -30,8 +30,12 @@ class NodeMetrics:
         self.prewarmed_buckets = Gauge("chronowheel_prewarmed_buckets",
                                        "hot minute buckets loaded ahead of the horizon",
                                        ["shard"], registry=r)
-        self.ingested = Counter("chronowheel_ingested_total", "commands applied", ["op"],
-                                registry=r)
+        self.ingested = Counter(
+            "chronowheel_ingested_total",
+            "submit commands applied, by outcome: stored (a change was written) or unchanged "
+            "(nothing to do: an identical re-submit, a command applied before and delivered "
+            "again after a takeover, a cancel of an unknown job)", ["op", "outcome"],
+            registry=r)
         self.rejected = Counter("chronowheel_rejected_total",
                                 "commands published to <ns>.rejected", registry=r)
         self.forwarded = Counter("chronowheel_forwarded_total",

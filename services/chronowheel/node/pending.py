@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from chronowheel.core import wire
 from chronowheel.store.base import DueRow
 
 # Wheel key of an occurrence: (job id, scheduled instant, attempt). A retry of an occurrence
@@ -22,43 +23,66 @@ class Pending:
     key: bytes
     payload: bytes
     # cw-* headers (all but cw-fired-at, known only at publish) followed by the job's own.
-    headers: list[tuple[str, bytes]]
+    headers: tuple[tuple[str, bytes], ...]
     spec: bytes | None  # recurring jobs: canonical job JSON, to compute the next occurrence
     user_headers: tuple[tuple[str, str], ...] = ()
-    max_attempts: int = 5
-    backoff_ms: int = 10_000
+    max_attempts: int = wire.DEFAULT_MAX_ATTEMPTS
+    backoff_ms: int = wire.DEFAULT_BACKOFF_MS
 
     @property
     def wheel_key(self) -> OccurrenceKey:
         return (self.job_id, self.scheduled_ms, self.attempt)
 
 
-def occurrence_id(job_id: str, scheduled_ms: int) -> str:
-    return f"{job_id}@{scheduled_ms}"
+
+# Header tuples with the values most occurrences share (attempt 1, the default retry policy)
+# are made once and shared by every wheel entry: a loaded occurrence costs memory per object.
+_SHARED: dict[tuple[str, int], tuple[str, bytes]] = {}
+_SHARED_MAX = 1024
+
+
+def _shared(name: str, value: int) -> tuple[str, bytes]:
+    hit = _SHARED.get((name, value))
+    if hit is None:
+        hit = (name, str(value).encode())
+        if len(_SHARED) < _SHARED_MAX:
+            _SHARED[(name, value)] = hit
+    return hit
 
 
 def encode_headers(job_id: str, scheduled_ms: int, attempt: int, max_attempts: int,
                    backoff_ms: int, user: tuple[tuple[str, str], ...]) -> list[tuple[str, bytes]]:
-    out = [
-        ("cw-job-id", job_id.encode()),
-        ("cw-scheduled-at", str(scheduled_ms).encode()),
-        ("cw-attempt", str(attempt).encode()),
-        ("cw-occurrence", occurrence_id(job_id, scheduled_ms).encode()),
+    """The cw-* headers of an occurrence (all but cw-fired-at) followed by the job's own."""
+    return list(_headers(job_id, scheduled_ms, attempt, max_attempts, backoff_ms, user, None))
+
+
+def _headers(job_id: str, scheduled_ms: int, attempt: int, max_attempts: int, backoff_ms: int,
+             user: tuple[tuple[str, str], ...],
+             key: bytes | None) -> tuple[tuple[str, bytes], ...]:
+    # A tuple, not a list (smaller), with `key` (the job id encoded, when the caller has it)
+    # shared rather than encoded again: this is what a wheel entry holds. The occurrence key
+    # is wire.occurrence_id, built from bytes here to skip a decode and an encode.
+    scheduled = str(scheduled_ms).encode()
+    return (
+        (wire.JOB_ID, key if key is not None else job_id.encode()),
+        (wire.SCHEDULED_AT, scheduled),
+        _shared(wire.ATTEMPT, attempt),
+        (wire.OCCURRENCE, b"%s@%s" % (key if key is not None else job_id.encode(), scheduled)),
         # The worker library's retry policy travels with the message (the job's spec).
-        ("cw-max-attempts", str(max_attempts).encode()),
-        ("cw-backoff-ms", str(backoff_ms).encode()),
-    ]
-    out.extend((k, v.encode()) for k, v in user)
-    return out
+        _shared(wire.MAX_ATTEMPTS, max_attempts),
+        _shared(wire.BACKOFF_MS, backoff_ms),
+        *((k, v.encode()) for k, v in user),
+    )
 
 
 def pending_from_row(row: DueRow) -> Pending:
+    key = row.job_id.encode()
     return Pending(
         job_id=row.job_id, scheduled_ms=row.scheduled_ms, slot_ms=row.slot_ms,
-        attempt=row.attempt, version=row.version, topic=row.topic, key=row.job_id.encode(),
+        attempt=row.attempt, version=row.version, topic=row.topic, key=key,
         payload=row.payload,
-        headers=encode_headers(row.job_id, row.scheduled_ms, row.attempt, row.max_attempts,
-                               row.backoff_ms, row.headers),
+        headers=_headers(row.job_id, row.scheduled_ms, row.attempt, row.max_attempts,
+                         row.backoff_ms, row.headers, key),
         spec=row.spec, user_headers=row.headers, max_attempts=row.max_attempts,
         backoff_ms=row.backoff_ms,
     )
@@ -69,8 +93,8 @@ def with_schedule(p: Pending, scheduled_ms: int) -> Pending:
     return Pending(
         job_id=p.job_id, scheduled_ms=scheduled_ms, slot_ms=p.slot_ms, attempt=p.attempt,
         version=p.version, topic=p.topic, key=p.key, payload=p.payload,
-        headers=encode_headers(p.job_id, scheduled_ms, p.attempt, p.max_attempts, p.backoff_ms,
-                               p.user_headers),
+        headers=_headers(p.job_id, scheduled_ms, p.attempt, p.max_attempts, p.backoff_ms,
+                         p.user_headers, p.key),
         spec=p.spec, user_headers=p.user_headers, max_attempts=p.max_attempts,
         backoff_ms=p.backoff_ms,
     )

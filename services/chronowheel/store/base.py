@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from chronowheel.core import wire
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +38,8 @@ class DueRow:
     payload: bytes
     headers: tuple[tuple[str, str], ...]
     spec: bytes | None  # recurring jobs only
-    max_attempts: int = 5
-    backoff_ms: int = 10_000
+    max_attempts: int = wire.DEFAULT_MAX_ATTEMPTS
+    backoff_ms: int = wire.DEFAULT_BACKOFF_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +74,11 @@ class JobStore(Protocol):
         row's `ttl_s` is always 0: the remaining TTL is not read back."""
         ...
 
+    async def get_jobs(self, job_ids: Sequence[str]) -> dict[str, JobRow]:
+        """job id -> jobs row for those of `job_ids` that have one (as `get_job` returns it);
+        ids without a row are absent. Read in few requests: for applying many commands."""
+        ...
+
     async def put_job(self, row: JobRow) -> None:
         """Write (replace) the jobs row of `row.job_id`, expiring after `row.ttl_s`."""
         ...
@@ -85,6 +92,12 @@ class JobStore(Protocol):
         """Both rows, atomically (a logged batch): never one without the other."""
         ...
 
+    async def put_dues_and_jobs(self, rows: Sequence[tuple[DueRow, int, JobRow]]) -> None:
+        """Every (due row, its TTL in seconds, jobs row) of `rows`, atomically (one logged
+        batch): all of them or none. The caller keeps the group small (Cassandra warns about
+        and refuses batches over its batch size thresholds)."""
+        ...
+
     async def delete_due(self, minute: int, shard: int, slot_ms: int, job_id: str,
                          attempt: int) -> None:
         """Delete one due row by its full key; deleting a row that does not exist is fine."""
@@ -93,6 +106,12 @@ class JobStore(Protocol):
     async def add_bucket_count(self, shard: int, minute: int, rows: int) -> None:
         """Add `rows` to the counter of bucket (minute, shard). Not idempotent: a retried
         call may count twice (counts are an upper bound, used to skip empty minutes)."""
+        ...
+
+    async def add_bucket_counts(self, shard: int, counts: Mapping[int, int]) -> None:
+        """`add_bucket_count(shard, minute, rows)` for every minute -> rows of `counts`, in
+        few requests. Not atomic and not idempotent either: after a failure some minutes may
+        be counted (an upper bound stays an upper bound)."""
         ...
 
     async def bucket_counts(self, shard: int, from_minute: int, to_minute: int) -> dict[int, int]:

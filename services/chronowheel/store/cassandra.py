@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+import weakref
+from collections import deque
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from cassandra import (
@@ -34,6 +37,7 @@ from cassandra.query import (
     tuple_factory,
 )
 
+from chronowheel.core import wire
 from chronowheel.errors import ConfigError, RetriableError
 from chronowheel.retry import with_retries
 from chronowheel.security import quiet_loggers, speaks_tls, ssl_context, tls_failure
@@ -45,6 +49,11 @@ log = logging.getLogger(__name__)
 _TRANSIENT = (OperationTimedOut, ReadTimeout, WriteTimeout, Unavailable, NoHostAvailable)
 HOUR_MS = 3_600_000
 TUPLES = "tuples"
+# Partition keys per `jobs` read of get_jobs.
+JOBS_READ_GROUP = 50
+# Bucket counter updates per counter batch of add_bucket_counts (some 60 bytes each: far
+# below the batch size warning).
+COUNTS_PER_BATCH = 50
 
 
 class CassandraError(RetriableError):
@@ -159,15 +168,69 @@ def connect(settings: Settings, *, keyspace: str | None = None) -> tuple[Cluster
     return cluster, session
 
 
+class _Settler:
+    """Hands the driver's answers to one event loop in batches.
+
+    The driver answers in its I/O thread; waking the loop once per answer
+    (`call_soon_threadsafe`: a lock, a deque append and a write to the loop's self-pipe) cost
+    more of the node's CPU during ingest than the statements themselves. Answers are queued
+    here instead, and the loop is woken only when the queue was empty: one wake settles every
+    answer that arrived meanwhile.
+    """
+
+    __slots__ = ("__weakref__", "_lock", "_loop", "_queue", "_scheduled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._queue: deque[tuple[asyncio.Future[Any], ResponseFuture, BaseException | None]] = \
+            deque()
+        self._scheduled = False
+
+    def put(self, fut: asyncio.Future[Any], rf: ResponseFuture,
+            exc: BaseException | None) -> None:
+        with self._lock:
+            self._queue.append((fut, rf, exc))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            self._loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed: nobody waits for these answers any more
+            with self._lock:
+                self._scheduled = False
+                self._queue.clear()
+
+    def _drain(self) -> None:
+        with self._lock:
+            items = list(self._queue)
+            self._queue.clear()
+            self._scheduled = False
+        for fut, rf, exc in items:
+            _settle(fut, rf, exc)
+
+
+_settlers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Settler] = \
+    weakref.WeakKeyDictionary()
+
+
+def _settler(loop: asyncio.AbstractEventLoop) -> _Settler:
+    settler = _settlers.get(loop)
+    if settler is None:
+        settler = _settlers[loop] = _Settler(loop)
+    return settler
+
+
 def _await_future(rf: ResponseFuture) -> asyncio.Future[Any]:
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[Any] = loop.create_future()
+    put = _settler(loop).put
 
     def ok(_rows: object) -> None:
-        loop.call_soon_threadsafe(_settle, fut, rf, None)
+        put(fut, rf, None)
 
     def err(exc: BaseException) -> None:
-        loop.call_soon_threadsafe(_settle, fut, rf, exc)
+        put(fut, rf, exc)
 
     rf.add_callbacks(ok, err)
     return fut
@@ -215,6 +278,8 @@ class CassandraStore:
         p = session.prepare
         self._get_job = p(f"SELECT job_id, shard, spec, version, status, scheduled_ms, slot_ms "
                           f"FROM {ks}.jobs WHERE job_id = ?")
+        self._get_jobs = p(f"SELECT job_id, shard, spec, version, status, scheduled_ms, "
+                           f"slot_ms FROM {ks}.jobs WHERE job_id IN ?")
         self._put_job = p(f"INSERT INTO {ks}.jobs (job_id, shard, spec, version, status, "
                           f"scheduled_ms, slot_ms, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, "
                           f"toTimestamp(now())) USING TTL ?")
@@ -269,6 +334,21 @@ class CassandraStore:
         return JobRow(job, shard, spec or b"", version or 0, status or "", scheduled_ms,
                       slot_ms)
 
+    async def get_jobs(self, job_ids: Sequence[str]) -> dict[str, JobRow]:
+        # A few dozen partition keys per request: one request (and one answer to settle)
+        # for many rows, while each stays a small read for the coordinator.
+        ids = list(dict.fromkeys(job_ids))
+        groups = [ids[i:i + JOBS_READ_GROUP] for i in range(0, len(ids), JOBS_READ_GROUP)]
+        results = await asyncio.gather(*(
+            self._run(self._get_jobs, (group,), "read jobs", execution_profile=TUPLES)
+            for group in groups))
+        out: dict[str, JobRow] = {}
+        for rs in results:
+            for job, shard, spec, version, status, scheduled_ms, slot_ms in rs.current_rows:
+                out[job] = JobRow(job, shard, spec or b"", version or 0, status or "",
+                                  scheduled_ms, slot_ms)
+        return out
+
     async def put_job(self, row: JobRow) -> None:
         await self._run(self._put_job, self._job_params(row), "write job")
 
@@ -295,6 +375,15 @@ class CassandraStore:
         batch.add(self._put_job, self._job_params(job))
         await self._run_batch(batch, "write due and job rows")
 
+    async def put_dues_and_jobs(self, rows: Sequence[tuple[DueRow, int, JobRow]]) -> None:
+        # One logged batch: the batch log makes all of it or none of it durable, so no job's
+        # due row can exist without its jobs row (or the other way round) after a crash.
+        batch = BatchStatement(batch_type=BatchType.LOGGED)
+        for row, ttl_s, job in rows:
+            batch.add(self._put_due, self._due_params(row, ttl_s))
+            batch.add(self._put_job, self._job_params(job))
+        await self._run_batch(batch, f"write due and job rows of {len(rows)} jobs")
+
     async def _run_batch(self, batch: BatchStatement, what: str) -> None:
         async def once() -> Any:
             return await _await_future(self.session.execute_async(batch))
@@ -318,8 +407,8 @@ class CassandraStore:
             rows = [
                 DueRow(minute, shard, slot, job, attempt, scheduled, version, topic,
                        payload or b"", tuple(headers or ()), spec,
-                       5 if max_attempts is None else max_attempts,
-                       10_000 if backoff is None else backoff)
+                       wire.DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts,
+                       wire.DEFAULT_BACKOFF_MS if backoff is None else backoff)
                 for (minute, shard, slot, job, attempt, scheduled, version, topic, payload,
                      headers, spec, max_attempts, backoff) in rs.current_rows
             ]
@@ -340,6 +429,25 @@ class CassandraStore:
     async def add_bucket_count(self, shard: int, minute: int, rows: int) -> None:
         hour = minute - minute % HOUR_MS
         await self._run(self._add_count, (rows, shard, hour, minute), "count bucket")
+
+    async def add_bucket_counts(self, shard: int, counts: Mapping[int, int]) -> None:
+        # Counter updates go COUNTS_PER_BATCH to a counter batch: jobs spread over days touch
+        # a different minute (often a different hour partition) per job, and one request per
+        # minute cost about as much as the jobs' own writes. Counter batches are not logged,
+        # and need not be: a count is an upper bound that a retry may raise further.
+        updates = [(rows, shard, minute - minute % HOUR_MS, minute)
+                   for minute, rows in counts.items()]
+        await asyncio.gather(*(self._count(updates[i:i + COUNTS_PER_BATCH])
+                               for i in range(0, len(updates), COUNTS_PER_BATCH)))
+
+    async def _count(self, updates: list[tuple[int, int, int, int]]) -> None:
+        if len(updates) == 1:
+            await self._run(self._add_count, updates[0], "count bucket")
+            return
+        batch = BatchStatement(batch_type=BatchType.COUNTER)
+        for params in updates:
+            batch.add(self._add_count, params)
+        await self._run_batch(batch, f"count {len(updates)} buckets")
 
     async def bucket_counts(self, shard: int, from_minute: int, to_minute: int) -> dict[int, int]:
         out: dict[int, int] = {}

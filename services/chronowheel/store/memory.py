@@ -11,7 +11,7 @@ database.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 
 from chronowheel.core.clock import Clock
@@ -71,6 +71,13 @@ class MemoryStore:
             return None
         return replace(hit[0], ttl_s=0)  # like Cassandra: the TTL is not read back
 
+    async def get_jobs(self, job_ids: Sequence[str]) -> dict[str, JobRow]:
+        await self._enter()
+        hits = {job_id: self.jobs.get(job_id) for job_id in job_ids}
+        await self._return()
+        return {job_id: replace(hit[0], ttl_s=0) for job_id, hit in hits.items()
+                if hit is not None and self._alive(hit[1])}
+
     async def put_job(self, row: JobRow) -> None:
         await self._enter()
         self.jobs[row.job_id] = (replace(row, ttl_s=0), self._expiry(row.ttl_s))
@@ -88,6 +95,12 @@ class MemoryStore:
         await self._enter()
         self._put_due(row, ttl_s)  # no await between the two: atomic
         self.jobs[job.job_id] = (replace(job, ttl_s=0), self._expiry(job.ttl_s))
+
+    async def put_dues_and_jobs(self, rows: Sequence[tuple[DueRow, int, JobRow]]) -> None:
+        await self._enter()
+        for row, ttl_s, job in rows:  # no await in between: atomic
+            self._put_due(row, ttl_s)
+            self.jobs[job.job_id] = (replace(job, ttl_s=0), self._expiry(job.ttl_s))
 
     async def delete_due(self, minute: int, shard: int, slot_ms: int, job_id: str,
                          attempt: int) -> None:
@@ -120,6 +133,11 @@ class MemoryStore:
     async def add_bucket_count(self, shard: int, minute: int, rows: int) -> None:
         await self._enter()
         self.counts[(shard, minute)] = self.counts.get((shard, minute), 0) + rows
+
+    async def add_bucket_counts(self, shard: int, counts: Mapping[int, int]) -> None:
+        await self._enter()
+        for minute, rows in counts.items():
+            self.counts[(shard, minute)] = self.counts.get((shard, minute), 0) + rows
 
     async def bucket_counts(self, shard: int, from_minute: int, to_minute: int) -> dict[int, int]:
         await self._enter()

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from chronowheel.bus.reading import FetchedRecord, TopicReader
+from chronowheel.core import wire
 from chronowheel.settings import Settings
 
 POLL_MS = 100
@@ -46,19 +47,19 @@ class Fired:
 
     @property
     def occurrence(self) -> str:
-        return self.headers["cw-occurrence"]
+        return self.headers[wire.OCCURRENCE]
 
     @property
     def job_id(self) -> str:
-        return self.headers["cw-job-id"]
+        return self.headers[wire.JOB_ID]
 
     @property
     def scheduled_ms(self) -> int:
-        return int(self.headers["cw-scheduled-at"])
+        return int(self.headers[wire.SCHEDULED_AT])
 
     @property
     def fired_ms(self) -> int:
-        return int(self.headers["cw-fired-at"])
+        return int(self.headers[wire.FIRED_AT])
 
 
 @dataclass

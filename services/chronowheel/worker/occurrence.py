@@ -8,13 +8,14 @@ from typing import Any
 
 import orjson
 
-from chronowheel.core.model import RESERVED_HEADER_PREFIX
+from chronowheel.core import wire
+from chronowheel.core.wire import RESERVED_HEADER_PREFIX
 
 # Defaults of a job's retry policy, for messages fired before nodes sent these headers.
-DEFAULT_MAX_ATTEMPTS = 5
-DEFAULT_BACKOFF_MS = 10_000
+DEFAULT_MAX_ATTEMPTS = wire.DEFAULT_MAX_ATTEMPTS
+DEFAULT_BACKOFF_MS = wire.DEFAULT_BACKOFF_MS
 
-_REQUIRED = ("cw-job-id", "cw-scheduled-at", "cw-fired-at", "cw-attempt", "cw-occurrence")
+_REQUIRED = wire.FIRED_REQUIRED
 _REQUIRED_SET = frozenset(_REQUIRED)
 
 
@@ -74,13 +75,13 @@ class Occurrence:
             raise MalformedOccurrence(f"not a chronowheel occurrence: missing header "
                                       f"{', '.join(missing)}")
         return cls(
-            job_id=text["cw-job-id"],
-            scheduled_ms=_int(text, "cw-scheduled-at", None, 0),
-            fired_ms=_int(text, "cw-fired-at", None, 0),
-            attempt=_int(text, "cw-attempt", None, 1),
-            max_attempts=_int(text, "cw-max-attempts", DEFAULT_MAX_ATTEMPTS, 1),
-            backoff_ms=_int(text, "cw-backoff-ms", DEFAULT_BACKOFF_MS, 0),
-            occurrence=text["cw-occurrence"],
+            job_id=text[wire.JOB_ID],
+            scheduled_ms=_int(text, wire.SCHEDULED_AT, None, 0),
+            fired_ms=_int(text, wire.FIRED_AT, None, 0),
+            attempt=_int(text, wire.ATTEMPT, None, 1),
+            max_attempts=_int(text, wire.MAX_ATTEMPTS, DEFAULT_MAX_ATTEMPTS, 1),
+            backoff_ms=_int(text, wire.BACKOFF_MS, DEFAULT_BACKOFF_MS, 0),
+            occurrence=text[wire.OCCURRENCE],
             topic=topic, partition=partition, offset=offset,
             payload=value or b"", headers=text, raw_headers=raw,
         )

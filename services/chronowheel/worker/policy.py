@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from chronowheel.core import wire
 from chronowheel.core.model import DAY_MS, MAX_ATTEMPTS, MAX_BACKOFF_MS, encode_retry
 from chronowheel.worker.occurrence import Occurrence
 
 MAX_RETRY_DELAY_MS = DAY_MS
 ERROR_LIMIT_BYTES = 2048
-DEAD_HEADERS = ("cw-error", "cw-failed-at", "cw-source-topic", "cw-source-partition",
-                "cw-source-offset")
+DEAD_HEADERS = (wire.ERROR, wire.FAILED_AT, wire.SOURCE_TOPIC, wire.SOURCE_PARTITION,
+                wire.SOURCE_OFFSET)
 
 
 class DeadLetter(Exception):
@@ -64,8 +65,8 @@ def dead_headers(raw_headers: tuple[tuple[str, bytes], ...], error: BaseExceptio
     """The original headers plus why, when and where it failed (replacing any older ones)."""
     kept = [(k, v) for k, v in raw_headers if k.lower() not in DEAD_HEADERS]
     return [*kept,
-            ("cw-error", error_text(error).encode()),
-            ("cw-failed-at", str(failed_at_ms).encode()),
-            ("cw-source-topic", topic.encode()),
-            ("cw-source-partition", str(partition).encode()),
-            ("cw-source-offset", str(offset).encode())]
+            (wire.ERROR, error_text(error).encode()),
+            (wire.FAILED_AT, str(failed_at_ms).encode()),
+            (wire.SOURCE_TOPIC, topic.encode()),
+            (wire.SOURCE_PARTITION, str(partition).encode()),
+            (wire.SOURCE_OFFSET, str(offset).encode())]

@@ -1,0 +1,88 @@
+"""The wire contract in one place: topic names, the headers of fired messages and of the
+messages chronowheel writes about them, the retry defaults, the occurrence key.
+
+Everything a producer, a node, a worker or a reader in another language must agree on is named
+here once; docs/design.md (section "Wire format") and schema/README.md describe it for people.
+Pure: no driver imports.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- topics of a namespace -----------------------------------------------------------------
+
+
+def submit_topic(namespace: str) -> str:
+    """Commands in (upsert, cancel, retry); one partition per shard."""
+    return f"{namespace}.submit"
+
+
+def state_topic(namespace: str) -> str:
+    """Compacted; one record per shard with its watermark (internal)."""
+    return f"{namespace}.state"
+
+
+def fired_topic(namespace: str) -> str:
+    """Where occurrences fire unless a job names another allowed topic."""
+    return f"{namespace}.fired"
+
+
+def rejected_topic(namespace: str) -> str:
+    """Commands that failed validation, with the reason."""
+    return f"{namespace}.rejected"
+
+
+def dead_topic(namespace: str) -> str:
+    """Occurrences a worker gave up on, and occurrences whose target topic was missing."""
+    return f"{namespace}.dead"
+
+
+def internal_topics(namespace: str) -> frozenset[str]:
+    """Topics the scheduler itself writes or reads: no job may ever target them."""
+    return frozenset({submit_topic(namespace), state_topic(namespace),
+                      rejected_topic(namespace), dead_topic(namespace)})
+
+
+# --- headers of a fired message ------------------------------------------------------------
+
+RESERVED_HEADER_PREFIX: Final = "cw-"
+"""A job's own headers may not start so."""
+
+JOB_ID: Final = "cw-job-id"
+SCHEDULED_AT: Final = "cw-scheduled-at"
+"""the scheduled instant, epoch ms, decimal ASCII"""
+FIRED_AT: Final = "cw-fired-at"
+"""when the node published this delivery, epoch ms"""
+ATTEMPT: Final = "cw-attempt"
+"""1 for the first delivery; a worker's retries count up"""
+OCCURRENCE: Final = "cw-occurrence"
+"""`<job id>@<scheduled ms>`: the idempotency key"""
+MAX_ATTEMPTS: Final = "cw-max-attempts"
+BACKOFF_MS: Final = "cw-backoff-ms"
+
+FIRED_REQUIRED: Final = (JOB_ID, SCHEDULED_AT, FIRED_AT, ATTEMPT, OCCURRENCE)
+"""Without these a record is not an occurrence (a worker dead-letters it)."""
+
+# --- headers chronowheel adds to rejected commands and dead letters --------------------------
+
+REASON: Final = "cw-reason"
+"""<ns>.rejected: why the command was refused"""
+SOURCE_TOPIC: Final = "cw-source-topic"
+SOURCE_PARTITION: Final = "cw-source-partition"
+SOURCE_OFFSET: Final = "cw-source-offset"
+ERROR: Final = "cw-error"
+"""<ns>.dead: `Type: message` of the last failure"""
+FAILED_AT: Final = "cw-failed-at"
+TARGET_TOPIC: Final = "cw-target-topic"
+"""<ns>.dead: the target topic that did not exist"""
+
+# --- retry policy defaults (a job's `max_attempts` and `backoff`) ----------------------------
+
+DEFAULT_MAX_ATTEMPTS: Final = 5
+DEFAULT_BACKOFF_MS: Final = 10_000
+
+
+def occurrence_id(job_id: str, scheduled_ms: int) -> str:
+    """The occurrence key carried in `cw-occurrence`."""
+    return f"{job_id}@{scheduled_ms}"
