@@ -340,7 +340,8 @@ async def test_a_node_paused_past_its_session_publishes_nothing_for_lost_shards(
         # A dense burst around the pause (node a is likely inside a transaction when it stops),
         # then a trail due until well after the resume (~8 s after the pause).
         jobs = {f"dense-{i:04d}": stop_at - 500 + i * 2_000 // dense for i in range(dense)}
-        jobs |= {f"trail-{i:04d}": stop_at + 1_500 + i * 20_000 // trail for i in range(trail)}
+        # (30 s: the search for a moment with an open transaction may take a few seconds.)
+        jobs |= {f"trail-{i:04d}": stop_at + 1_500 + i * 30_000 // trail for i in range(trail)}
         n = len(jobs)
         await submit(settings, jobs)
         await until(lambda: ingested(a, b) >= n, (stop_at - now_ms()) / 1000 + 60,
@@ -354,13 +355,15 @@ async def test_a_node_paused_past_its_session_publishes_nothing_for_lost_shards(
         # node commits back to back during the burst, so a few tries find one open (a short
         # stop is far below the session timeout and changes nothing).
         held: dict[int, int] = {}
-        for _ in range(200):
-            a.signal(signal.SIGSTOP)
-            held = await open_transactions(settings, settings.fired_topic, a_shards)
-            if held:
-                break
-            a.signal(signal.SIGCONT)
-            await asyncio.sleep(0.01)
+        async with OpenTransactions(settings, settings.fired_topic, a_shards) as probe:
+            give_up = time.monotonic() + 5
+            while time.monotonic() < give_up:
+                a.signal(signal.SIGSTOP)
+                held = await probe.held()
+                if held:
+                    break
+                a.signal(signal.SIGCONT)
+                await asyncio.sleep(0.01)
         stop_ms = now_ms()
         assert held, f"node a never had an open transaction on its shards{nodes.tails()}"
         takeover_s = await until(lambda: owned(b) == set(range(shards)), 60,
@@ -407,21 +410,30 @@ async def test_a_node_paused_past_its_session_publishes_nothing_for_lost_shards(
     assert fenced or revoked, f"node a never reported losing its shards{nodes.tails()}"
 
 
-async def open_transactions(settings: Settings, topic: str,
-                            partitions: Iterable[int]) -> dict[int, int]:
-    """partition -> records past its last stable offset (written by a transaction that is
-    still open), for those partitions of `topic` that have any."""
-    tps = [TopicPartition(topic, k) for k in partitions]
-    ends: list[dict[TopicPartition, int]] = []
-    for isolation in ("read_committed", "read_uncommitted"):
-        consumer = reader(settings, isolation_level=isolation)
-        await consumer.start()
-        try:
-            ends.append(await consumer.end_offsets(tps))
-        finally:
-            await consumer.stop()
-    stable, high = ends
-    return {tp.partition: high[tp] - stable[tp] for tp in tps if high[tp] > stable[tp]}
+class OpenTransactions:
+    """Which partitions of a topic hold records of a transaction that is still open: the
+    high watermark (read_uncommitted) is past the last stable offset (read_committed)."""
+
+    def __init__(self, settings: Settings, topic: str, partitions: Iterable[int]) -> None:
+        self._tps = [TopicPartition(topic, k) for k in partitions]
+        self._stable = reader(settings, isolation_level="read_committed")
+        self._high = reader(settings, isolation_level="read_uncommitted")
+
+    async def __aenter__(self) -> OpenTransactions:
+        await self._stable.start()
+        await self._high.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stable.stop()
+        await self._high.stop()
+
+    async def held(self) -> dict[int, int]:
+        """partition -> records past its last stable offset, for partitions that have any."""
+        stable = await self._stable.end_offsets(self._tps)
+        high = await self._high.end_offsets(self._tps)
+        return {tp.partition: high[tp] - stable[tp] for tp in self._tps
+                if high[tp] > stable[tp]}
 
 
 async def rejoins_or_exits(node: NodeProcess, nodes: Nodes) -> str:
