@@ -15,6 +15,7 @@ import logging
 import orjson
 
 from chronowheel.bus.ports import Prepared, Transaction, TxnProducer
+from chronowheel.core import wire
 from chronowheel.core.clock import Clock
 from chronowheel.core.shard import shard_of
 from chronowheel.node.metrics import NodeMetrics
@@ -135,7 +136,7 @@ class Publisher:
                 dead.append(self._undeliverable(p, fired_at))
                 continue
             add(p.topic, shard_of(p.job_id, parts), p.key, p.payload,
-                [*p.headers, ("cw-fired-at", fired_at)])
+                [*p.headers, (wire.FIRED_AT, fired_at)])
         for out in (*outbox, *dead):
             target = out.partition
             if target is None:
@@ -158,9 +159,9 @@ class Publisher:
                   p.topic, p.job_id, extra={"shard": self.shard, "job_id": p.job_id,
                                             "occurrence": f"{p.job_id}@{p.scheduled_ms}"})
         return Outgoing(self.settings.dead_topic, None, p.key, p.payload,
-                        [*p.headers, ("cw-fired-at", fired_at), ("cw-target-topic",
+                        [*p.headers, (wire.FIRED_AT, fired_at), (wire.TARGET_TOPIC,
                                                                  p.topic.encode()),
-                         ("cw-error", f"target topic {p.topic} is unavailable".encode())])
+                         (wire.ERROR, f"target topic {p.topic} is unavailable".encode())])
 
 
 async def stop_quietly(producer: TxnProducer | None) -> None:
