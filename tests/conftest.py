@@ -19,7 +19,6 @@ import os
 import secrets
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,41 +99,10 @@ def namespace(request: pytest.FixtureRequest) -> Iterator[str]:
 
 def _drop_namespace(stack: Stack, ns: str) -> None:
     """Best effort: drop the test's keyspace and its `<ns>.*` topics."""
-    import asyncio
+    from chronowheel.settings import Settings
+    from chronowheel.testing import drop_namespace_quietly
 
-    from aiokafka.admin import AIOKafkaAdminClient
-    from cassandra.cluster import Cluster
-
-    try:
-        cluster = Cluster([stack.cassandra_host], port=stack.cassandra_port,
-                          protocol_version=5, connect_timeout=10)
-        try:
-            cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {ns}", timeout=60)
-        finally:
-            cluster.shutdown()
-    except Exception as exc:  # cleanup must not fail the test that just passed
-        print(f"dropping keyspace {ns} failed: {exc!r}", file=sys.stderr)
-
-    async def drop_topics() -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=stack.kafka, request_timeout_ms=15000)
-        await admin.start()
-        try:
-            mine = [t for t in await admin.list_topics() if t.startswith(f"{ns}.")]
-            if mine:
-                await admin.delete_topics(mine)
-        finally:
-            await admin.close()
-
-    def in_own_thread() -> None:
-        # asyncio.run in a thread of its own leaves pytest-asyncio's event loop alone.
-        try:
-            asyncio.run(drop_topics())
-        except Exception as exc:
-            print(f"deleting topics of {ns} failed: {exc!r}", file=sys.stderr)
-
-    worker = threading.Thread(target=in_own_thread, name=f"drop-{ns}")
-    worker.start()
-    worker.join(60)
+    drop_namespace_quietly(Settings(namespace=ns, cassandra=stack.cassandra, kafka=stack.kafka))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,38 +87,7 @@ def chronowheel_cli(secured: Secured, args: list[str], kafka_user: str | None,
 
 
 def drop_namespace(secured: Secured, ns: str) -> None:
-    """Best effort, as the admin principal: drop the keyspace and the `<ns>.*` topics."""
-    import asyncio
+    """Best effort: drop the test's keyspace and `<ns>.*` topics as the admin user."""
+    from chronowheel.testing import drop_namespace_quietly
 
-    from chronowheel.bus.kafka import open_admin
-    from chronowheel.store.cassandra import connect
-
-    settings = secured.settings(ns, "admin", "admin")
-    try:
-        cluster, session = connect(settings)
-        try:
-            session.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=60)
-        finally:
-            cluster.shutdown()
-    except Exception as exc:  # cleanup must not fail a test that passed
-        print(f"dropping keyspace {ns} failed: {exc!r}", file=sys.stderr)
-
-    async def drop_topics() -> None:
-        admin = await open_admin(settings)
-        try:
-            mine = [t for t in await admin.list_topics() if t.startswith(f"{ns}.")]
-            if mine:
-                await admin.delete_topics(mine)
-        finally:
-            await admin.close()
-
-    def in_own_thread() -> None:
-        # asyncio.run in a thread of its own leaves pytest-asyncio's event loop alone.
-        try:
-            asyncio.run(drop_topics())
-        except Exception as exc:
-            print(f"deleting topics of {ns} failed: {exc!r}", file=sys.stderr)
-
-    worker = threading.Thread(target=in_own_thread, name=f"drop-{ns}")
-    worker.start()
-    worker.join(60)
+    drop_namespace_quietly(secured.settings(ns, "admin", "admin"))

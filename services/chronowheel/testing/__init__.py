@@ -7,13 +7,14 @@ benchmark, the locust scenarios and `chronowheel demo`.
 - `Collector` / `collecting`: a background read_committed reader of whole topics, each message a
   `Fired` stamped with its arrival time;
 - `LatenessTally`: lateness percentiles by group, early, duplicate and missing occurrences;
-- `require_loopback`: refuse servers that are not on this machine; `drop_namespace`: delete a
-  scratch namespace's topics and keyspace.
+- `require_loopback`: refuse servers that are not on this machine; `drop_namespace` (and
+  `drop_namespace_quietly` for synchronous teardown): delete a scratch namespace's topics and
+  keyspace.
 """
 
 from chronowheel.testing.collect import Collector, Fired, collecting, wall_ms
 from chronowheel.testing.lateness import GroupTally, LatenessTally, percentile, summarize
-from chronowheel.testing.local import drop_namespace, require_loopback
+from chronowheel.testing.local import drop_namespace, drop_namespace_quietly, require_loopback
 from chronowheel.testing.node_process import (
     NodeProcess,
     NodeProcessError,
@@ -31,6 +32,7 @@ __all__ = [
     "NodeProcessError",
     "collecting",
     "drop_namespace",
+    "drop_namespace_quietly",
     "metric_sum",
     "parse_metrics",
     "percentile",

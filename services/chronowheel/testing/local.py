@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import sys
+import threading
 
 from chronowheel.bus.kafka import open_admin
 from chronowheel.settings import Settings
@@ -46,3 +48,22 @@ async def drop_namespace(settings: Settings) -> None:
             cluster.shutdown()
 
     await asyncio.to_thread(drop_keyspace)
+
+
+def drop_namespace_quietly(settings: Settings, timeout_s: float = 120.0) -> None:
+    """`drop_namespace` for synchronous teardown code: runs in a thread with an event loop of its
+    own (so it leaves a test runner's loop alone), and reports a failure on stderr instead of
+    raising, since cleanup must not fail a test that passed."""
+
+    def run() -> None:
+        try:
+            asyncio.run(drop_namespace(settings))
+        except Exception as exc:
+            print(f"dropping namespace {settings.namespace} failed: {exc!r}", file=sys.stderr)
+
+    dropper = threading.Thread(target=run, name=f"drop-{settings.namespace}", daemon=True)
+    dropper.start()
+    dropper.join(timeout_s)
+    if dropper.is_alive():
+        print(f"dropping namespace {settings.namespace} did not finish within {timeout_s:.0f} s",
+              file=sys.stderr)
