@@ -119,7 +119,7 @@ class Loader:
             if row.attempt == 1 and touched.get(row.job_id, 0) >= seq0:
                 continue  # ingest or dispatch changed this job after the read began
             p = pending_from_row(row)
-            insert(p.wheel_key, p.slot_ms, p)
+            insert(p, p.slot_ms, p)
 
     async def prewarm(self) -> None:
         s, state = self.settings, self.state

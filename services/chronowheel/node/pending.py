@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import Union
 
 from chronowheel.core import wire
 from chronowheel.store.base import DueRow
@@ -19,49 +20,45 @@ from chronowheel.store.base import DueRow
 # Wheel key of an occurrence: (job id, scheduled instant, attempt). A retry of an occurrence
 # is pending beside the job's next regular occurrence, so the job id alone is not unique.
 OccurrenceKey = tuple[str, int, int]
+# What a shard's wheel is keyed by: an entry is inserted as its own key (see Pending.__hash__)
+# and found again by its OccurrenceKey.
+WheelKey = Union["Pending", OccurrenceKey]
 
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """Where and how an occurrence is delivered beyond its payload: the topic, the job's own
-    headers and the worker library's retry policy, with their header pairs encoded once."""
+    """Where and how an occurrence is delivered beyond its payload and instant: the topic, the
+    attempt, the job's own headers and the worker library's retry policy, with their header
+    pairs encoded once. Most entries share one (attempt 1, default retry policy)."""
 
     topic: str
+    attempt: int
     user_headers: tuple[tuple[str, str], ...]
     max_attempts: int
     backoff_ms: int
+    attempt_header: tuple[str, bytes]
     # cw-max-attempts, cw-backoff-ms and the job's own headers, in publishing order.
     tail: tuple[tuple[str, bytes], ...]
 
 
-_DELIVERIES: dict[tuple[str, tuple[tuple[str, str], ...], int, int], Delivery] = {}
+_DELIVERIES: dict[tuple[str, int, tuple[tuple[str, str], ...], int, int], Delivery] = {}
 _DELIVERIES_MAX = 4096
-_ATTEMPTS: dict[int, tuple[str, bytes]] = {}
-_ATTEMPTS_MAX = 1024
 
 
-def delivery(topic: str, user_headers: tuple[tuple[str, str], ...], max_attempts: int,
-             backoff_ms: int) -> Delivery:
+def delivery(topic: str, attempt: int, user_headers: tuple[tuple[str, str], ...],
+             max_attempts: int, backoff_ms: int) -> Delivery:
     """The shared `Delivery` for these values (a new one once the cache is full)."""
-    cache_key = (topic, user_headers, max_attempts, backoff_ms)
+    cache_key = (topic, attempt, user_headers, max_attempts, backoff_ms)
     hit = _DELIVERIES.get(cache_key)
     if hit is None:
         tail = ((wire.MAX_ATTEMPTS, str(max_attempts).encode()),
                 (wire.BACKOFF_MS, str(backoff_ms).encode()),
                 *((k, v.encode()) for k, v in user_headers))
         # Rows decode a new string per topic value; entries share one per topic.
-        hit = Delivery(sys.intern(topic), user_headers, max_attempts, backoff_ms, tail)
+        hit = Delivery(sys.intern(topic), attempt, user_headers, max_attempts, backoff_ms,
+                       (wire.ATTEMPT, str(attempt).encode()), tail)
         if len(_DELIVERIES) < _DELIVERIES_MAX:
             _DELIVERIES[cache_key] = hit
-    return hit
-
-
-def _attempt_header(attempt: int) -> tuple[str, bytes]:
-    hit = _ATTEMPTS.get(attempt)
-    if hit is None:
-        hit = (wire.ATTEMPT, str(attempt).encode())
-        if len(_ATTEMPTS) < _ATTEMPTS_MAX:
-            _ATTEMPTS[attempt] = hit
     return hit
 
 
@@ -74,20 +71,21 @@ class Recurring:
 
 
 class Pending:
-    """One occurrence in a wheel. `recurring` is None for a one-shot or a retry."""
+    """One occurrence in a wheel: a one-shot's or a retry's (`recurring` is None), or a
+    recurring job's (a `RecurringPending`). Make one with `pending()`."""
 
-    __slots__ = ("attempt", "delivery", "job_id", "payload", "recurring", "scheduled_ms",
-                 "slot_ms")
+    __slots__ = ("delivery", "job_id", "payload", "scheduled_ms", "slot_ms")
+    # A class attribute here, a slot only in RecurringPending: one-shots, the bulk of a
+    # wheel, do not pay a field for it.
+    recurring: Recurring | None = None
 
-    def __init__(self, *, job_id: str, scheduled_ms: int, slot_ms: int, attempt: int,
-                 payload: bytes, delivery: Delivery, recurring: Recurring | None) -> None:
+    def __init__(self, *, job_id: str, scheduled_ms: int, slot_ms: int, payload: bytes,
+                 delivery: Delivery) -> None:
         self.job_id = job_id
         self.scheduled_ms = scheduled_ms
         self.slot_ms = slot_ms
-        self.attempt = attempt
         self.payload = payload
         self.delivery = delivery
-        self.recurring = recurring
 
     def __repr__(self) -> str:
         return (f"Pending({self.job_id!r}@{self.scheduled_ms} attempt {self.attempt}, "
@@ -97,10 +95,28 @@ class Pending:
     def wheel_key(self) -> OccurrenceKey:
         return (self.job_id, self.scheduled_ms, self.attempt)
 
+    # An entry is its own wheel key, which saves a key tuple (64 B) per entry: it hashes and
+    # compares equal to its OccurrenceKey, so cancel((job_id, scheduled_ms, attempt)) finds
+    # it, and two entries of the same occurrence are the same key.
+    def __hash__(self) -> int:
+        return hash((self.job_id, self.scheduled_ms, self.delivery.attempt))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Pending):
+            return (self.job_id == other.job_id and self.scheduled_ms == other.scheduled_ms
+                    and self.delivery.attempt == other.delivery.attempt)
+        if isinstance(other, tuple):
+            return other == (self.job_id, self.scheduled_ms, self.delivery.attempt)
+        return NotImplemented
+
     @property
     def key(self) -> bytes:
         """The Kafka key of the fired message: the job id."""
         return self.job_id.encode()
+
+    @property
+    def attempt(self) -> int:
+        return self.delivery.attempt
 
     @property
     def topic(self) -> str:
@@ -122,22 +138,41 @@ class Pending:
         """The fired message's headers: cw-* (all but those in `extra`, known only at
         publish), the job's own, then `extra`. `key` is `self.key`, which the caller has."""
         scheduled = str(self.scheduled_ms).encode()
+        d = self.delivery
         return [
             (wire.JOB_ID, key),
             (wire.SCHEDULED_AT, scheduled),
-            _attempt_header(self.attempt),
+            d.attempt_header,
             (wire.OCCURRENCE, b"%s@%s" % (key, scheduled)),
-            *self.delivery.tail,
+            *d.tail,
             *extra,
         ]
+
+
+class RecurringPending(Pending):
+    __slots__ = ("recurring",)
+
+    def __init__(self, *, job_id: str, scheduled_ms: int, slot_ms: int, payload: bytes,
+                 delivery: Delivery, recurring: Recurring) -> None:
+        super().__init__(job_id=job_id, scheduled_ms=scheduled_ms, slot_ms=slot_ms,
+                         payload=payload, delivery=delivery)
+        self.recurring = recurring
+
+
+def pending(*, job_id: str, scheduled_ms: int, slot_ms: int, payload: bytes,
+            delivery: Delivery, recurring: Recurring | None) -> Pending:
+    if recurring is None:
+        return Pending(job_id=job_id, scheduled_ms=scheduled_ms, slot_ms=slot_ms,
+                       payload=payload, delivery=delivery)
+    return RecurringPending(job_id=job_id, scheduled_ms=scheduled_ms, slot_ms=slot_ms,
+                            payload=payload, delivery=delivery, recurring=recurring)
 
 
 def encode_headers(job_id: str, scheduled_ms: int, attempt: int, max_attempts: int,
                    backoff_ms: int, user: tuple[tuple[str, str], ...]) -> list[tuple[str, bytes]]:
     """The cw-* headers of an occurrence (all but cw-fired-at) followed by the job's own."""
-    p = Pending(job_id=job_id, scheduled_ms=scheduled_ms, slot_ms=scheduled_ms,
-                attempt=attempt, payload=b"", delivery=delivery("", user, max_attempts,
-                                                                 backoff_ms), recurring=None)
+    p = Pending(job_id=job_id, scheduled_ms=scheduled_ms, slot_ms=scheduled_ms, payload=b"",
+                delivery=delivery("", attempt, user, max_attempts, backoff_ms))
     return p.headers(p.key)
 
 
@@ -145,17 +180,17 @@ def pending_from_row(row: DueRow) -> Pending:
     scheduled, slot = row.scheduled_ms, row.slot_ms
     if slot == scheduled:
         slot = scheduled  # one int object for both (most one-shots have no window)
-    return Pending(
-        job_id=row.job_id, scheduled_ms=scheduled, slot_ms=slot, attempt=row.attempt,
-        payload=row.payload,
-        delivery=delivery(row.topic, row.headers, row.max_attempts, row.backoff_ms),
+    return pending(
+        job_id=row.job_id, scheduled_ms=scheduled, slot_ms=slot, payload=row.payload,
+        delivery=delivery(row.topic, row.attempt, row.headers, row.max_attempts,
+                          row.backoff_ms),
         recurring=None if row.spec is None else Recurring(row.spec, row.version),
     )
 
 
 def with_schedule(p: Pending, scheduled_ms: int) -> Pending:
     """The same job's message for another scheduled instant (catch-up fires)."""
-    return Pending(
-        job_id=p.job_id, scheduled_ms=scheduled_ms, slot_ms=p.slot_ms, attempt=p.attempt,
-        payload=p.payload, delivery=p.delivery, recurring=p.recurring,
+    return pending(
+        job_id=p.job_id, scheduled_ms=scheduled_ms, slot_ms=p.slot_ms, payload=p.payload,
+        delivery=p.delivery, recurring=p.recurring,
     )
