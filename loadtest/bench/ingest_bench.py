@@ -62,8 +62,10 @@ def first_applies(m: dict[str, float]) -> float:
 
 
 async def wait_stored(node: NodeProcess, settings: Settings, n: int, t0: float,
-                      timeout_s: float) -> float:
-    """Seconds from t0 until n jobs rows are stored (metric first, then counted rows)."""
+                      timeout_s: float, rss: list[tuple[float, float]]) -> float:
+    """Seconds from t0 until n jobs rows are stored (metric first, then counted rows).
+    Appends (jobs applied, node RSS MiB) to `rss` as it goes: RSS should plateau, not grow
+    with the jobs applied (none of them is due soon)."""
     deadline = t0 + timeout_s
     last_say = 0.0
     while True:
@@ -78,7 +80,9 @@ async def wait_stored(node: NodeProcess, settings: Settings, n: int, t0: float,
             break
         if now - last_say > 5:
             last_say = now
-            say(f"  {done:,.0f} applied after {now - t0:.1f}s")
+            mib = (node.rss_bytes() or 0) / 2**20
+            rss.append((done, round(mib, 1)))
+            say(f"  {done:,.0f} applied after {now - t0:.1f}s, node RSS {mib:.0f} MiB")
         await asyncio.sleep(0.1)
     while True:
         rows = await asyncio.to_thread(count_jobs, settings)
@@ -161,7 +165,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             t0 = time.monotonic()
             out["rss_ready_mib"] = round((node.rss_bytes() or 0) / 2**20, 1)
         spy = py_spy(node.pid, args.profile_s, Path(args.profile)) if args.profile else None
-        took = await wait_stored(node, settings, args.jobs, t0, args.timeout_s)
+        rss_samples: list[tuple[float, float]] = []
+        took = await wait_stored(node, settings, args.jobs, t0, args.timeout_s, rss_samples)
+        out["rss_during_ingest_mib"] = rss_samples
+        out["rss_peak_during_ingest_mib"] = max((mib for _, mib in rss_samples), default=None)
         if args.live:
             await sub
         if spy is not None:

@@ -143,9 +143,11 @@ class Settings:
         3_600_000, "without a watermark record, a shard loads from this far back")
     skew_check_interval_ms: int = _opt(5_000, "measure the clock skew to Cassandra this often")
     pump_fetch_records: int = _opt(5_000, "most submit records fetched by one poll")
+    # Queued records are held in memory as fetched (about 0.8 KiB each): a few ingest steps'
+    # worth per shard keeps ingest busy, and a backlog stays in Kafka instead of in the node.
     pump_pause_rows: int = _opt(
-        20_000, "pause fetching a shard's submit partition with this many records queued")
-    pump_resume_rows: int = _opt(5_000, "resume it once fewer than this many are queued")
+        2_000, "pause fetching a shard's submit partition with this many records queued")
+    pump_resume_rows: int = _opt(1_000, "resume it once fewer than this many are queued")
     http_host: str = _opt("127.0.0.1", "address the HTTP endpoint listens on (loopback unless "
                                        "set; 0.0.0.0 for all)")
     # --- Kafka security ----------------------------------------------------------------------

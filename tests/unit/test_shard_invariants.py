@@ -28,7 +28,7 @@ from chronowheel.core.clock import ManualClock
 from chronowheel.core.model import ValidationPolicy, encode_cancel, encode_retry, encode_upsert
 from chronowheel.core.wheel import TimingWheel
 from chronowheel.node.metrics import NodeMetrics
-from chronowheel.node.pending import OccurrenceKey, Pending
+from chronowheel.node.pending import OccurrenceKey, Pending, WheelKey
 from chronowheel.node.publisher import Publisher, state_key
 from chronowheel.node.shard import ShardActor
 from chronowheel.node.transactions import NodeTransactions
@@ -217,7 +217,8 @@ class ShardMachine(RuleBasedStateMachine):
     def the_wheel_holds_exactly_the_rows_between_watermark_and_horizon(self) -> None:
         state = self.state
         busy = state.busy_jobs()
-        in_wheel = state.wheel.due_times()
+        # Keyed by the entries themselves (see Pending.__hash__): compare by occurrence.
+        in_wheel = {p.wheel_key: due for p, due in _entries(state.wheel.due_times())}
         stored = {(r.job_id, r.scheduled_ms, r.attempt): r.slot_ms for r in self._rows()}
         for key, due in in_wheel.items():
             assert due > state.watermark, f"in the wheel at/below the watermark: {key} {due}"
@@ -260,16 +261,21 @@ class ShardMachine(RuleBasedStateMachine):
                 assert (key, row.slot_ms) in self.taken, f"never fired: {row}"
 
 
-class RecordingWheel(TimingWheel[OccurrenceKey, Pending]):
+class RecordingWheel(TimingWheel[WheelKey, Pending]):
     def __init__(self, taken: set[tuple[OccurrenceKey, int]], **kw: Any) -> None:
         super().__init__(**kw)
         self.taken = taken
 
     def advance(self, now_ms: int,
-                max_batch: int | None = None) -> list[tuple[int, OccurrenceKey, Pending]]:
+                max_batch: int | None = None) -> list[tuple[int, WheelKey, Pending]]:
         entries = super().advance(now_ms, max_batch)
-        self.taken.update((key, due) for due, key, _ in entries)
+        self.taken.update((p.wheel_key, due) for due, _key, p in entries)
         return entries
+
+
+def _entries(due_times: dict[Any, int]) -> list[tuple[Pending, int]]:
+    assert all(isinstance(key, Pending) for key in due_times), "wheel keyed by a tuple"
+    return list(due_times.items())
 
 
 async def _yield() -> None:

@@ -178,7 +178,9 @@ class KafkaSubmitGroup:
         self._topic = settings.submit_topic
         self._consumer: AIOKafkaConsumer = group_consumer(
             settings, group_id, session_timeout_ms=session_timeout_ms,
-            max_partition_fetch_bytes=4 << 20, client_id=client_id)
+            # One fetched chunk per partition is buffered until consumed: 1 MiB (a few
+            # thousand commands) per shard is ahead of ingest, not 4.
+            max_partition_fetch_bytes=1 << 20, client_id=client_id)
         self._consumer.subscribe([self._topic], listener=_Rebalance(on_assigned, on_revoked))
 
     def _tp(self, shard: int) -> TopicPartition:

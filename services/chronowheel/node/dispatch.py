@@ -18,7 +18,7 @@ from chronowheel.core.clock import Clock, sleep_until_or_event
 from chronowheel.core.model import JobSpec, ValidationPolicy, decode_stored_job
 from chronowheel.core.recurrence import Schedule, catch_up, next_after
 from chronowheel.node.metrics import NodeMetrics
-from chronowheel.node.pending import Pending, pending_from_row, with_schedule
+from chronowheel.node.pending import Pending, Recurring, pending_from_row, with_schedule
 from chronowheel.node.publisher import Publisher
 from chronowheel.node.state import ShardState
 from chronowheel.node.writes import RowWriter, schedule_of
@@ -109,27 +109,29 @@ class Dispatcher:
         fired: list[Pending] = []
         writes = []
         for _due, _key, p in entries:
-            if p.spec is None:
+            if p.recurring is None:
                 fired.append(p)
             else:
-                writes.append(self._fire_recurring(p, now, fired))
+                writes.append(self._fire_recurring(p, p.recurring, now, fired))
         if writes:
             await asyncio.gather(*writes)
         return fired
 
-    async def _fire_recurring(self, p: Pending, now: int, fired: list[Pending]) -> None:
+    async def _fire_recurring(self, p: Pending, rec: Recurring, now: int,
+                              fired: list[Pending]) -> None:
         async with self.state.job_lock(p.job_id):
             current = await self.store.get_job(p.job_id)
-            if current is None or current.status != "scheduled" or current.version != p.version \
+            if current is None or current.status != "scheduled" or current.version != rec.version \
                     or current.scheduled_ms != p.scheduled_ms:
                 # Edited or cancelled while this occurrence was on its way out: it still goes
                 # (an occurrence being published may run), but the old spec schedules nothing.
                 fired.append(p)
                 return
-            await self._fire_recurring_locked(p, now, fired)
+            await self._fire_recurring_locked(p, rec, now, fired)
 
-    async def _fire_recurring_locked(self, p: Pending, now: int, fired: list[Pending]) -> None:
-        job, schedule = self._recurring(p.spec or b"")
+    async def _fire_recurring_locked(self, p: Pending, rec: Recurring, now: int,
+                                     fired: list[Pending]) -> None:
+        job, schedule = self._recurring(rec.spec)
         if now - p.slot_ms <= self.settings.catch_up_grace_ms:
             fires: tuple[int, ...] = (p.scheduled_ms,)
             nxt = next_after(schedule, p.scheduled_ms)
@@ -146,14 +148,14 @@ class Dispatcher:
         # The next occurrence is durable before the transaction that publishes this one.
         state = self.state
         if nxt is None:
-            await self.store.put_job(self.writer.finished(p.job_id, p.spec or b"", p.version))
+            await self.store.put_job(self.writer.finished(p.job_id, rec.spec, rec.version))
             state.touch(p.job_id)
             return
         slot = max(slot_for(p.job_id, nxt, job.window_ms), state.watermark + 1)
-        row = DueRow(minute_of(slot), self.shard, slot, p.job_id, 1, nxt, p.version, p.topic,
-                     p.payload, job.headers, p.spec, job.max_attempts, job.backoff_ms)
-        await self.writer.write_due(row, now, JobRow(p.job_id, self.shard, p.spec or b"",
-                                                     p.version, "scheduled", nxt, slot))
+        row = DueRow(minute_of(slot), self.shard, slot, p.job_id, 1, nxt, rec.version, p.topic,
+                     p.payload, job.headers, rec.spec, job.max_attempts, job.backoff_ms)
+        await self.writer.write_due(row, now, JobRow(p.job_id, self.shard, rec.spec,
+                                                     rec.version, "scheduled", nxt, slot))
         state.apply_job_change(p.job_id, None, pending_from_row(row))
 
     def _recurring(self, spec: bytes) -> tuple[JobSpec, Schedule]:

@@ -351,7 +351,7 @@ class Ingest:
             await self.writer.write_due(row, now, counted=row.minute in self.counted)
             p = pending_from_row(row)
             if state.insert_bound(slot):
-                state.wheel.insert(p.wheel_key, slot, p)
+                state.wheel.insert(p, slot, p)
         finally:
             state.release_slot(slot)
         return True

@@ -99,7 +99,7 @@ class Loader:
                                            page_rows=self.settings.bucket_page_rows)
             async with contextlib.aclosing(pages):  # type: ignore[type-var]
                 async for page in pages:
-                    self._apply_rows(page, seq0)
+                    self.apply_rows(page, seq0)
                     if cap is not None and len(state.wheel) >= cap and page:
                         return page[-1].slot_ms
             return None
@@ -108,7 +108,9 @@ class Loader:
             if not state.reads_in_flight:
                 state.touched.clear()
 
-    def _apply_rows(self, rows: list[DueRow], seq0: int) -> None:
+    def apply_rows(self, rows: list[DueRow], seq0: int) -> None:
+        """Put a page of rows read from a bucket into the wheel; `seq0` is the `touch_seq` at
+        which the read began (rows of jobs changed since are stale)."""
         state = self.state
         watermark, touched, insert = state.watermark, state.touched, state.wheel.insert
         for row in rows:
@@ -117,7 +119,7 @@ class Loader:
             if row.attempt == 1 and touched.get(row.job_id, 0) >= seq0:
                 continue  # ingest or dispatch changed this job after the read began
             p = pending_from_row(row)
-            insert(p.wheel_key, p.slot_ms, p)
+            insert(p, p.slot_ms, p)
 
     async def prewarm(self) -> None:
         s, state = self.settings, self.state

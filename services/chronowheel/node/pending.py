@@ -1,8 +1,18 @@
-"""What the wheel holds: one pending occurrence with its fired message pre-encoded."""
+"""What the wheel holds: one pending occurrence, kept compact.
+
+A node holds every occurrence due within its lookahead, millions of them, so an entry keeps
+only what differs between occurrences: the job id, its instants and the payload (one bytes
+object). The Kafka key and the cw-* headers are derived from these when the occurrence is
+published, and what many entries share (the topic, the job's own headers, the retry policy) is
+one shared `Delivery` object. `testing/entry_memory.py`
+measures the cost of an entry.
+"""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from typing import Union
 
 from chronowheel.core import wire
 from chronowheel.store.base import DueRow
@@ -10,91 +20,177 @@ from chronowheel.store.base import DueRow
 # Wheel key of an occurrence: (job id, scheduled instant, attempt). A retry of an occurrence
 # is pending beside the job's next regular occurrence, so the job id alone is not unique.
 OccurrenceKey = tuple[str, int, int]
+# What a shard's wheel is keyed by: an entry is inserted as its own key (see Pending.__hash__)
+# and found again by its OccurrenceKey.
+WheelKey = Union["Pending", OccurrenceKey]
 
 
-@dataclass(slots=True)
-class Pending:
-    job_id: str
-    scheduled_ms: int
-    slot_ms: int
-    attempt: int
-    version: int
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """Where and how an occurrence is delivered beyond its payload and instant: the topic, the
+    attempt, the job's own headers and the worker library's retry policy, with their header
+    pairs encoded once. Most entries share one (attempt 1, default retry policy)."""
+
     topic: str
-    key: bytes
-    payload: bytes
-    # cw-* headers (all but cw-fired-at, known only at publish) followed by the job's own.
-    headers: tuple[tuple[str, bytes], ...]
-    spec: bytes | None  # recurring jobs: canonical job JSON, to compute the next occurrence
-    user_headers: tuple[tuple[str, str], ...] = ()
-    max_attempts: int = wire.DEFAULT_MAX_ATTEMPTS
-    backoff_ms: int = wire.DEFAULT_BACKOFF_MS
+    attempt: int
+    user_headers: tuple[tuple[str, str], ...]
+    max_attempts: int
+    backoff_ms: int
+    attempt_header: tuple[str, bytes]
+    # cw-max-attempts, cw-backoff-ms and the job's own headers, in publishing order.
+    tail: tuple[tuple[str, bytes], ...]
+
+
+_DELIVERIES: dict[tuple[str, int, tuple[tuple[str, str], ...], int, int], Delivery] = {}
+_DELIVERIES_MAX = 4096
+
+
+def delivery(topic: str, attempt: int, user_headers: tuple[tuple[str, str], ...],
+             max_attempts: int, backoff_ms: int) -> Delivery:
+    """The shared `Delivery` for these values (a new one once the cache is full)."""
+    cache_key = (topic, attempt, user_headers, max_attempts, backoff_ms)
+    hit = _DELIVERIES.get(cache_key)
+    if hit is None:
+        tail = ((wire.MAX_ATTEMPTS, str(max_attempts).encode()),
+                (wire.BACKOFF_MS, str(backoff_ms).encode()),
+                *((k, v.encode()) for k, v in user_headers))
+        # Rows decode a new string per topic value; entries share one per topic.
+        hit = Delivery(sys.intern(topic), attempt, user_headers, max_attempts, backoff_ms,
+                       (wire.ATTEMPT, str(attempt).encode()), tail)
+        if len(_DELIVERIES) < _DELIVERIES_MAX:
+            _DELIVERIES[cache_key] = hit
+    return hit
+
+
+@dataclass(frozen=True, slots=True)
+class Recurring:
+    """What a recurring job's occurrence needs to schedule the next one."""
+
+    spec: bytes  # the canonical job JSON
+    version: int  # of the jobs row this occurrence belongs to
+
+
+class Pending:
+    """One occurrence in a wheel: a one-shot's or a retry's (`recurring` is None), or a
+    recurring job's (a `RecurringPending`). Make one with `pending()`."""
+
+    __slots__ = ("delivery", "job_id", "payload", "scheduled_ms", "slot_ms")
+    # A class attribute here, a slot only in RecurringPending: one-shots, the bulk of a
+    # wheel, do not pay a field for it.
+    recurring: Recurring | None = None
+
+    def __init__(self, *, job_id: str, scheduled_ms: int, slot_ms: int, payload: bytes,
+                 delivery: Delivery) -> None:
+        self.job_id = job_id
+        self.scheduled_ms = scheduled_ms
+        self.slot_ms = slot_ms
+        self.payload = payload
+        self.delivery = delivery
+
+    def __repr__(self) -> str:
+        return (f"Pending({self.job_id!r}@{self.scheduled_ms} attempt {self.attempt}, "
+                f"slot {self.slot_ms}, topic {self.topic!r})")
 
     @property
     def wheel_key(self) -> OccurrenceKey:
         return (self.job_id, self.scheduled_ms, self.attempt)
 
+    # An entry is its own wheel key, which saves a key tuple (64 B) per entry: it hashes and
+    # compares equal to its OccurrenceKey, so cancel((job_id, scheduled_ms, attempt)) finds
+    # it, and two entries of the same occurrence are the same key.
+    def __hash__(self) -> int:
+        return hash((self.job_id, self.scheduled_ms, self.delivery.attempt))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Pending):
+            return (self.job_id == other.job_id and self.scheduled_ms == other.scheduled_ms
+                    and self.delivery.attempt == other.delivery.attempt)
+        if isinstance(other, tuple):
+            return other == (self.job_id, self.scheduled_ms, self.delivery.attempt)
+        return NotImplemented
+
+    @property
+    def key(self) -> bytes:
+        """The Kafka key of the fired message: the job id."""
+        return self.job_id.encode()
+
+    @property
+    def attempt(self) -> int:
+        return self.delivery.attempt
+
+    @property
+    def topic(self) -> str:
+        return self.delivery.topic
+
+    @property
+    def user_headers(self) -> tuple[tuple[str, str], ...]:
+        return self.delivery.user_headers
+
+    @property
+    def max_attempts(self) -> int:
+        return self.delivery.max_attempts
+
+    @property
+    def backoff_ms(self) -> int:
+        return self.delivery.backoff_ms
+
+    def headers(self, key: bytes, *extra: tuple[str, bytes]) -> list[tuple[str, bytes]]:
+        """The fired message's headers: cw-* (all but those in `extra`, known only at
+        publish), the job's own, then `extra`. `key` is `self.key`, which the caller has."""
+        scheduled = str(self.scheduled_ms).encode()
+        d = self.delivery
+        return [
+            (wire.JOB_ID, key),
+            (wire.SCHEDULED_AT, scheduled),
+            d.attempt_header,
+            (wire.OCCURRENCE, b"%s@%s" % (key, scheduled)),
+            *d.tail,
+            *extra,
+        ]
 
 
-# Header tuples with the values most occurrences share (attempt 1, the default retry policy)
-# are made once and shared by every wheel entry: a loaded occurrence costs memory per object.
-_SHARED: dict[tuple[str, int], tuple[str, bytes]] = {}
-_SHARED_MAX = 1024
+class RecurringPending(Pending):
+    __slots__ = ("recurring",)
+
+    def __init__(self, *, job_id: str, scheduled_ms: int, slot_ms: int, payload: bytes,
+                 delivery: Delivery, recurring: Recurring) -> None:
+        super().__init__(job_id=job_id, scheduled_ms=scheduled_ms, slot_ms=slot_ms,
+                         payload=payload, delivery=delivery)
+        self.recurring = recurring
 
 
-def _shared(name: str, value: int) -> tuple[str, bytes]:
-    hit = _SHARED.get((name, value))
-    if hit is None:
-        hit = (name, str(value).encode())
-        if len(_SHARED) < _SHARED_MAX:
-            _SHARED[(name, value)] = hit
-    return hit
+def pending(*, job_id: str, scheduled_ms: int, slot_ms: int, payload: bytes,
+            delivery: Delivery, recurring: Recurring | None) -> Pending:
+    if recurring is None:
+        return Pending(job_id=job_id, scheduled_ms=scheduled_ms, slot_ms=slot_ms,
+                       payload=payload, delivery=delivery)
+    return RecurringPending(job_id=job_id, scheduled_ms=scheduled_ms, slot_ms=slot_ms,
+                            payload=payload, delivery=delivery, recurring=recurring)
 
 
 def encode_headers(job_id: str, scheduled_ms: int, attempt: int, max_attempts: int,
                    backoff_ms: int, user: tuple[tuple[str, str], ...]) -> list[tuple[str, bytes]]:
     """The cw-* headers of an occurrence (all but cw-fired-at) followed by the job's own."""
-    return list(_headers(job_id, scheduled_ms, attempt, max_attempts, backoff_ms, user, None))
-
-
-def _headers(job_id: str, scheduled_ms: int, attempt: int, max_attempts: int, backoff_ms: int,
-             user: tuple[tuple[str, str], ...],
-             key: bytes | None) -> tuple[tuple[str, bytes], ...]:
-    # A tuple, not a list (smaller), with `key` (the job id encoded, when the caller has it)
-    # shared rather than encoded again: this is what a wheel entry holds. The occurrence key
-    # is wire.occurrence_id, built from bytes here to skip a decode and an encode.
-    scheduled = str(scheduled_ms).encode()
-    return (
-        (wire.JOB_ID, key if key is not None else job_id.encode()),
-        (wire.SCHEDULED_AT, scheduled),
-        _shared(wire.ATTEMPT, attempt),
-        (wire.OCCURRENCE, b"%s@%s" % (key if key is not None else job_id.encode(), scheduled)),
-        # The worker library's retry policy travels with the message (the job's spec).
-        _shared(wire.MAX_ATTEMPTS, max_attempts),
-        _shared(wire.BACKOFF_MS, backoff_ms),
-        *((k, v.encode()) for k, v in user),
-    )
+    p = Pending(job_id=job_id, scheduled_ms=scheduled_ms, slot_ms=scheduled_ms, payload=b"",
+                delivery=delivery("", attempt, user, max_attempts, backoff_ms))
+    return p.headers(p.key)
 
 
 def pending_from_row(row: DueRow) -> Pending:
-    key = row.job_id.encode()
-    return Pending(
-        job_id=row.job_id, scheduled_ms=row.scheduled_ms, slot_ms=row.slot_ms,
-        attempt=row.attempt, version=row.version, topic=row.topic, key=key,
-        payload=row.payload,
-        headers=_headers(row.job_id, row.scheduled_ms, row.attempt, row.max_attempts,
-                         row.backoff_ms, row.headers, key),
-        spec=row.spec, user_headers=row.headers, max_attempts=row.max_attempts,
-        backoff_ms=row.backoff_ms,
+    scheduled, slot = row.scheduled_ms, row.slot_ms
+    if slot == scheduled:
+        slot = scheduled  # one int object for both (most one-shots have no window)
+    return pending(
+        job_id=row.job_id, scheduled_ms=scheduled, slot_ms=slot, payload=row.payload,
+        delivery=delivery(row.topic, row.attempt, row.headers, row.max_attempts,
+                          row.backoff_ms),
+        recurring=None if row.spec is None else Recurring(row.spec, row.version),
     )
 
 
 def with_schedule(p: Pending, scheduled_ms: int) -> Pending:
     """The same job's message for another scheduled instant (catch-up fires)."""
-    return Pending(
-        job_id=p.job_id, scheduled_ms=scheduled_ms, slot_ms=p.slot_ms, attempt=p.attempt,
-        version=p.version, topic=p.topic, key=p.key, payload=p.payload,
-        headers=_headers(p.job_id, scheduled_ms, p.attempt, p.max_attempts, p.backoff_ms,
-                         p.user_headers, p.key),
-        spec=p.spec, user_headers=p.user_headers, max_attempts=p.max_attempts,
-        backoff_ms=p.backoff_ms,
+    return pending(
+        job_id=p.job_id, scheduled_ms=scheduled_ms, slot_ms=p.slot_ms, payload=p.payload,
+        delivery=p.delivery, recurring=p.recurring,
     )

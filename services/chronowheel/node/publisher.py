@@ -135,8 +135,9 @@ class Publisher:
             if parts is None:
                 dead.append(self._undeliverable(p, fired_at))
                 continue
-            add(p.topic, shard_of(p.job_id, parts), p.key, p.payload,
-                [*p.headers, (wire.FIRED_AT, fired_at)])
+            key = p.key
+            add(p.topic, shard_of(p.job_id, parts), key, p.payload,
+                p.headers(key, (wire.FIRED_AT, fired_at)))
         for out in (*outbox, *dead):
             target = out.partition
             if target is None:
@@ -158,10 +159,11 @@ class Publisher:
         log.error("shard %d: target topic %s unavailable; %s dead-lettered", self.shard,
                   p.topic, p.job_id, extra={"shard": self.shard, "job_id": p.job_id,
                                             "occurrence": f"{p.job_id}@{p.scheduled_ms}"})
-        return Outgoing(self.settings.dead_topic, None, p.key, p.payload,
-                        [*p.headers, (wire.FIRED_AT, fired_at), (wire.TARGET_TOPIC,
-                                                                 p.topic.encode()),
-                         (wire.ERROR, f"target topic {p.topic} is unavailable".encode())])
+        key = p.key
+        return Outgoing(self.settings.dead_topic, None, key, p.payload,
+                        p.headers(key, (wire.FIRED_AT, fired_at),
+                                  (wire.TARGET_TOPIC, p.topic.encode()),
+                                  (wire.ERROR, f"target topic {p.topic} is unavailable".encode())))
 
 
 async def stop_quietly(producer: TxnProducer | None) -> None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from chronowheel.core.buckets import minute_of
 from chronowheel.core.wheel import TimingWheel
-from chronowheel.node.pending import OccurrenceKey, Pending
+from chronowheel.node.pending import OccurrenceKey, Pending, WheelKey
 
 
 @dataclass(slots=True)
@@ -49,7 +49,7 @@ class ShardState:
         self.shard = shard
         self.ingest_slack_ms = ingest_slack_ms
 
-        self.wheel: TimingWheel[OccurrenceKey, Pending] = TimingWheel(
+        self.wheel: TimingWheel[WheelKey, Pending] = TimingWheel(
             start_ms=start_ms, tick_ms=tick_ms)
         """Pending occurrences by due slot. Inserted into by ingest (its own rows), the loader
         (rows read from buckets) and dispatch (a recurring job's next occurrence); emptied
@@ -207,7 +207,7 @@ class ShardState:
         if old_key is not None:
             self.wheel.cancel(old_key)
         if new is not None and self.insert_bound(new.slot_ms):
-            self.wheel.insert(new.wheel_key, new.slot_ms, new)
+            self.wheel.insert(new, new.slot_ms, new)
         self.touch(job_id)
         self.wake.set()
 
