@@ -48,6 +48,7 @@ from chronowheel.testing.faults import (
     now_ms,
     submit_jobs,
 )
+from chronowheel.testing.node_process import NodeProcess
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 
@@ -109,6 +110,18 @@ async def new_fleet(stack: Any, namespace: str, fleets: list[Fleet], tmp_path: P
     return fleet
 
 
+async def owned_by(fleet: Fleet, node: NodeProcess) -> set[int]:
+    """The shards a node owns, asked until it answers (a busy node may miss one poll)."""
+    found: set[int] = set()
+
+    def check() -> bool:
+        found.update(fleet.owned(node) or ())
+        return bool(found)
+
+    await fleet.until(check, 30, f"{node.name} to report its shards")
+    return found
+
+
 async def tally_of(settings: Settings) -> Tally:
     tally = Tally(settings)
     await tally.start()
@@ -166,7 +179,7 @@ async def test_kill_9_of_one_of_three_nodes_during_a_herd(
     fleet = await new_fleet(stack, namespace, fleets, tmp_path, session_ms, shards=shards)
     a, b, c = (fleet.start(n) for n in "abc")
     await fleet.until(lambda: fleet.sharing(a, b, c), 180, "three nodes sharing the shards")
-    victim = fleet.owned(a) or set()
+    victim = await owned_by(fleet, a)
     tally = await tally_of(fleet.settings)
     try:
         herd_at = int(now_ms()) + herd_n * 1000 // PLANNED_INGEST_RATE + 10_000
@@ -206,7 +219,7 @@ async def test_a_node_paused_past_its_session_fires_nothing_it_lost(
     fleet = await new_fleet(stack, namespace, fleets, tmp_path, session_ms, shards=shards)
     a, b, c = (fleet.start(n) for n in "abc")
     await fleet.until(lambda: fleet.sharing(a, b, c), 180, "three nodes sharing the shards")
-    victim = fleet.owned(a) or set()
+    victim = await owned_by(fleet, a)
     tally = await tally_of(fleet.settings)
     try:
         start = int(now_ms()) + 15_000
@@ -320,7 +333,7 @@ async def test_a_node_cut_off_from_one_server_loses_nothing_and_recovers(
     fleet.nodes.append(a)
     b, c = fleet.start("b"), fleet.start("c")
     await fleet.until(lambda: fleet.sharing(a, b, c), 180, "three nodes sharing the shards")
-    victim = fleet.owned(a) or set()
+    victim = await owned_by(fleet, a)
     tally = await tally_of(fleet.settings)
     try:
         start = int(now_ms()) + 10_000
@@ -351,4 +364,134 @@ async def test_a_node_cut_off_from_one_server_loses_nothing_and_recovers(
         # Served again: by node a once its server is back, or by b and c.
         assert set(first_fire_after(tally.messages, victim, restored)) == victim
     finally:
+        await tally.stop()
+
+
+# --- 6. a full disk under Cassandra or Kafka ---------------------------------------------
+
+
+@pytest.mark.parametrize("server", ["cassandra", "kafka"])
+async def test_a_full_disk_stops_the_node_cleanly_and_loses_no_accepted_job(
+        stack: Any, namespace: str, session_ms: int, server: str) -> None:
+    from chronowheel.bus.kafka_node import KafkaNodeBus
+    from chronowheel.errors import ChronowheelError
+    from chronowheel.node.service import Node
+    from chronowheel.store.cassandra import CassandraStore
+    from chronowheel.testing import wait_owned
+    from chronowheel.testing.faults import FullDiskBus, FullDiskStore
+
+    shards, full_s = 4, 5.0
+    settings = Settings(namespace=namespace, cassandra=stack.cassandra, kafka=stack.kafka,
+                        shards=shards, http_port=0, node_session_timeout_ms=session_ms,
+                        node_heartbeat_interval_ms=min(300, session_ms // 10))
+    await init_namespace(settings)
+    cassandra = await asyncio.to_thread(CassandraStore.open, settings)
+    store, bus = FullDiskStore(cassandra), FullDiskBus(KafkaNodeBus(settings))
+    disk = store if server == "cassandra" else bus
+    tally = await tally_of(settings)
+    try:
+        first = Node(settings, store=store, bus=bus, node_id="disk-first")
+        running = asyncio.create_task(first.run())
+        await wait_owned(first, shards, 120)
+        start = int(now_ms()) + 5_000
+        jobs = ticks(shards, start, start + 30_000)
+        await submit_jobs(settings, jobs)
+        await asyncio.sleep(max(0.0, (start + 3_000 - now_ms()) / 1000))
+        assert tally.seen() > 0, "nothing fired before the disk filled"
+        disk.full = True
+        filled = now_ms()
+        # Commands that arrive while the disk is full: not accepted (not committed) yet.
+        late = {f"late-{i:04d}": int(now_ms()) + 2_000 + i * 10 for i in range(300)}
+        await submit_jobs(settings, late)
+        jobs |= late
+        with pytest.raises(ChronowheelError) as stopped_by:
+            await asyncio.wait_for(running, 120)
+        stopped = now_ms()
+        assert disk.refused > 0
+        assert not first.owned and first._group is None, "the node did not leave cleanly"
+        seen_at_stop = tally.seen()
+        await asyncio.sleep(max(0.0, full_s - (now_ms() - filled) / 1000))
+        assert tally.seen() == seen_at_stop, "something was published by a stopped node"
+        disk.full = False
+        freed = now_ms()
+        second = Node(settings, store=store, bus=bus, node_id="disk-second")
+        resumed = asyncio.create_task(second.run())
+        try:
+            await wait_owned(second, shards, 120)
+            await wait_all(tally, jobs, None, 120)
+        finally:
+            second.request_stop()
+            await asyncio.wait_for(resumed, 120)
+        outcome = judge(tally.messages, jobs)
+        resumed_first = min((m.fired_ms for m in tally.messages if m.fired_ms > freed),
+                            default=None)
+        recovery = None if resumed_first is None else (resumed_first - freed) / 1000
+        print(f"\n[full disk under {server}] refused {disk.refused} writes; the node stopped "
+              f"{(stopped - filled) / 1000:.1f} s after the disk filled ({stopped_by.value}); "
+              f"a node started when space returned fired again {recovery} s later; "
+              f"{outcome.summary()}")
+        row(f"full disk under {server} (injected errors, {full_s:.0f} s)",
+            f"{len(jobs):,} ticks", outcome, recovery,
+            f"./run test tests/chaos -k 'full_disk and {server}' -s")
+        assert_clean(outcome)
+    finally:
+        await tally.stop()
+        await asyncio.to_thread(cassandra.close)
+
+
+# --- 4. the clock steps back and forward ---------------------------------------------------
+
+
+async def test_a_node_clock_stepping_forward_and_back_fires_nothing_early(
+        stack: Any, namespace: str, session_ms: int) -> None:
+    from chronowheel.node.service import Node
+    from chronowheel.testing import wait_owned
+    from chronowheel.testing.faults import SteppingClock
+
+    shards, step_ms, hold_s = 4, 10_000, 4.0
+    # The periodic skew check stays at its default (5 s): the guard must not wait for it.
+    settings = Settings(namespace=namespace, cassandra=stack.cassandra, kafka=stack.kafka,
+                        shards=shards, http_port=0, node_session_timeout_ms=session_ms,
+                        node_heartbeat_interval_ms=min(300, session_ms // 10))
+    await init_namespace(settings)
+    clock = SteppingClock()
+    tally = await tally_of(settings)
+    node = Node(settings, clock=clock, node_id="stepping")
+    running = asyncio.create_task(node.run())
+    try:
+        await wait_owned(node, shards, 120)
+        start = int(now_ms()) + 4_000
+        jobs = ticks(shards, start, start + 35_000)
+        await submit_jobs(settings, jobs)
+        await asyncio.sleep(max(0.0, (start + 2_000 - now_ms()) / 1000))
+        blocked: dict[str, bool] = {}
+        resumed: dict[str, float] = {}
+        for name, delta in (("forward", step_ms), ("back", -step_ms)):
+            clock.step(delta)
+            stepped = now_ms()
+            seen_blocked = False
+            while now_ms() - stepped < hold_s * 1000:
+                seen_blocked |= node.blocked
+                await asyncio.sleep(0.05)
+            blocked[name] = seen_blocked
+            clock.step(-delta)
+            fixed = now_ms()
+            while node.blocked and now_ms() - fixed < 20_000:
+                await asyncio.sleep(0.05)
+            resumed[name] = (now_ms() - fixed) / 1000
+            await asyncio.sleep(3)
+        await wait_all(tally, jobs, None, 90)
+        outcome = judge(tally.messages, jobs)
+        print(f"\n[clock steps] +/-{step_ms / 1000:.0f} s for {hold_s:.0f} s each: dispatch "
+              f"stopped {blocked}, resumed {resumed} s after each correction; "
+              f"{outcome.summary()}")
+        row(f"node clock stepped +{step_ms // 1000} s, then -{step_ms // 1000} s "
+            f"({hold_s:.0f} s each)", f"{len(jobs):,} ticks", outcome,
+            max(resumed.values()), "./run test tests/chaos -k clock -s")
+        assert blocked == {"forward": True, "back": True}, "a step did not stop dispatch"
+        assert_clean(outcome)
+        assert node.failure is None
+    finally:
+        node.request_stop()
+        await asyncio.wait_for(running, 120)
         await tally.stop()

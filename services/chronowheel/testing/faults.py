@@ -342,6 +342,128 @@ def _isolate(argv: list[str]) -> None:
     os.execvp(command[0], command)
 
 
+# --- a clock that steps ----------------------------------------------------------------------
+
+
+class SteppingClock:
+    """The system clock plus an offset a test steps forward or back (an NTP step, a resumed
+    VM, `date -s`), for a node run in-process; its monotonic time never steps."""
+
+    def __init__(self) -> None:
+        self.offset_ms = 0
+
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000 + self.offset_ms
+
+    def elapsed_ms(self) -> int:
+        return time.monotonic_ns() // 1_000_000
+
+    async def sleep_until(self, deadline_ms: int) -> None:
+        delay = (deadline_ms - self.now_ms()) / 1000
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    def step(self, delta_ms: int) -> None:
+        self.offset_ms += delta_ms
+
+
+# --- a full disk, as the store and the bus report it ----------------------------------------
+#
+# The shared servers' data cannot be moved onto a small filesystem without restarting them, and
+# filling the disk they share with everything else would harm more than the test. So the errors
+# a full disk produces are raised where the node meets them: at the project's store and bus
+# interfaces, wrapped around the real ones (every other call reaches the real servers).
+
+STORE_WRITES = frozenset({"put_job", "put_due", "put_due_and_job", "put_dues_and_jobs",
+                          "delete_due", "add_bucket_count", "add_bucket_counts"})
+
+
+class FullDiskStore:
+    """A JobStore whose writes fail, while `full`, as Cassandra's do when a replica cannot
+    write its commit log or sstables: WriteFailure (the coordinator got a failure, not a
+    timeout). Reads still work, as they do on a full disk."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+        self.full = False
+        self.refused = 0
+
+    def __getattr__(self, name: str) -> object:
+        attr = getattr(self.inner, name)
+        if name not in STORE_WRITES:
+            return attr
+
+        async def write(*args: object, **kw: object) -> object:
+            if self.full:
+                from cassandra import ConsistencyLevel, WriteFailure
+
+                self.refused += 1
+                raise WriteFailure(
+                    "Operation failed - received 0 responses and 1 failures: "
+                    "FSWriteError (No space left on device)",
+                    consistency=ConsistencyLevel.LOCAL_QUORUM, required_responses=1,
+                    received_responses=0, failures=1)
+            return await attr(*args, **kw)
+
+        return write
+
+
+class FullDiskBus:
+    """A NodeBus whose transactions fail to commit, while `full`, as they do when a broker's
+    log directory is full: the produce is refused (KafkaStorageError, or NOT_ENOUGH_REPLICAS
+    when the replicas that hold the data went offline). The transaction is aborted first, so
+    nothing of it becomes visible, as with the real failure."""
+
+    def __init__(self, inner: object, error: str = "storage") -> None:
+        self.inner = inner
+        self.full = False
+        self.error = error
+        self.refused = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def producer(self, transactional_id: str, group_id: str) -> object:
+        return _FullDiskProducer(self, self.inner.producer(  # type: ignore[attr-defined]
+            transactional_id, group_id))
+
+    def _refusal(self) -> BaseException:
+        from aiokafka.errors import KafkaStorageError, NotEnoughReplicasError
+
+        from chronowheel.bus.ports import BusError
+
+        self.refused += 1
+        exc = KafkaStorageError() if self.error == "storage" else NotEnoughReplicasError()
+        return BusError(f"committing a transaction: {exc!r}")
+
+
+class _FullDiskProducer:
+    def __init__(self, bus: FullDiskBus, inner: object) -> None:
+        self._bus = bus
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    async def begin(self) -> object:
+        return _FullDiskTransaction(self._bus, await self._inner.begin())  # type: ignore[attr-defined]
+
+
+class _FullDiskTransaction:
+    def __init__(self, bus: FullDiskBus, inner: object) -> None:
+        self._bus = bus
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    async def commit(self, submit_offsets: Mapping[int, int]) -> None:
+        if self._bus.full:
+            await self._inner.abort()  # type: ignore[attr-defined]
+            raise self._bus._refusal()
+        await self._inner.commit(submit_offsets)  # type: ignore[attr-defined]
+
+
 # --- a run of jobs ---------------------------------------------------------------------------
 
 
