@@ -106,7 +106,15 @@ class Settings:
     tick_ms: int = _opt(1, "timing wheel tick in milliseconds")
     max_batch: int = _opt(5_000, "most occurrences dispatched in one Kafka transaction")
     node_session_timeout_ms: int = _opt(
-        10_000, "Kafka group session timeout: how fast a dead node's shards move")
+        3_000, "Kafka group session timeout: how fast a dead node's shards move (brokers "
+               "must allow it: group.min.session.timeout.ms at most this)")
+    node_heartbeat_interval_ms: int = _opt(
+        300, "Kafka group heartbeat interval: how soon a node hears of a rebalance (under a "
+             "third of the session timeout)")
+    node_instance_id: str = _opt(
+        "", "static group membership: a stable name per node (e.g. its host name); a node "
+            "restarted within the session timeout gets its shards back without a rebalance, "
+            "but a stopped one keeps them until the timeout (empty = dynamic membership)")
     retention_ms: int = _opt(7 * 86_400_000, "keep fired due rows this long (TTL)")
     allowed_topics: str = _opt(
         "", "regex of extra target topics jobs may fire to (besides <ns>.fired)"
@@ -222,6 +230,11 @@ class Settings:
         if isinstance(self.replication, int):  # Settings(replication=3) from Python code
             object.__setattr__(self, "replication", str(self.replication))
         self.cassandra_replication()  # fail at start, not at init
+        if not 0 < self.node_heartbeat_interval_ms * 3 <= self.node_session_timeout_ms:
+            raise ConfigError(
+                f"node_heartbeat_interval_ms: {self.node_heartbeat_interval_ms} must be "
+                f"positive and at most a third of node_session_timeout_ms "
+                f"({self.node_session_timeout_ms}), or a node misses rebalances")
 
     # --- security ------------------------------------------------------------------------
     @property

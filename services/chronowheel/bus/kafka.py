@@ -330,7 +330,8 @@ def plain_producer(settings: Settings, *, linger_ms: int = 5) -> AIOKafkaProduce
 
 
 def group_consumer(settings: Settings, group_id: str, *topics: str,
-                   session_timeout_ms: int = 10000, **kw: Any) -> AIOKafkaConsumer:
+                   session_timeout_ms: int = 10000, heartbeat_interval_ms: int | None = None,
+                   **kw: Any) -> AIOKafkaConsumer:
     return Consumer(
         settings, f"consumer of group {group_id}",
         *topics,
@@ -339,10 +340,60 @@ def group_consumer(settings: Settings, group_id: str, *topics: str,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         session_timeout_ms=session_timeout_ms,
-        heartbeat_interval_ms=max(500, session_timeout_ms // 5),
+        heartbeat_interval_ms=heartbeat_interval_ms or max(500, session_timeout_ms // 5),
         max_poll_interval_ms=300000,
         **kw,
     )
+
+
+SESSION_LIMITS = ("group.min.session.timeout.ms", "group.max.session.timeout.ms")
+
+
+async def group_session_limits(settings: Settings) -> dict[str, tuple[int, int]] | None:
+    """Per broker ("host:port"), the (min, max) group session timeout it accepts; None when
+    the brokers' configuration cannot be read (e.g. no DescribeConfigs permission)."""
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    try:
+        admin = await open_admin(settings)
+    except ConfigError:
+        return None
+    try:
+        cluster = await admin.describe_cluster()
+        brokers = {str(b["node_id"]): f"{b['host']}:{b['port']}" for b in cluster["brokers"]}
+        responses = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.BROKER, node) for node in brokers])
+    except KafkaError as exc:
+        log.info("cannot read the brokers' group session limits: %r", exc)
+        return None
+    finally:
+        await admin.close()
+    out: dict[str, tuple[int, int]] = {}
+    for response in responses:
+        for error_code, _message, _type, name, entries in response.resources:
+            if error_code:
+                continue
+            values = {e[0]: e[1] for e in entries if e[0] in SESSION_LIMITS}
+            if len(values) == len(SESSION_LIMITS):
+                out[brokers.get(name, name)] = (int(values[SESSION_LIMITS[0]]),
+                                                int(values[SESSION_LIMITS[1]]))
+    return out or None
+
+
+def session_timeout_refusal(session_timeout_ms: int,
+                            limits: Mapping[str, tuple[int, int]]) -> str | None:
+    """Why the brokers would refuse a group member with this session timeout, or None."""
+    refusing = {where: lim for where, lim in limits.items()
+                if not lim[0] <= session_timeout_ms <= lim[1]}
+    if not refusing:
+        return None
+    where, (low, high) = sorted(refusing.items())[0]
+    return (f"node_session_timeout_ms {session_timeout_ms} is outside what Kafka broker {where}"
+            f"{f' (and {len(refusing) - 1} more)' if len(refusing) > 1 else ''} accepts: "
+            f"group.min.session.timeout.ms {low}, group.max.session.timeout.ms {high}. Set "
+            f"the brokers' group.min.session.timeout.ms to at most {session_timeout_ms} (see "
+            f"the operations runbook), or raise node_session_timeout_ms to at least {low} "
+            f"(a dead node's shards then wait that long)")
 
 
 def reader(settings: Settings, **kw: Any) -> AIOKafkaConsumer:

@@ -14,12 +14,19 @@ from aiokafka.errors import (
     CommitFailedError,
     IllegalStateError,
     InvalidProducerEpoch,
+    InvalidSessionTimeoutError,
     KafkaError,
     ProducerFenced,
     TransactionalIdAuthorizationFailed,
 )
 
-from chronowheel.bus.kafka import group_consumer, reader, transactional_producer
+from chronowheel.bus.kafka import (
+    group_consumer,
+    group_session_limits,
+    reader,
+    session_timeout_refusal,
+    transactional_producer,
+)
 from chronowheel.bus.ports import (
     BusError,
     Fenced,
@@ -28,6 +35,7 @@ from chronowheel.bus.ports import (
     ShardsChanged,
     SubmitRecord,
 )
+from chronowheel.errors import ConfigError
 from chronowheel.retry import with_retries
 from chronowheel.settings import Settings
 
@@ -176,8 +184,12 @@ class KafkaSubmitGroup:
                  session_timeout_ms: int, on_assigned: ShardsChanged,
                  on_revoked: ShardsChanged) -> None:
         self._topic = settings.submit_topic
+        self._settings = settings
+        self._session_timeout_ms = session_timeout_ms
         self._consumer: AIOKafkaConsumer = group_consumer(
             settings, group_id, session_timeout_ms=session_timeout_ms,
+            heartbeat_interval_ms=settings.node_heartbeat_interval_ms,
+            group_instance_id=settings.node_instance_id or None,
             # One fetched chunk per partition is buffered until consumed: 1 MiB (a few
             # thousand commands) per shard is ahead of ingest, not 4.
             max_partition_fetch_bytes=1 << 20, client_id=client_id)
@@ -187,6 +199,12 @@ class KafkaSubmitGroup:
         return TopicPartition(self._topic, shard)
 
     async def start(self) -> None:
+        # A broker refuses a session timeout outside its limits only when the member joins,
+        # in the background, as an opaque coordination error: check the limits first.
+        limits = await group_session_limits(self._settings)
+        refusal = limits and session_timeout_refusal(self._session_timeout_ms, limits)
+        if refusal:
+            raise ConfigError(refusal)
         await self._consumer.start()
 
     async def stop(self) -> None:
@@ -197,7 +215,18 @@ class KafkaSubmitGroup:
         return None if parts is None else len(parts)
 
     async def fetch(self, timeout_ms: int, max_records: int) -> dict[int, list[SubmitRecord]]:
-        batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        try:
+            batches = await self._consumer.getmany(timeout_ms=timeout_ms,
+                                                   max_records=max_records)
+        except KafkaError as exc:
+            # Limits we could not read beforehand: the join's refusal surfaces here.
+            if isinstance(exc, InvalidSessionTimeoutError) or isinstance(
+                    exc.__cause__, InvalidSessionTimeoutError):
+                raise ConfigError(
+                    f"Kafka refused node_session_timeout_ms {self._session_timeout_ms} "
+                    f"(INVALID_SESSION_TIMEOUT): the brokers' group.min.session.timeout.ms "
+                    f"must be at most it (see the operations runbook)") from exc
+            raise
         return {tp.partition: records for tp, records in batches.items()}
 
     def pause(self, shard: int) -> None:
@@ -246,6 +275,22 @@ class KafkaSubmitGroup:
 class KafkaNodeBus:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
+        # Started readers kept for the next state read: starting one (bootstrap, metadata)
+        # costs a few hundred ms, twice per claimed shard, on the path of every failover.
+        self._idle_readers: list[AIOKafkaConsumer] = []
+
+    async def _reader(self) -> AIOKafkaConsumer:
+        if self._idle_readers:
+            return self._idle_readers.pop()
+        consumer = reader(self._settings)
+        await consumer.start()
+        return consumer
+
+    async def close(self) -> None:
+        idle, self._idle_readers = self._idle_readers, []
+        for consumer in idle:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
 
     def submit_group(self, *, group_id: str, client_id: str, session_timeout_ms: int,
                      on_assigned: ShardsChanged, on_revoked: ShardsChanged) -> KafkaSubmitGroup:
@@ -259,8 +304,8 @@ class KafkaNodeBus:
     async def read_last(self, topic: str, partition: int, key: bytes, timeout_ms: int, *,
                         settled: bool = False) -> bytes | None:
         tp = TopicPartition(topic, partition)
-        consumer = reader(self._settings)
-        await consumer.start()
+        consumer = await self._reader()
+        reusable = False
         try:
             consumer.assign([tp])
             # read_committed: end_offsets is the last stable offset (before the first open
@@ -288,6 +333,10 @@ class KafkaNodeBus:
                 for msg in batch.get(tp, []):
                     if msg.key == key and msg.value:
                         found = msg.value
+            reusable = True
         finally:
-            await consumer.stop()
+            if reusable:
+                self._idle_readers.append(consumer)
+            else:  # a failed or cancelled read may leave it in any state
+                await consumer.stop()
         return found

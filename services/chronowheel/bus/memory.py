@@ -126,6 +126,9 @@ class MemoryBus:
     def producer(self, transactional_id: str, group_id: str) -> MemoryTxnProducer:
         return MemoryTxnProducer(self, transactional_id, group_id)
 
+    async def close(self) -> None:
+        """Nothing is kept between calls."""
+
     async def read_last(self, topic: str, partition: int, key: bytes, timeout_ms: int, *,
                         settled: bool = False) -> bytes | None:
         await asyncio.sleep(0)

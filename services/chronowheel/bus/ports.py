@@ -200,3 +200,7 @@ class NodeBus(Protocol):
         (without it, up to the last stable offset: open transactions are not waited for).
         Raises BusError when the end is not reached in `timeout_ms`."""
         ...
+
+    async def close(self) -> None:
+        """Release what the bus keeps between calls (e.g. started readers)."""
+        ...

@@ -16,10 +16,18 @@ class Clock(Protocol):
         """Return once now_ms() >= deadline_ms (or earlier if woken; callers re-check)."""
         ...
 
+    def elapsed_ms(self) -> int:
+        """A count of milliseconds that never steps (monotonic): compared with now_ms() it
+        shows when the wall clock was stepped (`stepped_ms`)."""
+        ...
+
 
 class SystemClock:
     def now_ms(self) -> int:
         return time.time_ns() // 1_000_000
+
+    def elapsed_ms(self) -> int:
+        return time.monotonic_ns() // 1_000_000
 
     async def sleep_until(self, deadline_ms: int) -> None:
         delay = (deadline_ms - self.now_ms()) / 1000.0
@@ -35,6 +43,10 @@ class ManualClock:
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     def now_ms(self) -> int:
+        return self._now
+
+    def elapsed_ms(self) -> int:
+        # Time moves only when told: there is no other time for it to step against.
         return self._now
 
     def set(self, now_ms: int) -> None:
@@ -78,6 +90,17 @@ class OffsetClock(SystemClock):
         if delta_ms < 0:
             raise ValueError("OffsetClock only moves forward")
         self.offset_ms += delta_ms
+
+
+def stepped_ms(clock: Clock, anchor: tuple[int, int]) -> int:
+    """How far the clock's wall time moved, beyond the time that elapsed, since `anchor`
+    (now_ms(), elapsed_ms()) was taken: positive when it was stepped forward."""
+    wall, elapsed = anchor
+    return (clock.now_ms() - wall) - (clock.elapsed_ms() - elapsed)
+
+
+def anchor(clock: Clock) -> tuple[int, int]:
+    return clock.now_ms(), clock.elapsed_ms()
 
 
 async def sleep_until_or_event(clock: Clock, deadline_ms: int, event: asyncio.Event) -> None:

@@ -62,3 +62,8 @@ class NodeMetrics:
                                       registry=r)
         self.owned_shards = Gauge("chronowheel_owned_shards", "shards this node owns",
                                   registry=r)
+        self.loop_stall_max = Gauge(
+            "chronowheel_event_loop_stall_max_seconds",
+            "longest the node's event loop was blocked since it started (group heartbeats "
+            "run on it: a stall near the session timeout costs the node its shards)",
+            registry=r)

@@ -19,7 +19,7 @@ from typing import Any
 from chronowheel.admin import recorded_shard_count
 from chronowheel.bus.kafka_node import KafkaNodeBus
 from chronowheel.bus.ports import NodeBus, SubmitGroup
-from chronowheel.core.clock import Clock, SystemClock
+from chronowheel.core.clock import Clock, SystemClock, anchor, stepped_ms
 from chronowheel.core.model import ValidationPolicy
 from chronowheel.errors import ChronowheelError, ConfigError
 from chronowheel.node.http import HttpEndpoint
@@ -43,6 +43,8 @@ STOP_DEADLINE_S = Settings.stop_deadline_ms / 1000
 PUMP_POLL_MS = 200
 # Attempts to ask the group coordinator whether we are still a member, after a fence.
 MEMBERSHIP_CHECKS = 5
+# The event loop watch sleeps this long and measures how much later it wakes.
+LOOP_WATCH_MS = 100
 
 
 @dataclass
@@ -75,6 +77,10 @@ class Node:
         self.skew_ms: int | None = None
         # Blocked until the first skew check passes: never early includes the first second.
         self.blocked = True
+        # Wall and monotonic time at the last skew check: a step of the clock since then is
+        # seen at once (`_dispatch_blocked`), not only at the next check.
+        self._clock_anchor = anchor(self.clock)
+        self._skew_recheck = asyncio.Event()
         self.shards = shards or 0
         self.http: HttpEndpoint | None = None
         self._bus = bus
@@ -140,7 +146,8 @@ class Node:
             raise ConfigError(f"{s.submit_topic} has {parts} partitions but the namespace "
                               f"has {self.shards} shards")
         self._side_tasks += [self.supervisor.spawn(self._pump(), "ingest-pump"),
-                             self.supervisor.spawn(self._skew_monitor(), "clock-skew-monitor")]
+                             self.supervisor.spawn(self._skew_monitor(), "clock-skew-monitor"),
+                             self.supervisor.spawn(self._loop_watch(), "event-loop-watch")]
         log.info("node %s started: namespace %s, %d shards, group %s", self.node_id,
                  s.namespace, self.shards, self.group_id)
 
@@ -166,6 +173,9 @@ class Node:
             with contextlib.suppress(Exception):
                 await self._group.stop()  # leaves the group: others take over at once
             self._group = None
+        if self._bus is not None:
+            with contextlib.suppress(Exception):
+                await self._bus.close()
         if self.http is not None:
             await self.http.stop()
         if self._cassandra is not None:
@@ -270,7 +280,7 @@ class Node:
                 bus=self._bus, transactions=self.transactions, submit=self._group,
                 clock=self.clock, metrics=self.metrics,
                 policy=self.policy, group_id=self.group_id, node_id=self.node_id,
-                dispatch_blocked=lambda: self.blocked)
+                dispatch_blocked=self._dispatch_blocked)
             task = self.supervisor.spawn(actor.run(), f"shard-{k}", expected=self._shard_ended)
             self.owned[k] = _Owned(actor, task)
         self.metrics.owned_shards.set(len(self.owned))
@@ -330,9 +340,28 @@ class Node:
         assert best is not None
         return best
 
+    def _dispatch_blocked(self) -> bool:
+        """Whether dispatch must wait: the last skew check failed, or the clock was stepped
+        since (by more than max_clock_skew_ms; a clock stepped forward would fire jobs early
+        until the next check). A step stops dispatch until a skew check passes again."""
+        if self.blocked:
+            return True
+        step = stepped_ms(self.clock, self._clock_anchor)
+        if abs(step) <= self.settings.max_clock_skew_ms:
+            return False
+        log.error("node %s: the clock stepped %+d ms since the last skew check (limit %d ms): "
+                  "dispatch STOPPED until a skew check passes", self.node_id, step,
+                  self.settings.max_clock_skew_ms)
+        self.blocked = True
+        self.metrics.dispatch_blocked.set(1)
+        self._skew_recheck.set()
+        return True
+
     async def _skew_monitor(self) -> None:
         limit = self.settings.max_clock_skew_ms
         while True:
+            self._skew_recheck.clear()
+            before = anchor(self.clock)
             try:
                 self.skew_ms, uncertainty = await self._measure_skew()
             except (ChronowheelError, TimeoutError) as exc:
@@ -353,22 +382,46 @@ class Node:
                         log.info("clock skew %d ms is within max_clock_skew %d ms: "
                                  "dispatching", self.skew_ms, limit)
                 self.blocked = blocked
+                self._clock_anchor = before
                 self.metrics.dispatch_blocked.set(1 if blocked else 0)
                 if not blocked:
                     for o in self.owned.values():
                         o.actor.wake.set()
-            await asyncio.sleep(self.settings.skew_check_interval_ms / 1000)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._skew_recheck.wait(),
+                                       self.settings.skew_check_interval_ms / 1000)
+
+    async def _loop_watch(self) -> None:
+        """Measure how long the event loop stays blocked. The group's heartbeats are sent from
+        it: a stall near node_session_timeout_ms makes the group drop this node (its shards
+        move and it must take what it gets again), so say so before that happens. Measured
+        on the monotonic clock: this is about elapsed time, not about the time of day."""
+        warn_ms = self.settings.node_session_timeout_ms / 3
+        worst_ms = 0.0
+        while True:
+            started = time.monotonic()
+            await asyncio.sleep(LOOP_WATCH_MS / 1000)
+            stall_ms = (time.monotonic() - started) * 1000 - LOOP_WATCH_MS
+            if stall_ms > worst_ms:
+                worst_ms = stall_ms
+                self.metrics.loop_stall_max.set(worst_ms / 1000)
+            if stall_ms > warn_ms:
+                log.warning("node %s: the event loop was blocked for %.0f ms (group "
+                            "heartbeats are late; node_session_timeout_ms is %d)",
+                            self.node_id, stall_ms, self.settings.node_session_timeout_ms)
 
     # --- group assignment -----------------------------------------------------------------
     # The Kafka client logs and swallows a rebalance callback's exception; a node that silently
     # owns nothing would be worse than one that stops, so failures here stop the node loudly.
     async def _on_revoked(self, shards: list[int]) -> None:
+        log.info("node %s: group revoked shards %s", self.node_id, sorted(shards))
         try:
             await self._stop_shards(shards)
         except Exception as exc:
             self._fail("revoking shards", exc)
 
     async def _on_assigned(self, shards: list[int]) -> None:
+        log.info("node %s: group assigned shards %s", self.node_id, sorted(shards))
         try:
             await self._start_shards(shards)
         except Exception as exc:

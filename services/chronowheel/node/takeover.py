@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 
@@ -64,19 +64,51 @@ class Resume:
     submit_offset: int | None  # None: the partition is read from its beginning
 
 
+@dataclass
+class Phases:
+    """How long each step of a takeover took (ms, by the node's clock), in order: the log line
+    of every claim carries them, so a slow failover shows which step to look at."""
+
+    clock: Clock
+    took: dict[str, int] = field(default_factory=dict)
+    _mark: int = 0
+
+    def __post_init__(self) -> None:
+        self._mark = self.clock.now_ms()
+
+    def done(self, step: str) -> None:
+        now = self.clock.now_ms()
+        self.took[step] = self.took.get(step, 0) + now - self._mark
+        self._mark = now
+
+    def __str__(self) -> str:
+        total = sum(self.took.values())
+        return f"{total} ms (" + ", ".join(f"{k} {v}" for k, v in self.took.items()) + ")"
+
+
 async def take_over(*, shard: int, transactions: NodeTransactions, bus: NodeBus,
                     submit: SubmitPositions, settings: Settings, clock: Clock, group_id: str,
                     node_id: str) -> Resume:
     """Fence whoever may still publish for the shard, claim it, read the watermark and seek
     the submit partition. Raises ShardLost when another node claims the shard at the same time
     (its claimer fenced ours: the group gave it the shard), BusError when Kafka fails."""
+    phases = Phases(clock)
     # Work of an earlier actor of this shard on this node must be over before we read.
     await transactions.settle(shard)
+    phases.done("settle")
     me = transactions.transactional_id
     claimer = bus.producer(legacy_transactional_id(settings.namespace, shard), group_id)
     try:
-        await claimer.start()
-        value = await _read(bus, settings, shard, settled=False)
+        # The first read only names whom to fence; every decision rests on the settled read,
+        # which follows the claimer's start. So both may run at once.
+        started, value = await asyncio.gather(
+            claimer.start(), _read(bus, settings, shard, settled=False),
+            return_exceptions=True)
+        for outcome in (started, value):
+            if isinstance(outcome, BaseException):
+                raise outcome
+        assert not isinstance(value, BaseException)
+        phases.done("claimer init + state read")
         fenced: set[str] = set()
         for _ in range(MAX_FENCE_ROUNDS):
             owner = recorded_owner(value, settings.namespace, shard)
@@ -85,9 +117,9 @@ async def take_over(*, shard: int, transactions: NodeTransactions, bus: NodeBus,
                 await transactions.once(f"fence {owner}",
                                         functools.partial(fence, bus, owner, group_id, shard))
                 fenced.add(owner)
-            started = clock.now_ms()
+                phases.done("fence")
             settled = await _read(bus, settings, shard, settled=True)
-            log.debug("shard %d: settled read in %d ms", shard, clock.now_ms() - started)
+            phases.done("settled read")
             if recorded_owner(settled, settings.namespace, shard) == owner:
                 value = settled
                 break
@@ -106,15 +138,18 @@ async def take_over(*, shard: int, transactions: NodeTransactions, bus: NodeBus,
         except BaseException:
             await txn.abort()
             raise
+        phases.done("claim")
     except Fenced as exc:
         raise ShardLost(f"shard {shard}: another node is claiming it ({exc})") from exc
     finally:
         await stop_quietly(claimer)
-    log.info("shard %d: claimed by %s (previous owner %s%s)", shard, me, owner,
-             f", fenced {sorted(fenced)}" if fenced else "",
-             extra={"shard": shard, "node": node_id})
+        phases.done("claimer stop")
     committed = await submit.committed(shard)
     await submit.seek(shard, committed)
+    phases.done("seek")
+    log.info("shard %d: claimed by %s (previous owner %s%s) in %s", shard, me, owner,
+             f", fenced {sorted(fenced)}" if fenced else "", phases,
+             extra={"shard": shard, "node": node_id})
     return Resume(watermark, committed)
 
 

@@ -82,6 +82,8 @@ class NodeProcess:
         self.profile_path = profile_path
         """run the node under cProfile and write its stats here"""
         self.cwd = cwd
+        self.args_prefix: list[str] = []
+        """a command that runs the node (e.g. in a network namespace of its own)"""
         self.proc: subprocess.Popen[bytes] | None = None
         self._port: int | None = None
         self._log_start = 0  # where this run's lines begin in the (appended) log
@@ -97,7 +99,7 @@ class NodeProcess:
         })
         env.update(self.env)
         env.update(env_overrides)
-        cmd = [sys.executable]
+        cmd = [*self.args_prefix, sys.executable]
         if self.profile_path is not None:
             cmd += ["-m", "cProfile", "-o", str(self.profile_path)]
         cmd += ["-m", "chronowheel", *self.args]
