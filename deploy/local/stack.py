@@ -1239,6 +1239,9 @@ def cmd_status(paths: Paths) -> dict[str, Any]:
             "pid": pid,
             "managed": pid is not None,
             "log": str(srv.main_log),
+            "home": str(srv.home),
+            "kind": srv.kind,
+            "member": srv.member,
         }
     return out
 
