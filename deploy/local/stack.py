@@ -1255,7 +1255,7 @@ def print_status(status: dict[str, Any]) -> None:
             state = f"running (pid {info['pid']}) but not answering on {info['address']}"
         else:
             state = "down"
-        print(f"{name:<10} {state}\n{'':<10} log: {info['log']}")
+        print(f"{name:<12} {state}\n{'':<12} log: {info['log']}")
 
 
 def cmd_logs(paths: Paths, names: Sequence[str], lines: int, follow: bool) -> int:

@@ -32,8 +32,12 @@ from chronowheel.testing.chaos import (
     Load,
     ScenarioResult,
     Workload,
+    active_controller,
     bad_commands,
+    busiest_kafka_leader,
+    cassandra_node,
     chaos_scale,
+    new_controller,
     run_scenario,
     scaled,
 )
@@ -47,8 +51,10 @@ SCALE = chaos_scale()
 
 
 def assert_clean(result: ScenarioResult) -> None:
+    """0 lost, 0 early, 0 duplicate, and every chronowheel node still running."""
     problems = result.problems()
     assert not problems, "; ".join(problems) + "".join(result.notes)
+    assert not any(n.startswith("nodes exited") for n in result.notes), "".join(result.notes)
 
 
 # --- 1. a Cassandra node -----------------------------------------------------------------------
@@ -56,20 +62,11 @@ def assert_clean(result: ScenarioResult) -> None:
 
 async def test_a_cassandra_node_killed_under_load_loses_nothing(
         cluster: LocalCluster, chaos_settings: Settings, tmp_path: Path) -> None:
-    victim = "cassandra-3"
-
-    async def fault() -> str:
-        await asyncio.to_thread(cluster.kill, victim)
-        return victim
-
-    async def heal() -> float:
-        return await asyncio.to_thread(cluster.start, victim)
-
+    fault = cassandra_node(cluster, chaos_settings)
     result = await run_scenario("cassandra-kill", chaos_settings, Load.at_scale(SCALE), tmp_path,
-                                fault=fault, heal=heal)
+                                fault=fault.inject, heal=fault.heal)
     report(result)
     assert_clean(result)
-    assert not any("nodes exited" in n for n in result.notes), result.notes
 
 
 # --- 2. Kafka brokers --------------------------------------------------------------------------
@@ -77,59 +74,27 @@ async def test_a_cassandra_node_killed_under_load_loses_nothing(
 
 async def test_the_busiest_kafka_leader_killed_under_load_loses_nothing(
         cluster: LocalCluster, chaos_settings: Settings, tmp_path: Path) -> None:
-    topics = (chaos_settings.submit_topic, chaos_settings.fired_topic)
-    victim: list[str] = []
-
-    async def fault() -> str:
-        name, led = await cluster.busiest_leader(chaos_settings, topics)
-        await asyncio.to_thread(cluster.kill, name)
-        victim.append(name)
-        return f"{name} (leader of {led} of {2 * chaos_settings.shards} partitions)"
-
-    async def heal() -> float:
-        took = await asyncio.to_thread(cluster.start, victim[0])
-        return took + await cluster.wait_in_sync(chaos_settings, topics, 3)
-
+    fault = busiest_kafka_leader(cluster, chaos_settings)
     result = await run_scenario("kafka-leader", chaos_settings, Load.at_scale(SCALE), tmp_path,
-                                fault=fault, heal=heal)
+                                fault=fault.inject, heal=fault.heal)
     report(result)
     assert_clean(result)
-    assert not any("nodes exited" in n for n in result.notes), result.notes
 
 
 async def test_the_active_kraft_controller_killed_under_load_loses_nothing(
         cluster: LocalCluster, chaos_settings: Settings, tmp_path: Path) -> None:
-    topics = (chaos_settings.submit_topic, chaos_settings.fired_topic)
-    victim: list[str] = []
+    fault = active_controller(cluster, chaos_settings)
 
-    async def fault() -> str:
-        name = await asyncio.to_thread(cluster.active_controller)
-        await asyncio.to_thread(cluster.kill, name)
-        victim.append(name)
-        new = await _new_controller(cluster, name)
-        return f"{name} (active controller; {new} took over)"
-
-    async def heal() -> float:
-        took = await asyncio.to_thread(cluster.start, victim[0])
-        return took + await cluster.wait_in_sync(chaos_settings, topics, 3)
+    async def inject() -> str:
+        what = await fault.inject()
+        elected = await new_controller(cluster, fault.victim)
+        now = await asyncio.to_thread(cluster.active_controller)
+        return f"{what}; {now} elected {elected:.1f}s after the kill"
 
     result = await run_scenario("kraft-controller", chaos_settings, Load.at_scale(SCALE),
-                                tmp_path, fault=fault, heal=heal)
+                                tmp_path, fault=inject, heal=fault.heal)
     report(result)
     assert_clean(result)
-    assert not any("nodes exited" in n for n in result.notes), result.notes
-
-
-async def _new_controller(cluster: LocalCluster, old: str, timeout_s: float = 30) -> str:
-    """The controller elected after `old` died (also proves an election happened)."""
-    t0 = time.monotonic()
-    while True:
-        name = await asyncio.to_thread(cluster.active_controller)
-        if name != old:
-            return f"{name} after {time.monotonic() - t0:.1f}s"
-        if time.monotonic() - t0 > timeout_s:
-            raise AssertionError(f"no new KRaft leader {timeout_s}s after {old} died")
-        await asyncio.sleep(0.2)
 
 
 # --- 7. an unconsumed backlog ------------------------------------------------------------------
@@ -236,4 +201,3 @@ async def test_bad_input_at_scale_is_rejected_with_reasons_and_valid_jobs_still_
                       f"{sorted(never)[:5]}"
     assert not without_reason, f"rejections without a reason: {without_reason[:5]}"
     assert_clean(result)
-    assert not any("nodes exited" in n for n in result.notes), result.notes

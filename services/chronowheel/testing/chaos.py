@@ -3,9 +3,11 @@ steady one-shot load plus a herd, a read_committed checker, and a fault in the m
 
 Each scenario ends with a `ScenarioResult`: occurrences accepted (acknowledged by Kafka on
 `<ns>.submit`), lost, early and duplicate ones, lateness (checker arrival minus scheduled
-instant), and the recovery time: from the fault until the last steady occurrence that arrived
-more than `late_ms` late (0 when none did). Sizes scale with CHRONOWHEEL_CHAOS_SCALE (1 is
-the full size; CI runs a fraction).
+instant) of the steady load before and after the fault and of the herd, and the recovery time:
+from the fault until the last steady occurrence that arrived later than the "late" bar, which
+is `late_ms` or twice the steady p99 before the fault, whichever is more (so a busy machine's
+usual lateness does not count as an outage); 0 when none did. Sizes scale with
+CHRONOWHEEL_CHAOS_SCALE (1 is the full size; CI runs a fraction).
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from chronowheel.core import wire
 from chronowheel.core.model import ValidationPolicy, encode_upsert, parse_command
 from chronowheel.errors import ValidationError
 from chronowheel.settings import Settings
+from chronowheel.testing.cluster import LocalCluster
 from chronowheel.testing.collect import Collector, Fired, wall_ms
-from chronowheel.testing.lateness import LatenessTally
+from chronowheel.testing.lateness import LatenessTally, percentile
 from chronowheel.testing.node_process import NodeProcess
 
 SCALE_ENV = "CHRONOWHEEL_CHAOS_SCALE"
@@ -89,7 +92,10 @@ class ScenarioResult:
     lost: int = 0
     early: int = 0
     duplicates: int = 0
+    before_p99_ms: float | None = None
+    """steady load due before the fault"""
     steady_p99_ms: float | None = None
+    """steady load due from the fault on"""
     herd_p99_ms: float | None = None
     max_lateness_ms: float | None = None
     recovery_s: float | None = None
@@ -104,8 +110,9 @@ class ScenarioResult:
 
         rec = "-" if self.recovery_s is None else f"{self.recovery_s:.1f} s"
         return (f"| {self.scenario} | {self.load} | {self.accepted:,} | {self.lost} | "
-                f"{self.early} | {self.duplicates} | {ms(self.steady_p99_ms)} | "
-                f"{ms(self.herd_p99_ms)} | {ms(self.max_lateness_ms)} | {rec} |")
+                f"{self.early} | {self.duplicates} | {ms(self.before_p99_ms)} | "
+                f"{ms(self.steady_p99_ms)} | {ms(self.herd_p99_ms)} | "
+                f"{ms(self.max_lateness_ms)} | {rec} |")
 
     def summary(self) -> str:
         extra = f"; victim {self.victim}" if self.victim else ""
@@ -131,12 +138,11 @@ class Checker:
     """A read_committed reader of `<ns>.fired` (from its end when started) that tallies each
     occurrence: steady or herd, lateness, early, duplicate; and notes the late ones."""
 
-    def __init__(self, settings: Settings, herd_prefix: str, late_ms: float) -> None:
+    def __init__(self, settings: Settings, herd_prefix: str) -> None:
         self.tally = LatenessTally()
         self.herd_prefix = herd_prefix
-        self.late_ms = late_ms
-        self.late_steady: list[tuple[float, float]] = []
-        """(arrival ms, lateness ms) of steady occurrences later than late_ms"""
+        self.steady: list[tuple[int, float]] = []
+        """(scheduled ms, arrival ms) of each steady occurrence's first delivery"""
         self.collector = Collector(settings, keep_messages=False, from_end=True,
                                    on_fired=self.observe)
 
@@ -144,9 +150,19 @@ class Checker:
         group = HERD if f.job_id.startswith(self.herd_prefix) else STEADY
         first = self.tally.observe(f.occurrence, f.scheduled_ms, f.received_ms,
                                    fired_ms=f.fired_ms, group=group)
-        late = f.received_ms - f.scheduled_ms
-        if first and group == STEADY and late > self.late_ms:
-            self.late_steady.append((f.received_ms, late))
+        if first and group == STEADY:
+            self.steady.append((f.scheduled_ms, f.received_ms))
+
+    def recovery(self, fault_ms: int, late_ms: float) -> tuple[float | None, float | None,
+                                                                float, float]:
+        """(steady p99 before the fault, from the fault on, the late bar, recovery seconds)."""
+        before = sorted(r - s for s, r in self.steady if s < fault_ms)
+        after = sorted(r - s for s, r in self.steady if s >= fault_ms)
+        before_p99 = percentile(before, 99)
+        bar = max(late_ms, 2 * (before_p99 or 0.0))
+        late = [r for s, r in self.steady if r >= fault_ms and r - s > bar]
+        return (before_p99, percentile(after, 99), bar,
+                (max(late) - fault_ms) / 1000 if late else 0.0)
 
     async def start(self) -> Checker:
         await self.collector.start()
@@ -293,7 +309,7 @@ async def run_scenario(name: str, settings: Settings, load: Load, log_dir: Path,
     `load.down_s`, healed, more load, then the verdict. `during` runs beside the load (e.g.
     bad commands) instead of, or besides, a fault."""
     prefix = f"{name[:12]}-"
-    checker = await Checker(settings, f"{prefix}h", late_ms).start()
+    checker = await Checker(settings, f"{prefix}h").start()
     nodes = NodeGroup(settings, log_dir)
     workload = await Workload(settings, prefix).start()
     result = ScenarioResult(name, load.describe())
@@ -349,12 +365,14 @@ async def run_scenario(name: str, settings: Settings, load: Load, log_dir: Path,
         result.lost_examples = missing[:10]
         result.early = tally.early
         result.duplicates = tally.duplicates
-        result.steady_p99_ms = tally.percentile(99, STEADY)
         result.herd_p99_ms = tally.percentile(99, HERD)
         every = tally.lateness_ms()
         result.max_lateness_ms = max(every) if every else None
-        after_fault = [t for t, _ in checker.late_steady if t >= fault_ms]
-        result.recovery_s = (max(after_fault) - fault_ms) / 1000 if after_fault else 0.0
+        result.before_p99_ms, result.steady_p99_ms, bar, result.recovery_s = \
+            checker.recovery(fault_ms, late_ms)
+        load1, load5, _ = os.getloadavg()
+        result.notes.append(f"late bar {bar:,.0f} ms; machine load average {load1:.1f} (1 min), "
+                            f"{load5:.1f} (5 min) at the end")
         if workload.failed_sends:
             result.notes.append(f"{workload.failed_sends} submissions not acknowledged by "
                                 "Kafka (not accepted, so not expected)")
@@ -371,6 +389,173 @@ async def run_scenario(name: str, settings: Settings, load: Load, log_dir: Path,
         await workload.stop()
         await asyncio.to_thread(nodes.stop)
         await checker.stop()
+
+
+# --- server faults -----------------------------------------------------------------------------
+
+
+@dataclass
+class ServerFault:
+    """kill -9 of one server of the cluster profile (`pick` chooses it at the moment of the
+    fault), and its restart: until it answers, the cluster has formed again and, for Kafka,
+    every partition of the namespace's submit and fired topics has three in-sync replicas."""
+
+    cluster: LocalCluster
+    settings: Settings
+    pick: Callable[[], Awaitable[tuple[str, str]]]
+    """(server name, a description of why it was chosen)"""
+    victim: str = ""
+
+    @property
+    def topics(self) -> tuple[str, str]:
+        return (self.settings.submit_topic, self.settings.fired_topic)
+
+    async def inject(self) -> str:
+        name, why = await self.pick()
+        await asyncio.to_thread(self.cluster.kill, name)
+        self.victim = name
+        return f"{name} ({why})" if why else name
+
+    async def heal(self) -> float:
+        took = await asyncio.to_thread(self.cluster.start, self.victim)
+        if self.victim.startswith("kafka"):
+            took += await self.cluster.wait_in_sync(self.settings, self.topics, 3)
+        return took
+
+
+def cassandra_node(cluster: LocalCluster, settings: Settings,
+                   name: str = "cassandra-3") -> ServerFault:
+    async def pick() -> tuple[str, str]:
+        return name, "one of three replicas of every row"
+    return ServerFault(cluster, settings, pick)
+
+
+def busiest_kafka_leader(cluster: LocalCluster, settings: Settings) -> ServerFault:
+    async def pick() -> tuple[str, str]:
+        topics = (settings.submit_topic, settings.fired_topic)
+        name, led = await cluster.busiest_leader(settings, topics)
+        return name, f"leader of {led} of {2 * settings.shards} submit and fired partitions"
+    return ServerFault(cluster, settings, pick)
+
+
+def active_controller(cluster: LocalCluster, settings: Settings) -> ServerFault:
+    async def pick() -> tuple[str, str]:
+        return await asyncio.to_thread(cluster.active_controller), "the active KRaft controller"
+    return ServerFault(cluster, settings, pick)
+
+
+async def new_controller(cluster: LocalCluster, old: str, timeout_s: float = 60) -> float:
+    """Seconds until a KRaft leader other than `old` is known (proves an election)."""
+    t0 = time.monotonic()
+    while await asyncio.to_thread(cluster.active_controller) == old:
+        if time.monotonic() - t0 > timeout_s:
+            raise AssertionError(f"no new KRaft leader {timeout_s:.0f}s after {old} died")
+        await asyncio.sleep(0.2)
+    return time.monotonic() - t0
+
+
+# --- soak ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class SoakSample:
+    at_s: float
+    rss_mb: list[float]
+    max_lag_s: float
+    delivered: int
+
+
+async def run_soak(settings: Settings, cluster: LocalCluster, log_dir: Path, *, rate: int,
+                   minutes: float, fault_every_s: float, down_s: float = 20.0,
+                   lead_ms: int = 4_000, sample_every_s: float = 15.0,
+                   say: Callable[[str], None] = print) -> tuple[ScenarioResult, list[SoakSample]]:
+    """`rate` one-shot jobs/s for `minutes` on three nodes, one server fault every
+    `fault_every_s` (a Cassandra node, the busiest Kafka leader, the KRaft controller, in
+    turn; each restarted after `down_s`), with RSS and dispatch lag sampled."""
+    prefix = "soak-"
+    checker = await Checker(settings, f"{prefix}h").start()
+    nodes = NodeGroup(settings, log_dir)
+    workload = await Workload(settings, prefix).start()
+    makers = [lambda: cassandra_node(cluster, settings, "cassandra-2"),
+              lambda: busiest_kafka_leader(cluster, settings),
+              lambda: active_controller(cluster, settings)]
+    result = ScenarioResult("soak", f"{rate}/s for {minutes:g} min, a fault every "
+                                    f"{fault_every_s:g} s")
+    samples: list[SoakSample] = []
+    stop = asyncio.Event()
+    steady: asyncio.Task[None] | None = None
+    try:
+        nodes.start()
+        await nodes.wait_sharing()
+        t0 = time.monotonic()
+        steady = asyncio.create_task(workload.steady(rate, lead_ms, stop))
+        end = t0 + minutes * 60
+        next_fault = t0 + fault_every_s
+        next_sample = t0
+        faults = 0
+        while time.monotonic() < end:
+            now = time.monotonic()
+            if now >= next_sample:
+                samples.append(await asyncio.to_thread(_sample, nodes, now - t0,
+                                                       checker.tally.distinct))
+                s = samples[-1]
+                say(f"[soak] {s.at_s:5.0f}s rss MB {s.rss_mb} max lag {s.max_lag_s:.1f}s "
+                    f"delivered {s.delivered:,} accepted {len(workload.expected):,}")
+                next_sample += sample_every_s
+            if now >= next_fault and now + down_s + 30 < end:
+                fault = makers[faults % len(makers)]()
+                faults += 1
+                what = await fault.inject()
+                say(f"[soak] fault {faults}: killed {what}")
+                await asyncio.sleep(down_s)
+                took = await fault.heal()
+                say(f"[soak] fault {faults}: {fault.victim} back after {took:.1f}s")
+                result.notes.append(f"fault {faults}: {what}, back after {took:.1f}s")
+                next_fault += fault_every_s
+            if nodes.dead():
+                break
+            await asyncio.sleep(1.0)
+        stop.set()
+        await steady
+        await workload.flush()
+        expected = workload.expected
+        with contextlib.suppress(AssertionError):
+            await until(lambda: all(o in checker.tally.seen for o in expected), 300,
+                        "every accepted occurrence", nodes)
+        await asyncio.sleep(3)
+        tally = checker.tally
+        missing = tally.missing(expected)
+        result.accepted, result.lost, result.lost_examples = len(expected), len(missing), \
+            missing[:10]
+        result.early, result.duplicates = tally.early, tally.duplicates
+        every = tally.lateness_ms()
+        result.steady_p99_ms = tally.percentile(99, STEADY)
+        result.max_lateness_ms = max(every) if every else None
+        dead = nodes.dead()
+        if dead:
+            result.notes.append(f"nodes exited: {dead}{nodes.tails()}")
+        return result, samples
+    finally:
+        stop.set()
+        if steady is not None and not steady.done():
+            steady.cancel()
+            with contextlib.suppress(BaseException):
+                await steady
+        await workload.stop()
+        await asyncio.to_thread(nodes.stop)
+        await checker.stop()
+
+
+def _sample(nodes: NodeGroup, at_s: float, delivered: int) -> SoakSample:
+    rss, lag = [], 0.0
+    for n in nodes.nodes:
+        r = n.rss_bytes() if n.alive() else None
+        rss.append(round((r or 0) / 2**20, 1))
+        with contextlib.suppress(OSError):
+            m = n.metrics(timeout_s=5)
+            lag = max([lag, *(v for k, v in m.items()
+                               if k.startswith("chronowheel_dispatch_lag_seconds"))])
+    return SoakSample(round(at_s, 1), rss, lag, delivered)
 
 
 # --- bad input ---------------------------------------------------------------------------------
