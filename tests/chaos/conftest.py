@@ -1,14 +1,16 @@
 """Fixtures of the fault suite (marker `chaos`, run with `./run chaos`): the local stack's
 cluster profile, three Cassandra nodes and three Kafka nodes on replication 3.
 
-The suite runs only when selected with `-m chaos` (it needs the cluster, several minutes and
-most of two cores); in any other run its tests are skipped with that hint.
+The scenarios that need the cluster run only when selected with `-m chaos` (they need the
+cluster, several minutes and most of two cores); in any other run they are skipped with that
+hint.
 
 `cluster` (session): the cluster profile, started unless it is up and stopped at the session's
 end if this session started it. `chaos_settings` (module): one namespace of six shards,
 replication 3, on the cluster; dropped at the end. Sizes scale with CHRONOWHEEL_CHAOS_SCALE
-(chronowheel.testing.chaos); each scenario's result is printed, and appended as a JSON line
-to the file named by CHRONOWHEEL_CHAOS_REPORT when that is set.
+(chronowheel.testing.chaos: 1 is the full size, 0.05 the default); each scenario's result is
+printed, and appended as a JSON line to the file named by CHRONOWHEEL_CHAOS_REPORT when that
+is set.
 """
 
 from __future__ import annotations
@@ -35,9 +37,9 @@ SHARDS = 6
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if "chaos" in (config.option.markexpr or ""):
         return
-    skip = pytest.mark.skip(reason="the fault suite runs with `./run chaos` (pytest -m chaos)")
+    skip = pytest.mark.skip(reason="needs the cluster profile: `./run chaos` (pytest -m chaos)")
     for item in items:
-        if item.get_closest_marker("chaos"):
+        if "cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(skip)
 
 

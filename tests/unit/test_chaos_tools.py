@@ -12,9 +12,9 @@ from chronowheel.testing import Fired
 from chronowheel.testing.chaos import Checker, Load, ScenarioResult, bad_commands, chaos_scale
 
 
-def test_the_scale_defaults_to_full_size_and_rejects_nonsense() -> None:
-    assert chaos_scale({}) == 1.0
-    assert chaos_scale({"CHRONOWHEEL_CHAOS_SCALE": "0.05"}) == 0.05
+def test_the_scale_defaults_to_a_twentieth_and_rejects_nonsense() -> None:
+    assert chaos_scale({}) == 0.05
+    assert chaos_scale({"CHRONOWHEEL_CHAOS_SCALE": "1"}) == 1.0
     for bad in ("0", "-1", "lots", "11"):
         with pytest.raises(ValueError, match="CHRONOWHEEL_CHAOS_SCALE"):
             chaos_scale({"CHRONOWHEEL_CHAOS_SCALE": bad})

@@ -7,7 +7,7 @@ instant) of the steady load before and after the fault and of the herd, and the 
 from the fault until the last steady occurrence that arrived later than the "late" bar, which
 is `late_ms` or twice the steady p99 before the fault, whichever is more (so a busy machine's
 usual lateness does not count as an outage); 0 when none did. Sizes scale with
-CHRONOWHEEL_CHAOS_SCALE (1 is the full size; CI runs a fraction).
+CHRONOWHEEL_CHAOS_SCALE: 1 is the full size, the default 0.05 (what CI runs) a twentieth.
 """
 
 from __future__ import annotations
@@ -35,14 +35,15 @@ from chronowheel.testing.lateness import LatenessTally, percentile
 from chronowheel.testing.node_process import NodeProcess
 
 SCALE_ENV = "CHRONOWHEEL_CHAOS_SCALE"
+DEFAULT_SCALE = 0.05
 STEADY, HERD = "steady", "herd"
 
 
 def chaos_scale(env: dict[str, str] | None = None) -> float:
-    """CHRONOWHEEL_CHAOS_SCALE: 1 (the default) runs the full sizes, 0.05 a twentieth."""
+    """CHRONOWHEEL_CHAOS_SCALE: 1 runs the full sizes, the default 0.05 a twentieth."""
     raw = (env if env is not None else os.environ).get(SCALE_ENV, "").strip()
     if not raw:
-        return 1.0
+        return DEFAULT_SCALE
     try:
         scale = float(raw)
     except ValueError:
