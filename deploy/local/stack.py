@@ -48,6 +48,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -73,6 +74,18 @@ SECURED_KAFKA_MTLS_PORT = 9096  # SSL with a required client certificate
 # The secured pair holds a few test keyspaces only: smaller heaps leave room for the plain one.
 SECURED_HEAP = os.environ.get("CHRONOWHEEL_SECURED_STACK_HEAP", "512m")
 SECURED_CASSANDRA_HEAP = os.environ.get("CHRONOWHEEL_SECURED_CASSANDRA_HEAP", "1g")
+# The cluster profile: three Cassandra nodes and three Kafka nodes beside the plain pair.
+# Cassandra node i listens on loopback alias 127.0.0.(i+1) with the standard ports (the plain
+# node holds 127.0.0.1:9042 and :7000), so the driver finds the peers on the port it was given.
+# Kafka node i (broker and KRaft controller in one JVM) listens on 127.0.0.1:9191+i, its
+# controller on 9291+i.
+CLUSTER_NODES = 3
+CLUSTER_CASSANDRA_HOSTS = tuple(f"127.0.0.{i + 2}" for i in range(CLUSTER_NODES))
+CLUSTER_KAFKA_PORT = 9192
+CLUSTER_KAFKA_CONTROLLER_PORT = 9292
+# Sized so that the six JVMs stay under about 7 GiB of RSS on a 24 GiB, 2-core machine.
+CLUSTER_HEAP = os.environ.get("CHRONOWHEEL_CLUSTER_STACK_HEAP", "512m")
+CLUSTER_CASSANDRA_HEAP = os.environ.get("CHRONOWHEEL_CLUSTER_CASSANDRA_HEAP", "1g")
 
 
 @dataclass(frozen=True)
@@ -87,6 +100,24 @@ class Profile:
     kafka_heap: str
     cassandra_heap: str
     secured: bool = False
+    nodes: int = 1
+    """servers of each kind; more than one makes a replicated cluster (`cassandra-1`, ...)"""
+    cassandra_hosts: tuple[str, ...] = (HOST,)
+    """the address of each Cassandra node (all on cql_port and storage_port)"""
+
+    @property
+    def clustered(self) -> bool:
+        return self.nodes > 1
+
+    def kafka_ports(self) -> list[tuple[int, int]]:
+        """(broker port, controller port) of each Kafka node."""
+        return [(self.kafka_port + i, self.controller_port + i) for i in range(self.nodes)]
+
+    def cassandra_address(self) -> str:
+        return ",".join(f"{h}:{self.cql_port}" for h in self.cassandra_hosts)
+
+    def kafka_address(self) -> str:
+        return ",".join(f"{HOST}:{broker}" for broker, _ in self.kafka_ports())
 
 
 PLAIN = Profile("plain", CQL_PORT, CASSANDRA_STORAGE_PORT, KAFKA_PORT, KAFKA_CONTROLLER_PORT,
@@ -94,7 +125,10 @@ PLAIN = Profile("plain", CQL_PORT, CASSANDRA_STORAGE_PORT, KAFKA_PORT, KAFKA_CON
 SECURED = Profile("secured", SECURED_CQL_PORT, SECURED_CASSANDRA_STORAGE_PORT,
                   SECURED_KAFKA_PORT, SECURED_KAFKA_CONTROLLER_PORT, SECURED_HEAP,
                   SECURED_CASSANDRA_HEAP, secured=True)
-PROFILES = {p.name: p for p in (PLAIN, SECURED)}
+CLUSTER = Profile("cluster", CQL_PORT, CASSANDRA_STORAGE_PORT, CLUSTER_KAFKA_PORT,
+                  CLUSTER_KAFKA_CONTROLLER_PORT, CLUSTER_HEAP, CLUSTER_CASSANDRA_HEAP,
+                  nodes=CLUSTER_NODES, cassandra_hosts=CLUSTER_CASSANDRA_HOSTS)
+PROFILES = {p.name: p for p in (PLAIN, SECURED, CLUSTER)}
 
 # --add-exports/--add-opens that Cassandra 5.0 needs on Java 17 (its conf/jvm17-server.options).
 CASSANDRA_JAVA17_MODULE_FLAGS = [
@@ -132,6 +166,9 @@ CASSANDRA_JAVA17_MODULE_FLAGS = [
         )
     ),
 ]
+
+
+CLUSTER_ID_LOCK = threading.Lock()
 
 
 class StackError(Exception):
@@ -188,8 +225,8 @@ def default_cache_dir() -> Path:
 def default_state_dir(profile: Profile | None = None) -> Path:
     raw = os.environ.get("CHRONOWHEEL_STATE_DIR")
     plain = Path(raw).expanduser() if raw else Path.home() / ".cache" / "chronowheel" / "stack"
-    if profile is not None and profile.secured:
-        return plain.with_name(plain.name + "-secured")
+    if profile is not None and profile is not PLAIN and profile.name != PLAIN.name:
+        return plain.with_name(f"{plain.name}-{profile.name}")
     return plain
 
 
@@ -376,12 +413,12 @@ def quiet_driver_logs() -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
-def cql_answers(port: int, timeout: float = 5.0, **secure: Any) -> bool:
-    """True when the server at HOST:port answers a CQL query.
+def cql_answers(port: int, timeout: float = 5.0, host: str = HOST, **secure: Any) -> bool:
+    """True when the server at host:port answers a CQL query.
 
     `secure` holds extra Cluster arguments (ssl_context, auth_provider) for the secured profile.
     """
-    if not port_open(port):
+    if not port_open(port, host):
         return False
     quiet_driver_logs()
     try:
@@ -391,7 +428,13 @@ def cql_answers(port: int, timeout: float = 5.0, **secure: Any) -> bool:
             "the Cassandra readiness check needs cassandra-driver: run this script with the "
             "project's virtualenv Python (.venv/bin/python)"
         ) from exc
-    cluster = Cluster([HOST], port=port, connect_timeout=timeout, protocol_version=5, **secure)
+    from cassandra.cluster import EXEC_PROFILE_DEFAULT, ExecutionProfile
+    from cassandra.policies import WhiteListRoundRobinPolicy
+
+    # Only this node: a cluster member counts as ready by itself, not through its peers.
+    only_this = ExecutionProfile(load_balancing_policy=WhiteListRoundRobinPolicy([host]))
+    cluster = Cluster([host], port=port, connect_timeout=timeout, protocol_version=5,
+                      execution_profiles={EXEC_PROFILE_DEFAULT: only_this}, **secure)
     try:
         session = cluster.connect()
         row = session.execute("SELECT release_version FROM system.local", timeout=timeout).one()
@@ -445,12 +488,23 @@ class Server:
     paths: Paths
     ready_check: Callable[[int], bool]
     extra_ports: tuple[int, ...] = ()
+    host: str = HOST
+    member: int = 0
+    """1, 2, 3 for the nodes of a cluster profile; 0 for the single server of a kind"""
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     log_offsets: dict[Path, int] = field(default_factory=dict, repr=False)
 
     @property
     def address(self) -> str:
-        return f"{HOST}:{self.port}"
+        return f"{self.host}:{self.port}"
+
+    @property
+    def kind(self) -> str:
+        """`cassandra` or `kafka`: which artifacts it runs."""
+        return self.name.rsplit("-", 1)[0] if self.member else self.name
+
+    def ports_in_use(self) -> list[int]:
+        return [p for p in (self.port, *self.extra_ports) if port_open(p, self.host)]
 
     @property
     def home(self) -> Path:
@@ -548,11 +602,17 @@ class Server:
 class Cassandra(Server):
     def prepare(self, java: str, classpath: str) -> list[str]:
         values = {
-            "listen_address": HOST,
+            "listen_address": self.host,
             "storage_port": str(self.paths.profile.storage_port),
             "native_port": str(self.port),
         }
         self.render(HERE / "cassandra" / "cassandra.yaml", self.conf / "cassandra.yaml", values)
+        cluster_flags: list[str] = []
+        if self.paths.profile.clustered:
+            self.cluster_yaml(self.conf / "cassandra.yaml")
+            # A fresh ring with fixed tokens: nothing to stream, so no node waits for the
+            # ring to settle before it serves.
+            cluster_flags = ["-Dcassandra.ring_delay_ms=1000", "-Dcassandra.auto_bootstrap=false"]
         secured_flags: list[str] = []
         if self.paths.profile.secured:
             self.secure_yaml(self.conf / "cassandra.yaml")
@@ -594,11 +654,37 @@ class Cassandra(Server):
             f"-Dcassandra.triggers_dir={triggers}",
             f"-Dlogback.configurationFile={(self.conf / 'logback.xml').as_uri()}",
             *secured_flags,
+            *cluster_flags,
             "-Dcassandra-foreground=yes",
             "-Dcassandra.skip_wait_for_gossip_to_settle=0",
             "org.apache.cassandra.service.CassandraDaemon",
         ]
 
+
+    def cluster_yaml(self, yaml: Path) -> None:
+        """One ring of the profile's nodes: every node a seed, evenly spaced fixed tokens
+        (one each), no bootstrap streaming (the ring starts empty), smaller memtables."""
+        profile = self.paths.profile
+        token = (2**64 // profile.nodes) * (self.member - 1) - 2**63
+        seeds = ",".join(f"{h}:{profile.storage_port}" for h in profile.cassandra_hosts)
+        text = yaml.read_text()
+        for key, value in (("cluster_name", "chronowheel-cluster"),
+                           ("memtable_heap_space", "32MiB"),
+                           ("memtable_offheap_space", "32MiB"),
+                           ("file_cache_size", "32MiB"),
+                           ("concurrent_writes", "8")):
+            text, n = re.subn(rf"^{key}: .*$", f"{key}: {value}", text, flags=re.M)
+            if n != 1:
+                raise StackError(f"{yaml}: expected one `{key}:` line to replace, found {n}")
+        text, n = re.subn(r'^(\s*- seeds: )".*"$', rf'\g<1>"{seeds}"', text, flags=re.M)
+        if n != 1:
+            raise StackError(f"{yaml}: expected one `- seeds:` line to replace, found {n}")
+        text += (
+            "\n# --- cluster profile (stack.py --profile cluster) ---\n"
+            f"initial_token: {token}\n"
+            "auto_bootstrap: false\n"
+        )
+        yaml.write_text(text)
 
     def secure_yaml(self, yaml: Path) -> None:
         """PasswordAuthenticator, CassandraAuthorizer and client TLS (no plaintext port)."""
@@ -638,14 +724,24 @@ class Cassandra(Server):
 class Kafka(Server):
     def prepare(self, java: str, classpath: str) -> list[str]:
         data = self.home / "data"
+        profile = self.paths.profile
+        controller_port = self.extra_ports[0] if self.extra_ports else profile.controller_port
         values = {
             "host": HOST,
             "broker_port": str(self.port),
-            "controller_port": str(self.paths.profile.controller_port),
+            "controller_port": str(controller_port),
             "data_dir": str(data),
         }
         props = self.conf / "server.properties"
         self.render(HERE / "kafka" / "server.properties", props, values)
+        if profile.clustered:
+            voters = ",".join(f"{i + 1}@{HOST}:{controller}"
+                              for i, (_, controller) in enumerate(profile.kafka_ports()))
+            self.render(HERE / "kafka" / "cluster.properties", self.conf / "cluster.part",
+                        {"node_id": str(self.member), "voters": voters})
+            with props.open("a") as f:
+                f.write("\n" + (self.conf / "cluster.part").read_text())
+            (self.conf / "cluster.part").unlink()
         if self.paths.profile.secured:
             material = secured_material(self.paths)
             plain_users = " ".join(f'user_{u}="{material.password(u)}"'
@@ -681,9 +777,20 @@ class Kafka(Server):
             str(props),
         ]
 
+    def cluster_id(self) -> str:
+        """A fresh id; the nodes of a cluster profile share one, kept in the state folder."""
+        fresh = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not self.paths.profile.clustered:
+            return fresh
+        shared = self.paths.state / "kafka-cluster-id"
+        with CLUSTER_ID_LOCK:  # the nodes are launched from parallel threads
+            if not shared.exists():
+                shared.write_text(fresh + "\n")
+            return shared.read_text().strip()
+
     def format_storage(self, java: str, classpath: str, props: Path, common: list[str]) -> None:
         """Format the KRaft metadata and data folder once, with a fresh cluster id."""
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        cluster_id = self.cluster_id()
         say(f"formatting kafka storage (cluster id {cluster_id})")
         env = dict(os.environ, CLASSPATH=classpath)
         scram: list[str] = []
@@ -737,6 +844,8 @@ def servers(paths: Paths) -> dict[str, Server]:
         def kafka_check(port: int) -> bool:
             return kafka_answers(port, **kafka_secure_options(paths, "admin"))
 
+    if profile.clustered:
+        return cluster_servers(paths)
     return {
         "cassandra": Cassandra(
             "cassandra",
@@ -756,6 +865,24 @@ def servers(paths: Paths) -> dict[str, Server]:
                          *((SECURED_KAFKA_MTLS_PORT,) if profile.secured else ())),
         ),
     }
+
+
+def cluster_servers(paths: Paths) -> dict[str, Server]:
+    """cassandra-1..N on the profile's loopback aliases, then kafka-1..N (broker and KRaft
+    controller each) on consecutive ports of 127.0.0.1."""
+    profile = paths.profile
+    out: dict[str, Server] = {}
+    for i, host in enumerate(profile.cassandra_hosts, start=1):
+        def cql_check(port: int, host: str = host) -> bool:
+            return cql_answers(port, host=host)
+
+        out[f"cassandra-{i}"] = Cassandra(f"cassandra-{i}", profile.cql_port, "system.log", paths,
+                                          cql_check, extra_ports=(profile.storage_port,),
+                                          host=host, member=i)
+    for i, (broker, controller) in enumerate(profile.kafka_ports(), start=1):
+        out[f"kafka-{i}"] = Kafka(f"kafka-{i}", broker, "server.log", paths, kafka_answers,
+                                  extra_ports=(controller,), member=i)
+    return out
 
 
 # --- the secured profile ---------------------------------------------------------------------
@@ -863,12 +990,19 @@ def secured_summary(paths: Paths) -> dict[str, Any]:
 
 
 def pick(all_servers: dict[str, Server], names: Sequence[str]) -> list[Server]:
+    """The servers named; a kind (`cassandra`, `kafka`) names every node of that kind."""
     if not names:
         return list(all_servers.values())
-    unknown = [n for n in names if n not in all_servers]
-    if unknown:
-        raise StackError(f"unknown server {unknown[0]!r}; choose from {sorted(all_servers)}")
-    return [all_servers[n] for n in dict.fromkeys(names)]
+    chosen: dict[str, Server] = {}
+    for n in names:
+        matching = [s for key, s in all_servers.items()
+                    if key == n or key.rsplit("-", 1)[0] == n]
+        if not matching:
+            kinds = sorted({key.rsplit("-", 1)[0] for key in all_servers} | set(all_servers))
+            raise StackError(f"unknown server {n!r}; choose from {kinds}")
+        for s in matching:
+            chosen.setdefault(s.name, s)
+    return list(chosen.values())
 
 
 @contextlib.contextmanager
@@ -893,9 +1027,10 @@ def state_lock(paths: Paths) -> Iterator[None]:
 def cmd_install(paths: Paths, names: Sequence[str]) -> dict[str, Any]:
     started = time.monotonic()
     chosen = pick(servers(paths), names)
-    for srv in chosen:
-        Artifact(srv.name).resolve(paths)
-    return {"resolved": [s.name for s in chosen], "seconds": round(time.monotonic() - started, 1)}
+    kinds = list(dict.fromkeys(srv.kind for srv in chosen))
+    for kind in kinds:
+        Artifact(kind).resolve(paths)
+    return {"resolved": kinds, "seconds": round(time.monotonic() - started, 1)}
 
 
 def cmd_up(paths: Paths, names: Sequence[str], timeout: float) -> dict[str, Any]:
@@ -911,7 +1046,7 @@ def cmd_up(paths: Paths, names: Sequence[str], timeout: float) -> dict[str, Any]
                     continue
                 to_start.append(srv)  # started earlier, still coming up: just wait for it
                 continue
-            if port_open(srv.port) or any(port_open(p) for p in srv.extra_ports):
+            if srv.ports_in_use():
                 if srv.ready():
                     say(
                         f"{srv.name} already answers on {srv.address} (not started by this "
@@ -919,24 +1054,34 @@ def cmd_up(paths: Paths, names: Sequence[str], timeout: float) -> dict[str, Any]
                     )
                     result["already_running"].append(srv.name)
                     continue
-                busy = [p for p in (srv.port, *srv.extra_ports) if port_open(p)]
+                busy = srv.ports_in_use()
                 raise StackError(
-                    f"cannot start {srv.name}: port(s) {busy} on {HOST} are taken by a process "
+                    f"cannot start {srv.name}: port(s) {busy} on {srv.host} are taken by a "
+                    "process "
                     f"that is not a {srv.name} answering there"
                 )
             to_start.append(srv)
         if not to_start:
             return result
         java = check_java()
-        classpaths = {srv.name: Artifact(srv.name).resolve(paths) for srv in to_start}
+        classpaths = {kind: Artifact(kind).resolve(paths)
+                      for kind in dict.fromkeys(srv.kind for srv in to_start)}
         launched: list[Server] = []
         try:
-            for srv in to_start:
-                if srv.managed_pid() is None:
-                    say(f"starting {srv.name} (state: {srv.home}, log: {srv.main_log})")
-                    srv.launch(java, classpaths[srv.name])
-                    launched.append(srv)
+            # In parallel: a cluster's Kafka nodes each format their storage first (a JVM
+            # of its own), and a KRaft quorum needs a majority of its voters up anyway.
+            with ThreadPoolExecutor(max_workers=max(1, len(to_start))) as pool:
+                futures = []
+                for srv in to_start:
+                    if srv.managed_pid() is None:
+                        say(f"starting {srv.name} (state: {srv.home}, log: {srv.main_log})")
+                        futures.append(pool.submit(srv.launch, java, classpaths[srv.kind]))
+                        launched.append(srv)
+                for f in futures:
+                    f.result()
             wait_ready(to_start, timeout, result)
+            if paths.profile.clustered:
+                wait_formed(paths, timeout, result)
         except BaseException:
             for srv in launched:
                 stop_server(srv, grace=10.0)
@@ -964,6 +1109,70 @@ def wait_ready(pending_servers: list[Server], timeout: float, result: dict[str, 
             raise StackError(srv.failure_report(f"did not answer within {timeout:.0f}s"))
         ticker.tick(" and ".join(f"{s.name} on {s.address}" for s in pending))
         time.sleep(0.5)
+
+
+def cassandra_ring(host: str, port: int) -> tuple[set[str], set[str]]:
+    """(all nodes, nodes the driver sees up) of the ring, asked through `host`."""
+    quiet_driver_logs()
+    from cassandra.cluster import Cluster
+
+    cluster = Cluster([host], port=port, connect_timeout=5, protocol_version=5)
+    try:
+        cluster.connect()
+        hosts = cluster.metadata.all_hosts()
+        return ({str(h.address) for h in hosts},
+                {str(h.address) for h in hosts if h.is_up})
+    finally:
+        cluster.shutdown()
+
+
+def kafka_brokers(port: int, timeout: float = 5.0) -> set[int]:
+    """Ids of the brokers that the broker at HOST:port lists as registered."""
+    import asyncio
+
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    quiet_driver_logs()
+
+    async def probe() -> set[int]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=f"{HOST}:{port}",
+                                    request_timeout_ms=int(timeout * 1000))
+        try:
+            await asyncio.wait_for(admin.start(), timeout)
+            cluster = await asyncio.wait_for(admin.describe_cluster(), timeout)
+            return {int(b["node_id"]) for b in cluster.get("brokers", [])}
+        finally:
+            with contextlib.suppress(Exception):
+                await admin.close()
+
+    return asyncio.run(probe())
+
+
+def wait_formed(paths: Paths, timeout: float, result: dict[str, Any]) -> None:
+    """Until every Cassandra node sees the whole ring up and the brokers see each other:
+    a member answering alone is not yet a cluster that takes QUORUM writes."""
+    profile = paths.profile
+    ticker = Ticker("waiting for the cluster to form")
+    want_hosts = set(profile.cassandra_hosts)
+    want_brokers = set(range(1, profile.nodes + 1))
+    detail = ""
+    while True:
+        try:
+            rings = [cassandra_ring(h, profile.cql_port) for h in profile.cassandra_hosts]
+            brokers = kafka_brokers(profile.kafka_port)
+            if all(up == want_hosts for _, up in rings) and brokers == want_brokers:
+                result["seconds"]["formed"] = round(ticker.elapsed(), 1)
+                say(f"cluster formed: Cassandra ring {sorted(want_hosts)} all up, Kafka "
+                    f"brokers {sorted(brokers)} registered ({ticker.elapsed():.1f}s)")
+                return
+            detail = (f"(ring up as seen by each node: {[sorted(up) for _, up in rings]}; "
+                      f"brokers {sorted(brokers)})")
+        except Exception as exc:
+            detail = f"({type(exc).__name__}: {exc})"
+        if ticker.elapsed() > timeout:
+            raise StackError(f"the cluster did not form within {timeout:.0f}s {detail}")
+        ticker.tick(detail)
+        time.sleep(1.0)
 
 
 def stop_server(srv: Server, grace: float = STOP_GRACE_S) -> bool:
@@ -1004,7 +1213,7 @@ def cmd_down(paths: Paths, names: Sequence[str], grace: float) -> dict[str, Any]
         for srv in chosen:
             if srv.managed_pid() is None:
                 say(f"{srv.name} is not running from {paths.state}")
-                if port_open(srv.port):
+                if port_open(srv.port, srv.host):
                     say(f"(something else answers on {srv.address}; left alone)")
                 continue
 
@@ -1030,6 +1239,9 @@ def cmd_status(paths: Paths) -> dict[str, Any]:
             "pid": pid,
             "managed": pid is not None,
             "log": str(srv.main_log),
+            "home": str(srv.home),
+            "kind": srv.kind,
+            "member": srv.member,
         }
     return out
 
@@ -1043,7 +1255,7 @@ def print_status(status: dict[str, Any]) -> None:
             state = f"running (pid {info['pid']}) but not answering on {info['address']}"
         else:
             state = "down"
-        print(f"{name:<10} {state}\n{'':<10} log: {info['log']}")
+        print(f"{name:<12} {state}\n{'':<12} log: {info['log']}")
 
 
 def cmd_logs(paths: Paths, names: Sequence[str], lines: int, follow: bool) -> int:
@@ -1090,8 +1302,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--profile",
         choices=sorted(PROFILES),
         default=os.environ.get("CHRONOWHEEL_STACK_PROFILE", "plain"),
-        help="plain (9042/9092, no auth) or secured (9142/9094, TLS, SASL, ACLs, own state "
-        "folder) [env CHRONOWHEEL_STACK_PROFILE; default plain]",
+        help="plain (9042/9092, no auth), secured (9142/9094, TLS, SASL, ACLs, own state "
+        "folder) or cluster (three Cassandra nodes on 127.0.0.2-4:9042, three Kafka nodes on "
+        "127.0.0.1:9192-9194, own state folder) [env CHRONOWHEEL_STACK_PROFILE; default plain]",
     )
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -1140,8 +1353,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = cmd_up(paths, args.servers, args.timeout)
             result.update(
                 {
-                    "cassandra": f"{HOST}:{profile.cql_port}",
-                    "kafka": f"{HOST}:{profile.kafka_port}",
+                    "cassandra": profile.cassandra_address(),
+                    "kafka": profile.kafka_address(),
                     "state_dir": str(paths.state),
                 }
             )

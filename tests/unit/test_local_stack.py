@@ -209,3 +209,76 @@ def test_the_secured_kafka_properties_replace_the_listeners_and_authorize(tmp_pa
     assert props["authorizer.class.name"].endswith("StandardAuthorizer")
     assert props["allow.everyone.if.no.acl.found"] == "false"
     assert "SCRAM-SHA-512" in props["sasl.enabled.mechanisms"]
+
+
+def test_the_cluster_profile_runs_three_of_each_beside_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = stack_script.Paths(state=tmp_path / "c", cache=tmp_path,
+                               profile=stack_script.CLUSTER)
+    cluster = stack_script.servers(paths)
+    assert list(cluster) == ["cassandra-1", "cassandra-2", "cassandra-3",
+                             "kafka-1", "kafka-2", "kafka-3"]
+    assert [s.address for s in cluster.values()] == [
+        "127.0.0.2:9042", "127.0.0.3:9042", "127.0.0.4:9042",
+        "127.0.0.1:9192", "127.0.0.1:9193", "127.0.0.1:9194"]
+    endpoints = {(s.host, p) for s in cluster.values() for p in (s.port, *s.extra_ports)}
+    assert len(endpoints) == 12
+    for other in (stack_script.PLAIN, stack_script.SECURED):
+        taken = {(s.host, p) for s in stack_script.servers(
+            stack_script.Paths(state=tmp_path, cache=tmp_path, profile=other)).values()
+            for p in (s.port, *s.extra_ports)}
+        assert not endpoints & taken, other.name
+    # A kind names all its nodes; one node can be named alone.
+    assert [s.name for s in stack_script.pick(cluster, ["cassandra"])] == [
+        "cassandra-1", "cassandra-2", "cassandra-3"]
+    assert [s.name for s in stack_script.pick(cluster, ["kafka-2", "kafka"])] == [
+        "kafka-2", "kafka-1", "kafka-3"]
+    assert {s.kind for s in cluster.values()} == {"cassandra", "kafka"}
+    assert stack_script.CLUSTER.cassandra_address() == (
+        "127.0.0.2:9042,127.0.0.3:9042,127.0.0.4:9042")
+    monkeypatch.setenv("CHRONOWHEEL_STATE_DIR", str(tmp_path / "st"))
+    assert stack_script.default_state_dir(stack_script.CLUSTER) == tmp_path / "st-cluster"
+    cmd = stack_cli.stack_command(parse(["stack", "up", "--profile", "cluster", "kafka-1"]))
+    assert cmd[2:] == ["--profile", "cluster", "--state-dir", str(tmp_path / "st-cluster"),
+                       "up", "kafka-1"]
+
+
+def test_the_cluster_cassandra_yaml_makes_one_ring_of_fixed_tokens(tmp_path: Path) -> None:
+    paths = stack_script.Paths(state=tmp_path, cache=tmp_path, profile=stack_script.CLUSTER)
+    tokens = []
+    for srv in stack_script.pick(stack_script.servers(paths), ["cassandra"]):
+        yaml = tmp_path / f"{srv.name}.yaml"
+        srv.render(LOCAL / "cassandra" / "cassandra.yaml", yaml,
+                   {"listen_address": srv.host, "storage_port": "7000", "native_port": "9042"})
+        srv.cluster_yaml(yaml)
+        text = yaml.read_text()
+        assert f"listen_address: {srv.host}" in text
+        assert '- seeds: "127.0.0.2:7000,127.0.0.3:7000,127.0.0.4:7000"' in text
+        assert "cluster_name: chronowheel-cluster" in text
+        assert re.search(r"^auto_bootstrap: false$", text, re.M)
+        tokens.append(int(re.search(r"^initial_token: (-?\d+)$", text, re.M).group(1)))
+    assert len(set(tokens)) == 3
+    assert all(-(2**63) <= t < 2**63 for t in tokens)
+
+
+def test_the_cluster_kafka_properties_replicate_everything_three_times(tmp_path: Path) -> None:
+    values = {"host": "127.0.0.1", "broker_port": "9193", "controller_port": "9293",
+              "data_dir": str(tmp_path), "node_id": "2",
+              "voters": "1@127.0.0.1:9292,2@127.0.0.1:9293,3@127.0.0.1:9294"}
+    text = render(LOCAL / "kafka" / "server.properties", values) + "\n" + render(
+        LOCAL / "kafka" / "cluster.properties", values)
+    props: dict[str, str] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            props[key] = value  # the last one wins, as in java.util.Properties
+    assert props["node.id"] == "2"
+    assert props["controller.quorum.voters"].count("@") == 3
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:9193,CONTROLLER://127.0.0.1:9293"
+    for key in ("default.replication.factor", "offsets.topic.replication.factor",
+                "transaction.state.log.replication.factor"):
+        assert props[key] == "3", key
+    for key in ("min.insync.replicas", "transaction.state.log.min.isr"):
+        assert props[key] == "2", key
+    assert props["unclean.leader.election.enable"] == "false"

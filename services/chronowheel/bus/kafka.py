@@ -28,6 +28,7 @@ from aiokafka.errors import (
     TransactionalIdAuthorizationFailed,
 )
 
+from chronowheel.core import wire
 from chronowheel.errors import ConfigError, RetriableError
 from chronowheel.security import quiet_loggers, speaks_tls, ssl_context, tls_failure
 from chronowheel.settings import Settings
@@ -43,17 +44,18 @@ class TopicSpec:
 
 
 def namespace_topics(settings: Settings, shards: int, replication: int) -> list[TopicSpec]:
-    del replication  # same for all; passed to create_topics
+    """The namespace's topics; the replication factor itself is passed to create_topics."""
+    durable = {"min.insync.replicas": str(wire.min_insync_replicas(replication))}
     return [
-        TopicSpec(settings.submit_topic, shards),
+        TopicSpec(settings.submit_topic, shards, durable),
         # Compacted, with short segments so a takeover reads little more than the latest
         # watermark of its partition even after months of commits.
         TopicSpec(settings.state_topic, shards, {
-            "cleanup.policy": "compact", "segment.ms": "600000",
+            **durable, "cleanup.policy": "compact", "segment.ms": "600000",
             "min.cleanable.dirty.ratio": "0.1", "delete.retention.ms": "3600000"}),
-        TopicSpec(settings.fired_topic, shards),
-        TopicSpec(settings.rejected_topic, 1),
-        TopicSpec(settings.dead_topic, 1),
+        TopicSpec(settings.fired_topic, shards, durable),
+        TopicSpec(settings.rejected_topic, 1, durable),
+        TopicSpec(settings.dead_topic, 1, durable),
     ]
 
 

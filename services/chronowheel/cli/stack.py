@@ -42,10 +42,10 @@ PROFILE_ENV = "CHRONOWHEEL_STACK_PROFILE"
 def stack_command(args: argparse.Namespace) -> list[str]:
     settings = settings_from_args(args)
     profile = getattr(args, "profile", None) or os.environ.get(PROFILE_ENV) or "plain"
-    if profile == "secured":
+    if profile in ("secured", "cluster"):
         # Its own state folder beside the plain one's, so that both can run at once.
-        state = settings.state_dir.rstrip("/") + "-secured"
-        cmd = [sys.executable, str(stack_script()), "--profile", "secured", "--state-dir", state]
+        state = settings.state_dir.rstrip("/") + "-" + profile
+        cmd = [sys.executable, str(stack_script()), "--profile", profile, "--state-dir", state]
     else:
         cmd = [sys.executable, str(stack_script()), "--state-dir", settings.state_dir]
     if args.json:
@@ -83,17 +83,20 @@ def register(sub: Any) -> None:
     def action(name: str, help: str, servers: bool = True) -> argparse.ArgumentParser:
         p = actions.add_parser(name, help=help)
         add_settings_arguments(p, ["state_dir"])
-        p.add_argument("--profile", choices=("plain", "secured"), default=None,
-                       help="plain (9042/9092, no auth) or secured (9142/9094: TLS, SASL "
-                            "SCRAM, ACLs, passwords; state folder <state-dir>-secured) "
-                            f"[env {PROFILE_ENV}; default plain]")
+        p.add_argument("--profile", choices=("plain", "secured", "cluster"), default=None,
+                       help="plain (9042/9092, no auth), secured (9142/9094: TLS, SASL "
+                            "SCRAM, ACLs, passwords; state folder <state-dir>-secured) or "
+                            "cluster (three Cassandra nodes on 127.0.0.2-4:9042 and three "
+                            "Kafka nodes on 127.0.0.1:9192-9194, replication 3; state folder "
+                            f"<state-dir>-cluster) [env {PROFILE_ENV}; default plain]")
         p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
         if servers:
             p.add_argument(
                 "servers",
                 nargs="*",
                 metavar="SERVER",
-                help="cassandra and/or kafka (default: both)",
+                help="cassandra and/or kafka (default: both); in the cluster profile also "
+                     "one node: cassandra-1..3, kafka-1..3",
             )
         else:
             p.set_defaults(servers=[])

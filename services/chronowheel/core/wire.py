@@ -44,6 +44,15 @@ def internal_topics(namespace: str) -> frozenset[str]:
                       rejected_topic(namespace), dead_topic(namespace)})
 
 
+def min_insync_replicas(replication: int) -> int:
+    """`min.insync.replicas` of a namespace's topics: every replica but one, at least one.
+
+    With the producers' acks=all, an acknowledged record is then on at least two brokers
+    whenever replication is 3 or more, and writes go on while one broker is down.
+    """
+    return max(1, replication - 1)
+
+
 # --- headers of a fired message ------------------------------------------------------------
 
 RESERVED_HEADER_PREFIX: Final = "cw-"

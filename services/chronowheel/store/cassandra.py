@@ -14,6 +14,7 @@ from typing import Any
 from cassandra import (
     AuthenticationFailed,
     ConsistencyLevel,
+    CoordinationFailure,
     OperationTimedOut,
     ReadTimeout,
     Unavailable,
@@ -28,6 +29,7 @@ from cassandra.cluster import (
     ResponseFuture,
     Session,
 )
+from cassandra.connection import ConnectionException
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import (
     UNSET_VALUE,
@@ -46,7 +48,12 @@ from chronowheel.store.base import Claim, DueRow, JobRow
 
 log = logging.getLogger(__name__)
 
-_TRANSIENT = (OperationTimedOut, ReadTimeout, WriteTimeout, Unavailable, NoHostAvailable)
+# CoordinationFailure (ReadFailure, WriteFailure): replicas answered the coordinator with a
+# failure, which is what a replica that is dying, starting or overloaded does; a node must
+# retry it like a timeout rather than stop. ConnectionException: a connection to a node that
+# was just killed closed under the request.
+_TRANSIENT = (OperationTimedOut, ReadTimeout, WriteTimeout, Unavailable, NoHostAvailable,
+              CoordinationFailure, ConnectionException)
 HOUR_MS = 3_600_000
 TUPLES = "tuples"
 # Partition keys per `jobs` read of get_jobs.
