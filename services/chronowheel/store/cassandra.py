@@ -294,6 +294,12 @@ class CassandraStore:
         self._read_bucket = p(f"SELECT {cols} FROM {ks}.due WHERE minute = ? AND shard = ?")
         self._read_bucket_from = p(f"SELECT {cols} FROM {ks}.due WHERE minute = ? AND shard = ? "
                                    f"AND slot_ms >= ?")
+        # Keyset paging for the console: one page of a bucket after a given row, without
+        # reading the rows before it (a herd puts 100,000 rows on one millisecond).
+        self._due_first = p(f"SELECT {cols} FROM {ks}.due WHERE minute = ? AND shard = ? "
+                            f"LIMIT ?")
+        self._due_after = p(f"SELECT {cols} FROM {ks}.due WHERE minute = ? AND shard = ? "
+                            f"AND (slot_ms, job_id, attempt) > (?, ?, ?) LIMIT ?")
         self._add_count = p(f"UPDATE {ks}.bucket_counts SET rows = rows + ? "
                             f"WHERE shard = ? AND hour = ? AND minute = ?")
         self._read_counts = p(f"SELECT minute, rows FROM {ks}.bucket_counts "
@@ -417,6 +423,27 @@ class CassandraStore:
             paging_state = rs.paging_state
             if not paging_state:
                 return
+
+    async def due_page(self, minute: int, shard: int, after: tuple[int, str, int] | None,
+                       limit: int) -> list[DueRow]:
+        """At most `limit` due rows of bucket (minute, shard) whose key (slot_ms, job_id,
+        attempt) is greater than `after` (from the first row when None), in key order."""
+        if after is None:
+            rs = await self._run(self._due_first, (minute, shard, limit), "read due page",
+                                 execution_profile=TUPLES)
+        else:
+            rs = await self._run(self._due_after, (minute, shard, *after, limit),
+                                 "read due page", execution_profile=TUPLES)
+        return [self._due_row(r) for r in rs.current_rows]
+
+    @staticmethod
+    def _due_row(r: tuple[Any, ...]) -> DueRow:
+        (minute, shard, slot, job, attempt, scheduled, version, topic, payload, headers, spec,
+         max_attempts, backoff) = r
+        return DueRow(minute, shard, slot, job, attempt, scheduled, version, topic,
+                      payload or b"", tuple(headers or ()), spec,
+                      wire.DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts,
+                      wire.DEFAULT_BACKOFF_MS if backoff is None else backoff)
 
     async def _page(self, bound: Any, paging_state: bytes | None) -> Any:
         async def once() -> Any:
