@@ -173,17 +173,22 @@ def cluster_page(view: ClusterView, *, namespace: str, nonce: str) -> str:
 HEAT_SCRIPT = """
 (function(){var d=JSON.parse(document.getElementById('heat-data').textContent);
 var c=document.getElementById('heat'),g=c.getContext('2d'),S=d.counts.length,M=d.minutes;
-var cw=d.cell_w,ch=d.cell_h,max=1;d.counts.forEach(function(r){r.forEach(function(v){
-if(v>max)max=v})});var lm=Math.log(max+1);
+var cw=d.cell_w,ch=d.cell_h,X=d.x0,Y=d.y0,max=1;d.counts.forEach(function(r){r.forEach(
+function(v){if(v>max)max=v})});var lm=Math.log(max+1);
 function color(v){if(!v)return '#f2f4f7';var t=Math.log(v+1)/lm;
-var h=Math.round(210-210*t),l=Math.round(85-45*t);return 'hsl('+h+',90%,'+l+'%)'}
-for(var s=0;s<S;s++){var r=d.counts[s];for(var m=0;m<M;m++){g.fillStyle=color(r[m]);
-g.fillRect(m*cw,s*ch,cw,ch)}}
-g.fillStyle='rgba(0,0,0,.35)';for(var m=0;m<M;m++){var t=d.first+m*60000;
-if(t%3600000===0)g.fillRect(m*cw,0,1,S*ch)}
+return 'hsl('+Math.round(210-210*t)+',90%,'+Math.round(85-45*t)+'%)'}
+g.font='10px sans-serif';g.textBaseline='middle';
+for(var s=0;s<S;s++){g.fillStyle='#667085';
+if(ch>=8||s%4===0)g.fillText(String(s),2,Y+s*ch+ch/2);
+var r=d.counts[s];for(var m=0;m<M;m++){g.fillStyle=color(r[m]);
+g.fillRect(X+m*cw,Y+s*ch,cw,ch)}}
+g.textBaseline='alphabetic';for(var m=0;m<M;m++){var t=d.first+m*60000;
+if(t%3600000===0){var h=new Date(t).getUTCHours();g.fillStyle=h===0?'#b42318':'#98a2b3';
+g.fillRect(X+m*cw,h%3===0?2:Y-5,1,h%3===0?Y-2:5);g.fillStyle='#1b1f24';
+if(h%3===0)g.fillText((h<10?'0':'')+h+':00',X+m*cw+3,10)}}
 var tip=document.getElementById('heat-tip');
-function at(e){var b=c.getBoundingClientRect();var m=Math.floor((e.clientX-b.left)/cw),
-s=Math.floor((e.clientY-b.top)/ch);if(m<0||m>=M||s<0||s>=S)return null;return [m,s]}
+function at(e){var b=c.getBoundingClientRect();var m=Math.floor((e.clientX-b.left-X)/cw),
+s=Math.floor((e.clientY-b.top-Y)/ch);if(m<0||m>=M||s<0||s>=S)return null;return [m,s]}
 c.addEventListener('mousemove',function(e){var p=at(e);if(!p){tip.textContent='';return}
 var t=new Date(d.first+p[0]*60000).toISOString().slice(0,16)+'Z';
 tip.textContent=t+' shard '+p[1]+': '+d.counts[p[1]][p[0]]+' rows'});
@@ -193,13 +198,17 @@ c.dataset.drawn='1'})();
 """
 
 
+# Canvas geometry: a pixel per minute, a left margin for the shard numbers, a top strip for
+# the hour ticks (a red tick at midnight UTC).
+HEAT_CELL_W, HEAT_X0, HEAT_Y0 = 1, 22, 14
+
+
 def heat_page(hm: HeatMap, *, namespace: str, nonce: str, now_ms: int,
               elapsed_ms: float) -> str:
     shards = len(hm.counts)
-    cell_w = 1
-    cell_h = max(4, min(14, 280 // max(1, shards)))
+    cell_w, cell_h = HEAT_CELL_W, max(4, min(14, 280 // max(1, shards)))
     data = {"first": hm.first_minute, "minutes": hm.minutes, "counts": hm.counts,
-            "cell_w": cell_w, "cell_h": cell_h}
+            "cell_w": cell_w, "cell_h": cell_h, "x0": HEAT_X0, "y0": HEAT_Y0}
     # orjson escapes nothing for HTML: "</" must not end the script element early.
     blob = orjson.dumps(data).decode().replace("</", "<\\/")
     busiest = hm.busiest(15)
@@ -218,9 +227,10 @@ def heat_page(hm: HeatMap, *, namespace: str, nonce: str, now_ms: int,
         f"rows. Read from <code>bucket_counts</code> in {elapsed_ms:.0f} ms. Rows are "
         f"counted when written, so cancelled and already fired rows still count.</p>"
         f'<p class="legend muted">none <span class="l-none"></span> few {legend} many '
-        f"(log scale; one pixel per minute, one band per shard; a line per hour; click a "
-        f'cell for its rows)</p><div class="scroll"><canvas id="heat" width="{hm.minutes * cell_w}"'
-        f' height="{shards * cell_h}" data-drawn="0"></canvas></div>'
+        f"(log scale; a pixel per minute, a band per shard; hour ticks on top, red at "
+        f'midnight UTC; click a cell for its rows)</p><div class="scroll"><canvas id="heat" '
+        f'width="{HEAT_X0 + hm.minutes * cell_w}" height="{HEAT_Y0 + shards * cell_h}" '
+        f'data-drawn="0"></canvas></div>'
         f'<p id="heat-tip" class="muted">&nbsp;</p>'
         f'<script type="application/json" id="heat-data">{blob}</script>'
         f"<h2>Busiest minutes</h2>{top}<h2>Hourly totals</h2>{hours}")

@@ -298,17 +298,15 @@ class Sources:
     # --- upcoming load ------------------------------------------------------------------
     async def heat_map(self, from_ms: int | None = None,
                        minutes: int = HEAT_MINUTES) -> HeatMap:
-        """Counts per (minute, shard) from `bucket_counts`: one small read per (shard, hour)
-        partition, all of them in parallel."""
+        """Counts per (minute, shard) from `bucket_counts`, the table the nodes maintain on
+        every write: one request per shard (naming its 25 hour partitions), all shards in
+        parallel. Never reads a `due` row."""
         first = minute_of(now_ms() if from_ms is None else from_ms)
         last = first + (minutes - 1) * MINUTE_MS
-        hours = range(first - first % HOUR_MS, last + 1, HOUR_MS)
-        reads = [(k, max(first, h), min(last, h + HOUR_MS - MINUTE_MS))
-                 for k in range(self.shards) for h in hours]
-        results = await asyncio.gather(*(self.store.bucket_counts(k, lo, hi)
-                                         for k, lo, hi in reads))
+        results = await asyncio.gather(*(self.store.bucket_counts_wide(k, first, last)
+                                         for k in range(self.shards)))
         grid = [[0] * minutes for _ in range(self.shards)]
-        for (k, _, _), found in zip(reads, results, strict=True):
+        for k, found in enumerate(results):
             row = grid[k]
             for minute, rows in found.items():
                 row[(minute - first) // MINUTE_MS] = rows
