@@ -121,9 +121,9 @@ def cluster_fragment(view: ClusterView) -> str:
         f"this console's clock minus Cassandra's: {skew_html}",
     ]
     nodes = table(
-        ["Node", "Shards", "Last transaction"],
-        [[esc(n.label), esc(",".join(map(str, n.shards)) or "-"), when(n.last_commit_ms, now)]
-         for n in view.nodes],
+        ["Node", "Shards", "Last transaction", "Clock skew"],
+        [[esc(n.label), esc(",".join(map(str, n.shards)) or "-"), when(n.last_commit_ms, now),
+          node_clock(n.skew_ms, n.blocked)] for n in view.nodes],
         attrs='id="nodes"') if view.nodes else '<p class="bad">No node is running.</p>'
     rows = []
     for r in view.rows:
@@ -150,6 +150,15 @@ def cluster_fragment(view: ClusterView) -> str:
             "old the newest committed watermark is (an idle shard commits every 2 s). Horizon: "
             "how far ahead of now the wheel is loaded. Due: rows written into the next 10 "
             "minute buckets (cancelled or fired rows still count).</p>")
+
+
+def node_clock(skew_ms: int | None, blocked: bool | None) -> str:
+    if blocked:
+        shown = "" if skew_ms is None else f" ({esc(human_ms(skew_ms))})"
+        return f'<span class="bad">dispatch stopped{shown}</span>'
+    if skew_ms is None:
+        return '<span class="muted">not reported</span>'
+    return f'<span class="ok">{esc(human_ms(skew_ms))}, dispatching</span>'
 
 
 CLUSTER_SCRIPT = """

@@ -71,6 +71,8 @@ class NodeView:
     node_id: str
     shards: tuple[int, ...]
     last_commit_ms: int | None
+    skew_ms: int | None         # as of its newest state record
+    blocked: bool | None        # dispatch stopped by the skew
 
 
 @dataclass(frozen=True)
@@ -273,10 +275,14 @@ class Sources:
         nodes = []
         for member in group.members:
             owned = tuple(sorted(k for k, m in group.owners.items() if m == member))
-            ats = [r.at for r in records.values()
-                   if r.node == member.client_id and r.at is not None]
-            nodes.append(NodeView(member.label, member.client_id, owned,
-                                  max(ats) if ats else None))
+            mine = [r for r in records.values()
+                    if r.node == member.client_id and r.at is not None]
+            newest = max(mine, key=lambda r: r.at or 0, default=None)
+            nodes.append(NodeView(
+                member.label, member.client_id, owned,
+                None if newest is None else newest.at,
+                None if newest is None else newest.skew_ms,
+                None if newest is None else newest.blocked))
         skew = self._skew
         return ClusterView(
             now_ms=now, shards=self.shards, group_state=group.state, nodes=tuple(nodes),
