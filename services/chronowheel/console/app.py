@@ -12,7 +12,7 @@ Safety, in order of the checks a request meets (docs/console.md, section "Safety
   (`SameSite=Strict`, `HttpOnly`) and the action and job it is for; a POST without both, or
   whose Origin is another site, is refused before anything is sent.
 - **Headers**: a Content-Security-Policy allowing only this origin and the response's inline
-  nonce, no framing, no referrer, no caching.
+  nonce, no framing, no referrer to other sites, no caching.
 
 No secret is ever rendered: the token is only compared, and pages show no settings.
 """
@@ -175,7 +175,9 @@ class Console:
             "base-uri 'none'; frame-ancestors 'none'")
         h["X-Frame-Options"] = "DENY"
         h["X-Content-Type-Options"] = "nosniff"
-        h["Referrer-Policy"] = "no-referrer"
+        # Not "no-referrer": with it the browser sends `Origin: null` on the form's POST,
+        # which the CSRF check must refuse.
+        h["Referrer-Policy"] = "same-origin"
         h["Cache-Control"] = "no-store"
         h["Server-Timing"] = f"app;dur={(time.perf_counter() - started) * 1000:.1f}"
         if isinstance(response, web.HTTPException):

@@ -64,6 +64,7 @@ def page(*, title: str, active: str, namespace: str, nonce: str, body: str,
     tail = f'<script nonce="{nonce}">{script}</script>' if script else ""
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width,initial-scale=1">'
+            f'<link rel="icon" href="data:,">'
             f'<title>{esc(title)} · chronowheel {esc(namespace)}</title>'
             f'<style nonce="{nonce}">{STYLE}</style></head><body>'
             f'<header><strong>chronowheel</strong>{nav}<span class="ns">namespace '
