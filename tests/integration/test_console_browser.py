@@ -168,6 +168,7 @@ async def test_console_pages_heat_map_cancel_and_safety(scene: dict[str, Any]) -
             await page.click("#confirm")
             await page.wait_for_selector("#notice")
             await wait_job_status(page, url, "to-cancel", "cancelled")
+            assert await page.locator("#next-occurrences").count() == 0
             await page.screenshot(path=str(ARTIFACTS / "cancelled.png"), full_page=True)
 
             # --- upcoming: the herd is the busiest minute and the hottest cell on the canvas
@@ -230,17 +231,21 @@ async def test_console_pages_heat_map_cancel_and_safety(scene: dict[str, Any]) -
             await page.screenshot(path=str(ARTIFACTS / "rejected.png"), full_page=True)
             await page.goto(url + "/dead")
             await page.screenshot(path=str(ARTIFACTS / "dead.png"), full_page=True)
+            # the control job fires; the cancelled one does not (read_committed reader)
+            fire_at: int = scene["fire_at"]
+            await fired.wait_for(lambda ms: any(m.key == b"control" for m in ms),
+                                 max(30.0, (fire_at - now_ms()) / 1000 + 30), "the control job")
+            await asyncio.sleep(max(0.0, (fire_at + 3_000 - now_ms()) / 1000))
+            keys = [m.key for m in fired.messages]
+            assert b"control" in keys and b"to-cancel" not in keys, keys
+
+            # the job page lists the control job's fired occurrence
+            await page.goto(f"{url}/jobs?id=control")
+            fired_rows = await page.locator("#fired tbody tr").all_inner_texts()
+            assert len(fired_rows) == 1 and _rfc3339(fire_at) in fired_rows[0], fired_rows
             assert not errors, errors  # no script error, no CSP violation
         finally:
             await browser.close()
-
-        # the control job fires; the cancelled one does not (read_committed reader)
-        fire_at: int = scene["fire_at"]
-        await fired.wait_for(lambda ms: any(m.key == b"control" for m in ms),
-                             max(30.0, (fire_at - now_ms()) / 1000 + 30), "the control job")
-        await asyncio.sleep(max(0.0, (fire_at + 3_000 - now_ms()) / 1000))
-        keys = [m.key for m in fired.messages]
-        assert b"control" in keys and b"to-cancel" not in keys, keys
 
 
 async def wait_counted(page: Any, url: str, minute: int, rows: int,

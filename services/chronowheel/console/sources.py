@@ -354,7 +354,9 @@ class Sources:
         try:
             job = decode_stored_job(row.spec, policy=self.policy, now_ms=now)
             tz, target = job.tz, job.topic
-            if job.recurring:
+            if row.status != "scheduled":
+                pass  # cancelled or finished: nothing further fires, whatever the spec says
+            elif job.recurring:
                 schedule = compile_schedule(cron=job.cron, every_ms=job.every_ms, tz=job.tz,
                                             start_ms=job.start_ms, end_ms=job.end_ms,
                                             dst=job.dst)
