@@ -197,11 +197,10 @@ class Console:
         return self._html(pages.cluster_fragment(await self.sources.cluster()))
 
     async def upcoming(self, request: web.Request) -> web.Response:
-        started = time.perf_counter()
-        hm = await self.sources.heat_map()
-        elapsed = (time.perf_counter() - started) * 1000
-        return self._html(pages.heat_page(hm, namespace=self.namespace, nonce=request["nonce"],
-                                          now_ms=now_ms(), elapsed_ms=elapsed))
+        load = await self.sources.upcoming()
+        return self._html(pages.heat_page(load.heat, namespace=self.namespace,
+                                          nonce=request["nonce"], now_ms=now_ms(),
+                                          elapsed_ms=load.read_ms, read_at_ms=load.read_at_ms))
 
     async def minute(self, request: web.Request) -> web.Response:
         q = request.query

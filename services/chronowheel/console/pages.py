@@ -214,7 +214,7 @@ HEAT_CELL_W, HEAT_X0, HEAT_Y0 = 1, 22, 14
 
 
 def heat_page(hm: HeatMap, *, namespace: str, nonce: str, now_ms: int,
-              elapsed_ms: float) -> str:
+              elapsed_ms: float, read_at_ms: int | None = None) -> str:
     shards = len(hm.counts)
     cell_w, cell_h = HEAT_CELL_W, max(4, min(14, 280 // max(1, shards)))
     data = {"first": hm.first_minute, "minutes": hm.minutes, "counts": hm.counts,
@@ -234,7 +234,8 @@ def heat_page(hm: HeatMap, *, namespace: str, nonce: str, now_ms: int,
     body = (
         f"<h1>Upcoming load</h1><p>Rows per minute bucket and shard for the next 24 hours "
         f"from {esc(rfc3339(hm.first_minute))}: <b id=\"heat-total\">{count(hm.total)}</b> "
-        f"rows. Read from <code>bucket_counts</code> in {elapsed_ms:.0f} ms. Rows are "
+        f"rows. Read from <code>bucket_counts</code> in {elapsed_ms:.0f} ms"
+        f"{'' if read_at_ms is None else ', ' + esc(relative(read_at_ms, now_ms))}. Rows are "
         f"counted when written, so cancelled and already fired rows still count.</p>"
         f'<p class="legend muted">none <span class="l-none"></span> few {legend} many '
         f"(log scale; a pixel per minute, a band per shard; hour ticks on top, red at "

@@ -55,6 +55,12 @@ HEAT_MINUTES = 24 * 60
 # fired occurrences (its partition of the target topic).
 TAIL_PER_PARTITION = 50
 FIRED_SCAN = 5_000
+# The heat map of the upcoming load is served from memory: one read of bucket_counts per
+# HEAT_FRESH_MS at most, however many people reload the page. A request finding it older starts
+# a read in the background and is answered with what is there; one finding it older than
+# HEAT_STALE_MS (or none) waits for the read.
+HEAT_FRESH_MS = 5_000
+HEAT_STALE_MS = 60_000
 # A read of Kafka the page waits for at most this long.
 KAFKA_READ_TIMEOUT_S = 10.0
 
@@ -125,6 +131,15 @@ class HeatMap:
         ranked = sorted((i for i, rows in enumerate(totals) if rows),
                         key=lambda i: (-totals[i], i))[:n]
         return [(self.first_minute + i * MINUTE_MS, totals[i]) for i in ranked]
+
+
+@dataclass(frozen=True)
+class UpcomingLoad:
+    """A heat map, when it was read and how long the read took."""
+
+    heat: HeatMap
+    read_at_ms: int
+    read_ms: float
 
 
 @dataclass(frozen=True)
@@ -232,16 +247,23 @@ class Sources:
         self._partitions: dict[str, int] = {}
         self._skew: tuple[int, int] | None = None
         self._probe: asyncio.Task[None] | None = None
+        self._upcoming: UpcomingLoad | None = None
+        self._upcoming_read: asyncio.Task[UpcomingLoad] | None = None
 
     async def start(self) -> None:
         self._admin = await open_admin(self.settings)
         await self.state.start()
         self._probe = asyncio.create_task(self._probe_skew(), name="console-skew-probe")
+        self._refresh_upcoming()  # warm: the first visit of the page need not wait for it
         # The first overview should show records, not an empty table: wait a little for them.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.state.ready.wait(), KAFKA_READ_TIMEOUT_S)
 
     async def stop(self) -> None:
+        if self._upcoming_read is not None:
+            self._upcoming_read.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._upcoming_read
         if self._probe is not None:
             self._probe.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -302,6 +324,31 @@ class Sources:
             await asyncio.sleep(SKEW_PROBE_MS / 1000)
 
     # --- upcoming load ------------------------------------------------------------------
+    async def upcoming(self) -> UpcomingLoad:
+        """The heat map of the next 24 hours, from memory when it is recent enough."""
+        held = self._upcoming
+        age = None if held is None else now_ms() - held.read_at_ms
+        if held is not None and age is not None and age <= HEAT_STALE_MS:
+            if age > HEAT_FRESH_MS:
+                self._refresh_upcoming()
+            return held
+        return await asyncio.shield(self._refresh_upcoming())
+
+    def _refresh_upcoming(self) -> asyncio.Task[UpcomingLoad]:
+        """The running read of the heat map, or a new one (one at a time)."""
+        if self._upcoming_read is None or self._upcoming_read.done():
+            self._upcoming_read = asyncio.create_task(self._read_upcoming(),
+                                                      name="console-heat-map")
+        return self._upcoming_read
+
+    async def _read_upcoming(self) -> UpcomingLoad:
+        started = time.perf_counter()
+        at = now_ms()
+        heat = await self.heat_map(at)
+        load = UpcomingLoad(heat, at, (time.perf_counter() - started) * 1000)
+        self._upcoming = load
+        return load
+
     async def heat_map(self, from_ms: int | None = None,
                        minutes: int = HEAT_MINUTES) -> HeatMap:
         """Counts per (minute, shard) from `bucket_counts`, the table the nodes maintain on
