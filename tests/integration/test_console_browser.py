@@ -63,9 +63,12 @@ class ConsoleProcess(NodeProcess):
 async def scene(stack: Any, namespace: str, tmp_path: Path) -> AsyncIterator[dict[str, Any]]:
     """A namespace with a node, a herd planted in one minute, jobs to cancel, a rejected
     command, and a console with a token."""
-    settings = await make_namespace(stack, namespace, shards=4)
+    # Jobs may name topics under "gone." that do not exist: their occurrences are
+    # dead-lettered by the node, which gives the dead-letter tail something to show.
+    settings = await make_namespace(stack, namespace, shards=4, allowed_topics=r"gone\..*")
     node = NodeProcess(settings, tmp_path / "node.log", name="node", cwd=REPO,
-                       env={"CHRONOWHEEL_NODE_SESSION_TIMEOUT_MS": "6000"})
+                       env={"CHRONOWHEEL_NODE_SESSION_TIMEOUT_MS": "6000",
+                            "CHRONOWHEEL_ALLOWED_TOPICS": settings.allowed_topics})
     console = ConsoleProcess(settings, tmp_path / "console.log", name="console", cwd=REPO,
                              args=("console", "--http-port", "0"),
                              env={"CHRONOWHEEL_CONSOLE_TOKEN": TOKEN})
@@ -86,6 +89,7 @@ async def scene(stack: Any, namespace: str, tmp_path: Path) -> AsyncIterator[dic
             await client.schedule("to-cancel", fire_at, {"cancel": "me"})
             await client.schedule("control", fire_at, {"keep": "me"})
             await client.cron("nightly", "30 2 * * *", tz="Europe/Paris", payload={"n": 1})
+            await client.schedule("nowhere", now + 2_000, {"lost": True}, topic="gone.away")
         await produce(settings, [(b"broken", b'{"v":1,"op":"upsert","job":{"id":"broken"}}')])
         console.start()
         url = await asyncio.to_thread(console.url)
@@ -227,9 +231,18 @@ async def test_console_pages_heat_map_cancel_and_safety(scene: dict[str, Any]) -
             # --- the rejected tail shows the reason
             await page.goto(url + "/rejected")
             reasons = await page.locator("#tail .reason").all_inner_texts()
-            assert any("job.at" in r or "job" in r for r in reasons), reasons
+            assert reasons == ["job: exactly one of at, cron, every"], reasons
             await page.screenshot(path=str(ARTIFACTS / "rejected.png"), full_page=True)
-            await page.goto(url + "/dead")
+            deadline = time.monotonic() + 60
+            while True:
+                await page.goto(url + "/dead")
+                reasons = await page.locator("#tail .reason").all_inner_texts()
+                if reasons or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.5)
+            assert reasons == ["target topic gone.away is unavailable"], reasons
+            keys = await page.locator("#tail td:nth-child(3)").all_inner_texts()
+            assert keys == ["nowhere"], keys
             await page.screenshot(path=str(ARTIFACTS / "dead.png"), full_page=True)
             # the control job fires; the cancelled one does not (read_committed reader)
             fire_at: int = scene["fire_at"]
