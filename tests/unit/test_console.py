@@ -4,6 +4,7 @@ arithmetic, cursors, and the escaping of everything a page shows."""
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import orjson
 import pytest
@@ -150,3 +151,36 @@ def test_cancel_is_not_offered_for_a_job_that_is_not_scheduled() -> None:
                         None, None, (), 0, "ns.fired")
     assert 'id="action-cancel"' in job_page(scheduled, namespace="ns", nonce="n", now_ms=T0,
                                              actions=list(JOB_ACTIONS.values()))
+
+
+async def test_actions_are_disabled_without_a_token_and_rebound_hosts_refused() -> None:
+    """The HTTP layer alone: these refusals happen before any source is read."""
+    from aiohttp.test_utils import TestClient, TestServer
+    from chronowheel.console.app import Console
+
+    def no_client() -> Any:
+        raise AssertionError("no command may be sent")
+
+    for token, status in ((None, 403), (Secret("t"), 401)):
+        console = Console(None, Guard.create(token, "127.0.0.1"),  # type: ignore[arg-type]
+                          namespace="ns", client=no_client)
+        async with TestClient(TestServer(console.app(), host="127.0.0.1")) as http:
+            confirm = await http.get("/jobs/confirm?id=j&action=cancel")
+            assert confirm.status == status
+            act = await http.post("/jobs/action", data={"id": "j", "action": "cancel",
+                                                        "csrf": "x"})
+            assert act.status == status
+            assert "default-src 'none'" in act.headers["Content-Security-Policy"]
+            assert act.headers["X-Frame-Options"] == "DENY"
+            if token is not None:
+                assert "Basic" in act.headers["WWW-Authenticate"]
+                # the right token but no CSRF cookie: refused before anything is sent
+                forged = await http.post("/jobs/action", headers={"Authorization": "Bearer t"},
+                                         data={"id": "j", "action": "cancel", "csrf": "x"})
+                assert forged.status == 403 and "CSRF" in await forged.text()
+                other = await http.post("/jobs/action", headers={
+                    "Authorization": "Bearer t", "Origin": "http://evil.example"},
+                    data={"id": "j", "action": "cancel", "csrf": "x"})
+                assert other.status == 403 and "Origin" in await other.text()
+            rebound = await http.get("/", headers={"Host": "evil.example"})
+            assert rebound.status == 421

@@ -47,6 +47,8 @@ CSRF_COOKIE = "cw_csrf"
 LOOPBACK_HOST_NAMES = ("localhost", "127.0.0.1", "[::1]", "::1")
 DUE_PAGE_ROWS = 100
 REALM = "chronowheel console"
+# The CSP nonce of the response being built, for the page's inline style and script.
+NONCE = web.RequestKey("nonce", str)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -149,7 +151,7 @@ class Console:
     async def _protect(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         started = time.perf_counter()
         nonce = secrets.token_urlsafe(16)
-        request["nonce"] = nonce
+        request[NONCE] = nonce
         try:
             if self.guard.loopback:
                 host = request.host.rsplit(":", 1)[0] if not request.host.endswith("]") \
@@ -191,7 +193,7 @@ class Console:
     async def cluster(self, request: web.Request) -> web.Response:
         view = await self.sources.cluster()
         return self._html(pages.cluster_page(view, namespace=self.namespace,
-                                             nonce=request["nonce"]))
+                                             nonce=request[NONCE]))
 
     async def cluster_fragment(self, request: web.Request) -> web.Response:
         return self._html(pages.cluster_fragment(await self.sources.cluster()))
@@ -199,7 +201,7 @@ class Console:
     async def upcoming(self, request: web.Request) -> web.Response:
         load = await self.sources.upcoming()
         return self._html(pages.heat_page(load.heat, namespace=self.namespace,
-                                          nonce=request["nonce"], now_ms=now_ms(),
+                                          nonce=request[NONCE], now_ms=now_ms(),
                                           elapsed_ms=load.read_ms, read_at_ms=load.read_at_ms))
 
     async def minute(self, request: web.Request) -> web.Response:
@@ -219,12 +221,12 @@ class Console:
             hm = await self.sources.heat_map(minute, minutes=1)
             counts = [row[0] for row in hm.counts]
         return self._html(pages.minute_page(due, namespace=self.namespace,
-                                            nonce=request["nonce"], now_ms=now_ms(),
+                                            nonce=request[NONCE], now_ms=now_ms(),
                                             counts=counts))
 
     async def jobs(self, request: web.Request) -> web.Response:
         job_id = request.query.get("id", "").strip()
-        nonce = request["nonce"]
+        nonce = request[NONCE]
         if not job_id:
             return self._html(pages.jobs_page(namespace=self.namespace, nonce=nonce))
         view = await self.sources.job(job_id)
@@ -257,7 +259,7 @@ class Console:
         messages = await self.sources.tail(topic)
         return self._html(pages.tail_page(
             topic=topic, messages=messages, reason_header=pages.REASON_HEADERS[kind],
-            active=kind, title=title, namespace=self.namespace, nonce=request["nonce"],
+            active=kind, title=title, namespace=self.namespace, nonce=request[NONCE],
             now_ms=now_ms()))
 
     # --- actions ------------------------------------------------------------------------
@@ -283,7 +285,7 @@ class Console:
             raise web.HTTPBadRequest(text="id: missing")
         cookie = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(32)
         response = self._html(pages.confirm_page(
-            action, job_id, namespace=self.namespace, nonce=request["nonce"],
+            action, job_id, namespace=self.namespace, nonce=request[NONCE],
             csrf=self.guard.csrf_token(cookie, action.name, job_id)))
         response.set_cookie(CSRF_COOKIE, cookie, httponly=True, samesite="Strict", path="/")
         return response
