@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import os
 import random
+import re
 import statistics
 import sys
 import time
@@ -111,7 +112,7 @@ async def load(args: argparse.Namespace) -> int:
     return 0
 
 
-def fetch(url: str, token: str | None) -> tuple[float, float | None, int]:
+def fetch(url: str, token: str | None) -> tuple[float, float | None, bytes]:
     request = urllib.request.Request(url)
     if token:
         request.add_header("Authorization", f"Bearer {token}")
@@ -123,22 +124,33 @@ def fetch(url: str, token: str | None) -> tuple[float, float | None, int]:
     app = None
     if "dur=" in timing:
         app = float(timing.split("dur=", 1)[1].split(";")[0])
-    return wall, app, len(body)
+    return wall, app, body
 
 
 def time_pages(args: argparse.Namespace) -> int:
     token = os.environ.get("CHRONOWHEEL_CONSOLE_TOKEN")
     paths = args.path or ["/", "/cluster/fragment", "/upcoming"]
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    reads: list[float] = []
     for path in paths:
         walls = []
         for _ in range(args.repeat):
-            wall, app, size = fetch(args.url.rstrip("/") + path, token)
+            wall, app, body = fetch(args.url.rstrip("/") + path, token)
             walls.append(wall)
+            # The heat map page says how long its (background) read of bucket_counts took.
+            read = re.search(rb"bucket_counts</code> in (\d+) ms", body)
+            if read:
+                reads.append(float(read.group(1)))
+            note = "" if read is None else f", map read in {read.group(1).decode()} ms"
             print(f"  {path}: {wall:.0f} ms (app {app if app is not None else '-'} ms, "
-                  f"{size:,} bytes)")
+                  f"{len(body):,} bytes{note})")
+            if read:
+                time.sleep(args.pause)  # let the map go stale, so the next visits read it again
         print(f"{path}: median {statistics.median(walls):.0f} ms, max {max(walls):.0f} ms "
               f"over {len(walls)}")
+    if reads:
+        print(f"heat map reads of bucket_counts: median {statistics.median(reads):.0f} ms, "
+              f"max {max(reads):.0f} ms over {len(reads)} page views")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 
@@ -158,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     tp.add_argument("--url", default="http://127.0.0.1:8089")
     tp.add_argument("--path", action="append", help="page path (repeatable)")
     tp.add_argument("--repeat", type=int, default=5)
+    tp.add_argument("--pause", type=float, default=6.0,
+                    help="seconds between heat map views (the map is read again after 5 s)")
     args = p.parse_args(argv)
     if args.cmd == "load":
         return asyncio.run(load(args))
