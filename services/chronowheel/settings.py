@@ -201,6 +201,10 @@ class Settings:
     http_token: Secret | None = field(
         default=None, repr=False, compare=False,
         metadata=_secret("bearer token for HTTP paths beyond /metrics and /healthz"))
+    console_token: Secret | None = field(
+        default=None, repr=False, compare=False,
+        metadata=_secret("token of `chronowheel console`: bearer token or basic-auth "
+                         "password that actions (and every page off loopback) require"))
     state_dir: str = _opt(
         os.path.join(os.path.expanduser("~"), ".cache", "chronowheel", "stack"),
         "folder for the local stack's data and logs",

@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "chronowheel.cli.job",
     "chronowheel.cli.status",
     "chronowheel.cli.tail",
+    "chronowheel.cli.console",
     "chronowheel.cli.capacity",
     "chronowheel.cli.demo",
 )

@@ -67,6 +67,8 @@ class StateRecord:
     node: str | None
     at: int | None
     offset: int
+    skew_ms: int | None = None    # the writing node's clock minus Cassandra's
+    blocked: bool | None = None   # whether that node had dispatch stopped by the skew
 
     @classmethod
     def parse(cls, shard: int, value: bytes, offset: int) -> StateRecord:
@@ -77,8 +79,10 @@ class StateRecord:
             return v if type(v) is int else None
 
         node = doc.get("node")
+        blocked = doc.get("blocked")
         return cls(shard, int(doc["watermark"]), opt_int("horizon"), opt_int("wheel"),
-                   node if isinstance(node, str) else None, opt_int("at"), offset)
+                   node if isinstance(node, str) else None, opt_int("at"), offset,
+                   opt_int("skew"), blocked if isinstance(blocked, bool) else None)
 
 
 async def recorded_shards(store: CassandraStore, settings: Settings) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 
 import orjson
 
@@ -56,14 +57,18 @@ def recorded_owner(value: bytes | None, namespace: str, shard: int) -> str | Non
 
 
 def state_record(*, shard: int, watermark: int, state: ShardState | None, node_id: str,
-                 owner: str | None, at: int, claim: bool = False) -> bytes:
+                 owner: str | None, at: int, claim: bool = False,
+                 clock: tuple[int | None, bool] | None = None) -> bytes:
     """A shard's record in `<ns>.state`: its committed watermark and its owner (the
-    transactional id that may publish for it from this record on; None: released)."""
+    transactional id that may publish for it from this record on; None: released).
+    `clock` is the node's last measured skew to Cassandra and whether it blocks dispatch."""
     record: dict[str, object] = {"shard": shard, "watermark": watermark, "node": node_id,
                                  "owner": owner, "at": at}
     if state is not None:
         record["horizon"] = state.horizon_ms
         record["wheel"] = len(state.wheel)
+    if clock is not None:
+        record["skew"], record["blocked"] = clock
     if claim:
         record["claim"] = True
     return orjson.dumps(record)
@@ -73,7 +78,8 @@ class Publisher:
     """A shard's side of the node transaction: what one commit of this shard carries."""
 
     def __init__(self, *, state: ShardState, transactions: NodeTransactions,
-                 settings: Settings, clock: Clock, metrics: NodeMetrics, node_id: str) -> None:
+                 settings: Settings, clock: Clock, metrics: NodeMetrics, node_id: str,
+                 clock_state: Callable[[], tuple[int | None, bool]] | None = None) -> None:
         self.state = state
         self.shard = state.shard
         self.transactions = transactions
@@ -81,6 +87,7 @@ class Publisher:
         self.clock = clock
         self.metrics = metrics
         self.node_id = node_id
+        self.clock_state = clock_state
         self.session: int | None = None
         """The coordinator's session in force before this shard's claim began (set by the
         takeover); commits of another session are refused."""
@@ -104,7 +111,8 @@ class Publisher:
         prepared = await self._prepare(fired, outbox)
         owner = None if release else self.transactions.transactional_id
         record = state_record(shard=self.shard, watermark=watermark, state=state,
-                              node_id=self.node_id, owner=owner, at=started)
+                              node_id=self.node_id, owner=owner, at=started,
+                              clock=None if self.clock_state is None else self.clock_state())
 
         async def fill(txn: Transaction) -> int:
             await txn.send(prepared)

@@ -280,7 +280,8 @@ class Node:
                 bus=self._bus, transactions=self.transactions, submit=self._group,
                 clock=self.clock, metrics=self.metrics,
                 policy=self.policy, group_id=self.group_id, node_id=self.node_id,
-                dispatch_blocked=self._dispatch_blocked)
+                dispatch_blocked=self._dispatch_blocked,
+                clock_state=lambda: (self.skew_ms, self.blocked))
             task = self.supervisor.spawn(actor.run(), f"shard-{k}", expected=self._shard_ended)
             self.owned[k] = _Owned(actor, task)
         self.metrics.owned_shards.set(len(self.owned))

@@ -47,7 +47,8 @@ class ShardActor:
     def __init__(self, *, shard: int, shards: int, settings: Settings, store: JobStore,
                  bus: NodeBus, transactions: NodeTransactions, submit: SubmitPositions,
                  clock: Clock, metrics: NodeMetrics, policy: ValidationPolicy, group_id: str,
-                 node_id: str, dispatch_blocked: Callable[[], bool]) -> None:
+                 node_id: str, dispatch_blocked: Callable[[], bool],
+                 clock_state: Callable[[], tuple[int | None, bool]] | None = None) -> None:
         self.shard = shard
         self.settings = settings
         self.bus = bus
@@ -71,7 +72,7 @@ class ShardActor:
         self.loader = Loader(state=self.state, settings=settings, store=store, clock=clock)
         self.publisher = Publisher(state=self.state, transactions=transactions,
                                    settings=settings, clock=clock, metrics=metrics,
-                                   node_id=node_id)
+                                   node_id=node_id, clock_state=clock_state)
         self.dispatcher = Dispatcher(state=self.state, settings=settings, store=store,
                                      writer=writer, publisher=self.publisher, clock=clock,
                                      metrics=metrics, policy=policy,

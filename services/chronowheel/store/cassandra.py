@@ -301,10 +301,19 @@ class CassandraStore:
         self._read_bucket = p(f"SELECT {cols} FROM {ks}.due WHERE minute = ? AND shard = ?")
         self._read_bucket_from = p(f"SELECT {cols} FROM {ks}.due WHERE minute = ? AND shard = ? "
                                    f"AND slot_ms >= ?")
+        # Keyset paging for the console: one page of a bucket after a given row, without
+        # reading the rows before it (a herd puts 100,000 rows on one millisecond).
+        self._due_first = p(f"SELECT {cols} FROM {ks}.due WHERE minute = ? AND shard = ? "
+                            f"LIMIT ?")
+        self._due_after = p(f"SELECT {cols} FROM {ks}.due WHERE minute = ? AND shard = ? "
+                            f"AND (slot_ms, job_id, attempt) > (?, ?, ?) LIMIT ?")
         self._add_count = p(f"UPDATE {ks}.bucket_counts SET rows = rows + ? "
                             f"WHERE shard = ? AND hour = ? AND minute = ?")
         self._read_counts = p(f"SELECT minute, rows FROM {ks}.bucket_counts "
                               f"WHERE shard = ? AND hour = ? AND minute >= ? AND minute <= ?")
+        self._read_counts_hours = p(f"SELECT minute, rows FROM {ks}.bucket_counts "
+                                    f"WHERE shard = ? AND hour IN ? AND minute >= ? "
+                                    f"AND minute <= ?")
         self._now = p("SELECT toUnixTimestamp(now()) FROM system.local")
         # UPDATE only, never INSERT: without a row marker the row vanishes with its cells' TTL,
         # and `IF state = null ...` also matches a row that does not exist.
@@ -425,6 +434,27 @@ class CassandraStore:
             if not paging_state:
                 return
 
+    async def due_page(self, minute: int, shard: int, after: tuple[int, str, int] | None,
+                       limit: int) -> list[DueRow]:
+        """At most `limit` due rows of bucket (minute, shard) whose key (slot_ms, job_id,
+        attempt) is greater than `after` (from the first row when None), in key order."""
+        if after is None:
+            rs = await self._run(self._due_first, (minute, shard, limit), "read due page",
+                                 execution_profile=TUPLES)
+        else:
+            rs = await self._run(self._due_after, (minute, shard, *after, limit),
+                                 "read due page", execution_profile=TUPLES)
+        return [self._due_row(r) for r in rs.current_rows]
+
+    @staticmethod
+    def _due_row(r: tuple[Any, ...]) -> DueRow:
+        (minute, shard, slot, job, attempt, scheduled, version, topic, payload, headers, spec,
+         max_attempts, backoff) = r
+        return DueRow(minute, shard, slot, job, attempt, scheduled, version, topic,
+                      payload or b"", tuple(headers or ()), spec,
+                      wire.DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts,
+                      wire.DEFAULT_BACKOFF_MS if backoff is None else backoff)
+
     async def _page(self, bound: Any, paging_state: bytes | None) -> Any:
         async def once() -> Any:
             return await _await_future(
@@ -466,6 +496,16 @@ class CassandraStore:
                 out[r.minute] = r.rows
             hour += HOUR_MS
         return out
+
+    async def bucket_counts_wide(self, shard: int, from_minute: int,
+                                 to_minute: int) -> dict[int, int]:
+        """As `bucket_counts`, in one request naming every hour partition of the window: for
+        windows of many hours (the console's 24), where a request per hour costs more than
+        the reads themselves."""
+        hours = list(range(from_minute - from_minute % HOUR_MS, to_minute + 1, HOUR_MS))
+        rs = await self._run(self._read_counts_hours, (shard, hours, from_minute, to_minute),
+                             "read bucket counts", execution_profile=TUPLES)
+        return {minute: rows for minute, rows in rs.current_rows}
 
     # --- clock, idempotency, meta -------------------------------------------------------
     async def clock_sample(self) -> tuple[int, int, int]:

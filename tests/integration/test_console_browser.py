@@ -1,0 +1,282 @@
+"""The console in a real browser (Debian's chromium driven by Playwright) against the real
+stack: a `chronowheel node` process, a `chronowheel console` process, jobs submitted through
+the client, what fired checked by a read_committed reader.
+
+Screenshots go to tests/artifacts/console/ (ignored by git) for a person to look at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import secrets
+import shutil
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from chronowheel.client import SchedulerClient
+from chronowheel.core.buckets import MINUTE_MS, minute_of
+from chronowheel.core.shard import shard_of
+from chronowheel.settings import Settings
+from chronowheel.testing import NodeProcess
+
+from tests.integration.harness import REPO, collecting, make_namespace, now_ms, produce
+
+pytestmark = pytest.mark.integration
+
+ARTIFACTS = REPO / "tests" / "artifacts" / "console"
+CHROMIUM = os.environ.get("CHRONOWHEEL_CHROMIUM") or shutil.which("chromium") or \
+    shutil.which("chromium-browser")
+HERD = 260
+TOKEN = "console-test-" + secrets.token_hex(8)
+
+
+def chromium_or_skip() -> str:
+    if CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed (./run bootstrap installs it)")
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    return CHROMIUM
+
+
+class ConsoleProcess(NodeProcess):
+    """`chronowheel console` as a child process; its URL comes from the line it prints."""
+
+    def url(self, timeout_s: float = 60) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = re.search(r"console: (http://\S+/)", self.log_text())
+            if found:
+                return found.group(1).rstrip("/")
+            if not self.alive():
+                break
+            time.sleep(0.1)  # bounded by the deadline: waiting for a child's first line
+        raise AssertionError(f"the console printed no URL:\n{self.log_tail()}")
+
+
+@pytest.fixture
+async def scene(stack: Any, namespace: str, tmp_path: Path) -> AsyncIterator[dict[str, Any]]:
+    """A namespace with a node, a herd planted in one minute, jobs to cancel, a rejected
+    command, and a console with a token."""
+    # Jobs may name topics under "gone." that do not exist: their occurrences are
+    # dead-lettered by the node, which gives the dead-letter tail something to show.
+    settings = await make_namespace(stack, namespace, shards=4, allowed_topics=r"gone\..*")
+    node = NodeProcess(settings, tmp_path / "node.log", name="node", cwd=REPO,
+                       env={"CHRONOWHEEL_NODE_SESSION_TIMEOUT_MS": "6000",
+                            "CHRONOWHEEL_ALLOWED_TOPICS": settings.allowed_topics})
+    console = ConsoleProcess(settings, tmp_path / "console.log", name="console", cwd=REPO,
+                             args=("console", "--http-port", "0"),
+                             env={"CHRONOWHEEL_CONSOLE_TOKEN": TOKEN})
+    node.start()
+    try:
+        await node.wait_ready()
+        now = now_ms()
+        # The herd: the minute after next, far enough ahead that nothing of it fires here.
+        herd_minute = minute_of(now) + 20 * MINUTE_MS
+        fire_at = now + 75_000
+        async with SchedulerClient(settings) as client:
+            for i in range(HERD):
+                await client.schedule(f"herd-{i:04d}", herd_minute + 30_000, {"i": i})
+            for i in range(40):
+                # after the herd's minute, so they add nothing to it
+                await client.schedule(f"spread-{i:03d}", herd_minute + 120_000 + i * 97_000,
+                                      None)
+            await client.schedule("to-cancel", fire_at, {"cancel": "me"})
+            await client.schedule("control", fire_at, {"keep": "me"})
+            await client.cron("nightly", "30 2 * * *", tz="Europe/Paris", payload={"n": 1})
+            await client.schedule("nowhere", now + 2_000, {"lost": True}, topic="gone.away")
+        await produce(settings, [(b"broken", b'{"v":1,"op":"upsert","job":{"id":"broken"}}')])
+        console.start()
+        url = await asyncio.to_thread(console.url)
+        yield {"settings": settings, "node": node, "console": console, "url": url,
+               "herd_minute": herd_minute, "fire_at": fire_at}
+    finally:
+        console.stop()
+        node.stop()
+
+
+async def wait_job_status(page: Any, url: str, job_id: str, status: str,
+                          timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        await page.goto(f"{url}/jobs?id={job_id}")
+        cell = page.locator("#job-status")
+        if await cell.count() and (await cell.inner_text()) == status:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} not {status} after {timeout_s}s: "
+                                 f"{await page.content()}")
+        await asyncio.sleep(0.5)
+
+
+async def test_console_pages_heat_map_cancel_and_safety(scene: dict[str, Any]) -> None:
+    from playwright.async_api import async_playwright
+
+    executable = chromium_or_skip()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    settings: Settings = scene["settings"]
+    url: str = scene["url"]
+    herd_minute: int = scene["herd_minute"]
+    async with collecting(settings) as fired, async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=executable,
+                                           args=["--no-sandbox", "--disable-gpu"])
+        try:
+            anonymous = await browser.new_context(viewport={"width": 1500, "height": 1000})
+            operator = await browser.new_context(
+                viewport={"width": 1500, "height": 1000},
+                http_credentials={"username": "ops", "password": TOKEN})
+            page = await operator.new_page()
+            errors: list[str] = []
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+
+            # --- cluster: the node owns every shard; the live refresh replaces the table
+            await page.goto(url + "/")
+            await page.wait_for_function(
+                "() => document.querySelectorAll('#nodes tbody tr').length === 1", timeout=30_000)
+            owners = await page.locator("#shards tbody tr td:nth-child(2)").all_inner_texts()
+            assert len(owners) == 4 and all("(none)" not in o for o in owners), owners
+            await page.wait_for_function(
+                "() => Number(document.getElementById('live').dataset.refreshed) > 0",
+                timeout=15_000)
+            await page.screenshot(path=str(ARTIFACTS / "cluster.png"), full_page=True)
+
+            # --- cancel: refused without the token, then done through the page with it
+            await wait_job_status(page, url, "to-cancel", "scheduled")
+            lurker = await anonymous.new_page()
+            await lurker.goto(f"{url}/jobs?id=to-cancel")
+            # (a navigation would stop at the browser's basic-auth prompt: ask directly)
+            refused = await lurker.request.get(f"{url}/jobs/confirm?id=to-cancel&action=cancel")
+            assert refused.status == 401
+            assert "Basic" in refused.headers.get("www-authenticate", "")
+            posted = await lurker.request.post(f"{url}/jobs/action", form={
+                "id": "to-cancel", "action": "cancel", "csrf": "x"})
+            assert posted.status == 401
+
+            await page.goto(f"{url}/jobs?id=to-cancel")
+            await page.click("#action-cancel")
+            await page.wait_for_selector("#confirm-form")
+            await page.screenshot(path=str(ARTIFACTS / "confirm.png"), full_page=True)
+            # with the token but without the form's CSRF token: refused, nothing sent
+            forged = await page.request.post(f"{url}/jobs/action", form={
+                "id": "to-cancel", "action": "cancel"})
+            assert forged.status == 403 and "CSRF" in await forged.text()
+            forged = await page.request.post(f"{url}/jobs/action", form={
+                "id": "control", "action": "cancel",
+                "csrf": await page.locator("input[name=csrf]").input_value()})
+            assert forged.status == 403  # the token is bound to its job
+            await page.click("#confirm")
+            await page.wait_for_selector("#notice")
+            await wait_job_status(page, url, "to-cancel", "cancelled")
+            assert await page.locator("#next-occurrences").count() == 0
+            await page.screenshot(path=str(ARTIFACTS / "cancelled.png"), full_page=True)
+
+            # --- upcoming: the herd is the busiest minute and the hottest cell on the canvas
+            await wait_counted(page, url, herd_minute, HERD)
+            await page.wait_for_selector("#heat[data-drawn='1']")
+            first = await page.locator("#busiest tbody tr").first.inner_text()
+            assert first.split()[0] == _rfc3339(herd_minute), first
+            geometry = orjson.loads(await page.locator("#heat-data").inner_text())
+            column = (herd_minute - geometry["first"]) // MINUTE_MS
+            counts = geometry["counts"]
+            hottest = max(range(4), key=lambda k: counts[k][column])
+            # counts are upper bounds (a retried count adds again): the rows are exact below
+            assert sum(counts[k][column] for k in range(4)) >= HERD
+            x = geometry["x0"] + column * geometry["cell_w"]
+            y = geometry["y0"] + hottest * geometry["cell_h"] + 1
+            rgb = await page.evaluate(
+                "([x, y]) => Array.from(document.getElementById('heat').getContext('2d')"
+                ".getImageData(x, y, 1, 1).data)", [x, y])
+            # the top of the scale is a deep red; a cell of one spread job is a pale blue
+            assert rgb[0] > 150 and rgb[1] < 90 and rgb[2] < 90, rgb
+            await page.screenshot(path=str(ARTIFACTS / "upcoming.png"), full_page=True)
+
+            # clicking the herd cell lists its rows
+            box = await page.locator("#heat").bounding_box()
+            assert box is not None
+            await page.mouse.click(box["x"] + x + 0.5, box["y"] + y + 1)
+            await page.wait_for_url(re.compile(rf"/upcoming/minute\?m={herd_minute}&shard="
+                                               rf"{hottest}$"))
+            ids = await page.locator("#due-rows tbody tr td:first-child").all_inner_texts()
+            assert ids and len(ids) <= counts[hottest][column], ids
+            assert all(shard_of(i, 4) == hottest and i.startswith("herd-") for i in ids)
+
+            # all shards of the minute, paged by 100
+            await page.goto(f"{url}/upcoming/minute?m={herd_minute}")
+            seen: list[str] = []
+            while True:
+                seen += await page.locator("#due-rows tbody tr td:first-child").all_inner_texts()
+                nxt = page.locator("#next-page")
+                if not await nxt.count():
+                    break
+                await nxt.click()
+                await page.wait_for_load_state()
+            assert sorted(seen) == [f"herd-{i:04d}" for i in range(HERD)]
+            await page.screenshot(path=str(ARTIFACTS / "minute.png"), full_page=True)
+
+            # --- jobs: a cron job's next occurrences in its own zone
+            await page.goto(url + "/jobs")
+            await page.fill("input[name=id]", "nightly")
+            await page.click("button[type=submit]")
+            await page.wait_for_selector("#next-occurrences")
+            zoned = await page.locator("#next-occurrences tbody tr td:first-child") \
+                .all_inner_texts()
+            assert len(zoned) == 10 and all("T02:30:00+0" in z for z in zoned), zoned
+            await page.screenshot(path=str(ARTIFACTS / "job.png"), full_page=True)
+
+            # --- the rejected tail shows the reason
+            await page.goto(url + "/rejected")
+            reasons = await page.locator("#tail .reason").all_inner_texts()
+            assert reasons == ["job: exactly one of at, cron, every"], reasons
+            await page.screenshot(path=str(ARTIFACTS / "rejected.png"), full_page=True)
+            deadline = time.monotonic() + 60
+            while True:
+                await page.goto(url + "/dead")
+                reasons = await page.locator("#tail .reason").all_inner_texts()
+                if reasons or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.5)
+            assert reasons == ["target topic gone.away is unavailable"], reasons
+            keys = await page.locator("#tail td:nth-child(3)").all_inner_texts()
+            assert keys == ["nowhere"], keys
+            await page.screenshot(path=str(ARTIFACTS / "dead.png"), full_page=True)
+            # the control job fires; the cancelled one does not (read_committed reader)
+            fire_at: int = scene["fire_at"]
+            await fired.wait_for(lambda ms: any(m.key == b"control" for m in ms),
+                                 max(30.0, (fire_at - now_ms()) / 1000 + 30), "the control job")
+            await asyncio.sleep(max(0.0, (fire_at + 3_000 - now_ms()) / 1000))
+            keys = [m.key for m in fired.messages]
+            assert b"control" in keys and b"to-cancel" not in keys, keys
+
+            # the job page lists the control job's fired occurrence
+            await page.goto(f"{url}/jobs?id=control")
+            fired_rows = await page.locator("#fired tbody tr").all_inner_texts()
+            assert len(fired_rows) == 1 and _rfc3339(fire_at) in fired_rows[0], fired_rows
+            assert not errors, errors  # no script error, no CSP violation
+        finally:
+            await browser.close()
+
+
+async def wait_counted(page: Any, url: str, minute: int, rows: int,
+                       timeout_s: float = 60) -> None:
+    """Reload the heat map until the node has counted the whole herd."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        await page.goto(url + "/upcoming")
+        data = orjson.loads(await page.locator("#heat-data").inner_text())
+        column = (minute - data["first"]) // MINUTE_MS
+        if sum(r[column] for r in data["counts"]) >= rows:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"herd not counted after {timeout_s}s")
+        await asyncio.sleep(0.5)
+
+
+def _rfc3339(ms: int) -> str:
+    from chronowheel.cli._format import rfc3339
+
+    return rfc3339(ms)

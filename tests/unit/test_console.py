@@ -1,0 +1,186 @@
+"""The console's pure parts: authentication and CSRF rules, the bind check, the heat map's
+arithmetic, cursors, and the escaping of everything a page shows."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import orjson
+import pytest
+from chronowheel.cli._cluster import StateRecord
+from chronowheel.console.actions import JOB_ACTIONS
+from chronowheel.console.app import Guard, check_bind, is_loopback
+from chronowheel.console.pages import confirm_page, heat_page, job_page, tail_page
+from chronowheel.console.sources import HeatMap, JobView, make_cursor, parse_cursor
+from chronowheel.core.buckets import MINUTE_MS
+from chronowheel.errors import ConfigError
+from chronowheel.node.publisher import state_record
+from chronowheel.settings import Secret, Settings
+from chronowheel.store.base import DueRow, JobRow
+
+T0 = 1_796_083_200_000  # 2026-12-01T00:00:00Z
+
+
+class FakeRequest:
+    """Only what Guard reads of an aiohttp request: its headers."""
+
+    def __init__(self, authorization: str | None) -> None:
+        self.headers = {} if authorization is None else {"Authorization": authorization}
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def test_guard_accepts_the_token_as_bearer_or_basic_password_only() -> None:
+    guard = Guard.create(Secret("tok-123"), "127.0.0.1")
+    ok = ["Bearer tok-123", basic("ops", "tok-123"), basic("", "tok-123")]
+    bad = [None, "", "Bearer", "Bearer tok-12", "Bearer tok-1234", basic("tok-123", ""),
+           basic("ops", "nope"), "Basic !!!notbase64", "Token tok-123"]
+    for header in ok:
+        assert guard.authenticated(FakeRequest(header)), header
+    for header in bad:
+        assert not guard.authenticated(FakeRequest(header)), header
+
+
+def test_without_a_token_nothing_authenticates() -> None:
+    guard = Guard.create(None, "127.0.0.1")
+    assert not guard.authenticated(FakeRequest("Bearer ")), "empty"
+    assert not guard.authenticated(FakeRequest(basic("a", "b")))
+
+
+def test_csrf_token_is_bound_to_cookie_action_and_job() -> None:
+    guard = Guard.create(Secret("t"), "127.0.0.1")
+    token = guard.csrf_token("cookie-a", "cancel", "job-1")
+    assert guard.csrf_ok("cookie-a", token, "cancel", "job-1")
+    assert not guard.csrf_ok("cookie-b", token, "cancel", "job-1")
+    assert not guard.csrf_ok("cookie-a", token, "cancel", "job-2")
+    assert not guard.csrf_ok("cookie-a", token, "pause", "job-1")
+    assert not guard.csrf_ok(None, token, "cancel", "job-1")
+    assert not guard.csrf_ok("cookie-a", "", "cancel", "job-1")
+    # another console process (another key) does not accept it
+    assert not Guard.create(Secret("t"), "127.0.0.1").csrf_ok("cookie-a", token, "cancel",
+                                                              "job-1")
+
+
+def test_bind_beyond_loopback_needs_a_token() -> None:
+    for host in ("127.0.0.1", "::1", "localhost", "127.0.0.2"):
+        assert is_loopback(host)
+        check_bind(host, None)
+    for host in ("0.0.0.0", "10.1.2.3", "::", "console.example"):
+        assert not is_loopback(host)
+        with pytest.raises(ConfigError, match="CHRONOWHEEL_CONSOLE_TOKEN"):
+            check_bind(host, None)
+        check_bind(host, Secret("t"))
+
+
+def test_console_token_is_a_secret_from_the_environment() -> None:
+    s = Settings.from_env({"CHRONOWHEEL_CONSOLE_TOKEN": "abc"})
+    assert isinstance(s.console_token, Secret) and s.console_token.reveal() == "abc"
+    assert "abc" not in repr(s) and s.safe_view()["console_token"] == "(set)"
+
+
+def test_heat_map_totals_busiest_and_hours() -> None:
+    first = T0 + 58 * MINUTE_MS  # 00:58: the window crosses into the next hour
+    hm = HeatMap(first, 4, ((1, 0, 7, 0), (2, 0, 9, 3)))
+    assert hm.total == 22
+    assert hm.minute_totals() == [3, 0, 16, 3]
+    assert hm.busiest(3) == [(first + 2 * MINUTE_MS, 16), (first, 3),
+                             (first + 3 * MINUTE_MS, 3)]
+    hour = 3_600_000
+    assert hm.hour_totals() == [(T0, 3), (T0 + hour, 19)]
+
+
+def test_cursor_round_trip_keeps_ids_with_colons() -> None:
+    row = DueRow(T0, 3, T0 + 5, "a:b:c", 2, T0, 1, "t", b"", (), None)
+    assert parse_cursor(make_cursor(row)) == (3, T0 + 5, "a:b:c", 2)
+    with pytest.raises(ValueError):
+        parse_cursor("nonsense")
+
+
+def test_state_record_carries_the_node_clock_and_parses_back() -> None:
+    raw = state_record(shard=2, watermark=T0, state=None, node_id="n1", owner="o", at=T0 + 1,
+                       clock=(-7, False))
+    rec = StateRecord.parse(2, raw, 10)
+    assert (rec.skew_ms, rec.blocked, rec.node, rec.at) == (-7, False, "n1", T0 + 1)
+    old = StateRecord.parse(2, orjson.dumps({"watermark": T0}), 11)
+    assert (old.skew_ms, old.blocked) == (None, None)
+
+
+HOSTILE = '<script>alert("x")</script>'
+
+
+def test_pages_escape_what_they_show() -> None:
+    row = JobRow(HOSTILE, 0, orjson.dumps({"id": HOSTILE, "payload": HOSTILE}), 1,
+                 "scheduled", T0, T0)
+    view = JobView(row, {"id": HOSTILE}, "UTC", (T0,), None, None, None, (), 0, HOSTILE)
+    html = job_page(view, namespace="ns", nonce="n", now_ms=T0,
+                    actions=list(JOB_ACTIONS.values()))
+    confirm = confirm_page(JOB_ACTIONS["cancel"], HOSTILE, namespace="ns", nonce="n",
+                           csrf="c")
+    tail = tail_page(topic="ns.rejected", messages=[{
+        "topic": "ns.rejected", "partition": 0, "offset": 1, "timestamp_ms": T0,
+        "key": HOSTILE, "headers": {"cw-reason": HOSTILE}, "payload": HOSTILE}],
+        reason_header="cw-reason", active="rejected", title="Rejected", namespace="ns",
+        nonce="n", now_ms=T0)
+    for text in (html, confirm, tail):
+        assert HOSTILE not in text
+        assert "&lt;script&gt;" in text
+        # the only scripts are the page's own, with the nonce
+        assert text.count("<script") == text.count('<script nonce="n"') + \
+            text.count('<script type="application/json"')
+
+
+def test_heat_map_data_cannot_close_its_script_element() -> None:
+    hm = HeatMap(T0, 2, ((1, 2),))
+    html = heat_page(hm, namespace="ns</script><script>x()</script>", nonce="n", now_ms=T0,
+                     elapsed_ms=1.0)
+    assert "</script><script>x()" not in html
+    data = html.split('id="heat-data">', 1)[1].split("</script>", 1)[0]
+    assert orjson.loads(data)["counts"] == [[1, 2]]
+
+
+def test_cancel_is_not_offered_for_a_job_that_is_not_scheduled() -> None:
+    row = JobRow("j", 0, b"{}", 2, "cancelled", None, None)
+    view = JobView(row, {}, "UTC", (), None, None, None, (), 0, "ns.fired")
+    html = job_page(view, namespace="ns", nonce="n", now_ms=T0,
+                    actions=list(JOB_ACTIONS.values()))
+    assert 'id="action-cancel"' not in html
+    scheduled = JobView(JobRow("j", 0, b"{}", 1, "scheduled", T0, T0), {}, "UTC", (), None,
+                        None, None, (), 0, "ns.fired")
+    assert 'id="action-cancel"' in job_page(scheduled, namespace="ns", nonce="n", now_ms=T0,
+                                             actions=list(JOB_ACTIONS.values()))
+
+
+async def test_actions_are_disabled_without_a_token_and_rebound_hosts_refused() -> None:
+    """The HTTP layer alone: these refusals happen before any source is read."""
+    from aiohttp.test_utils import TestClient, TestServer
+    from chronowheel.console.app import Console
+
+    def no_client() -> Any:
+        raise AssertionError("no command may be sent")
+
+    for token, status in ((None, 403), (Secret("t"), 401)):
+        console = Console(None, Guard.create(token, "127.0.0.1"),  # type: ignore[arg-type]
+                          namespace="ns", client=no_client)
+        async with TestClient(TestServer(console.app(), host="127.0.0.1")) as http:
+            confirm = await http.get("/jobs/confirm?id=j&action=cancel")
+            assert confirm.status == status
+            act = await http.post("/jobs/action", data={"id": "j", "action": "cancel",
+                                                        "csrf": "x"})
+            assert act.status == status
+            assert "default-src 'none'" in act.headers["Content-Security-Policy"]
+            assert act.headers["X-Frame-Options"] == "DENY"
+            if token is not None:
+                assert "Basic" in act.headers["WWW-Authenticate"]
+                # the right token but no CSRF cookie: refused before anything is sent
+                forged = await http.post("/jobs/action", headers={"Authorization": "Bearer t"},
+                                         data={"id": "j", "action": "cancel", "csrf": "x"})
+                assert forged.status == 403 and "CSRF" in await forged.text()
+                other = await http.post("/jobs/action", headers={
+                    "Authorization": "Bearer t", "Origin": "http://evil.example"},
+                    data={"id": "j", "action": "cancel", "csrf": "x"})
+                assert other.status == 403 and "Origin" in await other.text()
+            rebound = await http.get("/", headers={"Host": "evil.example"})
+            assert rebound.status == 421
