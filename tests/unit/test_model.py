@@ -218,6 +218,8 @@ BOTH_REJECT: list[tuple[str, dict[str, Any]]] = [
     ("trigger with a bad request id", {"v": 1, "op": "trigger", "id": "x", "request_id": "a b"}),
     ("backfill without to", {"v": 1, "op": "backfill", "id": "x", "request_id": "r",
                              "from": NOW - 60_000}),
+    ("retry origin without request id", retry_doc(origin="trigger")),
+    ("retry with an unknown origin", retry_doc(origin="manual", request_id="r")),
     ("backfill with a naive from", {"v": 1, "op": "backfill", "id": "x", "request_id": "r",
                                     "from": "2025-12-01T00:00:00", "to": NOW}),
 ]
@@ -1275,3 +1277,11 @@ def test_every_new_op_checks_its_key_and_unknown_fields() -> None:
     err = error({"v": 1, "op": "suspend", "id": "a"})
     assert err.rule == ("must be one of upsert, cancel, retry, pause, resume, trigger, "
                         "backfill")
+
+
+def test_a_retry_carries_the_origin_of_a_requested_occurrence() -> None:
+    raw = encode_retry(id="j-1", scheduled_ms=NOW - 5000, attempt=2, at_ms=NOW + 10, topic=
+                       "emails.send", payload=b"hi", origin="backfill", request_id="b-1")
+    cmd = parse_command(raw, key=b"j-1", policy=POLICY, now_ms=NOW)
+    assert isinstance(cmd, Retry) and (cmd.origin, cmd.request_id) == ("backfill", "b-1")
+    assert str(error(retry_doc(request_id="b-1"))) == "origin: required"

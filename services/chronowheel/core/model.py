@@ -80,7 +80,8 @@ class Retry:
     Required: id, scheduled_at (epoch ms of the original occurrence), attempt (2..100, the
     delivery number this retry becomes), at (when to deliver: RFC 3339 with offset or epoch ms),
     topic (same allowlist as jobs), payload_b64 (the fired bytes, "" for none). Optional: headers
-    (the job's own, no `cw-` names), max_attempts (1..100, at least attempt), backoff (duration).
+    (the job's own, no `cw-` names), max_attempts (1..100, at least attempt), backoff (duration),
+    origin and request_id (both or neither: of a triggered or backfilled occurrence).
     """
 
     id: str
@@ -92,6 +93,10 @@ class Retry:
     headers: tuple[tuple[str, str], ...] = ()
     max_attempts: int | None = None
     backoff_ms: int | None = None
+    origin: str = ""
+    """"trigger" or "backfill" when retrying an occurrence such a request published (it keeps
+    that occurrence's key and marker header); "" otherwise."""
+    request_id: str = ""
     op: Literal["retry"] = "retry"
 
 
@@ -257,7 +262,7 @@ UPSERT_FIELDS: Final = frozenset({"v", "op", "job"})
 CANCEL_FIELDS: Final = frozenset({"v", "op", "id"})
 RETRY_FIELDS: Final = frozenset(
     {"v", "op", "id", "scheduled_at", "attempt", "at", "topic", "payload_b64", "headers"}
-    | {"max_attempts", "backoff"}
+    | {"max_attempts", "backoff", "origin", "request_id"}
 )
 JOB_FIELDS: Final = frozenset(
     {"id", "at", "cron", "tz", "every", "start", "end", "topic", "payload", "payload_b64"}
@@ -504,6 +509,11 @@ def _parse_retry(doc: dict[str, Any], job_id: str, policy: ValidationPolicy, now
                 "attempt", f"must not exceed max_attempts ({max_attempts})", attempt
             )
     backoff_ms = _backoff(doc["backoff"], "backoff") if "backoff" in doc else None
+    origin = request_id = ""
+    if "origin" in doc or "request_id" in doc:
+        origin = _enum(_required(doc, "origin", ""), "origin",
+                       (wire.TRIGGER_ORIGIN, wire.BACKFILL_ORIGIN))
+        request_id = _request_id(_required(doc, "request_id", ""))
     return Retry(
         id=job_id,
         scheduled_ms=scheduled_ms,
@@ -514,6 +524,8 @@ def _parse_retry(doc: dict[str, Any], job_id: str, policy: ValidationPolicy, now
         headers=headers,
         max_attempts=max_attempts,
         backoff_ms=backoff_ms,
+        origin=origin,
+        request_id=request_id,
     )
 
 
@@ -613,6 +625,12 @@ def _topic(value: object, path: str, policy: ValidationPolicy) -> str:
     if problem is not None:
         raise ValidationError(path, problem, value)
     return value
+
+
+def instant_ms(value: object, path: str) -> int:
+    """Epoch ms of a wire time (RFC 3339 with offset, or integer epoch ms); ValidationError
+    naming `path` otherwise. For tools that take times the way the wire does."""
+    return _instant(value, path)
 
 
 def _instant(value: object, path: str) -> int:
@@ -801,8 +819,10 @@ def encode_trigger(id: str, request_id: str) -> bytes:
     return orjson.dumps({"v": 1, "op": "trigger", "id": id, "request_id": request_id})
 
 
-def encode_backfill(id: str, request_id: str, start: datetime | int, end: datetime | int) -> bytes:
-    """Wire bytes of a backfill of job `id` over [start, end) (aware datetimes or epoch ms)."""
+def encode_backfill(id: str, request_id: str, start: datetime | int | str,
+                    end: datetime | int | str) -> bytes:
+    """Wire bytes of a backfill of job `id` over [start, end): aware datetimes, epoch ms, or
+    RFC 3339 strings (passed through)."""
     doc: dict[str, Any] = {"v": 1, "op": "backfill", "id": id, "request_id": request_id}
     for name, value in (("from", start), ("to", end)):
         doc[name] = _wire_datetime(value, name) if isinstance(value, datetime) else value
@@ -820,6 +840,8 @@ def encode_retry(
     headers: Mapping[str, str] | Iterable[tuple[str, str]] = (),
     max_attempts: int | None = None,
     backoff_ms: int | None = None,
+    origin: str = "",
+    request_id: str = "",
 ) -> bytes:
     """Wire bytes of a retry (what a worker sends); parses back to the equal Retry."""
     doc: dict[str, Any] = {
@@ -839,6 +861,9 @@ def encode_retry(
         doc["max_attempts"] = max_attempts
     if backoff_ms is not None:
         doc["backoff"] = format_duration(backoff_ms)
+    if origin or request_id:
+        doc["origin"] = origin
+        doc["request_id"] = request_id
     return orjson.dumps(doc)
 
 

@@ -28,10 +28,12 @@ class Pending:
     user_headers: tuple[tuple[str, str], ...] = ()
     max_attempts: int = wire.DEFAULT_MAX_ATTEMPTS
     backoff_ms: int = wire.DEFAULT_BACKOFF_MS
+    entry: str = ""
+    """`DueRow.entry` when it is not the job id (a triggered or backfilled occurrence)."""
 
     @property
     def wheel_key(self) -> OccurrenceKey:
-        return (self.job_id, self.scheduled_ms, self.attempt)
+        return (self.entry or self.job_id, self.scheduled_ms, self.attempt)
 
 
 
@@ -56,6 +58,22 @@ def encode_headers(job_id: str, scheduled_ms: int, attempt: int, max_attempts: i
     return list(_headers(job_id, scheduled_ms, attempt, max_attempts, backoff_ms, user, None))
 
 
+def _requested_headers(row: DueRow, key: bytes) -> tuple[tuple[str, bytes], ...]:
+    """Headers of an occurrence a trigger or backfill asked for: its own occurrence key and
+    the header naming the request."""
+    marker = wire.TRIGGERED if row.origin == wire.TRIGGER_ORIGIN else wire.BACKFILL
+    return (
+        (wire.JOB_ID, key),
+        (wire.SCHEDULED_AT, str(row.scheduled_ms).encode()),
+        _shared(wire.ATTEMPT, row.attempt),
+        (wire.OCCURRENCE, row.entry.encode()),
+        _shared(wire.MAX_ATTEMPTS, row.max_attempts),
+        _shared(wire.BACKOFF_MS, row.backoff_ms),
+        (marker, row.request_id.encode()),
+        *((k, v.encode()) for k, v in row.headers),
+    )
+
+
 def _headers(job_id: str, scheduled_ms: int, attempt: int, max_attempts: int, backoff_ms: int,
              user: tuple[tuple[str, str], ...],
              key: bytes | None) -> tuple[tuple[str, bytes], ...]:
@@ -77,6 +95,14 @@ def _headers(job_id: str, scheduled_ms: int, attempt: int, max_attempts: int, ba
 
 def pending_from_row(row: DueRow) -> Pending:
     key = row.job_id.encode()
+    if row.origin:
+        # Published as it is, like a one-shot: its job's schedule is not its business.
+        return Pending(
+            job_id=row.job_id, scheduled_ms=row.scheduled_ms, slot_ms=row.slot_ms,
+            attempt=row.attempt, version=row.version, topic=row.topic, key=key,
+            payload=row.payload, headers=_requested_headers(row, key), spec=None,
+            user_headers=row.headers, max_attempts=row.max_attempts,
+            backoff_ms=row.backoff_ms, entry=row.entry)
     return Pending(
         job_id=row.job_id, scheduled_ms=row.scheduled_ms, slot_ms=row.slot_ms,
         attempt=row.attempt, version=row.version, topic=row.topic, key=key,

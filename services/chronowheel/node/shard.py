@@ -23,6 +23,7 @@ from chronowheel.bus.ports import NodeBus, SubmitPositions, SubmitRecord
 from chronowheel.core.clock import Clock
 from chronowheel.core.model import ValidationPolicy
 from chronowheel.errors import ChronowheelError
+from chronowheel.node.backfill import Backfiller
 from chronowheel.node.dispatch import Dispatcher
 from chronowheel.node.ingest import Ingest
 from chronowheel.node.loader import Loader
@@ -76,6 +77,8 @@ class ShardActor:
                                      writer=writer, publisher=self.publisher, clock=clock,
                                      metrics=metrics, policy=policy,
                                      dispatch_blocked=dispatch_blocked)
+        self.backfiller = Backfiller(state=self.state, settings=settings, store=store,
+                                     writer=writer, clock=clock, policy=policy)
         self._stopped = asyncio.Event()
 
     # --- what the node sees ---------------------------------------------------------------
@@ -101,6 +104,7 @@ class ShardActor:
         state.wake.set()
         state.ingest_wake.set()
         state.loader_wake.set()
+        state.backfill_wake.set()
         await self._stopped.wait()
 
     # --- supervision ----------------------------------------------------------------------
@@ -112,6 +116,7 @@ class ShardActor:
             helpers = [
                 asyncio.create_task(self.loader.run(), name=f"loader-{self.shard}"),
                 asyncio.create_task(self.ingest.run(), name=f"ingest-{self.shard}"),
+                asyncio.create_task(self.backfiller.run(), name=f"backfill-{self.shard}"),
             ]
             while not state.stopping:
                 state.wake.clear()
