@@ -103,11 +103,11 @@ def test_the_listing_views() -> None:
                   "version": 4, "due_ms": T, "due": "2026-12-01T09:00:00.000Z"},
                  {"id": "inv-2", "status": "cancelled", "tenant": None, "shard": 1,
                   "version": 2, "due_ms": None, "due": None}],
-        "next_page_token": "abc"}
+        "next_page": "abc"}
     text = jobs.render(page, T - 60_000)
     lines = text.splitlines()
     assert lines[0].split() == ["ID", "STATUS", "TENANT", "DUE"]
     assert lines[1].split()[:4] == ["inv-1", "paused", "acme", "2026-12-01T09:00:00.000Z"]
     assert lines[2].split() == ["inv-2", "cancelled", "-", "-"]
-    assert lines[-1] == "more: --page-token abc"
+    assert lines[-1] == "more: --page abc"
     assert jobs.render(JobPage([], None), T) == "no jobs on this page"

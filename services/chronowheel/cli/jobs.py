@@ -30,7 +30,7 @@ def register(sub: Any) -> None:
                     "the jobs table's storage-attached indexes (tenant, status, due time); "
                     "--prefix is applied to the rows read. A page holds at most --limit jobs "
                     "and may hold fewer (a page reads at most 5000 rows); when more may "
-                    "follow, the last line gives the --page-token for the next page (use it "
+                    "follow, the last line gives the --page cursor of the next page (use it "
                     "with the same filters). A fired one-shot keeps the status scheduled, its "
                     "due time in the past.")
     ls.add_argument("--tenant", metavar="T", help="jobs whose tenant is T")
@@ -41,7 +41,7 @@ def register(sub: Any) -> None:
                          "or epoch ms); for a paused job, the first one it withholds")
     ls.add_argument("--limit", type=int, default=100, metavar="N",
                     help=f"at most N jobs (1..{MAX_LIST_LIMIT}, default 100)")
-    ls.add_argument("--page-token", metavar="TOKEN", help="continue after an earlier page")
+    ls.add_argument("--page", metavar="CURSOR", help="continue where an earlier page ended")
     ls.add_argument("--json", action="store_true", help="one JSON object")
     add_settings_arguments(ls, CONNECTION_SETTINGS)
     ls.set_defaults(func=run_list)
@@ -54,7 +54,7 @@ def view(page: JobPage) -> dict[str, Any]:
                   "version": j.version, "due_ms": j.scheduled_ms,
                   "due": None if j.scheduled_ms is None else rfc3339(j.scheduled_ms)}
                  for j in page.jobs],
-        "next_page_token": page.next_token,
+        "next_page": page.next_token,
     }
 
 
@@ -65,7 +65,7 @@ def render(page: JobPage, now_ms: int) -> str:
             for j in page.jobs]
     lines = [table(["ID", "STATUS", "TENANT", "DUE"], rows)] if rows else ["no jobs on this page"]
     if page.next_token is not None:
-        lines.append(f"more: --page-token {page.next_token}")
+        lines.append(f"more: --page {page.next_token}")
     return "\n".join(lines)
 
 
@@ -78,7 +78,7 @@ def run_list(args: argparse.Namespace) -> int:
     return asyncio.run(_list(settings, dict(
         tenant=args.tenant, status=args.status, prefix=args.prefix,
         due_before=int(due) if due is not None and due.isdigit() else due,
-        limit=args.limit, page_token=args.page_token), args.json))
+        limit=args.limit, page_token=args.page), args.json))
 
 
 async def _list(settings: Settings, filters: dict[str, Any], as_json: bool) -> int:
@@ -93,7 +93,7 @@ async def _list(settings: Settings, filters: dict[str, Any], as_json: bool) -> i
         except ValueError as exc:
             from chronowheel.errors import ValidationError
 
-            raise ValidationError("--page-token", str(exc)) from None
+            raise ValidationError("--page", str(exc)) from None
     finally:
         await asyncio.to_thread(store.close)
     now = time.time_ns() // 1_000_000
