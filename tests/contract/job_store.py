@@ -278,6 +278,13 @@ class JobStoreContract:
                                            wire.TRIGGER_ORIGIN, T0, T0, None, 1, 1, b"{}"))
         assert await store.shard_requests(ids.shard) == [other, done]  # (job, request) order
 
+    async def test_jobs_rows_written_in_bulk_read_back_one_by_one(
+            self, store: JobStore, ids: Ids) -> None:
+        rows = [JobRow(ids.job(f"bulk{i}"), ids.shard, b"{}", i + 1, "scheduled", T0 + i, None,
+                       0, "acme" if i % 2 else None) for i in range(45)]
+        await store.put_jobs(rows)
+        assert await store.get_jobs([r.job_id for r in rows]) == {r.job_id: r for r in rows}
+
     async def test_a_jobs_tenant_reads_back(self, store: JobStore, ids: Ids) -> None:
         row = JobRow(ids.job("t"), ids.shard, b"{}", 1, "paused", T0, None, 0, "acme")
         await store.put_job(row)

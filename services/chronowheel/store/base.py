@@ -171,6 +171,11 @@ class JobStore(Protocol):
         """Write (replace) the jobs row of `row.job_id`, expiring after `row.ttl_s`."""
         ...
 
+    async def put_jobs(self, rows: Sequence[JobRow]) -> None:
+        """`put_job` of every row, in few requests (bulk loads and tools). Not atomic: after a
+        failure some rows may be written."""
+        ...
+
     async def put_due(self, row: DueRow, ttl_s: int) -> None:
         """Write (replace) the due row keyed (minute, shard, slot_ms, job_id, attempt),
         expiring after `ttl_s` seconds (at least 1)."""

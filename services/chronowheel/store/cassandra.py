@@ -63,6 +63,9 @@ HOUR_MS = 3_600_000
 TUPLES = "tuples"
 # Partition keys per `jobs` read of get_jobs.
 JOBS_READ_GROUP = 50
+# Rows per unlogged batch of put_jobs (small rows: the batch stays far below the warning size
+# only when specs are small; bulk loads are what it is for).
+JOBS_WRITE_GROUP = 20
 # Bucket counter updates per counter batch of add_bucket_counts (some 60 bytes each: far
 # below the batch size warning).
 COUNTS_PER_BATCH = 50
@@ -390,6 +393,18 @@ class CassandraStore:
 
     async def put_job(self, row: JobRow) -> None:
         await self._run(self._put_job, self._job_params(row), "write job")
+
+    async def put_jobs(self, rows: Sequence[JobRow]) -> None:
+        # Unlogged batches: no atomicity is promised, and one request per JOBS_WRITE_GROUP
+        # rows costs the coordinator far less than one per row.
+        groups = [rows[i:i + JOBS_WRITE_GROUP] for i in range(0, len(rows), JOBS_WRITE_GROUP)]
+        await asyncio.gather(*(self._put_job_group(group) for group in groups))
+
+    async def _put_job_group(self, rows: Sequence[JobRow]) -> None:
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+        for row in rows:
+            batch.add(self._put_job, self._job_params(row))
+        await self._run_batch(batch, f"write {len(rows)} jobs rows")
 
     @staticmethod
     def _job_params(row: JobRow) -> tuple[Any, ...]:

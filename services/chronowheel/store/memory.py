@@ -92,6 +92,10 @@ class MemoryStore:
         await self._enter()
         self.jobs[row.job_id] = (replace(row, ttl_s=0), self._expiry(row.ttl_s))
 
+    async def put_jobs(self, rows: Sequence[JobRow]) -> None:
+        for row in rows:
+            await self.put_job(row)
+
     # --- due rows ------------------------------------------------------------------------
     async def put_due(self, row: DueRow, ttl_s: int) -> None:
         await self._enter()
