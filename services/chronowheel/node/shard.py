@@ -1,15 +1,16 @@
 """The shard actor: supervises one owned shard's tasks around their shared `ShardState`.
 
-After the takeover and claim (`node/takeover.py`) three tasks share the shard's state on one
+After the takeover and claim (`node/takeover.py`) four tasks share the shard's state on one
 event loop: dispatch (`node/dispatch.py`, run by the actor itself) fires due occurrences and
 commits them, with ingest's outbox, the new watermark and the submit offsets of fully applied
 commands, as one part of the node's next Kafka transaction (`node/publisher.py`,
 `node/transactions.py`: all of a shard's part or none of it); ingest (`node/ingest.py`) applies
 submit commands, durable Cassandra writes first; the loader (`node/loader.py`) keeps the wheel
-filled from Cassandra's minute buckets ahead of time. Ingest and dispatch run concurrently so a
-burst of submissions does not delay firing; a per-job lock orders what both do to one job. The
-invariants they keep (watermark, horizon, offsets, ingest slots) are stated in `node/state.py`;
-the design behind them in docs/design.md.
+filled from Cassandra's minute buckets ahead of time; the backfill task (`node/backfill.py`)
+hands backfill requests to the due table a paced chunk at a time. Ingest and dispatch run
+concurrently so a burst of submissions does not delay firing; a per-job lock orders what both
+do to one job. The invariants they keep (watermark, horizon, offsets, ingest slots) are stated
+in `node/state.py`; the design behind them in docs/design.md.
 """
 
 from __future__ import annotations
