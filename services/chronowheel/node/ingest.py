@@ -393,19 +393,29 @@ class Ingest:
     def _stored(self, row: JobRow) -> JobSpec:
         return decode_stored_job(row.spec, policy=self.stored_policy, now_ms=self.clock.now_ms())
 
-    def _refusal(self, cmd: Pause | Resume | Trigger | Backfill, row: JobRow | None,
-                 verb: str) -> str | None:
-        """Why `cmd` cannot apply to the job as stored (None: it can), as a rejection reason."""
+    def _accepted(self, cmd: Pause | Resume | Trigger | Backfill, row: JobRow | None,
+                  verb: str) -> JobRow | None:
+        """The job's row when `cmd` can apply to it; otherwise None, `cmd` rejected."""
         if row is None:
-            return f"id: no job {cmd.id!r} to {verb}"
+            self._reject(cmd, f"id: no job {cmd.id!r} to {verb}")
+            return None
         if row.status in ("finished", "cancelled"):
-            return f"id: job {cmd.id!r} is {row.status}; there is nothing to {verb}"
-        return None
+            self._reject(cmd, f"id: job {cmd.id!r} is {row.status}; there is nothing to {verb}")
+            return None
+        if isinstance(cmd, Trigger | Backfill):
+            reason = None
+            if row.status == "paused":
+                reason = f"id: job {cmd.id!r} is paused; resume it before it can be {verb}ed"
+            elif not row.spec or orjson.loads(row.spec).get("at") is not None:
+                reason = f"id: job {cmd.id!r} is a one-shot; only a recurring job can be {verb}ed"
+            if reason is not None:
+                self._reject(cmd, reason)
+                return None
+        return row
 
     async def _pause(self, cmd: Pause, row: JobRow | None) -> bool:
-        refusal = self._refusal(cmd, row, "pause")
-        if refusal is not None or row is None:
-            self._reject(cmd, refusal or "")
+        row = self._accepted(cmd, row, "pause")
+        if row is None:
             return False
         if row.status == "paused":
             return False
@@ -426,9 +436,8 @@ class Ingest:
         return True
 
     async def _resume(self, cmd: Resume, row: JobRow | None, now: int) -> bool:
-        refusal = self._refusal(cmd, row, "resume")
-        if refusal is not None or row is None:
-            self._reject(cmd, refusal or "")
+        row = self._accepted(cmd, row, "resume")
+        if row is None:
             return False
         if row.status != "paused" or row.scheduled_ms is None:
             return False  # not paused: nothing to do
@@ -451,21 +460,9 @@ class Ingest:
             state.release_slot(slot)
         return True
 
-    def _request_refusal(self, cmd: Trigger | Backfill, row: JobRow | None,
-                         verb: str) -> str | None:
-        refusal = self._refusal(cmd, row, verb)
-        if refusal is not None or row is None:
-            return refusal or ""
-        if row.status == "paused":
-            return f"id: job {cmd.id!r} is paused; resume it before it can be {verb}ed"
-        if not row.spec or orjson.loads(row.spec).get("at") is not None:
-            return f"id: job {cmd.id!r} is a one-shot; only a recurring job can be {verb}ed"
-        return None
-
     async def _trigger(self, cmd: Trigger, row: JobRow | None, now: int) -> bool:
-        refusal = self._request_refusal(cmd, row, "trigger")
-        if refusal is not None or row is None:
-            self._reject(cmd, refusal or "")
+        row = self._accepted(cmd, row, "trigger")
+        if row is None:
             return False
         if await self.store.get_request(self.shard, cmd.id, cmd.request_id) is not None:
             return False  # the same request again: it was applied before
@@ -490,9 +487,8 @@ class Ingest:
         return True
 
     async def _backfill(self, cmd: Backfill, row: JobRow | None) -> bool:
-        refusal = self._request_refusal(cmd, row, "backfill")
-        if refusal is not None or row is None:
-            self._reject(cmd, refusal or "")
+        row = self._accepted(cmd, row, "backfill")
+        if row is None:
             return False
         if await self.store.get_request(self.shard, cmd.id, cmd.request_id) is not None:
             return False  # the same request again: it was applied (or is being applied)
