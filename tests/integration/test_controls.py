@@ -8,6 +8,7 @@ import asyncio
 from collections import Counter
 from typing import Any
 
+import orjson
 import pytest
 from chronowheel.client import SchedulerClient
 from chronowheel.core import wire
@@ -180,3 +181,78 @@ async def _wait_status(settings: Any, job_id: str, status: str) -> None:
         raise AssertionError(f"job {job_id} never became {status}")
     finally:
         await asyncio.to_thread(store.close)
+
+
+async def test_the_cli_controls_and_lists_jobs(stack: Any, namespace: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.integration.test_client_cli import chronowheel, wait_job
+
+    settings = await make_namespace(stack, namespace, shards=2)
+    async with collecting(settings) as seen, running_node(settings):
+        code, _, _ = await chronowheel(capsys, settings, "submit", "--id", "cli-report",
+                                       "--every", "1h", "--tenant", "ops", connection=False)
+        assert code == 0
+        await wait_job(settings, "cli-report", "scheduled")
+        code, out, _ = await chronowheel(capsys, settings, "job", "trigger", "cli-report",
+                                         "--request-id", "cli-1", connection=False)
+        assert code == 0 and "trigger cli-report (request id cli-1): written to" in out
+        await seen.wait_for(lambda ms: len(ms) == 1, 30, "the triggered occurrence")
+        assert seen.messages[0].headers[wire.TRIGGERED] == "cli-1"
+        code, out, _ = await chronowheel(capsys, settings, "job", "pause", "cli-report",
+                                         connection=False)
+        assert code == 0
+        await wait_job(settings, "cli-report", "paused")
+        code, out, _ = await chronowheel(capsys, settings, "jobs", "list", "--tenant", "ops",
+                                         "--status", "paused", "--json")
+        assert code == 0
+        listed = orjson.loads(out)
+        assert [j["id"] for j in listed["jobs"]] == ["cli-report"]
+        code, out, _ = await chronowheel(capsys, settings, "jobs", "list", "--tenant", "ops",
+                                         "--status", "scheduled")
+        assert code == 0 and out.strip() == "no jobs on this page"
+        code, _, err = await chronowheel(capsys, settings, "job", "backfill", "cli-report",
+                                         "--from", "2026-11-01T00:00:00Z", "--to",
+                                         "2999-01-01T00:00:00Z", connection=False)
+        assert code != 0 and "to: must not be in the future" in err
+        await asyncio.sleep(1)
+    assert len(seen.messages) == 1
+
+
+async def test_init_adds_the_new_columns_and_tables_to_an_older_keyspace(
+        stack: Any, namespace: str) -> None:
+    from chronowheel.admin import init_namespace
+    from chronowheel.store.cassandra import connect
+
+    settings = await make_namespace(stack, namespace, shards=2)
+    ks = settings.keyspace
+    # Take the keyspace back to what the previous release created.
+    cluster, session = await asyncio.to_thread(connect, settings)
+    try:
+        for stmt in (f"DROP INDEX {ks}.jobs_by_tenant", f"DROP INDEX {ks}.jobs_by_status",
+                     f"DROP INDEX {ks}.jobs_by_scheduled", f"DROP TABLE {ks}.job_requests",
+                     f"ALTER TABLE {ks}.jobs DROP tenant",
+                     f"ALTER TABLE {ks}.due DROP (origin, request_id)"):
+            await asyncio.to_thread(session.execute, stmt, timeout=60)
+        await init_namespace(settings)  # what an upgrade runs
+        tables = await asyncio.to_thread(
+            lambda: {r.table_name: None for r in session.execute(
+                "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s", (ks,))})
+        columns = await asyncio.to_thread(
+            lambda: {(r.table_name, r.column_name) for r in session.execute(
+                "SELECT table_name, column_name FROM system_schema.columns "
+                "WHERE keyspace_name = %s", (ks,))})
+        indexes = await asyncio.to_thread(
+            lambda: {r.index_name for r in session.execute(
+                "SELECT index_name FROM system_schema.indexes WHERE keyspace_name = %s",
+                (ks,))})
+    finally:
+        await asyncio.to_thread(cluster.shutdown)
+    assert "job_requests" in tables
+    assert {("jobs", "tenant"), ("due", "origin"), ("due", "request_id")} <= columns
+    assert {"jobs_by_tenant", "jobs_by_status", "jobs_by_scheduled"} <= indexes
+    async with running_node(settings), SchedulerClient(settings) as client:
+        await client.every("after-upgrade", "1h", tenant="acme")
+        await client.flush()
+        await _wait_status(settings, "after-upgrade", "scheduled")
+        page = await client.list_jobs(tenant="acme")
+        assert [j.job_id for j in page.jobs] == ["after-upgrade"]
