@@ -256,3 +256,48 @@ async def test_init_adds_the_new_columns_and_tables_to_an_older_keyspace(
         await _wait_status(settings, "after-upgrade", "scheduled")
         page = await client.list_jobs(tenant="acme")
         assert [j.job_id for j in page.jobs] == ["after-upgrade"]
+
+
+async def test_a_backfill_survives_kill_9_of_its_node_exactly_once(
+        stack: Any, namespace: str, tmp_path: Any) -> None:
+    from chronowheel.core.shard import shard_of
+
+    from tests.integration.test_failover import Nodes, owned, sharing, until
+
+    shards, total = 4, 3_000
+    settings = await make_namespace(stack, namespace, shards=shards)
+    nodes = Nodes(tmp_path)
+    pace = {"CHRONOWHEEL_BACKFILL_ROWS_PER_CYCLE": "20"}  # 3,000 take 15 s at least
+    try:
+        async with collecting(settings) as seen, SchedulerClient(settings) as client:
+            a, b = nodes.start(settings, "a", **pace), nodes.start(settings, "b", **pace)
+            await until(sharing(shards, a, b), 90, "two nodes sharing the shards", nodes)
+            a_shards = owned(a) or set()
+            job_id = next(f"sweep-{i}" for i in range(1000)
+                          if shard_of(f"sweep-{i}", shards) in a_shards)
+            start = now_ms() - 2 * 3_600_000
+            start -= start % 1_000
+            await client.every(job_id, "1s", start=start)
+            await client.flush()
+            await _wait_status(settings, job_id, "scheduled")
+            await client.backfill(job_id, start, start + total * 1_000, request_id="ko")
+            await client.flush()
+
+            def backfilled() -> list[Any]:
+                return [m for m in seen.on(settings.fired_topic) if wire.BACKFILL in m.headers]
+
+            await until(lambda: len(backfilled()) >= 100, 120, "the backfill to start", nodes)
+            a.kill()
+            at_kill = len(backfilled())
+            assert at_kill < total, "the backfill finished before the kill"
+            await until(lambda: owned(b) == set(range(shards)), 60, "node b to own every shard",
+                        nodes)
+            await until(lambda: len(backfilled()) >= total, 180, "every backfilled occurrence",
+                        nodes)
+            await asyncio.sleep(3)  # a late duplicate would show up here
+        counts = Counter(m.scheduled_ms for m in backfilled())
+        assert counts == Counter(start + k * 1_000 for k in range(total)), \
+            f"{at_kill} seen at the kill; duplicates {[s for s, n in counts.items() if n > 1][:5]}"
+        assert all(m.fired_ms >= m.scheduled_ms for m in backfilled())
+    finally:
+        nodes.cleanup()
