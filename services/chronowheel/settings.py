@@ -137,6 +137,10 @@ class Settings:
     catch_up_grace_ms: int = _opt(
         60_000, "a recurring occurrence fired at most this late is on time; later ones "
                 "follow the job's catch-up policy")
+    backfill_rows_per_cycle: int = _opt(
+        100, "backfill occurrences a shard hands to its wheel per cycle at most, and only "
+             "while no on-time occurrence is waiting")
+    backfill_cycle_ms: int = _opt(100, "a shard's backfills advance once per this interval")
     idle_commit_ms: int = _opt(
         2_000, "with nothing to publish, still commit an advancing watermark this often")
     idle_commit_clearance_ms: int = _opt(
@@ -231,6 +235,9 @@ class Settings:
                 object.__setattr__(self, f.name, Secret(value))
             elif isinstance(f.default, bool) and not isinstance(value, bool):
                 raise ConfigError(f"{f.name}: expected true or false")
+        for name in ("backfill_rows_per_cycle", "backfill_cycle_ms"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}: must be at least 1, got {getattr(self, name)}")
         if isinstance(self.replication, int):  # Settings(replication=3) from Python code
             object.__setattr__(self, "replication", str(self.replication))
         self.cassandra_replication()  # fail at start, not at init
@@ -488,7 +495,7 @@ SECURITY_SETTINGS = KAFKA_SECURITY_SETTINGS + CASSANDRA_SECURITY_SETTINGS
 CONNECTION_SETTINGS = ("namespace", "cassandra", "kafka", "consistency")
 NODE_TUNABLES = (
     "ingest_batch", "ingest_group_bytes", "ingest_group_jobs", "ingest_concurrency",
-    "ingest_slack_ms", "catch_up_grace_ms",
+    "ingest_slack_ms", "catch_up_grace_ms", "backfill_rows_per_cycle", "backfill_cycle_ms",
     "idle_commit_ms", "idle_commit_clearance_ms", "skip_empty_after_ms", "stop_drain_ms",
     "stop_deadline_ms", "missing_watermark_lookback_ms", "skew_check_interval_ms",
     "pump_fetch_records", "pump_pause_rows", "pump_resume_rows",

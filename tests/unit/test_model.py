@@ -120,6 +120,11 @@ def test_schema_patterns_are_the_parsers_patterns() -> None:
     assert set(defs["upsert"]["properties"]) == model.UPSERT_FIELDS
     assert set(defs["cancel"]["properties"]) == model.CANCEL_FIELDS
     assert set(defs["retry"]["properties"]) == model.RETRY_FIELDS
+    assert set(defs["pause"]["properties"]) == model.PAUSE_FIELDS
+    assert set(defs["resume"]["properties"]) == model.RESUME_FIELDS
+    assert set(defs["trigger"]["properties"]) == model.TRIGGER_FIELDS
+    assert set(defs["backfill"]["properties"]) == model.BACKFILL_FIELDS
+    assert defs["requestId"]["pattern"] == model.REQUEST_ID_PATTERN
 
 
 def _readme_blocks(language: str) -> list[str]:
@@ -128,7 +133,7 @@ def _readme_blocks(language: str) -> list[str]:
 
 def test_readme_has_examples_of_every_op() -> None:
     ops = [json.loads(block)["op"] for block in _readme_blocks("json")]
-    assert {"upsert", "cancel", "retry"} <= set(ops)
+    assert {"upsert", "cancel", "retry", "pause", "resume", "trigger", "backfill"} <= set(ops)
     assert len(ops) >= 6
 
 
@@ -207,6 +212,16 @@ BOTH_REJECT: list[tuple[str, dict[str, Any]]] = [
     ("tenant too long", job(tenant="x" * 129)),
     ("retry attempt 1", retry_doc(attempt=1)),
     ("retry without payload", retry_doc(payload_b64=_DROP)),
+    ("pause with extra field", {"v": 1, "op": "pause", "id": "x", "at": NOW}),
+    ("resume without id", {"v": 1, "op": "resume"}),
+    ("trigger without request id", {"v": 1, "op": "trigger", "id": "x"}),
+    ("trigger with a bad request id", {"v": 1, "op": "trigger", "id": "x", "request_id": "a b"}),
+    ("backfill without to", {"v": 1, "op": "backfill", "id": "x", "request_id": "r",
+                             "from": NOW - 60_000}),
+    ("retry origin without request id", retry_doc(origin="trigger")),
+    ("retry with an unknown origin", retry_doc(origin="manual", request_id="r")),
+    ("backfill with a naive from", {"v": 1, "op": "backfill", "id": "x", "request_id": "r",
+                                    "from": "2025-12-01T00:00:00", "to": NOW}),
 ]
 
 
@@ -290,7 +305,7 @@ def test_version_and_op_are_required() -> None:
 def test_op_must_be_known(op: Any) -> None:
     err = error({"v": 1, "op": op, "id": "x"})
     assert (err.path, err.value) == ("op", op)
-    assert err.rule == "must be one of upsert, cancel, retry"
+    assert err.rule == "must be one of upsert, cancel, retry, pause, resume, trigger, backfill"
 
 
 def test_unknown_fields_are_rejected_at_every_level_with_a_hint() -> None:
@@ -1204,3 +1219,69 @@ def test_a_stored_spec_decodes_straight_back_to_the_job() -> None:
     assert again == cmd.job and again.canonical == cmd.job.canonical
     with pytest.raises(ValidationError):
         decode_stored_job(b'{"id": "r1"}', policy=policy, now_ms=now)
+
+
+# --------------------------------------------------------------------------------------------
+# Schedule controls: pause, resume, trigger, backfill
+
+
+def test_pause_and_resume_parse_and_round_trip() -> None:
+    assert parse({"v": 1, "op": "pause", "id": "j"}) == model.Pause("j")
+    assert parse({"v": 1, "op": "resume", "id": "j"}) == model.Resume("j")
+    assert parse_command(model.encode_control("pause", "j"), key=b"j", policy=POLICY,
+                         now_ms=NOW) == model.Pause("j")
+    assert parse_command(model.encode_control("resume", "j"), key=b"j", policy=POLICY,
+                         now_ms=NOW) == model.Resume("j")
+    with pytest.raises(ValueError, match="pause or resume"):
+        model.encode_control("cancel", "j")
+
+
+def test_trigger_needs_a_well_formed_request_id() -> None:
+    assert parse(orjson.loads(model.encode_trigger("j", "r-1:a.b_c"))) == \
+        model.Trigger("j", "r-1:a.b_c")
+    assert str(error({"v": 1, "op": "trigger", "id": "j"})) == "request_id: required"
+    err = error({"v": 1, "op": "trigger", "id": "j", "request_id": "a/b"})
+    assert (err.path, err.rule) == ("request_id", "must be 1..128 of A-Z a-z 0-9 . _ : -")
+    err = error({"v": 1, "op": "trigger", "id": "j", "request_id": "x" * 129})
+    assert (err.path, err.rule) == ("request_id", "must be 1..128 characters long")
+    err = error({"v": 1, "op": "trigger", "id": "j", "request_id": 7})
+    assert (err.path, err.rule) == ("request_id", "must be a string")
+
+
+def test_backfill_range_rules() -> None:
+    start = datetime(2025, 12, 1, tzinfo=UTC)
+    cmd = parse(orjson.loads(model.encode_backfill("j", "r", start, NOW)))
+    assert cmd == model.Backfill("j", "r", int(start.timestamp() * 1000), NOW)
+    doc = {"v": 1, "op": "backfill", "id": "j", "request_id": "r"}
+    assert str(error({**doc, "to": NOW})) == "from: required"
+    assert str(error({**doc, "from": NOW - 1})) == "to: required"
+    err = error({**doc, "from": NOW, "to": NOW})
+    assert (err.path, err.rule) == ("to", "must be after from (the range is [from, to))")
+    err = error({**doc, "from": NOW - 10, "to": NOW + 1})
+    assert (err.path, err.rule) == (
+        "to", "must not be in the future: occurrences are never published early")
+    err = error({**doc, "from": "2025-12-01", "to": NOW})
+    assert err.path == "from"
+    with pytest.raises(ValueError, match="naive"):
+        model.encode_backfill("j", "r", datetime(2025, 12, 1), NOW)
+
+
+def test_every_new_op_checks_its_key_and_unknown_fields() -> None:
+    for doc in ({"v": 1, "op": "pause", "id": "a"}, {"v": 1, "op": "resume", "id": "a"},
+                {"v": 1, "op": "trigger", "id": "a", "request_id": "r"},
+                {"v": 1, "op": "backfill", "id": "a", "request_id": "r", "from": 0, "to": 1}):
+        err = error(doc, key=b"b")
+        assert (err.path, err.value) == ("key", b"b")
+        err = error({**doc, "force": True})
+        assert (err.path, err.rule) == ("force", "unknown field")
+    err = error({"v": 1, "op": "suspend", "id": "a"})
+    assert err.rule == ("must be one of upsert, cancel, retry, pause, resume, trigger, "
+                        "backfill")
+
+
+def test_a_retry_carries_the_origin_of_a_requested_occurrence() -> None:
+    raw = encode_retry(id="j-1", scheduled_ms=NOW - 5000, attempt=2, at_ms=NOW + 10, topic=
+                       "emails.send", payload=b"hi", origin="backfill", request_id="b-1")
+    cmd = parse_command(raw, key=b"j-1", policy=POLICY, now_ms=NOW)
+    assert isinstance(cmd, Retry) and (cmd.origin, cmd.request_id) == ("backfill", "b-1")
+    assert str(error(retry_doc(request_id="b-1"))) == "origin: required"

@@ -127,3 +127,15 @@ def test_dead_headers_keep_the_original_and_replace_stale_failure_headers() -> N
     assert d["cw-source-topic"] == b"emails.send"
     assert (d["cw-source-partition"], d["cw-source-offset"]) == (b"3", b"17")
     assert d["cw-occurrence"] == b"reminder-42@1796115600000" and d["trace"] == b"abc123"
+
+
+@pytest.mark.parametrize(("header", "origin"), [("cw-triggered", "trigger"),
+                                                ("cw-backfill", "backfill")])
+def test_a_retry_of_a_requested_occurrence_keeps_its_origin(header: str, origin: str) -> None:
+    occ = occurrence(replaced(header, b"fix-1"))
+    key, value = retry_command(occ, now_ms=1796115700000)
+    policy = ValidationPolicy(allowed_topic_pattern=r"emails\..+")
+    cmd = parse_command(value, key=key, policy=policy, now_ms=1796115700000)
+    assert isinstance(cmd, Retry)
+    assert (cmd.origin, cmd.request_id) == (origin, "fix-1")
+    assert cmd.headers == (("trace", "abc123"),)  # the marker is not a job header

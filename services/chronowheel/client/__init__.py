@@ -4,6 +4,9 @@
         await client.schedule("reminder-42", "2026-12-01T09:00:00Z", {"to": "ada"})
         await client.cron("standup", "0 9 * * 1-5", tz="Europe/London")
         await client.cancel("old-job")
+        await client.pause("standup")
+        await client.trigger("standup", request_id="run-now-1")
+        page = await client.list_jobs(tenant="acme", status="paused", limit=50)
     # leaving the block waits until Kafka acknowledged every command
 
 See `chronowheel.client.scheduler` for the details.
@@ -15,6 +18,9 @@ from chronowheel.client.scheduler import (
     SchedulerClient,
     SubmitProgress,
     SubmitReport,
+    job_query,
 )
+from chronowheel.store.base import JobPage, JobSummary
 
-__all__ = ["Delivery", "DeliveryError", "SchedulerClient", "SubmitProgress", "SubmitReport"]
+__all__ = ["Delivery", "DeliveryError", "JobPage", "JobSummary", "SchedulerClient",
+           "SubmitProgress", "SubmitReport", "job_query"]

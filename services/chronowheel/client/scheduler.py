@@ -12,6 +12,11 @@
   `flush()` and leaving the `async with` block wait for every acknowledgement and raise
   `DeliveryError` if any command could not be written.
 - The producer is idempotent with acks=all: commands for one job keep their order.
+- Schedule controls (`pause`, `resume`, `trigger`, `backfill`) are commands like the rest: the
+  node applies them when it ingests them, and refuses those that do not fit the job's state
+  (an unknown job, a one-shot to backfill) to `<ns>.rejected`.
+- `list_jobs` reads the jobs table (Cassandra, opened on first use): it needs the
+  `cassandra` setting besides `kafka`.
 """
 
 from __future__ import annotations
@@ -21,23 +26,31 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import orjson
 
 from chronowheel.core.model import (
     Upsert,
     ValidationPolicy,
+    encode_backfill,
     encode_cancel,
+    encode_control,
+    encode_trigger,
     encode_upsert,
+    instant_ms,
     parse_command,
 )
 from chronowheel.errors import ChronowheelError, RetriableError, ValidationError
 from chronowheel.settings import Settings
+from chronowheel.store.base import JOB_STATUSES, MAX_LIST_LIMIT, JobPage, JobQuery, JobSummary
+
+if TYPE_CHECKING:
+    from chronowheel.store.cassandra import CassandraStore
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +135,7 @@ class SchedulerClient:
         self._pending: set[asyncio.Future[Any]] = set()
         self._failures: list[tuple[str, BaseException]] = []
         self.acked = 0
+        self._store: CassandraStore | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> SchedulerClient:
@@ -155,6 +169,9 @@ class SchedulerClient:
             await self.flush()
         finally:
             self._closed = True
+            if self._store is not None:
+                await asyncio.to_thread(self._store.close)
+                self._store = None
             if self._started and self._own_producer and self._producer is not None:
                 await self._producer.stop()
 
@@ -218,6 +235,66 @@ class SchedulerClient:
         if not isinstance(id, str):
             raise ValidationError("id", "must be a string", id)
         return await self._send(id, encode_cancel(id))
+
+    async def pause(self, id: str) -> Delivery:
+        """Pause job `id`: it publishes nothing until `resume`."""
+        return await self._control("pause", id)
+
+    async def resume(self, id: str) -> Delivery:
+        """Resume paused job `id`; what the pause missed follows the job's catch_up policy
+        (a one-shot past due fires at once)."""
+        return await self._control("resume", id)
+
+    async def trigger(self, id: str, *, request_id: str) -> Delivery:
+        """Publish one occurrence of recurring job `id` now (header cw-triggered). Sending
+        the same `request_id` again publishes nothing more."""
+        _check_id(id)
+        return await self._send(id, encode_trigger(id, request_id))
+
+    async def backfill(self, id: str, start: Instant, end: Instant, *,
+                       request_id: str) -> Delivery:
+        """Publish the occurrences of recurring job `id` scheduled in [start, end) (at most
+        10000; end not in the future), header cw-backfill.
+        Sending the same `request_id` again publishes nothing more."""
+        _check_id(id)
+        try:
+            raw = encode_backfill(id, request_id, start, end)
+        except ValueError as exc:  # a naive datetime
+            raise ValidationError("from", str(exc)) from None
+        return await self._send(id, raw)
+
+    async def _control(self, op: str, id: str) -> Delivery:
+        _check_id(id)
+        return await self._send(id, encode_control(op, id))
+
+    # --- queries --------------------------------------------------------------------------
+    async def list_jobs(self, *, tenant: str | None = None, status: str | None = None,
+                        prefix: str | None = None, due_before: Instant | None = None,
+                        limit: int = 100, page_token: str | None = None) -> JobPage:
+        """One page of jobs matching every given filter (see JobQuery); pass the page's
+        `next_token` back, with the same filters, for the next one. A page may hold fewer
+        than `limit` jobs, even none, and still have a next_token."""
+        query = job_query(tenant=tenant, status=status, prefix=prefix, due_before=due_before,
+                          limit=limit, page_token=page_token)
+        if self._store is None:
+            from chronowheel.cli._cluster import open_store
+
+            self._store = await open_store(self.settings)
+        try:
+            return await self._store.list_jobs(query)
+        except ValueError as exc:
+            raise ValidationError("page_token", str(exc), page_token) from None
+
+    async def iter_jobs(self, **filters: Any) -> AsyncIterator[JobSummary]:
+        """Every job matching `filters` (as list_jobs takes them), page after page."""
+        token = None
+        while True:
+            page = await self.list_jobs(**filters, page_token=token)
+            for job in page.jobs:
+                yield job
+            token = page.next_token
+            if token is None:
+                return
 
     async def submit(self, job_fields: Mapping[str, Any]) -> Delivery:
         """Upsert a job given as the wire's `job` object. Conveniences as in encode_upsert:
@@ -351,3 +428,31 @@ def _job_fields(id: str, kind: Mapping[str, Any], payload: Any, *,
         if value is not None:  # unset options stay off the wire: the node's defaults apply
             job[name] = value
     return job
+
+
+def _check_id(id: object) -> None:
+    if not isinstance(id, str):
+        raise ValidationError("id", "must be a string", id)
+
+
+def job_query(*, tenant: str | None = None, status: str | None = None,
+              prefix: str | None = None, due_before: Instant | None = None,
+              limit: int = 100, page_token: str | None = None) -> JobQuery:
+    """A validated JobQuery (ValidationError names the bad filter)."""
+    if status is not None and status not in JOB_STATUSES:
+        raise ValidationError("status", "must be one of " + ", ".join(JOB_STATUSES), status)
+    if type(limit) is not int or not 1 <= limit <= MAX_LIST_LIMIT:
+        raise ValidationError("limit", f"must be an integer between 1 and {MAX_LIST_LIMIT}",
+                              limit)
+    if prefix == "":
+        prefix = None
+    due_ms: int | None = None
+    if isinstance(due_before, datetime):
+        if due_before.tzinfo is None or due_before.utcoffset() is None:
+            raise ValidationError("due_before", "naive datetime; give it a tzinfo", due_before)
+        due_ms = int(due_before.timestamp() * 1000)
+    elif due_before is not None:
+        due_ms = instant_ms(due_before, "due_before")
+    return JobQuery(tenant=tenant, status=status, prefix=prefix, due_before_ms=due_ms,
+                    limit=limit, page_token=page_token)
+

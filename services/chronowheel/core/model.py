@@ -80,7 +80,8 @@ class Retry:
     Required: id, scheduled_at (epoch ms of the original occurrence), attempt (2..100, the
     delivery number this retry becomes), at (when to deliver: RFC 3339 with offset or epoch ms),
     topic (same allowlist as jobs), payload_b64 (the fired bytes, "" for none). Optional: headers
-    (the job's own, no `cw-` names), max_attempts (1..100, at least attempt), backoff (duration).
+    (the job's own, no `cw-` names), max_attempts (1..100, at least attempt), backoff (duration),
+    origin and request_id (both or neither: of a triggered or backfilled occurrence).
     """
 
     id: str
@@ -92,10 +93,61 @@ class Retry:
     headers: tuple[tuple[str, str], ...] = ()
     max_attempts: int | None = None
     backoff_ms: int | None = None
+    origin: str = ""
+    """"trigger" or "backfill" when retrying an occurrence such a request published (it keeps
+    that occurrence's key and marker header); "" otherwise."""
+    request_id: str = ""
     op: Literal["retry"] = "retry"
 
 
-Command = Upsert | Cancel | Retry
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Stop publishing a job's occurrences until a `Resume` (wire: {"v":1,"op":"pause","id":..})."""
+
+    id: str
+    op: Literal["pause"] = "pause"
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Publish a paused job's occurrences again (wire: {"v":1,"op":"resume","id":..})."""
+
+    id: str
+    op: Literal["resume"] = "resume"
+
+
+@dataclass(frozen=True, slots=True)
+class Trigger:
+    """Publish one occurrence of a recurring job now, its schedule untouched.
+
+    Wire: {"v":1,"op":"trigger","id":..,"request_id":..}. The same request id again publishes
+    nothing more (for the retention period).
+    """
+
+    id: str
+    request_id: str
+    op: Literal["trigger"] = "trigger"
+
+
+@dataclass(frozen=True, slots=True)
+class Backfill:
+    """Publish a recurring job's occurrences scheduled in [from_ms, to_ms).
+
+    Wire: {"v":1,"op":"backfill","id":..,"request_id":..,"from":..,"to":..}; from and to as
+    RFC 3339 with offset or epoch ms, `to` not in the future. The same request id again
+    publishes nothing more (for the retention period).
+    """
+
+    id: str
+    request_id: str
+    from_ms: int
+    to_ms: int
+    op: Literal["backfill"] = "backfill"
+
+
+Command = Upsert | Cancel | Retry | Pause | Resume | Trigger | Backfill
+Control = Pause | Resume | Trigger | Backfill
+"""Commands about an existing job (besides cancel): whether they apply depends on its row."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -110,6 +162,9 @@ MAX_BACKOFF_MS: Final = DAY_MS
 MAX_TENANT_CHARS: Final = 128
 MAX_CRON_CHARS: Final = 256
 MAX_TZ_CHARS: Final = 64
+MAX_REQUEST_ID_CHARS: Final = 128
+REQUEST_ID_PATTERN: Final = r"^[A-Za-z0-9._:-]{1,128}$"
+_REQUEST_ID = re.compile(REQUEST_ID_PATTERN[1:-1])
 
 # Kafka's own rule for topic names (its Topic.validate): 1..249 of these characters.
 TOPIC_PATTERN: Final = r"^[a-zA-Z0-9._-]{1,249}$"
@@ -207,14 +262,21 @@ UPSERT_FIELDS: Final = frozenset({"v", "op", "job"})
 CANCEL_FIELDS: Final = frozenset({"v", "op", "id"})
 RETRY_FIELDS: Final = frozenset(
     {"v", "op", "id", "scheduled_at", "attempt", "at", "topic", "payload_b64", "headers"}
-    | {"max_attempts", "backoff"}
+    | {"max_attempts", "backoff", "origin", "request_id"}
 )
 JOB_FIELDS: Final = frozenset(
     {"id", "at", "cron", "tz", "every", "start", "end", "topic", "payload", "payload_b64"}
     | {"headers", "catch_up", "max_catch_up", "dst", "window", "max_attempts", "backoff"}
     | {"tenant"}
 )
-_OPS: Final = {"upsert": UPSERT_FIELDS, "cancel": CANCEL_FIELDS, "retry": RETRY_FIELDS}
+PAUSE_FIELDS: Final = frozenset({"v", "op", "id"})
+RESUME_FIELDS: Final = PAUSE_FIELDS
+TRIGGER_FIELDS: Final = frozenset({"v", "op", "id", "request_id"})
+BACKFILL_FIELDS: Final = frozenset({"v", "op", "id", "request_id", "from", "to"})
+_OPS: Final = {"upsert": UPSERT_FIELDS, "cancel": CANCEL_FIELDS, "retry": RETRY_FIELDS,
+               "pause": PAUSE_FIELDS, "resume": RESUME_FIELDS, "trigger": TRIGGER_FIELDS,
+               "backfill": BACKFILL_FIELDS}
+_OP_NAMES: Final = ", ".join(_OPS)
 _CATCH_UP: Final = ("coalesce", "all", "skip")
 _DST: Final = ("skip", "cron")
 _RECURRING_ONLY: Final = ("start", "end", "catch_up", "max_catch_up")
@@ -239,9 +301,9 @@ def parse_command(
         raise ValidationError("v", "unsupported version (this scheduler speaks v 1)", version)
     op = doc.get("op", _MISSING)
     if op is _MISSING:
-        raise ValidationError("op", "required (upsert, cancel or retry)")
+        raise ValidationError("op", f"required (one of {_OP_NAMES})")
     if not isinstance(op, str) or op not in _OPS:
-        raise ValidationError("op", "must be one of upsert, cancel, retry", op)
+        raise ValidationError("op", f"must be one of {_OP_NAMES}", op)
     _reject_unknown(doc, _OPS[op], "")
     if op == "upsert":
         return Upsert(_parse_job(_required(doc, "job", ""), key, policy, now_ms))
@@ -249,6 +311,14 @@ def parse_command(
     _check_key(key, job_id)
     if op == "cancel":
         return Cancel(job_id)
+    if op == "pause":
+        return Pause(job_id)
+    if op == "resume":
+        return Resume(job_id)
+    if op == "trigger":
+        return Trigger(job_id, _request_id(_required(doc, "request_id", "")))
+    if op == "backfill":
+        return _parse_backfill(doc, job_id, now_ms)
     return _parse_retry(doc, job_id, policy, now_ms)
 
 
@@ -400,6 +470,26 @@ def _compile_recurrence(
         raise ValidationError("job.every", str(exc), every_ms) from None
 
 
+def _parse_backfill(doc: dict[str, Any], job_id: str, now_ms: int) -> Backfill:
+    request_id = _request_id(_required(doc, "request_id", ""))
+    from_ms = _instant(_required(doc, "from", ""), "from")
+    to_ms = _instant(_required(doc, "to", ""), "to")
+    if to_ms <= from_ms:
+        raise ValidationError("to", "must be after from (the range is [from, to))", doc["to"])
+    if to_ms > now_ms:
+        # An occurrence published before its scheduled instant would be early.
+        raise ValidationError(
+            "to", "must not be in the future: occurrences are never published early", doc["to"])
+    return Backfill(job_id, request_id, from_ms, to_ms)
+
+
+def _request_id(value: object) -> str:
+    text = _string(value, "request_id", 1, MAX_REQUEST_ID_CHARS)
+    if not _REQUEST_ID.fullmatch(text):
+        raise ValidationError("request_id", "must be 1..128 of A-Z a-z 0-9 . _ : -", value)
+    return text
+
+
 def _parse_retry(doc: dict[str, Any], job_id: str, policy: ValidationPolicy, now_ms: int) -> Retry:
     scheduled_at = _required(doc, "scheduled_at", "")
     if type(scheduled_at) is not int:
@@ -419,6 +509,11 @@ def _parse_retry(doc: dict[str, Any], job_id: str, policy: ValidationPolicy, now
                 "attempt", f"must not exceed max_attempts ({max_attempts})", attempt
             )
     backoff_ms = _backoff(doc["backoff"], "backoff") if "backoff" in doc else None
+    origin = request_id = ""
+    if "origin" in doc or "request_id" in doc:
+        origin = _enum(_required(doc, "origin", ""), "origin",
+                       (wire.TRIGGER_ORIGIN, wire.BACKFILL_ORIGIN))
+        request_id = _request_id(_required(doc, "request_id", ""))
     return Retry(
         id=job_id,
         scheduled_ms=scheduled_ms,
@@ -429,6 +524,8 @@ def _parse_retry(doc: dict[str, Any], job_id: str, policy: ValidationPolicy, now
         headers=headers,
         max_attempts=max_attempts,
         backoff_ms=backoff_ms,
+        origin=origin,
+        request_id=request_id,
     )
 
 
@@ -528,6 +625,12 @@ def _topic(value: object, path: str, policy: ValidationPolicy) -> str:
     if problem is not None:
         raise ValidationError(path, problem, value)
     return value
+
+
+def instant_ms(value: object, path: str) -> int:
+    """Epoch ms of a wire time (RFC 3339 with offset, or integer epoch ms); ValidationError
+    naming `path` otherwise. For tools that take times the way the wire does."""
+    return _instant(value, path)
 
 
 def _instant(value: object, path: str) -> int:
@@ -704,6 +807,28 @@ def encode_cancel(id: str) -> bytes:
     return orjson.dumps({"v": 1, "op": "cancel", "id": id})
 
 
+def encode_control(op: str, id: str) -> bytes:
+    """Wire bytes of a pause or resume of job `id`."""
+    if op not in ("pause", "resume"):
+        raise ValueError(f"op must be pause or resume, got {op!r}")
+    return orjson.dumps({"v": 1, "op": op, "id": id})
+
+
+def encode_trigger(id: str, request_id: str) -> bytes:
+    """Wire bytes of a trigger of job `id`; `request_id` makes a re-send harmless."""
+    return orjson.dumps({"v": 1, "op": "trigger", "id": id, "request_id": request_id})
+
+
+def encode_backfill(id: str, request_id: str, start: datetime | int | str,
+                    end: datetime | int | str) -> bytes:
+    """Wire bytes of a backfill of job `id` over [start, end): aware datetimes, epoch ms, or
+    RFC 3339 strings (passed through)."""
+    doc: dict[str, Any] = {"v": 1, "op": "backfill", "id": id, "request_id": request_id}
+    for name, value in (("from", start), ("to", end)):
+        doc[name] = _wire_datetime(value, name) if isinstance(value, datetime) else value
+    return orjson.dumps(doc)
+
+
 def encode_retry(
     *,
     id: str,
@@ -715,6 +840,8 @@ def encode_retry(
     headers: Mapping[str, str] | Iterable[tuple[str, str]] = (),
     max_attempts: int | None = None,
     backoff_ms: int | None = None,
+    origin: str = "",
+    request_id: str = "",
 ) -> bytes:
     """Wire bytes of a retry (what a worker sends); parses back to the equal Retry."""
     doc: dict[str, Any] = {
@@ -734,6 +861,9 @@ def encode_retry(
         doc["max_attempts"] = max_attempts
     if backoff_ms is not None:
         doc["backoff"] = format_duration(backoff_ms)
+    if origin or request_id:
+        doc["origin"] = origin
+        doc["request_id"] = request_id
     return orjson.dumps(doc)
 
 

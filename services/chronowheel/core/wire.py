@@ -14,7 +14,8 @@ from typing import Final
 
 
 def submit_topic(namespace: str) -> str:
-    """Commands in (upsert, cancel, retry); one partition per shard."""
+    """Commands in (upsert, cancel, retry, pause, resume, trigger, backfill); one partition
+    per shard."""
     return f"{namespace}.submit"
 
 
@@ -70,6 +71,11 @@ OCCURRENCE: Final = "cw-occurrence"
 MAX_ATTEMPTS: Final = "cw-max-attempts"
 BACKOFF_MS: Final = "cw-backoff-ms"
 
+TRIGGERED: Final = "cw-triggered"
+"""on an occurrence published by a `trigger` command: that command's request id"""
+BACKFILL: Final = "cw-backfill"
+"""on an occurrence published by a `backfill` command: that command's request id"""
+
 FIRED_REQUIRED: Final = (JOB_ID, SCHEDULED_AT, FIRED_AT, ATTEMPT, OCCURRENCE)
 """Without these a record is not an occurrence (a worker dead-letters it)."""
 
@@ -92,6 +98,23 @@ DEFAULT_MAX_ATTEMPTS: Final = 5
 DEFAULT_BACKOFF_MS: Final = 10_000
 
 
+# --- schedule controls ------------------------------------------------------------------------
+
+MAX_BACKFILL_OCCURRENCES: Final = 10_000
+"""A backfill whose range holds more occurrences than this is rejected."""
+TRIGGER_ORIGIN: Final = "trigger"
+BACKFILL_ORIGIN: Final = "backfill"
+"""Origins of occurrences a command asked for, besides the schedule's own ones."""
+
+
 def occurrence_id(job_id: str, scheduled_ms: int) -> str:
     """The occurrence key carried in `cw-occurrence`."""
     return f"{job_id}@{scheduled_ms}"
+
+
+def requested_occurrence_id(job_id: str, scheduled_ms: int, origin: str, request_id: str) -> str:
+    """The occurrence key of an occurrence a trigger or backfill asked for:
+    `<job id>@<scheduled ms>/<origin>/<request id>`. It differs from the key of the schedule's
+    own occurrence at that instant (a backfill re-runs work a worker may have done already) and
+    from that of another request, while a re-submitted request maps to the same keys."""
+    return f"{job_id}@{scheduled_ms}/{origin}/{request_id}"

@@ -132,7 +132,10 @@ class Dispatcher:
     async def _fire_recurring_locked(self, p: Pending, rec: Recurring, now: int,
                                      fired: list[Pending]) -> None:
         job, schedule = self._recurring(rec.spec)
-        if now - p.slot_ms <= self.settings.catch_up_grace_ms:
+        # Lateness counts from the occurrence's own slot, not from the slot it was given: a
+        # resumed job's first occurrence gets a slot of now, however long the pause was.
+        if now - slot_for(p.job_id, p.scheduled_ms, job.window_ms) \
+                <= self.settings.catch_up_grace_ms:
             fires: tuple[int, ...] = (p.scheduled_ms,)
             nxt = next_after(schedule, p.scheduled_ms)
         else:
@@ -148,14 +151,16 @@ class Dispatcher:
         # The next occurrence is durable before the transaction that publishes this one.
         state = self.state
         if nxt is None:
-            await self.store.put_job(self.writer.finished(p.job_id, rec.spec, rec.version))
+            await self.store.put_job(self.writer.finished(p.job_id, rec.spec, rec.version,
+                                                          job.tenant))
             state.touch(p.job_id)
             return
         slot = max(slot_for(p.job_id, nxt, job.window_ms), state.watermark + 1)
         row = DueRow(minute_of(slot), self.shard, slot, p.job_id, 1, nxt, rec.version, p.topic,
                      p.payload, job.headers, rec.spec, job.max_attempts, job.backoff_ms)
         await self.writer.write_due(row, now, JobRow(p.job_id, self.shard, rec.spec,
-                                                     rec.version, "scheduled", nxt, slot))
+                                                     rec.version, "scheduled", nxt, slot, 0,
+                                                     job.tenant))
         state.apply_job_change(p.job_id, None, pending_from_row(row))
 
     def _recurring(self, spec: bytes) -> tuple[JobSpec, Schedule]:

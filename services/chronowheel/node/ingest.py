@@ -14,27 +14,36 @@ from collections import defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import orjson
+
 from chronowheel.bus.ports import SubmitRecord
 from chronowheel.core import wire
 from chronowheel.core.buckets import minute_of, slot_for
 from chronowheel.core.clock import Clock
 from chronowheel.core.model import (
+    Backfill,
+    Cancel,
     Command,
     JobSpec,
+    Pause,
+    Resume,
     Retry,
+    Trigger,
     Upsert,
     ValidationPolicy,
+    decode_stored_job,
     parse_command,
 )
 from chronowheel.core.recurrence import next_after
 from chronowheel.core.shard import shard_of
 from chronowheel.errors import ValidationError
+from chronowheel.node.dispatch import stored_policy
 from chronowheel.node.metrics import NodeMetrics
 from chronowheel.node.pending import OccurrenceKey, pending_from_row
 from chronowheel.node.state import Outgoing, ShardState
 from chronowheel.node.writes import RowWriter, schedule_of
 from chronowheel.settings import Settings
-from chronowheel.store.base import DueRow, JobRow, JobStore
+from chronowheel.store.base import DueRow, JobRow, JobStore, RequestRow
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +61,7 @@ class Ingest:
         self.clock = clock
         self.metrics = metrics
         self.policy = policy
+        self.stored_policy = stored_policy(policy)
         self.queue: deque[SubmitRecord] = deque()
         """Records fetched for this shard, not yet applied (the pump pauses on its length)."""
         self.next_offset: int | None = None
@@ -59,6 +69,11 @@ class Ingest:
         self.counted: set[int] = set()
         """Minutes whose bucket counts the current batch already raised (`precount`), so its
         rows there do not count themselves again."""
+        self.sources: dict[int, SubmitRecord] = {}
+        """id() of each command of the current batch -> its record (for late rejections)."""
+        self.late_rejections: list[Outgoing] = []
+        """Commands of the current batch refused for the state of their job (an unknown job,
+        a one-shot asked to backfill); published with the batch like parse rejections."""
 
     def enqueue(self, records: Iterable[SubmitRecord]) -> None:
         self.queue.extend(records)
@@ -106,8 +121,14 @@ class Ingest:
                 self.metrics.forwarded.inc()
                 continue
             chains[job_id].append(cmd)
+            self.sources[id(cmd)] = rec
         await self._precount(chains, now)
-        await self._apply_chains(chains)
+        try:
+            await self._apply_chains(chains)
+        finally:
+            self.sources.clear()
+        outbox.extend(self.late_rejections)
+        self.late_rejections.clear()
         # Handed to the next transaction after every step: a step is at most `ingest_batch`
         # records, so a takeover re-applies at most that many.
         self.state.outbox.extend(outbox)
@@ -138,7 +159,9 @@ class Ingest:
                     if _unchanged(row, cmd.job):
                         self.metrics.ingested.labels(cmd.op, UNCHANGED).inc()
                         continue
-                    if not self._has_pending_row(row):
+                    # A paused job stays paused through an edit (`_upsert`).
+                    if not self._has_pending_row(row) \
+                            and (row is None or row.status != "paused"):
                         fresh.append((cmd.job, row))
                         continue
                 one_by_one.append((job_id, cmds))
@@ -228,12 +251,14 @@ class Ingest:
         # identical re-submit stays a no-op that long); a recurring one lives until changed.
         ttl = 0 if job.recurring else self.writer.ttl_s(slot, now)
         return due, self.writer.ttl_s(slot, now), JobRow(
-            job.id, self.shard, job.canonical, new.version, "scheduled", new.first, slot, ttl)
+            job.id, self.shard, job.canonical, new.version, "scheduled", new.first, slot, ttl,
+            job.tenant)
 
     async def _finish(self, job: JobSpec, version: int, old_key: OccurrenceKey | None,
                       sem: asyncio.Semaphore) -> None:
         async with sem:
-            await self.store.put_job(self.writer.finished(job.id, job.canonical, version))
+            await self.store.put_job(self.writer.finished(job.id, job.canonical, version,
+                                                          job.tenant))
         self.state.apply_job_change(job.id, old_key, None)
         self.metrics.ingested.labels("upsert", STORED).inc()
 
@@ -267,6 +292,15 @@ class Ingest:
         except Exception as exc:  # a parser bug must not stop the pipeline either
             log.exception("shard %d: parser failed on offset %d", self.shard, rec.offset)
             reason = f"internal error while validating: {type(exc).__name__}: {exc}"
+        self._rejection(rec, reason, outbox)
+        return None
+
+    def _reject(self, cmd: Command, reason: str) -> None:
+        """Refuse a parsed command for the state of its job: to `<ns>.rejected` with the
+        batch, like a parse rejection."""
+        self._rejection(self.sources[id(cmd)], reason, self.late_rejections)
+
+    def _rejection(self, rec: SubmitRecord, reason: str, outbox: list[Outgoing]) -> None:
         outbox.append(Outgoing(
             self.settings.rejected_topic, None, rec.key, rec.value or b"",
             [(wire.REASON, reason.encode()),
@@ -276,7 +310,6 @@ class Ingest:
         self.metrics.rejected.inc()
         log.info("shard %d: rejected offset %d: %s", self.shard, rec.offset, reason,
                  extra={"shard": self.shard, "offset": rec.offset, "partition": rec.partition})
-        return None
 
     async def _apply(self, cmd: Command, now: int, existing: JobRow | _Read | None) -> None:
         """One command; `existing` is the job's row read under its lock, or _READ to read it
@@ -288,8 +321,16 @@ class Ingest:
             row = await self.store.get_job(job_id) if isinstance(existing, _Read) else existing
             if isinstance(cmd, Upsert):
                 changed = await self._upsert(cmd.job, now, row)
-            else:
+            elif isinstance(cmd, Cancel):
                 changed = await self._cancel(cmd.id, row)
+            elif isinstance(cmd, Pause):
+                changed = await self._pause(cmd, row)
+            elif isinstance(cmd, Resume):
+                changed = await self._resume(cmd, row, now)
+            elif isinstance(cmd, Trigger):
+                changed = await self._trigger(cmd, row, now)
+            else:
+                changed = await self._backfill(cmd, row)
         self.metrics.ingested.labels(cmd.op, STORED if changed else UNCHANGED).inc()
 
     async def _upsert(self, job: JobSpec, now: int, existing: JobRow | None) -> bool:
@@ -300,8 +341,15 @@ class Ingest:
                  else job.at_ms)
         old_key = await self._remove_pending(existing)
         if first is None:  # a recurring job whose end has passed
-            await self.store.put_job(self.writer.finished(job.id, job.canonical, version))
+            await self.store.put_job(self.writer.finished(job.id, job.canonical, version,
+                                                          job.tenant))
             self.state.apply_job_change(job.id, old_key, None)
+            return True
+        if existing is not None and existing.status == "paused":
+            # The new spec is stored, the job stays paused: a resume starts from `first`.
+            await self.store.put_job(JobRow(job.id, self.shard, job.canonical, version,
+                                            "paused", first, None, 0, job.tenant))
+            self.state.apply_job_change(job.id, None, None)
             return True
         state = self.state
         slot = state.claim_slot(slot_for(job.id, first, job.window_ms), self.clock.now_ms())
@@ -314,7 +362,8 @@ class Ingest:
             # identical re-submit stays a no-op that long); a recurring one lives until changed.
             ttl = 0 if job.recurring else self.writer.ttl_s(slot, now)
             await self.writer.write_due(row, now, JobRow(job.id, self.shard, job.canonical,
-                                                         version, "scheduled", first, slot, ttl),
+                                                         version, "scheduled", first, slot, ttl,
+                                                         job.tenant),
                                         counted=row.minute in self.counted)
             state.apply_job_change(job.id, old_key, pending_from_row(row))
         finally:
@@ -331,12 +380,139 @@ class Ingest:
         return (existing.job_id, existing.scheduled_ms, 1)
 
     async def _cancel(self, job_id: str, existing: JobRow | None) -> bool:
-        if existing is None or existing.status != "scheduled":
+        if existing is None or existing.status not in ("scheduled", "paused"):
             return False
         old_key = await self._remove_pending(existing)
         await self.store.put_job(JobRow(job_id, self.shard, existing.spec, existing.version + 1,
-                                        "cancelled", None, None, self.writer.retention_s))
+                                        "cancelled", None, None, self.writer.retention_s,
+                                        existing.tenant))
         self.state.apply_job_change(job_id, old_key, None)
+        return True
+
+    # --- schedule controls ------------------------------------------------------------------
+    def _stored(self, row: JobRow) -> JobSpec:
+        return decode_stored_job(row.spec, policy=self.stored_policy, now_ms=self.clock.now_ms())
+
+    def _accepted(self, cmd: Pause | Resume | Trigger | Backfill, row: JobRow | None,
+                  verb: str) -> JobRow | None:
+        """The job's row when `cmd` can apply to it; otherwise None, `cmd` rejected."""
+        if row is None:
+            self._reject(cmd, f"id: no job {cmd.id!r} to {verb}")
+            return None
+        if row.status in ("finished", "cancelled"):
+            self._reject(cmd, f"id: job {cmd.id!r} is {row.status}; there is nothing to {verb}")
+            return None
+        if isinstance(cmd, Trigger | Backfill):
+            reason = None
+            if row.status == "paused":
+                reason = f"id: job {cmd.id!r} is paused; resume it before it can be {verb}ed"
+            elif not row.spec or orjson.loads(row.spec).get("at") is not None:
+                reason = f"id: job {cmd.id!r} is a one-shot; only a recurring job can be {verb}ed"
+            if reason is not None:
+                self._reject(cmd, reason)
+                return None
+        return row
+
+    async def _pause(self, cmd: Pause, row: JobRow | None) -> bool:
+        row = self._accepted(cmd, row, "pause")
+        if row is None:
+            return False
+        if row.status == "paused":
+            return False
+        job = self._stored(row)
+        held = row.scheduled_ms  # the first occurrence the pause withholds
+        if held is not None and row.slot_ms is not None and row.slot_ms <= self.state.watermark:
+            # That one is being published (or is out, for a one-shot): it goes; the pause
+            # withholds the next.
+            held = next_after(schedule_of(job), held) if job.recurring else None
+        if held is None:
+            self._reject(cmd, f"id: job {cmd.id!r} has no occurrence left to pause"
+                              + ("" if job.recurring else " (a one-shot that has fired)"))
+            return False
+        old_key = await self._remove_pending(row)
+        await self.store.put_job(JobRow(row.job_id, self.shard, row.spec, row.version + 1,
+                                        "paused", held, None, 0, row.tenant))
+        self.state.apply_job_change(row.job_id, old_key, None)
+        return True
+
+    async def _resume(self, cmd: Resume, row: JobRow | None, now: int) -> bool:
+        row = self._accepted(cmd, row, "resume")
+        if row is None:
+            return False
+        if row.status != "paused" or row.scheduled_ms is None:
+            return False  # not paused: nothing to do
+        job = self._stored(row)
+        first, version, state = row.scheduled_ms, row.version + 1, self.state
+        # A first occurrence long overdue gets a slot of now; dispatch measures its lateness
+        # from its own slot and applies the job's catch-up policy (`Dispatcher`).
+        slot = state.claim_slot(slot_for(job.id, first, job.window_ms), self.clock.now_ms())
+        try:
+            due = DueRow(minute_of(slot), self.shard, slot, job.id, 1, first, version,
+                         job.topic, job.payload, job.headers,
+                         job.canonical if job.recurring else None, job.max_attempts,
+                         job.backoff_ms)
+            ttl = 0 if job.recurring else self.writer.ttl_s(slot, now)
+            await self.writer.write_due(due, now, JobRow(job.id, self.shard, job.canonical,
+                                                         version, "scheduled", first, slot, ttl,
+                                                         job.tenant))
+            state.apply_job_change(job.id, None, pending_from_row(due))
+        finally:
+            state.release_slot(slot)
+        return True
+
+    async def _trigger(self, cmd: Trigger, row: JobRow | None, now: int) -> bool:
+        row = self._accepted(cmd, row, "trigger")
+        if row is None:
+            return False
+        if await self.store.get_request(self.shard, cmd.id, cmd.request_id) is not None:
+            return False  # the same request again: it was applied before
+        job = self._stored(row)
+        state = self.state
+        slot = state.claim_slot(now, self.clock.now_ms())
+        try:
+            due = DueRow(minute_of(slot), self.shard, slot, job.id, 1, now, row.version,
+                         job.topic, job.payload, job.headers, None, job.max_attempts,
+                         job.backoff_ms, wire.TRIGGER_ORIGIN, cmd.request_id)
+            request = RequestRow(self.shard, job.id, cmd.request_id, wire.TRIGGER_ORIGIN, now,
+                                 now, None, 1, 1, row.spec, self.writer.retention_s)
+            # The count first or together: the loader skips minutes counted zero.
+            await asyncio.gather(
+                self.store.put_request(request, [(due, self.writer.ttl_s(slot, now))]),
+                self.store.add_bucket_count(self.shard, due.minute, 1))
+            if state.insert_bound(slot):
+                p = pending_from_row(due)
+                state.wheel.insert(p.wheel_key, slot, p)
+        finally:
+            state.release_slot(slot)
+        return True
+
+    async def _backfill(self, cmd: Backfill, row: JobRow | None) -> bool:
+        row = self._accepted(cmd, row, "backfill")
+        if row is None:
+            return False
+        if await self.store.get_request(self.shard, cmd.id, cmd.request_id) is not None:
+            return False  # the same request again: it was applied (or is being applied)
+        schedule = schedule_of(self._stored(row))
+        first = next_after(schedule, cmd.from_ms, inclusive=True)
+        total, at = 0, first
+        while at is not None and at < cmd.to_ms:
+            total += 1
+            if total > wire.MAX_BACKFILL_OCCURRENCES:
+                self._reject(cmd, f"to: the range holds more than "
+                                  f"{wire.MAX_BACKFILL_OCCURRENCES} occurrences (at least "
+                                  f"{total} in [{cmd.from_ms}, {cmd.to_ms}))")
+                return False
+            at = next_after(schedule, at)
+        if first is None or total == 0:
+            self._reject(cmd, f"from: job {cmd.id!r} has no occurrence in "
+                              f"[{cmd.from_ms}, {cmd.to_ms})")
+            return False
+        request = RequestRow(self.shard, cmd.id, cmd.request_id, wire.BACKFILL_ORIGIN,
+                             cmd.from_ms, cmd.to_ms, first, total, 0, row.spec,
+                             self.writer.retention_s)
+        await self.store.put_request(request)
+        self.state.backfills[(cmd.id, cmd.request_id)] = request
+        self.state.backfill_wake.set()
         return True
 
     async def _retry(self, cmd: Retry, now: int) -> bool:
@@ -347,7 +523,8 @@ class Ingest:
                          cmd.scheduled_ms, 0, cmd.topic, cmd.payload, cmd.headers, None,
                          cmd.max_attempts if cmd.max_attempts is not None
                          else wire.DEFAULT_MAX_ATTEMPTS,
-                         cmd.backoff_ms if cmd.backoff_ms is not None else wire.DEFAULT_BACKOFF_MS)
+                         cmd.backoff_ms if cmd.backoff_ms is not None else wire.DEFAULT_BACKOFF_MS,
+                         cmd.origin, cmd.request_id)
             await self.writer.write_due(row, now, counted=row.minute in self.counted)
             p = pending_from_row(row)
             if state.insert_bound(slot):

@@ -116,7 +116,7 @@ class Loader:
         for row in rows:
             if row.slot_ms <= watermark:
                 continue  # published already
-            if row.attempt == 1 and touched.get(row.job_id, 0) >= seq0:
+            if row.attempt == 1 and not row.origin and touched.get(row.job_id, 0) >= seq0:
                 continue  # ingest or dispatch changed this job after the read began
             p = pending_from_row(row)
             insert(p, p.slot_ms, p)

@@ -102,11 +102,13 @@ class Pending:
         return hash((self.job_id, self.scheduled_ms, self.delivery.attempt))
 
     def __eq__(self, other: object) -> bool:
+        # Called only when hashes collide (a dict compares identity first), so building the
+        # keys costs nothing on the hot path; it keeps a RequestedPending, keyed by its entry,
+        # distinct from the job's own occurrence at the same instant.
         if isinstance(other, Pending):
-            return (self.job_id == other.job_id and self.scheduled_ms == other.scheduled_ms
-                    and self.delivery.attempt == other.delivery.attempt)
+            return self.wheel_key == other.wheel_key
         if isinstance(other, tuple):
-            return other == (self.job_id, self.scheduled_ms, self.delivery.attempt)
+            return other == self.wheel_key
         return NotImplemented
 
     @property
@@ -159,6 +161,40 @@ class RecurringPending(Pending):
         self.recurring = recurring
 
 
+class RequestedPending(Pending):
+    """An occurrence a trigger or a backfill asked for: published as it is, like a one-shot,
+    under its own occurrence key (`entry`, from wire.requested_occurrence_id), so it is neither
+    the job's scheduled occurrence nor a copy of it, with a header naming the request."""
+
+    __slots__ = ("entry", "marker")
+
+    def __init__(self, *, job_id: str, scheduled_ms: int, slot_ms: int, payload: bytes,
+                 delivery: Delivery, entry: str, marker: tuple[str, bytes]) -> None:
+        super().__init__(job_id=job_id, scheduled_ms=scheduled_ms, slot_ms=slot_ms,
+                         payload=payload, delivery=delivery)
+        self.entry = entry
+        self.marker = marker
+
+    @property
+    def wheel_key(self) -> OccurrenceKey:
+        return (self.entry, self.scheduled_ms, self.delivery.attempt)
+
+    def __hash__(self) -> int:
+        return hash((self.entry, self.scheduled_ms, self.delivery.attempt))
+
+    def headers(self, key: bytes, *extra: tuple[str, bytes]) -> list[tuple[str, bytes]]:
+        d = self.delivery
+        return [
+            (wire.JOB_ID, key),
+            (wire.SCHEDULED_AT, str(self.scheduled_ms).encode()),
+            d.attempt_header,
+            (wire.OCCURRENCE, self.entry.encode()),
+            *d.tail,
+            self.marker,
+            *extra,
+        ]
+
+
 def pending(*, job_id: str, scheduled_ms: int, slot_ms: int, payload: bytes,
             delivery: Delivery, recurring: Recurring | None) -> Pending:
     if recurring is None:
@@ -180,10 +216,16 @@ def pending_from_row(row: DueRow) -> Pending:
     scheduled, slot = row.scheduled_ms, row.slot_ms
     if slot == scheduled:
         slot = scheduled  # one int object for both (most one-shots have no window)
+    shared = delivery(row.topic, row.attempt, row.headers, row.max_attempts, row.backoff_ms)
+    if row.origin:
+        # Published as it is, like a one-shot: its job's schedule is not its business.
+        marker = wire.TRIGGERED if row.origin == wire.TRIGGER_ORIGIN else wire.BACKFILL
+        return RequestedPending(job_id=row.job_id, scheduled_ms=scheduled, slot_ms=slot,
+                                payload=row.payload, delivery=shared, entry=row.entry,
+                                marker=(marker, row.request_id.encode()))
     return pending(
         job_id=row.job_id, scheduled_ms=scheduled, slot_ms=slot, payload=row.payload,
-        delivery=delivery(row.topic, row.attempt, row.headers, row.max_attempts,
-                          row.backoff_ms),
+        delivery=shared,
         recurring=None if row.spec is None else Recurring(row.spec, row.version),
     )
 

@@ -1,15 +1,16 @@
 """The shard actor: supervises one owned shard's tasks around their shared `ShardState`.
 
-After the takeover and claim (`node/takeover.py`) three tasks share the shard's state on one
+After the takeover and claim (`node/takeover.py`) four tasks share the shard's state on one
 event loop: dispatch (`node/dispatch.py`, run by the actor itself) fires due occurrences and
 commits them, with ingest's outbox, the new watermark and the submit offsets of fully applied
 commands, as one part of the node's next Kafka transaction (`node/publisher.py`,
 `node/transactions.py`: all of a shard's part or none of it); ingest (`node/ingest.py`) applies
 submit commands, durable Cassandra writes first; the loader (`node/loader.py`) keeps the wheel
-filled from Cassandra's minute buckets ahead of time. Ingest and dispatch run concurrently so a
-burst of submissions does not delay firing; a per-job lock orders what both do to one job. The
-invariants they keep (watermark, horizon, offsets, ingest slots) are stated in `node/state.py`;
-the design behind them in docs/design.md.
+filled from Cassandra's minute buckets ahead of time; the backfill task (`node/backfill.py`)
+hands backfill requests to the due table a paced chunk at a time. Ingest and dispatch run
+concurrently so a burst of submissions does not delay firing; a per-job lock orders what both
+do to one job. The invariants they keep (watermark, horizon, offsets, ingest slots) are stated
+in `node/state.py`; the design behind them in docs/design.md.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from chronowheel.bus.ports import NodeBus, SubmitPositions, SubmitRecord
 from chronowheel.core.clock import Clock
 from chronowheel.core.model import ValidationPolicy
 from chronowheel.errors import ChronowheelError
+from chronowheel.node.backfill import Backfiller
 from chronowheel.node.dispatch import Dispatcher
 from chronowheel.node.ingest import Ingest
 from chronowheel.node.loader import Loader
@@ -77,6 +79,8 @@ class ShardActor:
                                      writer=writer, publisher=self.publisher, clock=clock,
                                      metrics=metrics, policy=policy,
                                      dispatch_blocked=dispatch_blocked)
+        self.backfiller = Backfiller(state=self.state, settings=settings, store=store,
+                                     writer=writer, clock=clock, policy=policy)
         self._stopped = asyncio.Event()
 
     # --- what the node sees ---------------------------------------------------------------
@@ -102,6 +106,7 @@ class ShardActor:
         state.wake.set()
         state.ingest_wake.set()
         state.loader_wake.set()
+        state.backfill_wake.set()
         await self._stopped.wait()
 
     # --- supervision ----------------------------------------------------------------------
@@ -113,6 +118,7 @@ class ShardActor:
             helpers = [
                 asyncio.create_task(self.loader.run(), name=f"loader-{self.shard}"),
                 asyncio.create_task(self.ingest.run(), name=f"ingest-{self.shard}"),
+                asyncio.create_task(self.backfiller.run(), name=f"backfill-{self.shard}"),
             ]
             while not state.stopping:
                 state.wake.clear()

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from chronowheel.core.buckets import minute_of
 from chronowheel.core.wheel import TimingWheel
 from chronowheel.node.pending import OccurrenceKey, Pending, WheelKey
+from chronowheel.store.base import RequestRow
 
 
 @dataclass(slots=True)
@@ -106,6 +107,13 @@ class ShardState:
         """Wakes the loader early (stop)."""
         self.stopping = False
         """Set by the actor on a stop; every task finishes its current step and returns."""
+
+        self.backfills: dict[tuple[str, str], RequestRow] = {}
+        """(job id, request id) -> backfill request with occurrences still to hand over.
+        Filled by ingest (a new backfill) and at takeover; the backfill task
+        (`node/backfill.py`) hands them to the due table and removes finished ones."""
+        self.backfill_wake = asyncio.Event()
+        """Wakes the backfill task: a backfill was added, or the shard stops."""
 
         self._locks: dict[str, asyncio.Lock] = {}
         self._lock_users: dict[str, int] = {}

@@ -29,9 +29,9 @@ class RowWriter:
         """A due row lives until its slot, then the retention period."""
         return max(1, (max(0, slot - now) + self.retention_ms) // 1000)
 
-    def finished(self, job_id: str, spec: bytes, version: int) -> JobRow:
+    def finished(self, job_id: str, spec: bytes, version: int, tenant: str | None) -> JobRow:
         return JobRow(job_id, self.shard, spec, version, "finished", None, None,
-                      self.retention_s)
+                      self.retention_s, tenant)
 
     async def write_due(self, row: DueRow, now: int, job: JobRow | None = None, *,
                         counted: bool = False) -> None:

@@ -49,8 +49,9 @@ def cql_statements(keyspace: str, replication: int | Mapping[str, int]) -> list[
     """The schema's statements for one keyspace, comments removed, in file order.
 
     `replication` is a factor (SimpleStrategy) or {data centre: factor}
-    (NetworkTopologyStrategy). Every statement is `CREATE ... IF NOT EXISTS`, so applying the
-    list again is harmless.
+    (NetworkTopologyStrategy). Every statement is `CREATE ... IF NOT EXISTS` or
+    `ALTER TABLE ... ADD IF NOT EXISTS`, so applying the list again is harmless, and applying
+    it to a keyspace of an earlier version adds what that version lacks.
     """
     lines = [ln for ln in cql_text().splitlines() if not ln.strip().startswith("--")]
     body = "\n".join(ln.split("--")[0] for ln in lines)

@@ -21,6 +21,8 @@ class JobRow:
     # Seconds until the row expires (0 = never): finished one-shots and cancelled jobs are
     # remembered for the retention period, which bounds how long re-submits are no-ops.
     ttl_s: int = 0
+    tenant: str | None = None
+    """The job's `tenant`, copied out of the spec so that jobs can be listed by it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +42,92 @@ class DueRow:
     spec: bytes | None  # recurring jobs only
     max_attempts: int = wire.DEFAULT_MAX_ATTEMPTS
     backoff_ms: int = wire.DEFAULT_BACKOFF_MS
+    origin: str = ""
+    """"" for the schedule's own occurrences (and retries); `wire.TRIGGER_ORIGIN` or
+    `wire.BACKFILL_ORIGIN` for one a command asked for."""
+    request_id: str = ""
+    """The request id of that command (with an origin only)."""
+
+    @property
+    def entry(self) -> str:
+        """What tells this row apart from other rows of the job at the same slot and attempt:
+        the job id, or for a requested occurrence its own occurrence key (stored in the
+        `job_id` column, so that any number of them can share a slot)."""
+        if not self.origin:
+            return self.job_id
+        return wire.requested_occurrence_id(self.job_id, self.scheduled_ms, self.origin,
+                                            self.request_id)
+
+
+def job_id_of_entry(entry: str, scheduled_ms: int, origin: str, request_id: str) -> str:
+    """The job id inside `DueRow.entry` (the inverse of `requested_occurrence_id`)."""
+    if not origin:
+        return entry
+    suffix = f"@{scheduled_ms}/{origin}/{request_id}"
+    if not entry.endswith(suffix):
+        raise ValueError(f"due row entry {entry!r} does not end with {suffix!r}")
+    return entry[: -len(suffix)]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRow:
+    """A trigger or backfill request of one job (table `job_requests`).
+
+    Its presence makes a re-sent request a no-op. A backfill hands its occurrences to the due
+    table in chunks: `next_ms` is the first scheduled instant not handed over yet (None when
+    all are), written in the same logged batch as the chunk's due rows.
+    """
+
+    shard: int
+    job_id: str
+    request_id: str
+    kind: str  # wire.TRIGGER_ORIGIN | wire.BACKFILL_ORIGIN
+    from_ms: int
+    to_ms: int
+    next_ms: int | None
+    total: int
+    handed: int
+    """Occurrences handed to the due table so far."""
+    spec: bytes
+    """The job's spec when the request was applied: topic, payload and headers come from it."""
+    ttl_s: int = 0
+
+
+LIST_SCAN_ROWS = 5_000
+"""A listing page stops after reading this many rows (a `prefix` filter is applied to what
+the store reads: a rare prefix must not make one page read the whole table)."""
+MAX_LIST_LIMIT = 1_000
+JOB_STATUSES: tuple[str, ...] = ("scheduled", "paused", "finished", "cancelled")
+
+
+@dataclass(frozen=True, slots=True)
+class JobQuery:
+    """Filters of a job listing; None means any. `due_before_ms` keeps jobs whose pending
+    occurrence (`scheduled_ms`) is before it; `prefix` keeps job ids starting with it."""
+
+    tenant: str | None = None
+    status: str | None = None
+    prefix: str | None = None
+    due_before_ms: int | None = None
+    limit: int = 100
+    page_token: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    job_id: str
+    shard: int
+    status: str
+    tenant: str | None
+    scheduled_ms: int | None
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    jobs: list[JobSummary]
+    next_token: str | None
+    """Pass as `page_token` (with the same filters) for the next page; None: no more."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +169,11 @@ class JobStore(Protocol):
 
     async def put_job(self, row: JobRow) -> None:
         """Write (replace) the jobs row of `row.job_id`, expiring after `row.ttl_s`."""
+        ...
+
+    async def put_jobs(self, rows: Sequence[JobRow]) -> None:
+        """`put_job` of every row, in few requests (bulk loads and tools). Not atomic: after a
+        failure some rows may be written."""
         ...
 
     async def put_due(self, row: DueRow, ttl_s: int) -> None:
@@ -141,6 +234,27 @@ class JobStore(Protocol):
 
     async def release_claim(self, consumer: str, occurrence: str, owner: str) -> None:
         """Delete the claim when it is a "running" lease held by `owner`; else do nothing."""
+        ...
+
+    async def get_request(self, shard: int, job_id: str, request_id: str) -> RequestRow | None:
+        """The request row, None when there is none (or it expired); `ttl_s` reads as 0."""
+        ...
+
+    async def shard_requests(self, shard: int) -> list[RequestRow]:
+        """Every live request row of `shard` (a backfill in progress has `next_ms` set)."""
+        ...
+
+    async def put_request(self, request: RequestRow,
+                          dues: Sequence[tuple[DueRow, int]] = ()) -> None:
+        """Write (replace) the request row and the due rows of `dues` (each with its TTL in
+        seconds) atomically, in one logged batch. The caller keeps `dues` small."""
+        ...
+
+    async def list_jobs(self, query: JobQuery) -> JobPage:
+        """One page of jobs rows matching every filter of `query`: at most `query.limit`
+        (possibly fewer, even none, with a `next_token` when more may follow: a page stops
+        after reading a bounded number of rows). Order is the store's own, stable across
+        pages. Raises ValueError for a page token that is not one this store gave."""
         ...
 
     async def get_meta(self, name: str) -> str | None:

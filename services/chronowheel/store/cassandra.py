@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import logging
 import threading
 import time
@@ -44,7 +46,17 @@ from chronowheel.errors import ConfigError, RetriableError
 from chronowheel.retry import with_retries
 from chronowheel.security import quiet_loggers, speaks_tls, ssl_context, tls_failure
 from chronowheel.settings import Settings
-from chronowheel.store.base import Claim, DueRow, JobRow
+from chronowheel.store.base import (
+    LIST_SCAN_ROWS,
+    Claim,
+    DueRow,
+    JobPage,
+    JobQuery,
+    JobRow,
+    JobSummary,
+    RequestRow,
+    job_id_of_entry,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +70,31 @@ HOUR_MS = 3_600_000
 TUPLES = "tuples"
 # Partition keys per `jobs` read of get_jobs.
 JOBS_READ_GROUP = 50
+# Rows per unlogged batch of put_jobs (small rows: the batch stays far below the warning size
+# only when specs are small; bulk loads are what it is for).
+JOBS_WRITE_GROUP = 20
 # Bucket counter updates per counter batch of add_bucket_counts (some 60 bytes each: far
 # below the batch size warning).
 COUNTS_PER_BATCH = 50
+
+
+REQUEST_COLUMNS = ("shard, job_id, request_id, kind, from_ms, to_ms, next_ms, total, handed, "
+                   "spec")
+
+
+def _request(row: Sequence[Any]) -> RequestRow:
+    shard, job_id, request_id, kind, from_ms, to_ms, next_ms, total, handed, spec = row
+    return RequestRow(shard, job_id, request_id, kind or "", from_ms or 0, to_ms or 0, next_ms,
+                      total or 0, handed or 0, spec or b"")
+
+
+def _decode_paging(token: str | None) -> bytes | None:
+    if token is None:
+        return None
+    try:
+        return base64.b64decode(token.encode(), altchars=b"-_", validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"page token {token!r}: not a token of this store") from None
 
 
 class CassandraError(RetriableError):
@@ -283,21 +317,28 @@ class CassandraStore:
         self.session = session
         ks = settings.keyspace
         p = session.prepare
-        self._get_job = p(f"SELECT job_id, shard, spec, version, status, scheduled_ms, slot_ms "
-                          f"FROM {ks}.jobs WHERE job_id = ?")
+        self._get_job = p(f"SELECT job_id, shard, spec, version, status, scheduled_ms, slot_ms, "
+                          f"tenant FROM {ks}.jobs WHERE job_id = ?")
         self._get_jobs = p(f"SELECT job_id, shard, spec, version, status, scheduled_ms, "
-                           f"slot_ms FROM {ks}.jobs WHERE job_id IN ?")
+                           f"slot_ms, tenant FROM {ks}.jobs WHERE job_id IN ?")
         self._put_job = p(f"INSERT INTO {ks}.jobs (job_id, shard, spec, version, status, "
-                          f"scheduled_ms, slot_ms, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, "
-                          f"toTimestamp(now())) USING TTL ?")
+                          f"scheduled_ms, slot_ms, tenant, updated_at) VALUES (?, ?, ?, ?, ?, "
+                          f"?, ?, ?, toTimestamp(now())) USING TTL ?")
         self._put_due = p(f"INSERT INTO {ks}.due (minute, shard, slot_ms, job_id, attempt, "
                           f"scheduled_ms, version, topic, payload, headers, spec, max_attempts, "
-                          f"backoff_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                          f"USING TTL ?")
+                          f"backoff_ms, origin, request_id) "
+                          f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?")
+        self._get_request = p(f"SELECT {REQUEST_COLUMNS} FROM {ks}.job_requests "
+                              f"WHERE shard = ? AND job_id = ? AND request_id = ?")
+        self._shard_requests = p(f"SELECT {REQUEST_COLUMNS} FROM {ks}.job_requests "
+                                 f"WHERE shard = ?")
+        self._put_request = p(f"INSERT INTO {ks}.job_requests ({REQUEST_COLUMNS}) "
+                              f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?")
+        self._listings: dict[tuple[bool, bool, bool], PreparedStatement] = {}
         self._del_due = p(f"DELETE FROM {ks}.due WHERE minute = ? AND shard = ? AND slot_ms = ? "
                           f"AND job_id = ? AND attempt = ?")
         cols = ("minute, shard, slot_ms, job_id, attempt, scheduled_ms, version, topic, payload, "
-                "headers, spec, max_attempts, backoff_ms")
+                "headers, spec, max_attempts, backoff_ms, origin, request_id")
         self._read_bucket = p(f"SELECT {cols} FROM {ks}.due WHERE minute = ? AND shard = ?")
         self._read_bucket_from = p(f"SELECT {cols} FROM {ks}.due WHERE minute = ? AND shard = ? "
                                    f"AND slot_ms >= ?")
@@ -346,9 +387,9 @@ class CassandraStore:
         row = rs.one()
         if row is None:
             return None
-        job, shard, spec, version, status, scheduled_ms, slot_ms = row
+        job, shard, spec, version, status, scheduled_ms, slot_ms, tenant = row
         return JobRow(job, shard, spec or b"", version or 0, status or "", scheduled_ms,
-                      slot_ms)
+                      slot_ms, 0, tenant)
 
     async def get_jobs(self, job_ids: Sequence[str]) -> dict[str, JobRow]:
         # A few dozen partition keys per request: one request (and one answer to settle)
@@ -360,18 +401,31 @@ class CassandraStore:
             for group in groups))
         out: dict[str, JobRow] = {}
         for rs in results:
-            for job, shard, spec, version, status, scheduled_ms, slot_ms in rs.current_rows:
+            for job, shard, spec, version, status, scheduled_ms, slot_ms, tenant \
+                    in rs.current_rows:
                 out[job] = JobRow(job, shard, spec or b"", version or 0, status or "",
-                                  scheduled_ms, slot_ms)
+                                  scheduled_ms, slot_ms, 0, tenant)
         return out
 
     async def put_job(self, row: JobRow) -> None:
         await self._run(self._put_job, self._job_params(row), "write job")
 
+    async def put_jobs(self, rows: Sequence[JobRow]) -> None:
+        # Unlogged batches: no atomicity is promised, and one request per JOBS_WRITE_GROUP
+        # rows costs the coordinator far less than one per row.
+        groups = [rows[i:i + JOBS_WRITE_GROUP] for i in range(0, len(rows), JOBS_WRITE_GROUP)]
+        await asyncio.gather(*(self._put_job_group(group) for group in groups))
+
+    async def _put_job_group(self, rows: Sequence[JobRow]) -> None:
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+        for row in rows:
+            batch.add(self._put_job, self._job_params(row))
+        await self._run_batch(batch, f"write {len(rows)} jobs rows")
+
     @staticmethod
     def _job_params(row: JobRow) -> tuple[Any, ...]:
         return (row.job_id, row.shard, row.spec, row.version, row.status, row.scheduled_ms,
-                row.slot_ms, row.ttl_s)
+                row.slot_ms, UNSET_VALUE if row.tenant is None else row.tenant, row.ttl_s)
 
     # --- due rows -----------------------------------------------------------------------
     async def put_due(self, row: DueRow, ttl_s: int) -> None:
@@ -379,11 +433,12 @@ class CassandraStore:
 
     @staticmethod
     def _due_params(row: DueRow, ttl_s: int) -> tuple[Any, ...]:
-        return (row.minute, row.shard, row.slot_ms, row.job_id, row.attempt, row.scheduled_ms,
+        return (row.minute, row.shard, row.slot_ms, row.entry, row.attempt, row.scheduled_ms,
                 row.version, row.topic, row.payload, list(row.headers),
                 # a bound null is a tombstone; one-shot rows leave `spec` unset instead
                 UNSET_VALUE if row.spec is None else row.spec,
-                row.max_attempts, row.backoff_ms, max(1, ttl_s))
+                row.max_attempts, row.backoff_ms,
+                row.origin or UNSET_VALUE, row.request_id or UNSET_VALUE, max(1, ttl_s))
 
     async def put_due_and_job(self, row: DueRow, ttl_s: int, job: JobRow) -> None:
         batch = BatchStatement(batch_type=BatchType.LOGGED)
@@ -421,12 +476,16 @@ class CassandraStore:
         while True:
             rs = await self._page(bound, paging_state)
             rows = [
-                DueRow(minute, shard, slot, job, attempt, scheduled, version, topic,
+                DueRow(minute, shard, slot,
+                       job_id_of_entry(entry, scheduled, origin or "", request_id or ""),
+                       attempt, scheduled, version, topic,
                        payload or b"", tuple(headers or ()), spec,
                        wire.DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts,
-                       wire.DEFAULT_BACKOFF_MS if backoff is None else backoff)
-                for (minute, shard, slot, job, attempt, scheduled, version, topic, payload,
-                     headers, spec, max_attempts, backoff) in rs.current_rows
+                       wire.DEFAULT_BACKOFF_MS if backoff is None else backoff,
+                       origin or "", request_id or "")
+                for (minute, shard, slot, entry, attempt, scheduled, version, topic, payload,
+                     headers, spec, max_attempts, backoff, origin, request_id)
+                in rs.current_rows
             ]
             if rows:
                 yield rows
@@ -545,6 +604,81 @@ class CassandraStore:
 
     async def release_claim(self, consumer: str, occurrence: str, owner: str) -> None:
         await self._run(self._release_claim, (consumer, occurrence, owner), "release claim")
+
+    # --- trigger and backfill requests ----------------------------------------------------
+    async def get_request(self, shard: int, job_id: str, request_id: str) -> RequestRow | None:
+        rs = await self._run(self._get_request, (shard, job_id, request_id), "read request",
+                             execution_profile=TUPLES)
+        row = rs.one()
+        return None if row is None else _request(row)
+
+    async def shard_requests(self, shard: int) -> list[RequestRow]:
+        # One partition, kept small by the rows' TTL (the retention period).
+        rs = await self._run(self._shard_requests, (shard,), "read requests",
+                             execution_profile=TUPLES)
+        return [_request(row) for row in rs]
+
+    async def put_request(self, request: RequestRow,
+                          dues: Sequence[tuple[DueRow, int]] = ()) -> None:
+        params = (request.shard, request.job_id, request.request_id, request.kind,
+                  request.from_ms, request.to_ms, request.next_ms, request.total, request.handed,
+                  request.spec, request.ttl_s)
+        if not dues:
+            await self._run(self._put_request, params, "write request")
+            return
+        batch = BatchStatement(batch_type=BatchType.LOGGED)
+        for row, ttl_s in dues:
+            batch.add(self._put_due, self._due_params(row, ttl_s))
+        batch.add(self._put_request, params)
+        await self._run_batch(batch, f"write request and {len(dues)} due rows")
+
+    # --- listing --------------------------------------------------------------------------
+    async def list_jobs(self, query: JobQuery) -> JobPage:
+        """Served by the SAI indexes on tenant, status and scheduled_ms (rows come in token
+        order); `prefix` is applied to the rows read. The page token is the driver's paging
+        state, base64."""
+        stmt = self._listing(query.tenant is not None, query.status is not None,
+                             query.due_before_ms is not None)
+        params = [v for v in (query.tenant, query.status, query.due_before_ms) if v is not None]
+        paging_state = _decode_paging(query.page_token)
+        found: list[JobSummary] = []
+        read = 0
+        while True:
+            bound = stmt.bind(params)
+            # Never more than still fits: the paging state points after the last row read,
+            # so every row read is either returned or filtered out, never skipped.
+            bound.fetch_size = min(query.limit - len(found), LIST_SCAN_ROWS - read)
+            rs = await self._list_page(bound, paging_state)
+            for job_id, shard, status, tenant, scheduled_ms, version in rs.current_rows:
+                read += 1
+                if query.prefix is None or job_id.startswith(query.prefix):
+                    found.append(JobSummary(job_id, shard, status or "", tenant, scheduled_ms,
+                                            version or 0))
+            paging_state = rs.paging_state
+            if not paging_state or len(found) >= query.limit or read >= LIST_SCAN_ROWS:
+                break
+        token = base64.urlsafe_b64encode(paging_state).decode() if paging_state else None
+        return JobPage(found, token)
+
+    def _listing(self, tenant: bool, status: bool, due: bool) -> PreparedStatement:
+        key = (tenant, status, due)
+        stmt = self._listings.get(key)
+        if stmt is None:
+            where = [w for w, on in (("tenant = ?", tenant), ("status = ?", status),
+                                     ("scheduled_ms < ?", due)) if on]
+            cql = (f"SELECT job_id, shard, status, tenant, scheduled_ms, version "
+                   f"FROM {self.settings.keyspace}.jobs")
+            if where:
+                cql += " WHERE " + " AND ".join(where)
+            stmt = self._listings[key] = self.session.prepare(cql)
+        return stmt
+
+    async def _list_page(self, bound: Any, paging_state: bytes | None) -> Any:
+        async def once() -> Any:
+            return await _await_future(self.session.execute_async(
+                bound, paging_state=paging_state, execution_profile=TUPLES))
+
+        return await with_retries(once, "list jobs")
 
     async def get_meta(self, name: str) -> str | None:
         rs = await self._run(self._get_meta, (name,), "read meta")

@@ -15,7 +15,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import replace
 
 from chronowheel.core.clock import Clock
-from chronowheel.store.base import Claim, DueRow, JobRow
+from chronowheel.store.base import (
+    LIST_SCAN_ROWS,
+    Claim,
+    DueRow,
+    JobPage,
+    JobQuery,
+    JobRow,
+    JobSummary,
+    RequestRow,
+)
 
 HOUR_MS = 3_600_000
 _Key = tuple[int, str, int]  # clustering key of a due row: (slot_ms, job_id, attempt)
@@ -35,6 +44,7 @@ class MemoryStore:
         self.counts: dict[tuple[int, int], int] = {}
         self.claims: dict[tuple[str, str], tuple[Claim, str, int | None]] = {}
         self.meta: dict[str, str] = {}
+        self.requests: dict[tuple[int, str, str], tuple[RequestRow, int | None]] = {}
         self.calls = 0
         """Storage calls made so far (tests read it to see that something was or was not
         read)."""
@@ -82,6 +92,10 @@ class MemoryStore:
         await self._enter()
         self.jobs[row.job_id] = (replace(row, ttl_s=0), self._expiry(row.ttl_s))
 
+    async def put_jobs(self, rows: Sequence[JobRow]) -> None:
+        for row in rows:
+            await self.put_job(row)
+
     # --- due rows ------------------------------------------------------------------------
     async def put_due(self, row: DueRow, ttl_s: int) -> None:
         await self._enter()
@@ -89,7 +103,7 @@ class MemoryStore:
 
     def _put_due(self, row: DueRow, ttl_s: int) -> None:
         bucket = self.due.setdefault((row.minute, row.shard), {})
-        bucket[(row.slot_ms, row.job_id, row.attempt)] = (row, self._expiry(max(1, ttl_s)))
+        bucket[(row.slot_ms, row.entry, row.attempt)] = (row, self._expiry(max(1, ttl_s)))
 
     async def put_due_and_job(self, row: DueRow, ttl_s: int, job: JobRow) -> None:
         await self._enter()
@@ -170,6 +184,76 @@ class MemoryStore:
         if hit is not None and hit[0].state == "running" and hit[0].owner == owner:
             del self.claims[(consumer, occurrence)]
 
+    # --- requests ----------------------------------------------------------------------
+    async def get_request(self, shard: int, job_id: str, request_id: str) -> RequestRow | None:
+        await self._enter()
+        hit = self.requests.get((shard, job_id, request_id))
+        await self._return()
+        if hit is None or not self._alive(hit[1]):
+            return None
+        return replace(hit[0], ttl_s=0)
+
+    async def shard_requests(self, shard: int) -> list[RequestRow]:
+        await self._enter()
+        rows = [replace(row, ttl_s=0) for (k, _, _), (row, expires) in sorted(
+            self.requests.items()) if k == shard and self._alive(expires)]
+        await self._return()
+        return rows
+
+    async def put_request(self, request: RequestRow,
+                          dues: Sequence[tuple[DueRow, int]] = ()) -> None:
+        await self._enter()
+        for row, ttl_s in dues:  # no await in between: atomic
+            self._put_due(row, ttl_s)
+        self.requests[(request.shard, request.job_id, request.request_id)] = (
+            replace(request, ttl_s=0), self._expiry(request.ttl_s))
+
+    # --- listing -------------------------------------------------------------------------
+    async def list_jobs(self, query: JobQuery) -> JobPage:
+        """In job id order; the page token is the last job id read."""
+        await self._enter()
+        after = _decode_token(query.page_token)
+        ids = sorted(j for j in self.jobs if after is None or j > after)
+        found: list[JobSummary] = []
+        last = None
+        for read, job_id in enumerate(ids, 1):
+            row, expires = self.jobs[job_id]
+            last = job_id
+            if self._alive(expires) and _matches(row, query):
+                found.append(JobSummary(row.job_id, row.shard, row.status, row.tenant,
+                                        row.scheduled_ms, row.version))
+            if len(found) >= query.limit or read >= LIST_SCAN_ROWS:
+                break
+        await self._return()
+        more = last is not None and last != (ids[-1] if ids else None)
+        return JobPage(found, _encode_token(last) if more and last is not None else None)
+
     async def get_meta(self, name: str) -> str | None:
         await self._enter()
         return self.meta.get(name)
+
+
+def _matches(row: JobRow, query: JobQuery) -> bool:
+    return (query.tenant is None or row.tenant == query.tenant) \
+        and (query.status is None or row.status == query.status) \
+        and (query.prefix is None or row.job_id.startswith(query.prefix)) \
+        and (query.due_before_ms is None
+             or (row.scheduled_ms is not None and row.scheduled_ms < query.due_before_ms))
+
+
+_TOKEN_PREFIX = "m1:"
+
+
+def _encode_token(job_id: str) -> str:
+    return _TOKEN_PREFIX + job_id.encode().hex()
+
+
+def _decode_token(token: str | None) -> str | None:
+    if token is None:
+        return None
+    try:
+        if not token.startswith(_TOKEN_PREFIX):
+            raise ValueError
+        return bytes.fromhex(token[len(_TOKEN_PREFIX):]).decode()
+    except ValueError:
+        raise ValueError(f"page token {token!r}: not a token of this store") from None

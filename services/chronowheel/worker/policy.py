@@ -46,8 +46,18 @@ def retry_command(occ: Occurrence, now_ms: int) -> tuple[bytes, bytes]:
         id=occ.job_id, scheduled_ms=occ.scheduled_ms, attempt=occ.attempt + 1,
         at_ms=now_ms + retry_delay_ms(backoff, occ.attempt), topic=occ.topic,
         payload=occ.payload, headers=occ.job_headers, max_attempts=max_attempts,
-        backoff_ms=backoff)
+        backoff_ms=backoff, **requested_by(occ))
     return occ.job_id.encode(), value
+
+
+def requested_by(occ: Occurrence) -> dict[str, str]:
+    """The retry fields that keep a triggered or backfilled occurrence's key and marker."""
+    for header, origin in ((wire.TRIGGERED, wire.TRIGGER_ORIGIN),
+                           (wire.BACKFILL, wire.BACKFILL_ORIGIN)):
+        request_id = occ.headers.get(header)
+        if request_id:
+            return {"origin": origin, "request_id": request_id}
+    return {}
 
 
 def error_text(error: BaseException, limit: int = ERROR_LIMIT_BYTES) -> str:
