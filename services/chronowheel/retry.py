@@ -25,6 +25,12 @@ class RetryPolicy:
 
 
 DEFAULT_POLICY = RetryPolicy()
+STORE_POLICY = RetryPolicy(attempts=30)
+"""Cassandra calls: a replica that was just killed, a long pause of a coordinator or an
+overloaded cluster answer with timeouts for tens of seconds, and giving up after the default
+six attempts (about 1.5 s of backoff) stopped every node of a namespace at once. Thirty
+attempts back off for 25 to 50 s in all (plus each attempt's own timeout) before a failure
+stops a shard, and with it the node."""
 
 
 def is_retriable(exc: BaseException) -> bool:

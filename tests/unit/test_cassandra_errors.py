@@ -1,15 +1,25 @@
-"""Which Cassandra driver errors a node retries: a replica dying or starting must not stop it."""
+"""Which Cassandra driver errors a node retries, and for how long: a replica dying or a
+cluster pausing must not stop it."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
-from cassandra import ConsistencyLevel, InvalidRequest, ReadFailure, WriteFailure
+from cassandra import (
+    ConsistencyLevel,
+    InvalidRequest,
+    ReadFailure,
+    WriteFailure,
+    WriteTimeout,
+    WriteType,
+)
 from cassandra.connection import ConnectionShutdown
+from chronowheel import retry
 from chronowheel.errors import RetriableError
 from chronowheel.retry import is_retriable
-from chronowheel.store.cassandra import CassandraError, _settle_error
+from chronowheel.store.cassandra import CassandraError, _settle_error, execute
 
 
 def settled(exc: BaseException) -> BaseException:
@@ -45,3 +55,56 @@ def test_a_bad_statement_is_not_retried() -> None:
     err = settled(InvalidRequest("unconfigured table jobs"))
     assert isinstance(err, InvalidRequest)
     assert not is_retriable(err)
+
+
+class FlakyResponse:
+    """Stands in for the driver's ResponseFuture: fails with `error` until `failures` run out."""
+
+    def __init__(self, session: FlakySession) -> None:
+        self.session = session
+
+    def add_callbacks(self, ok: Any, err: Any) -> None:
+        if self.session.failures > 0:
+            self.session.failures -= 1
+            err(WriteTimeout("Operation timed out - received only 1 responses.",
+                             consistency=ConsistencyLevel.LOCAL_QUORUM, required_responses=2,
+                             received_responses=1, write_type=WriteType.BATCH))
+        else:
+            ok(["row"])
+
+    def result(self) -> list[str]:
+        return ["row"]
+
+
+class FlakySession:
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.calls = 0
+
+    def execute_async(self, *_args: Any, **_kw: Any) -> FlakyResponse:
+        self.calls += 1
+        return FlakyResponse(self)
+
+
+def test_a_statement_rides_out_tens_of_seconds_of_timeouts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Twenty timeouts in a row (a replica killed under load, a coordinator pausing) are
+    retried instead of failing the shard, which stopped the node; the backoff is the retry
+    module's (recorded here instead of slept)."""
+    slept: list[float] = []
+
+    async def no_sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    monkeypatch.setattr(retry.asyncio, "sleep", no_sleep)
+    session = FlakySession(failures=20)
+    rows = asyncio.run(execute(session, None, (), "write due rows"))  # type: ignore[arg-type]
+    assert rows == ["row"] and session.calls == 21
+    assert 15 < sum(slept) < 50 and max(slept) <= 2.0
+
+    # It still gives up in the end, and the failure names the statement's purpose.
+    session, slept[:] = FlakySession(failures=1_000), []
+    with pytest.raises(CassandraError, match="WriteTimeout"):
+        asyncio.run(execute(session, None, (), "write due rows"))  # type: ignore[arg-type]
+    assert session.calls == retry.STORE_POLICY.attempts
+    assert 20 < sum(slept) < 60

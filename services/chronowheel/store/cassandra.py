@@ -43,7 +43,7 @@ from cassandra.query import (
 
 from chronowheel.core import wire
 from chronowheel.errors import ConfigError, RetriableError
-from chronowheel.retry import with_retries
+from chronowheel.retry import STORE_POLICY, with_retries
 from chronowheel.security import quiet_loggers, speaks_tls, ssl_context, tls_failure
 from chronowheel.settings import Settings
 from chronowheel.store.base import (
@@ -305,7 +305,7 @@ async def execute(session: Session, stmt: PreparedStatement, params: Sequence[An
     async def once() -> Any:
         return await _await_future(session.execute_async(stmt, params, **kw))
 
-    return await with_retries(once, what)
+    return await with_retries(once, what, STORE_POLICY)
 
 
 class CassandraStore:
@@ -459,7 +459,7 @@ class CassandraStore:
         async def once() -> Any:
             return await _await_future(self.session.execute_async(batch))
 
-        await with_retries(once, what)
+        await with_retries(once, what, STORE_POLICY)
 
     async def delete_due(self, minute: int, shard: int, slot_ms: int, job_id: str,
                          attempt: int) -> None:
@@ -519,7 +519,7 @@ class CassandraStore:
             return await _await_future(
                 self.session.execute_async(bound, paging_state=paging_state))
 
-        return await with_retries(once, "read bucket page")
+        return await with_retries(once, "read bucket page", STORE_POLICY)
 
     # --- bucket counts ------------------------------------------------------------------
     async def add_bucket_count(self, shard: int, minute: int, rows: int) -> None:
