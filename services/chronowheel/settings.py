@@ -129,6 +129,9 @@ class Settings:
     catch_up_grace_ms: int = _opt(
         60_000, "a recurring occurrence fired at most this late is on time; later ones "
                 "follow the job's catch-up policy")
+    calendar_refresh_ms: int = _opt(
+        30_000, "a named calendar read from Cassandra is used this long before it is read "
+                "again (changes made through another node are seen within this time)")
     idle_commit_ms: int = _opt(
         2_000, "with nothing to publish, still commit an advancing watermark this often")
     idle_commit_clearance_ms: int = _opt(
@@ -469,7 +472,7 @@ SECURITY_SETTINGS = KAFKA_SECURITY_SETTINGS + CASSANDRA_SECURITY_SETTINGS
 CONNECTION_SETTINGS = ("namespace", "cassandra", "kafka", "consistency")
 NODE_TUNABLES = (
     "ingest_batch", "ingest_group_bytes", "ingest_group_jobs", "ingest_concurrency",
-    "ingest_slack_ms", "catch_up_grace_ms",
+    "ingest_slack_ms", "catch_up_grace_ms", "calendar_refresh_ms",
     "idle_commit_ms", "idle_commit_clearance_ms", "skip_empty_after_ms", "stop_drain_ms",
     "stop_deadline_ms", "missing_watermark_lookback_ms", "skew_check_interval_ms",
     "pump_fetch_records", "pump_pause_rows", "pump_resume_rows",

@@ -11,6 +11,7 @@ import contextlib
 import itertools
 import secrets
 from dataclasses import dataclass
+from datetime import date
 from typing import Any
 
 import pytest
@@ -234,3 +235,24 @@ class JobStoreContract:
         server, sent, received = await store.clock_sample()
         assert sent <= received
         assert abs(server - sent) < 86_400_000  # an epoch-ms instant, not seconds or ns
+
+    # --- calendars ----------------------------------------------------------------------
+    async def test_a_calendar_reads_back_is_replaced_and_deleted(
+            self, store: JobStore, ids: Ids) -> None:
+        name = f"cal-{ids.prefix}"
+        assert await store.get_calendar(name) is None
+        first = frozenset({date(2026, 12, 25), date(2027, 1, 1)})
+        await store.put_calendar(name, first)
+        assert await store.get_calendar(name) == first
+        await store.put_calendar(name, frozenset({date(2026, 11, 26)}))  # replaces, no merge
+        assert await store.get_calendar(name) == {date(2026, 11, 26)}
+        await store.delete_calendar(name)
+        assert await store.get_calendar(name) is None
+        await store.delete_calendar(name)  # deleting a missing one is fine
+
+    async def test_a_calendar_without_dates_exists_and_is_empty(
+            self, store: JobStore, ids: Ids) -> None:
+        name = f"empty-{ids.prefix}"
+        await store.put_calendar(name, frozenset())
+        assert await store.get_calendar(name) == frozenset()
+        assert await store.get_calendar(f"other-{ids.prefix}") is None

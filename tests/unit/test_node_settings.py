@@ -18,8 +18,9 @@ FORMER_CONSTANTS = {
     "pump_fetch_records": 5_000, "pump_pause_rows": 20_000, "pump_resume_rows": 5_000,
 }
 # Deliberate changes since, and tunables added later (issue 10: ingest in logged groups, its
-# offset committed every few hundred records).
-CHANGED_SINCE = {"ingest_batch": 500, "ingest_group_bytes": 4_500, "ingest_group_jobs": 16}
+# offset committed every few hundred records; issue 13: how long a named calendar is cached).
+CHANGED_SINCE = {"ingest_batch": 500, "ingest_group_bytes": 4_500, "ingest_group_jobs": 16,
+                 "calendar_refresh_ms": 30_000}
 
 
 def _node_parser() -> argparse.ArgumentParser:

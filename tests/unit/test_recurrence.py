@@ -7,7 +7,7 @@ zone's rules (written next to it), so these tests check the policy, not the code
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from functools import cache
 from itertools import pairwise
 from typing import Any
@@ -20,6 +20,8 @@ from chronowheel.core.recurrence import (
     Schedule,
     catch_up,
     compile_schedule,
+    excluding,
+    is_excluded,
     latest_at_or_before,
     next_after,
     occurrences,
@@ -1257,6 +1259,8 @@ def _ref_values(text: str, lo: int, hi: int, names: dict[str, int], weekday: boo
             run_ = list(range(lo, (6 if weekday else hi) + 1))
         elif "-" in body:
             a, b = (_ref_number(t, names) for t in body.split("-"))
+            if weekday and a > b:
+                a, b = a % 7, b % 7  # a wrapping run of weekdays: 7 is just Sunday (`7-0`)
             run_ = [a]
             while run_[-1] != b:
                 nxt = run_[-1] + 1
@@ -1403,3 +1407,112 @@ def test_time_fields_match_brute_force(minute: str, hour: str, start_minute: int
     end_ms = int((start + timedelta(minutes=window)).timestamp()) * 1000
     got = [u for u in occurrences(s, int(start.timestamp()) * 1000, len(want) + 1) if u <= end_ms]
     assert got == want
+
+
+# --------------------------------------------------------------------------------------------
+# Exclusion dates (holidays)
+
+
+def test_excluded_dates_are_skipped_in_the_jobs_zone() -> None:
+    # 09:00 New York is 14:00Z in winter. Dec 25 and 26 excluded: Dec 24, then Dec 27.
+    holidays = [date(2026, 12, 25), date(2026, 12, 26)]
+    s = compile_schedule(cron="0 9 * * *", tz="America/New_York", exclude_dates=holidays)
+    assert [rfc(u) for u in occurrences(s, ms("2026-12-24T00:00:00Z"), 3)] == [
+        "2026-12-24T14:00:00Z",
+        "2026-12-27T14:00:00Z",
+        "2026-12-28T14:00:00Z",
+    ]
+    assert latest_at_or_before(s, ms("2026-12-27T13:00:00Z")) == ms("2026-12-24T14:00:00Z")
+    assert is_excluded(s, ms("2026-12-25T14:00:00Z"))
+    # 23:30 on Dec 24 in New York is 04:30Z on Dec 25: the local date decides, not UTC's.
+    late = compile_schedule(cron="30 23 * * *", tz="America/New_York", exclude_dates=holidays)
+    assert [rfc(u) for u in occurrences(late, ms("2026-12-24T12:00:00Z"), 2)] == [
+        "2026-12-25T04:30:00Z",  # Dec 24 local
+        "2026-12-28T04:30:00Z",  # Dec 27 local
+    ]
+
+
+def test_excluding_a_day_with_a_dst_gap_and_a_per_second_cron_is_cheap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every second, with New York's spring-forward day excluded: the search jumps to the next
+    # local midnight instead of stepping through 82,800 excluded occurrences.
+    s = compile_schedule(
+        cron="* * * * * *", tz="America/New_York", dst="cron", exclude_dates=[date(2026, 3, 8)]
+    )
+    counter = _Counter(monkeypatch)
+    # Mar 8 00:00 EST = 05:00Z; Mar 9 00:00 EDT = 04:00Z.
+    assert next_after(s, ms("2026-03-08T04:59:59Z")) == ms("2026-03-09T04:00:00Z")
+    assert latest_at_or_before(s, ms("2026-03-09T03:59:59Z")) == ms("2026-03-08T04:59:59Z")
+    assert counter.months <= 8
+
+
+def test_catch_up_passes_over_excluded_dates() -> None:
+    s = compile_schedule(cron="0 12 * * *", exclude_dates=[date(2026, 6, 2)])
+    got = catch_up(
+        s,
+        policy="all",
+        max_catch_up=10,
+        first_missed_ms=ms("2026-06-01T12:00:00Z"),
+        now_ms=ms("2026-06-03T13:00:00Z"),
+    )
+    assert got == CatchUp(
+        (ms("2026-06-01T12:00:00Z"), ms("2026-06-03T12:00:00Z")), ms("2026-06-04T12:00:00Z"), False
+    )
+    # The pending occurrence itself fell on a date excluded after it was computed: it is
+    # replaced by the next allowed one, or by nothing if that is still ahead.
+    assert catch_up(
+        s,
+        policy="coalesce",
+        max_catch_up=10,
+        first_missed_ms=ms("2026-06-02T12:00:00Z"),
+        now_ms=ms("2026-06-02T12:05:00Z"),
+    ) == CatchUp((), ms("2026-06-03T12:00:00Z"), False)
+
+
+def test_exclusion_dates_are_for_cron_only() -> None:
+    with pytest.raises(ValidationError) as err:
+        compile_schedule(every_ms=1000, exclude_dates=[date(2026, 1, 1)])
+    assert err.value.path == "job.exclude_dates"
+    base = compile_schedule(cron="0 0 * * *")
+    assert excluding(base, []) is base
+    assert excluding(base, [date(2026, 1, 1)]).exclude_dates == {date(2026, 1, 1)}
+    assert excluding(base, [date(2026, 1, 1)]) != base
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    window=dst_windows(),
+    expr=local_expressions(),
+    dst=st.sampled_from(["skip", "cron"]),
+    offsets=st.sets(st.integers(-2, 2), max_size=3),
+)
+def test_exclusions_drop_exactly_the_excluded_local_dates(
+    window: tuple[str, int, int, int], expr: str, dst: str, offsets: set[int]
+) -> None:
+    """Against the same schedule without exclusions, filtered by local date: around DST
+    changes, where local days are 23 or 25 hours long."""
+    zone, t, _before, _after = window
+    lo, hi = (t - 2 * 86_400) * 1000, (t + 2 * 86_400) * 1000
+    plain = compile_schedule(cron=expr, tz=zone, dst=dst)  # type: ignore[arg-type]
+    centre = datetime.fromtimestamp(t, ZoneInfo(zone)).date()
+    excluded = {centre + timedelta(days=k) for k in offsets}
+    s = excluding(plain, excluded)
+
+    def within(sched: Schedule) -> list[int]:
+        out = []
+        u = next_after(sched, lo)
+        while u is not None and u <= hi:
+            out.append(u)
+            u = next_after(sched, u)
+        return out
+
+    want = [
+        u
+        for u in within(plain)
+        if datetime.fromtimestamp(u // 1000, ZoneInfo(zone)).date() not in excluded
+    ]
+    assert within(s) == want
+    for prev, cur in pairwise(want):
+        assert latest_at_or_before(s, cur) == cur
+        assert latest_at_or_before(s, cur - 1) == prev

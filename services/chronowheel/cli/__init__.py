@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "chronowheel.cli.worker",
     "chronowheel.cli.submit",
     "chronowheel.cli.job",
+    "chronowheel.cli.calendar",
     "chronowheel.cli.status",
     "chronowheel.cli.tail",
     "chronowheel.cli.capacity",

@@ -23,18 +23,20 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from types import TracebackType
 from typing import Any, Literal, Protocol
 
 import orjson
 
 from chronowheel.core.model import (
-    Upsert,
     ValidationPolicy,
     encode_cancel,
+    encode_delete_calendar,
+    encode_put_calendar,
     encode_upsert,
     parse_command,
+    routing_key,
 )
 from chronowheel.errors import ChronowheelError, RetriableError, ValidationError
 from chronowheel.settings import Settings
@@ -190,15 +192,23 @@ class SchedulerClient:
                    max_catch_up: int | None = None, topic: str | None = None,
                    headers: Mapping[str, str] | None = None, payload_b64: str | None = None,
                    window: Duration | None = None, max_attempts: int | None = None,
-                   backoff: Duration | None = None, tenant: str | None = None) -> Delivery:
-        """A cron job read in IANA zone `tz` (5 fields, 6 with seconds first, or @daily...)."""
+                   backoff: Duration | None = None, tenant: str | None = None,
+                   exclude_dates: Iterable[date | str] | None = None,
+                   calendar: str | None = None) -> Delivery:
+        """A cron job read in IANA zone `tz` (5 fields, 6 with seconds first, or @daily...).
+
+        `exclude_dates` (dates or `YYYY-MM-DD` strings) and the named `calendar`'s dates are
+        local dates in `tz` on which it does not fire."""
         kind: dict[str, Any] = {"cron": expr}
         if tz != "UTC":  # the wire default: leaving it out keeps the canonical spec minimal
             kind["tz"] = tz
+        days = None if exclude_dates is None else sorted(
+            {d.isoformat() if isinstance(d, date) else d for d in exclude_dates})
         return await self.submit(_job_fields(
             id, kind, payload, topic=topic, headers=headers, payload_b64=payload_b64,
             window=window, max_attempts=max_attempts, backoff=backoff, tenant=tenant,
-            dst=dst, start=start, end=end, catch_up=catch_up, max_catch_up=max_catch_up))
+            dst=dst, start=start, end=end, catch_up=catch_up, max_catch_up=max_catch_up,
+            exclude_dates=days, calendar=calendar))
 
     async def every(self, id: str, interval: Duration, payload: Any = None, *,
                     start: Instant | None = None, end: Instant | None = None,
@@ -218,6 +228,19 @@ class SchedulerClient:
         if not isinstance(id, str):
             raise ValidationError("id", "must be a string", id)
         return await self._send(id, encode_cancel(id))
+
+    async def put_calendar(self, name: str, dates: Iterable[date | str]) -> Delivery:
+        """Create or replace the namespace's calendar `name`: the cron jobs that name it in
+        `calendar` do not fire on these dates (read in each job's zone)."""
+        if not isinstance(name, str):
+            raise ValidationError("name", "must be a string", name)
+        return await self._send(name, encode_put_calendar(name, dates))
+
+    async def delete_calendar(self, name: str) -> Delivery:
+        """Delete calendar `name`; jobs naming it then exclude nothing (docs/design.md)."""
+        if not isinstance(name, str):
+            raise ValidationError("name", "must be a string", name)
+        return await self._send(name, encode_delete_calendar(name))
 
     async def submit(self, job_fields: Mapping[str, Any]) -> Delivery:
         """Upsert a job given as the wire's `job` object. Conveniences as in encode_upsert:
@@ -316,7 +339,7 @@ class SchedulerClient:
             raise ChronowheelError("SchedulerClient not started: use `async with` or start()")
         if self._validate:
             cmd = parse_command(raw, key=None, policy=self.policy, now_ms=self._now_ms())
-            job_id = cmd.job.id if isinstance(cmd, Upsert) else cmd.id
+            job_id = routing_key(cmd)
         if job_id is None:
             raise ValidationError("id", "required (a job id is the record key)")
         assert self._producer is not None

@@ -11,7 +11,7 @@ import difflib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta, timezone
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Final, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -50,6 +50,8 @@ class JobSpec:
     max_attempts: int = wire.DEFAULT_MAX_ATTEMPTS
     backoff_ms: int = wire.DEFAULT_BACKOFF_MS
     tenant: str | None = None
+    exclude_dates: frozenset[date] = frozenset()
+    calendar: str | None = None
     # The canonical JSON of the job as submitted (orjson, sorted keys): equal bytes = same spec,
     # which is what makes an identical re-submit a no-op.
     canonical: bytes = field(default=b"", compare=False)
@@ -95,7 +97,30 @@ class Retry:
     op: Literal["retry"] = "retry"
 
 
-Command = Upsert | Cancel | Retry
+@dataclass(frozen=True, slots=True)
+class PutCalendar:
+    """Create or replace the named calendar of the namespace: dates on which the cron jobs that
+    reference it (`calendar`) do not fire, read in each job's own zone."""
+
+    name: str
+    dates: frozenset[date]
+    op: Literal["put_calendar"] = "put_calendar"
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteCalendar:
+    name: str
+    op: Literal["delete_calendar"] = "delete_calendar"
+
+
+Command = Upsert | Cancel | Retry | PutCalendar | DeleteCalendar
+
+
+def routing_key(cmd: Command) -> str:
+    """What decides a command's shard: the job id, or the calendar name for calendar ops."""
+    if isinstance(cmd, Upsert):
+        return cmd.job.id
+    return cmd.name if isinstance(cmd, PutCalendar | DeleteCalendar) else cmd.id
 
 
 # --------------------------------------------------------------------------------------------
@@ -209,16 +234,24 @@ RETRY_FIELDS: Final = frozenset(
     {"v", "op", "id", "scheduled_at", "attempt", "at", "topic", "payload_b64", "headers"}
     | {"max_attempts", "backoff"}
 )
+PUT_CALENDAR_FIELDS: Final = frozenset({"v", "op", "name", "dates"})
+DELETE_CALENDAR_FIELDS: Final = frozenset({"v", "op", "name"})
 JOB_FIELDS: Final = frozenset(
     {"id", "at", "cron", "tz", "every", "start", "end", "topic", "payload", "payload_b64"}
     | {"headers", "catch_up", "max_catch_up", "dst", "window", "max_attempts", "backoff"}
-    | {"tenant"}
+    | {"tenant", "exclude_dates", "calendar"}
 )
-_OPS: Final = {"upsert": UPSERT_FIELDS, "cancel": CANCEL_FIELDS, "retry": RETRY_FIELDS}
+_OPS: Final = {"upsert": UPSERT_FIELDS, "cancel": CANCEL_FIELDS, "retry": RETRY_FIELDS,
+               wire.OP_PUT_CALENDAR: PUT_CALENDAR_FIELDS,
+               wire.OP_DELETE_CALENDAR: DELETE_CALENDAR_FIELDS}
 _CATCH_UP: Final = ("coalesce", "all", "skip")
 _DST: Final = ("skip", "cron")
 _RECURRING_ONLY: Final = ("start", "end", "catch_up", "max_catch_up")
-_CRON_ONLY: Final = ("tz", "dst")
+_CRON_ONLY: Final = ("tz", "dst", "exclude_dates", "calendar")
+# Calendar names: like topic names, so they are safe in keys, logs and CLI arguments.
+CALENDAR_NAME_PATTERN: Final = r"^[a-zA-Z0-9._-]{1,128}$"
+_CALENDAR_NAME = re.compile(CALENDAR_NAME_PATTERN[1:-1])
+_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 
 
 def parse_command(
@@ -241,10 +274,12 @@ def parse_command(
     if op is _MISSING:
         raise ValidationError("op", "required (upsert, cancel or retry)")
     if not isinstance(op, str) or op not in _OPS:
-        raise ValidationError("op", "must be one of upsert, cancel, retry", op)
+        raise ValidationError("op", "must be one of " + ", ".join(_OPS), op)
     _reject_unknown(doc, _OPS[op], "")
     if op == "upsert":
         return Upsert(_parse_job(_required(doc, "job", ""), key, policy, now_ms))
+    if op in wire.CALENDAR_OPS:
+        return _parse_calendar_op(doc, op, key)
     job_id = _job_id(_required(doc, "id", ""), "id", policy)
     _check_key(key, job_id)
     if op == "cancel":
@@ -350,9 +385,15 @@ def _parse_job(job: object, key: bytes | None, policy: ValidationPolicy, now_ms:
     tenant = None
     if "tenant" in job:
         tenant = _string(job["tenant"], "job.tenant", 1, MAX_TENANT_CHARS)
+    exclude_dates: frozenset[date] = frozenset()
+    if "exclude_dates" in job:
+        exclude_dates = _dates(job["exclude_dates"], "job.exclude_dates", wire.MAX_EXCLUDE_DATES)
+    calendar = None
+    if "calendar" in job:
+        calendar = _calendar_name(job["calendar"], "job.calendar")
 
     if kind != "at":
-        _compile_recurrence(cron, every_ms, tz, start_ms, end_ms, dst)
+        _compile_recurrence(cron, every_ms, tz, start_ms, end_ms, dst, exclude_dates)
 
     return JobSpec(
         id=job_id,
@@ -372,6 +413,8 @@ def _parse_job(job: object, key: bytes | None, policy: ValidationPolicy, now_ms:
         max_attempts=max_attempts,
         backoff_ms=backoff_ms,
         tenant=tenant,
+        exclude_dates=exclude_dates,
+        calendar=calendar,
         canonical=kept(orjson.dumps(job, option=orjson.OPT_SORT_KEYS)),
     )
 
@@ -383,6 +426,7 @@ def _compile_recurrence(
     start_ms: int | None,
     end_ms: int | None,
     dst: DstPolicy,
+    exclude_dates: frozenset[date],
 ) -> None:
     # Imported here: recurrence may import this module's types, and a cycle at import time
     # would break whichever module loads first.
@@ -390,7 +434,8 @@ def _compile_recurrence(
 
     try:
         compile_schedule(
-            cron=cron, every_ms=every_ms, tz=tz, start_ms=start_ms, end_ms=end_ms, dst=dst
+            cron=cron, every_ms=every_ms, tz=tz, start_ms=start_ms, end_ms=end_ms, dst=dst,
+            exclude_dates=exclude_dates,
         )
     except ValueError as exc:
         # Only ValidationError is expected; a stray ValueError still means the input is bad,
@@ -398,6 +443,47 @@ def _compile_recurrence(
         if cron is not None:
             raise ValidationError("job.cron", str(exc), cron) from None
         raise ValidationError("job.every", str(exc), every_ms) from None
+
+
+def _parse_calendar_op(doc: dict[str, Any], op: str, key: bytes | None) -> Command:
+    name = _calendar_name(_required(doc, "name", ""), "name")
+    if key is not None and key != name.encode():
+        raise ValidationError("key", f"record key must equal the calendar name {name!r}", key)
+    if op == wire.OP_DELETE_CALENDAR:
+        return DeleteCalendar(name)
+    return PutCalendar(name, _dates(_required(doc, "dates", ""), "dates", wire.MAX_CALENDAR_DATES))
+
+
+def _calendar_name(value: object, path: str) -> str:
+    if not isinstance(value, str) or not _CALENDAR_NAME.fullmatch(value):
+        raise ValidationError(
+            path,
+            f"must be a calendar name: 1..{wire.MAX_CALENDAR_NAME_CHARS} characters of "
+            "a-z A-Z 0-9 . _ -",
+            value,
+        )
+    return value
+
+
+def _dates(value: object, path: str, limit: int) -> frozenset[date]:
+    """A JSON array of `YYYY-MM-DD` strings (local calendar dates, no time, no zone)."""
+    if not isinstance(value, list):
+        raise ValidationError(path, "must be an array of dates like \"2026-12-25\"", value)
+    if len(value) > limit:
+        raise ValidationError(path, f"must list at most {limit} dates", f"{len(value)} dates")
+    out: set[date] = set()
+    for i, item in enumerate(value):
+        where = f"{path}[{i}]"
+        if not isinstance(item, str) or not _DATE.fullmatch(item):
+            raise ValidationError(where, "must be a date like \"2026-12-25\" (YYYY-MM-DD)", item)
+        try:
+            day = date.fromisoformat(item)
+        except ValueError as exc:
+            raise ValidationError(where, f"not a valid date ({exc})", item) from None
+        if day.year < 1970:
+            raise ValidationError(where, "must not be before 1970", item)
+        out.add(day)
+    return frozenset(out)
 
 
 def _parse_retry(doc: dict[str, Any], job_id: str, policy: ValidationPolicy, now_ms: int) -> Retry:
@@ -697,6 +783,17 @@ def encode_upsert(job_fields: Mapping[str, Any]) -> bytes:
         else:
             job[name] = value
     return orjson.dumps({"v": 1, "op": "upsert", "job": job})
+
+
+def encode_put_calendar(name: str, dates: Iterable[date | str]) -> bytes:
+    """Wire bytes of a put_calendar; dates as `date` objects or `YYYY-MM-DD` strings."""
+    days = sorted({d.isoformat() if isinstance(d, date) else d for d in dates})
+    return orjson.dumps({"v": 1, "op": wire.OP_PUT_CALENDAR, "name": name, "dates": days})
+
+
+def encode_delete_calendar(name: str) -> bytes:
+    """Wire bytes of a delete_calendar."""
+    return orjson.dumps({"v": 1, "op": wire.OP_DELETE_CALENDAR, "name": name})
 
 
 def encode_cancel(id: str) -> bytes:

@@ -44,6 +44,11 @@ ignores zones and DST.
 
 Bounds: occurrences lie in [start, end], both ends inclusive, and never before
 1970-01-01T00:00:00Z or after 9999-01-01T00:00:00Z.
+
+Exclusion dates (cron only): a schedule may carry local dates of its zone on which nothing
+fires (holidays, from the job's `exclude_dates` and its named calendar). They are part of the
+search, so "the next occurrence" is the next one on a date not excluded, and the catch-up
+policies count only occurrences on dates not excluded.
 """
 
 from __future__ import annotations
@@ -51,8 +56,9 @@ from __future__ import annotations
 import re
 from bisect import bisect_left, bisect_right
 from calendar import monthrange
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from datetime import date, datetime, timedelta
 from functools import lru_cache
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -511,6 +517,9 @@ class Schedule:
     fields: _CronFields | None = field(repr=False, compare=False)
     zone: ZoneInfo = field(repr=False, compare=False)
     mode: int = field(repr=False, compare=False)
+    # Local dates (in `zone`) on which a cron schedule does not fire: the job's own
+    # `exclude_dates` and the dates of its calendar (see `excluding`).
+    exclude_dates: frozenset[date] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -559,10 +568,16 @@ def compile_schedule(
     start_ms: int | None = None,
     end_ms: int | None = None,
     dst: DstPolicy = "skip",
+    exclude_dates: Iterable[date] = (),
 ) -> Schedule:
-    """Validate and compile a recurrence; raises ValidationError naming the offending field."""
+    """Validate and compile a recurrence; raises ValidationError naming the offending field.
+
+    `exclude_dates` (cron only) are local dates in `tz` on which nothing fires.
+    """
     if (cron is None) == (every_ms is None):
         raise ValidationError("job", "exactly one of cron and every is required")
+    if every_ms is not None and exclude_dates:
+        raise ValidationError("job.exclude_dates", "only allowed with cron")
     zone = _zone(tz)
     if dst not in ("skip", "cron"):
         raise ValidationError("job.dst", "must be 'skip' or 'cron'", dst)
@@ -578,7 +593,34 @@ def compile_schedule(
         raise ValidationError("job.cron", "must be a string", cron)
     fields = _parse_cron(cron)
     mode = _SKIP if dst == "skip" else _FIXED if fields.fixed_time else _ELAPSED
-    return Schedule(cron, None, tz, start, end, dst, fields, zone, mode)
+    return Schedule(cron, None, tz, start, end, dst, fields, zone, mode, frozenset(exclude_dates))
+
+
+def excluding(s: Schedule, dates: Iterable[date]) -> Schedule:
+    """`s` with `dates` excluded too (a calendar's dates added to the job's own)."""
+    extra = frozenset(dates) - s.exclude_dates
+    if not extra:
+        return s
+    if s.fields is None:
+        raise ValueError("exclusion dates apply to cron schedules only")
+    return replace(s, exclude_dates=s.exclude_dates | extra)
+
+
+def is_excluded(s: Schedule, at_ms: int) -> bool:
+    """Whether the instant falls on an excluded date of the schedule's zone."""
+    if not s.exclude_dates:
+        return False
+    return datetime.fromtimestamp(at_ms // 1000, s.zone).date() in s.exclude_dates
+
+
+def _day_start(zone: ZoneInfo, day: date) -> int:
+    """The first instant (epoch seconds) whose local date in `zone` is `day`, or after it.
+
+    A midnight inside a spring-forward gap reads with the offset before the gap, which lands on
+    the gap's end: the first instant of the day. Days a zone skipped entirely give the start of
+    the next day that exists.
+    """
+    return int(datetime(day.year, day.month, day.day, tzinfo=zone).timestamp())
 
 
 # --------------------------------------------------------------------------------------------
@@ -730,11 +772,44 @@ def next_after(s: Schedule, after_ms: int, *, inclusive: bool = False) -> int | 
         anchor = s.start_ms if s.start_ms is not None else 0
         u: int | None = anchor + ((a - anchor) // s.every_ms + 1) * s.every_ms
     else:
-        sec = _cron_next(s, a // 1000)
+        sec = _cron_next_allowed(s, a // 1000)
         u = None if sec is None else sec * 1000
     if u is None or u > MAX_MS or (s.end_ms is not None and u > s.end_ms):
         return None
     return u
+
+
+def _cron_next_allowed(s: Schedule, a: int) -> int | None:
+    """`_cron_next`, passing over occurrences on excluded dates a whole local day at a time.
+
+    Each round either leaves an excluded day or passes one occurrence (a day whose first
+    instant comes before an occurrence dated the day before, as when a clock falls back across
+    midnight), so the rounds are bounded by the excluded days plus such repeats.
+    """
+    while True:
+        sec = _cron_next(s, a)
+        if sec is None or not s.exclude_dates or sec > _MAX_SEC:
+            return sec
+        day = datetime.fromtimestamp(sec, s.zone).date()
+        if day not in s.exclude_dates:
+            return sec
+        if day >= date(_MAX_YEAR, 12, 31):
+            return None
+        a = max(sec, _day_start(s.zone, day + timedelta(days=1)) - 1)
+
+
+def _cron_prev_allowed(s: Schedule, b: int) -> int | None:
+    """`_cron_prev`, passing over occurrences on excluded dates (see `_cron_next_allowed`)."""
+    while True:
+        sec = _cron_prev(s, b)
+        if sec is None or not s.exclude_dates:
+            return sec
+        day = datetime.fromtimestamp(sec, s.zone).date()
+        if day not in s.exclude_dates:
+            return sec
+        if day <= date(_MIN_YEAR + 1, 1, 1):
+            return None
+        b = min(sec - 1, _day_start(s.zone, day) - 1)
 
 
 def latest_at_or_before(s: Schedule, at_ms: int) -> int | None:
@@ -752,7 +827,7 @@ def latest_at_or_before(s: Schedule, at_ms: int) -> int | None:
     if s.every_ms is not None:
         anchor = s.start_ms if s.start_ms is not None else 0
         return anchor + (b - anchor) // s.every_ms * s.every_ms
-    sec = _cron_prev(s, b // 1000)
+    sec = _cron_prev_allowed(s, b // 1000)
     if sec is None or sec * 1000 < lo:
         return None
     return sec * 1000
@@ -792,6 +867,13 @@ def catch_up(
     if max_catch_up < 1:
         raise ValueError(f"max_catch_up must be at least 1, got {max_catch_up}")
     nxt = next_after(s, now_ms)
+    if is_excluded(s, first_missed_ms):
+        # Its date was excluded after it was materialised (a calendar gained the date): it
+        # does not fire; the first occurrence after it on an allowed date takes its place.
+        after = next_after(s, first_missed_ms)
+        if after is None or after > now_ms:
+            return CatchUp((), nxt, False)
+        first_missed_ms = after
     if policy == "skip":
         return CatchUp((), nxt, False)
     if policy == "coalesce":

@@ -77,6 +77,19 @@ FAILED_AT: Final = "cw-failed-at"
 TARGET_TOPIC: Final = "cw-target-topic"
 """<ns>.dead: the target topic that did not exist"""
 
+# --- calendars (named sets of excluded dates, per namespace) --------------------------------
+
+OP_PUT_CALENDAR: Final = "put_calendar"
+"""Submit op: create or replace a calendar, {"v":1,"op":"put_calendar","name":..,"dates":[..]}"""
+OP_DELETE_CALENDAR: Final = "delete_calendar"
+"""Submit op: delete a calendar, {"v":1,"op":"delete_calendar","name":..}"""
+CALENDAR_OPS: Final = (OP_PUT_CALENDAR, OP_DELETE_CALENDAR)
+MAX_EXCLUDE_DATES: Final = 1_000
+"""Dates a job's own `exclude_dates` may list."""
+MAX_CALENDAR_DATES: Final = 10_000
+"""Dates one named calendar may hold."""
+MAX_CALENDAR_NAME_CHARS: Final = 128
+
 # --- retry policy defaults (a job's `max_attempts` and `backoff`) ----------------------------
 
 DEFAULT_MAX_ATTEMPTS: Final = 5

@@ -20,15 +20,19 @@ from chronowheel.core.buckets import minute_of, slot_for
 from chronowheel.core.clock import Clock
 from chronowheel.core.model import (
     Command,
+    DeleteCalendar,
     JobSpec,
+    PutCalendar,
     Retry,
     Upsert,
     ValidationPolicy,
     parse_command,
+    routing_key,
 )
 from chronowheel.core.recurrence import next_after
 from chronowheel.core.shard import shard_of
 from chronowheel.errors import ValidationError
+from chronowheel.node.calendars import Calendars
 from chronowheel.node.metrics import NodeMetrics
 from chronowheel.node.pending import OccurrenceKey, pending_from_row
 from chronowheel.node.state import Outgoing, ShardState
@@ -42,7 +46,7 @@ log = logging.getLogger(__name__)
 class Ingest:
     def __init__(self, *, state: ShardState, shards: int, settings: Settings, store: JobStore,
                  writer: RowWriter, clock: Clock, metrics: NodeMetrics,
-                 policy: ValidationPolicy) -> None:
+                 policy: ValidationPolicy, calendars: Calendars) -> None:
         self.state = state
         self.shard = state.shard
         self.shards = shards
@@ -52,6 +56,7 @@ class Ingest:
         self.clock = clock
         self.metrics = metrics
         self.policy = policy
+        self.calendars = calendars
         self.queue: deque[SubmitRecord] = deque()
         """Records fetched for this shard, not yet applied (the pump pauses on its length)."""
         self.next_offset: int | None = None
@@ -93,19 +98,27 @@ class Ingest:
             return
         now = self.clock.now_ms()
         chains: dict[str, list[Command]] = defaultdict(list)
+        calendar_ops: list[PutCalendar | DeleteCalendar] = []
         outbox: list[Outgoing] = []  # published with this batch's offsets, not before
         for rec in records:
             cmd = self._parse(rec, now, outbox)
             if cmd is None:
                 continue
-            job_id = cmd.job.id if isinstance(cmd, Upsert) else cmd.id
+            job_id = routing_key(cmd)
             target = shard_of(job_id, self.shards)
             if target != self.shard:
                 outbox.append(Outgoing(self.settings.submit_topic, target, rec.key,
                                        rec.value or b"", list(rec.headers or ())))
                 self.metrics.forwarded.inc()
                 continue
-            chains[job_id].append(cmd)
+            if isinstance(cmd, PutCalendar | DeleteCalendar):
+                calendar_ops.append(cmd)
+            else:
+                chains[job_id].append(cmd)
+        # Calendars first, so jobs of the same batch that use them compute with them.
+        await self._apply_calendars(calendar_ops)
+        await self.calendars.refresh(cmds[0].job.calendar for cmds in chains.values()
+                                     if isinstance(cmds[0], Upsert))
         await self._precount(chains, now)
         await self._apply_chains(chains)
         # Handed to the next transaction after every step: a step is at most `ingest_batch`
@@ -113,6 +126,18 @@ class Ingest:
         self.state.outbox.extend(outbox)
         self.state.offset_to_commit = records[-1].offset + 1
         self.state.wake.set()
+
+    async def _apply_calendars(self, ops: list[PutCalendar | DeleteCalendar]) -> None:
+        """Write calendar puts and deletes in offset order (each replaces the whole calendar,
+        so re-applying them after a takeover leaves the same result)."""
+        for op in ops:
+            if isinstance(op, PutCalendar):
+                await self.store.put_calendar(op.name, op.dates)
+                self.calendars.applied(op.name, op.dates)
+            else:
+                await self.store.delete_calendar(op.name)
+                self.calendars.applied(op.name, None)
+            self.metrics.ingested.labels(op.op, STORED).inc()
 
     async def _apply_chains(self, chains: dict[str, list[Command]]) -> None:
         """Apply every job's commands, each job's in order, all jobs' locks held throughout.
@@ -168,7 +193,7 @@ class Ingest:
         writes = []
         for job, row in jobs:
             version = row.version + 1 if row is not None else 1
-            first = (next_after(schedule_of(job), self.clock.now_ms(), inclusive=True)
+            first = (next_after(self.calendars.schedule(job), self.clock.now_ms(), inclusive=True)
                      if job.recurring else job.at_ms)
             # Published already (slot <= watermark) or none: only the wheel entry may remain.
             old_key = None if row is None or row.status != "scheduled" \
@@ -283,8 +308,10 @@ class Ingest:
         here (a later command of the same job in one step)."""
         if isinstance(cmd, Retry):
             changed = await self._retry(cmd, now)
+        elif isinstance(cmd, PutCalendar | DeleteCalendar):
+            raise AssertionError("calendar commands are applied by _apply_calendars")
         else:
-            job_id = cmd.job.id if isinstance(cmd, Upsert) else cmd.id
+            job_id = routing_key(cmd)
             row = await self.store.get_job(job_id) if isinstance(existing, _Read) else existing
             if isinstance(cmd, Upsert):
                 changed = await self._upsert(cmd.job, now, row)
@@ -296,8 +323,8 @@ class Ingest:
         if _unchanged(existing, job):
             return False  # identical re-submit: a no-op, also after the job fired
         version = existing.version + 1 if existing is not None else 1
-        first = (next_after(schedule_of(job), now, inclusive=True) if job.recurring
-                 else job.at_ms)
+        first = (next_after(self.calendars.schedule(job), now, inclusive=True)
+                 if job.recurring else job.at_ms)
         old_key = await self._remove_pending(existing)
         if first is None:  # a recurring job whose end has passed
             await self.store.put_job(self.writer.finished(job.id, job.canonical, version))

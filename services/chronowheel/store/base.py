@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import date
 from typing import Protocol
 
 from chronowheel.core import wire
@@ -145,4 +146,17 @@ class JobStore(Protocol):
 
     async def get_meta(self, name: str) -> str | None:
         """A namespace fact written at init (e.g. "shards"), None when absent."""
+        ...
+
+    async def get_calendar(self, name: str) -> frozenset[date] | None:
+        """The dates of the named calendar, None when there is no such calendar (a calendar
+        put with no dates reads back as an empty set, not None)."""
+        ...
+
+    async def put_calendar(self, name: str, dates: frozenset[date]) -> None:
+        """Create or replace the named calendar."""
+        ...
+
+    async def delete_calendar(self, name: str) -> None:
+        """Delete the named calendar; deleting one that does not exist is fine."""
         ...

@@ -9,6 +9,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import date
 from typing import Any
 
 from cassandra import (
@@ -307,6 +308,11 @@ class CassandraStore:
         self._release_claim = p(f"DELETE FROM {ks}.processed WHERE consumer = ? AND "
                                 f"occurrence = ? IF state = 'running' AND owner = ?")
         self._get_meta = p(f"SELECT value FROM {ks}.meta WHERE name = ?")
+        self._get_calendar = p(f"SELECT dates FROM {ks}.calendars WHERE name = ?")
+        # INSERT (not UPDATE): the row marker keeps a calendar with no dates readable as empty.
+        self._put_calendar = p(f"INSERT INTO {ks}.calendars (name, dates, updated_at) "
+                               f"VALUES (?, ?, toTimestamp(now()))")
+        self._del_calendar = p(f"DELETE FROM {ks}.calendars WHERE name = ?")
 
     @classmethod
     def open(cls, settings: Settings) -> CassandraStore:
@@ -503,3 +509,18 @@ class CassandraStore:
         rs = await self._run(self._get_meta, (name,), "read meta")
         row = rs.one()
         return None if row is None else str(row.value)
+
+    # --- calendars ----------------------------------------------------------------------
+    async def get_calendar(self, name: str) -> frozenset[date] | None:
+        rs = await self._run(self._get_calendar, (name,), "read calendar")
+        row = rs.one()
+        if row is None:
+            return None
+        return frozenset(date.fromisoformat(d) for d in (row.dates or ()))
+
+    async def put_calendar(self, name: str, dates: frozenset[date]) -> None:
+        await self._run(self._put_calendar, (name, {d.isoformat() for d in dates}),
+                        "write calendar")
+
+    async def delete_calendar(self, name: str) -> None:
+        await self._run(self._del_calendar, (name,), "delete calendar")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
+from datetime import date
 
 from chronowheel.core.clock import Clock
 from chronowheel.store.base import Claim, DueRow, JobRow
@@ -35,6 +36,7 @@ class MemoryStore:
         self.counts: dict[tuple[int, int], int] = {}
         self.claims: dict[tuple[str, str], tuple[Claim, str, int | None]] = {}
         self.meta: dict[str, str] = {}
+        self.calendars: dict[str, frozenset[date]] = {}
         self.calls = 0
         """Storage calls made so far (tests read it to see that something was or was not
         read)."""
@@ -173,3 +175,18 @@ class MemoryStore:
     async def get_meta(self, name: str) -> str | None:
         await self._enter()
         return self.meta.get(name)
+
+    # --- calendars -------------------------------------------------------------------------
+    async def get_calendar(self, name: str) -> frozenset[date] | None:
+        await self._enter()
+        dates = self.calendars.get(name)
+        await self._return()
+        return dates
+
+    async def put_calendar(self, name: str, dates: frozenset[date]) -> None:
+        await self._enter()
+        self.calendars[name] = frozenset(dates)
+
+    async def delete_calendar(self, name: str) -> None:
+        await self._enter()
+        self.calendars.pop(name, None)
