@@ -15,7 +15,7 @@ from datetime import date
 from typing import Any
 
 import pytest
-from chronowheel.store.base import Claim, DueRow, JobRow, JobStore
+from chronowheel.store.base import Claim, DueRow, JobRow, JobStore, RunLease
 
 MINUTE_MS = 60_000
 HOUR_MS = 3_600_000
@@ -256,3 +256,22 @@ class JobStoreContract:
         await store.put_calendar(name, frozenset())
         assert await store.get_calendar(name) == frozenset()
         assert await store.get_calendar(f"other-{ids.prefix}") is None
+
+    # --- overlap leases -----------------------------------------------------------------
+    async def test_a_run_lease_is_compare_and_set_and_ends_only_by_its_owner(
+            self, store: JobStore, ids: Ids) -> None:
+        scope, job = f"scope-{ids.prefix}", ids.job("runs")
+        first = RunLease("job@1", "owner-1", "w1")
+        assert await store.swap_run(scope, job, None, first, 60) == (True, None)
+        second = RunLease("job@2", "owner-2", "w2")
+        assert await store.swap_run(scope, job, None, second, 60) == (False, first)
+        # Asking the holder to stop is a swap of its own lease with `cancel` set.
+        asked = RunLease("job@1", "owner-1", "w1", cancel=True)
+        assert await store.swap_run(scope, job, first, asked, 60) == (True, None)
+        assert await store.swap_run(scope, job, first, first, 60) == (False, asked)
+        await store.end_run(scope, job, "owner-2")  # not the owner: nothing happens
+        assert await store.swap_run(scope, job, None, second, 60) == (False, asked)
+        await store.end_run(scope, job, "owner-1")
+        assert await store.swap_run(scope, job, None, second, 60) == (True, None)
+        # Another scope (consumer group) has its own lease for the same job.
+        assert await store.swap_run(f"other-{ids.prefix}", job, None, first, 60) == (True, None)

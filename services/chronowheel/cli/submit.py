@@ -144,7 +144,7 @@ def job_from_flags(args: argparse.Namespace, now_ms: int) -> dict[str, Any]:
     if args.exclude_date:
         job["exclude_dates"] = args.exclude_date
     for flag in ("topic", "dst", "catch_up", "max_catch_up", "window", "max_attempts",
-                 "backoff", "tenant", "calendar"):
+                 "backoff", "tenant", "calendar", "concurrency"):
         value = getattr(args, flag)
         if value is not None:
             job[flag] = value
@@ -234,6 +234,8 @@ def register(sub: Any) -> None:
     one.add_argument("--max-attempts", type=int, metavar="N", help="worker deliveries (5)")
     one.add_argument("--backoff", metavar="DURATION", help="worker's first retry delay (10s)")
     one.add_argument("--tenant", help="label")
+    one.add_argument("--concurrency", choices=("allow", "forbid", "replace"),
+                     help="recurring: overlap policy for workers (allow)")
     p.add_argument("--dry-run", action="store_true",
                    help="validate and print the wire command(s); send nothing")
     p.set_defaults(func=run)

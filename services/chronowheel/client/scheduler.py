@@ -47,6 +47,8 @@ Instant = datetime | int | str
 """An aware datetime, integer epoch milliseconds, or an RFC 3339 string with offset."""
 Duration = timedelta | int | str
 """A timedelta, integer milliseconds, or a wire duration string like "1h30m"."""
+Concurrency = Literal["allow", "forbid", "replace"]
+"""A recurring job's overlap policy for workers (docs/worker.md, "Overlap policy")."""
 Delivery = asyncio.Future[Any]
 """Resolves to the record's metadata (topic, partition, offset) once Kafka acknowledged it."""
 
@@ -194,11 +196,13 @@ class SchedulerClient:
                    window: Duration | None = None, max_attempts: int | None = None,
                    backoff: Duration | None = None, tenant: str | None = None,
                    exclude_dates: Iterable[date | str] | None = None,
-                   calendar: str | None = None) -> Delivery:
+                   calendar: str | None = None,
+                   concurrency: Concurrency | None = None) -> Delivery:
         """A cron job read in IANA zone `tz` (5 fields, 6 with seconds first, or @daily...).
 
         `exclude_dates` (dates or `YYYY-MM-DD` strings) and the named `calendar`'s dates are
-        local dates in `tz` on which it does not fire."""
+        local dates in `tz` on which it does not fire. `concurrency` is the workers' overlap
+        policy (allow, forbid, replace; docs/worker.md)."""
         kind: dict[str, Any] = {"cron": expr}
         if tz != "UTC":  # the wire default: leaving it out keeps the canonical spec minimal
             kind["tz"] = tz
@@ -208,7 +212,7 @@ class SchedulerClient:
             id, kind, payload, topic=topic, headers=headers, payload_b64=payload_b64,
             window=window, max_attempts=max_attempts, backoff=backoff, tenant=tenant,
             dst=dst, start=start, end=end, catch_up=catch_up, max_catch_up=max_catch_up,
-            exclude_dates=days, calendar=calendar))
+            exclude_dates=days, calendar=calendar, concurrency=concurrency))
 
     async def every(self, id: str, interval: Duration, payload: Any = None, *,
                     start: Instant | None = None, end: Instant | None = None,
@@ -216,12 +220,14 @@ class SchedulerClient:
                     max_catch_up: int | None = None, topic: str | None = None,
                     headers: Mapping[str, str] | None = None, payload_b64: str | None = None,
                     window: Duration | None = None, max_attempts: int | None = None,
-                    backoff: Duration | None = None, tenant: str | None = None) -> Delivery:
+                    backoff: Duration | None = None, tenant: str | None = None,
+                    concurrency: Concurrency | None = None) -> Delivery:
         """A fixed-interval job (first occurrence at `start`, or when the node ingests it)."""
         return await self.submit(_job_fields(
             id, {"every": interval}, payload, topic=topic, headers=headers,
             payload_b64=payload_b64, window=window, max_attempts=max_attempts, backoff=backoff,
-            tenant=tenant, start=start, end=end, catch_up=catch_up, max_catch_up=max_catch_up))
+            tenant=tenant, start=start, end=end, catch_up=catch_up, max_catch_up=max_catch_up,
+            concurrency=concurrency))
 
     async def cancel(self, id: str) -> Delivery:
         """Cancel job `id`: no occurrence not yet published will fire."""

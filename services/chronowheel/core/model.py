@@ -52,6 +52,7 @@ class JobSpec:
     tenant: str | None = None
     exclude_dates: frozenset[date] = frozenset()
     calendar: str | None = None
+    concurrency: str = wire.CONCURRENCY_ALLOW
     # The canonical JSON of the job as submitted (orjson, sorted keys): equal bytes = same spec,
     # which is what makes an identical re-submit a no-op.
     canonical: bytes = field(default=b"", compare=False)
@@ -59,6 +60,14 @@ class JobSpec:
     @property
     def recurring(self) -> bool:
         return self.at_ms is None
+
+    @property
+    def fired_headers(self) -> tuple[tuple[str, str], ...]:
+        """The headers stored with each occurrence: the job's own, plus the overlap policy
+        (`cw-concurrency`) when it is not the default, for the worker library."""
+        if self.concurrency == wire.CONCURRENCY_ALLOW:
+            return self.headers
+        return (*self.headers, (wire.CONCURRENCY, self.concurrency))
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,14 +248,14 @@ DELETE_CALENDAR_FIELDS: Final = frozenset({"v", "op", "name"})
 JOB_FIELDS: Final = frozenset(
     {"id", "at", "cron", "tz", "every", "start", "end", "topic", "payload", "payload_b64"}
     | {"headers", "catch_up", "max_catch_up", "dst", "window", "max_attempts", "backoff"}
-    | {"tenant", "exclude_dates", "calendar"}
+    | {"tenant", "exclude_dates", "calendar", "concurrency"}
 )
 _OPS: Final = {"upsert": UPSERT_FIELDS, "cancel": CANCEL_FIELDS, "retry": RETRY_FIELDS,
                wire.OP_PUT_CALENDAR: PUT_CALENDAR_FIELDS,
                wire.OP_DELETE_CALENDAR: DELETE_CALENDAR_FIELDS}
 _CATCH_UP: Final = ("coalesce", "all", "skip")
 _DST: Final = ("skip", "cron")
-_RECURRING_ONLY: Final = ("start", "end", "catch_up", "max_catch_up")
+_RECURRING_ONLY: Final = ("start", "end", "catch_up", "max_catch_up", "concurrency")
 _CRON_ONLY: Final = ("tz", "dst", "exclude_dates", "calendar")
 # Calendar names: like topic names, so they are safe in keys, logs and CLI arguments.
 CALENDAR_NAME_PATTERN: Final = r"^[a-zA-Z0-9._-]{1,128}$"
@@ -391,6 +400,9 @@ def _parse_job(job: object, key: bytes | None, policy: ValidationPolicy, now_ms:
     calendar = None
     if "calendar" in job:
         calendar = _calendar_name(job["calendar"], "job.calendar")
+    concurrency = wire.CONCURRENCY_ALLOW
+    if "concurrency" in job:
+        concurrency = _enum(job["concurrency"], "job.concurrency", wire.CONCURRENCY_POLICIES)
 
     if kind != "at":
         _compile_recurrence(cron, every_ms, tz, start_ms, end_ms, dst, exclude_dates)
@@ -415,6 +427,7 @@ def _parse_job(job: object, key: bytes | None, policy: ValidationPolicy, now_ms:
         tenant=tenant,
         exclude_dates=exclude_dates,
         calendar=calendar,
+        concurrency=concurrency,
         canonical=kept(orjson.dumps(job, option=orjson.OPT_SORT_KEYS)),
     )
 

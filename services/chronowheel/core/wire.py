@@ -61,6 +61,13 @@ OCCURRENCE: Final = "cw-occurrence"
 MAX_ATTEMPTS: Final = "cw-max-attempts"
 BACKOFF_MS: Final = "cw-backoff-ms"
 
+CONCURRENCY: Final = "cw-concurrency"
+"""the job's overlap policy for workers, `forbid` or `replace`; absent means `allow`"""
+CONCURRENCY_ALLOW: Final = "allow"
+CONCURRENCY_FORBID: Final = "forbid"
+CONCURRENCY_REPLACE: Final = "replace"
+CONCURRENCY_POLICIES: Final = (CONCURRENCY_ALLOW, CONCURRENCY_FORBID, CONCURRENCY_REPLACE)
+
 FIRED_REQUIRED: Final = (JOB_ID, SCHEDULED_AT, FIRED_AT, ATTEMPT, OCCURRENCE)
 """Without these a record is not an occurrence (a worker dead-letters it)."""
 

@@ -165,7 +165,7 @@ class Dispatcher:
             return
         slot = max(slot_for(p.job_id, nxt, job.window_ms), state.watermark + 1)
         row = DueRow(minute_of(slot), self.shard, slot, p.job_id, 1, nxt, p.version, p.topic,
-                     p.payload, job.headers, p.spec, job.max_attempts, job.backoff_ms)
+                     p.payload, job.fired_headers, p.spec, job.max_attempts, job.backoff_ms)
         await self.writer.write_due(row, now, JobRow(p.job_id, self.shard, p.spec or b"",
                                                      p.version, "scheduled", nxt, slot))
         state.apply_job_change(p.job_id, None, pending_from_row(row))

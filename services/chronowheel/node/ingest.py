@@ -246,7 +246,7 @@ class Ingest:
         job = new.job
         slot = self.state.claim_slot(slot_for(job.id, new.first, job.window_ms), now)
         due = DueRow(minute_of(slot), self.shard, slot, job.id, 1, new.first, new.version,
-                     job.topic, job.payload, job.headers,
+                     job.topic, job.payload, job.fired_headers,
                      job.canonical if job.recurring else None, job.max_attempts,
                      job.backoff_ms)
         # A one-shot's jobs row outlives its occurrence by the retention period (so an
@@ -334,7 +334,7 @@ class Ingest:
         slot = state.claim_slot(slot_for(job.id, first, job.window_ms), self.clock.now_ms())
         try:
             row = DueRow(minute_of(slot), self.shard, slot, job.id, 1, first, version,
-                         job.topic, job.payload, job.headers,
+                         job.topic, job.payload, job.fired_headers,
                          job.canonical if job.recurring else None, job.max_attempts,
                          job.backoff_ms)
             # A one-shot's jobs row outlives its occurrence by the retention period (so an
