@@ -141,6 +141,9 @@ class Settings:
         100, "backfill occurrences a shard hands to its wheel per cycle at most, and only "
              "while no on-time occurrence is waiting")
     backfill_cycle_ms: int = _opt(100, "a shard's backfills advance once per this interval")
+    calendar_refresh_ms: int = _opt(
+        30_000, "a named calendar read from Cassandra is used this long before it is read "
+                "again (changes made through another node are seen within this time)")
     idle_commit_ms: int = _opt(
         2_000, "with nothing to publish, still commit an advancing watermark this often")
     idle_commit_clearance_ms: int = _opt(
@@ -496,6 +499,7 @@ CONNECTION_SETTINGS = ("namespace", "cassandra", "kafka", "consistency")
 NODE_TUNABLES = (
     "ingest_batch", "ingest_group_bytes", "ingest_group_jobs", "ingest_concurrency",
     "ingest_slack_ms", "catch_up_grace_ms", "backfill_rows_per_cycle", "backfill_cycle_ms",
+    "calendar_refresh_ms",
     "idle_commit_ms", "idle_commit_clearance_ms", "skip_empty_after_ms", "stop_drain_ms",
     "stop_deadline_ms", "missing_watermark_lookback_ms", "skew_check_interval_ms",
     "pump_fetch_records", "pump_pause_rows", "pump_resume_rows",

@@ -11,6 +11,7 @@ import contextlib
 import itertools
 import secrets
 from dataclasses import dataclass
+from datetime import date
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from chronowheel.store.base import (
     JobStore,
     JobSummary,
     RequestRow,
+    RunLease,
 )
 
 MINUTE_MS = 60_000
@@ -348,6 +350,46 @@ class JobStoreContract:
         server, sent, received = await store.clock_sample()
         assert sent <= received
         assert abs(server - sent) < 86_400_000  # an epoch-ms instant, not seconds or ns
+
+    # --- calendars ----------------------------------------------------------------------
+    async def test_a_calendar_reads_back_is_replaced_and_deleted(
+            self, store: JobStore, ids: Ids) -> None:
+        name = f"cal-{ids.prefix}"
+        assert await store.get_calendar(name) is None
+        first = frozenset({date(2026, 12, 25), date(2027, 1, 1)})
+        await store.put_calendar(name, first)
+        assert await store.get_calendar(name) == first
+        await store.put_calendar(name, frozenset({date(2026, 11, 26)}))  # replaces, no merge
+        assert await store.get_calendar(name) == {date(2026, 11, 26)}
+        await store.delete_calendar(name)
+        assert await store.get_calendar(name) is None
+        await store.delete_calendar(name)  # deleting a missing one is fine
+
+    async def test_a_calendar_without_dates_exists_and_is_empty(
+            self, store: JobStore, ids: Ids) -> None:
+        name = f"empty-{ids.prefix}"
+        await store.put_calendar(name, frozenset())
+        assert await store.get_calendar(name) == frozenset()
+        assert await store.get_calendar(f"other-{ids.prefix}") is None
+
+    # --- overlap leases -----------------------------------------------------------------
+    async def test_a_run_lease_is_compare_and_set_and_ends_only_by_its_owner(
+            self, store: JobStore, ids: Ids) -> None:
+        scope, job = f"scope-{ids.prefix}", ids.job("runs")
+        first = RunLease("job@1", "owner-1", "w1")
+        assert await store.swap_run(scope, job, None, first, 60) == (True, None)
+        second = RunLease("job@2", "owner-2", "w2")
+        assert await store.swap_run(scope, job, None, second, 60) == (False, first)
+        # Asking the holder to stop is a swap of its own lease with `cancel` set.
+        asked = RunLease("job@1", "owner-1", "w1", cancel=True)
+        assert await store.swap_run(scope, job, first, asked, 60) == (True, None)
+        assert await store.swap_run(scope, job, first, first, 60) == (False, asked)
+        await store.end_run(scope, job, "owner-2")  # not the owner: nothing happens
+        assert await store.swap_run(scope, job, None, second, 60) == (False, asked)
+        await store.end_run(scope, job, "owner-1")
+        assert await store.swap_run(scope, job, None, second, 60) == (True, None)
+        # Another scope (consumer group) has its own lease for the same job.
+        assert await store.swap_run(f"other-{ids.prefix}", job, None, first, 60) == (True, None)
 
 
 def _index(rows: list[JobRow], job_id: str) -> int:

@@ -36,3 +36,16 @@ async def timed(occ: Occurrence) -> None:
     _log("started", occ, t=time.time())
     await asyncio.sleep(float(os.environ.get("CHRONOWHEEL_TEST_WORK_S", "0.02")))
     _log("done", occ, t=time.time())
+
+
+async def overlapping(occ: Occurrence) -> None:
+    """Works for the payload's `work_s` seconds; logs its start, its end, or its cancellation
+    (each with the wall time), for the overlap-policy tests."""
+    work_s = float(orjson.loads(occ.payload or b"{}").get("work_s", 0.02))
+    _log("started", occ, job=occ.job_id, t=time.time())
+    try:
+        await asyncio.sleep(work_s)
+    except asyncio.CancelledError:
+        _log("cancelled", occ, job=occ.job_id, t=time.time())
+        raise
+    _log("done", occ, job=occ.job_id, t=time.time())

@@ -126,3 +126,26 @@ def test_bad_flags_are_usage_errors(capsys: pytest.CaptureFixture[str], argv: li
         cli.main(["cron", "next", *argv])
     assert exit_.value.code == 2
     assert "usage:" in capsys.readouterr().err
+
+
+def test_exclude_date_previews_a_holiday_in_the_zone(capsys: pytest.CaptureFixture[str]) -> None:
+    code, lines, err = run(
+        capsys, "0 9 * * *", "--tz", "America/New_York", "--after", "2026-12-24T00:00:00Z",
+        "--count", "2", "--exclude-date", "2026-12-25", "--exclude-date", "2026-12-26",
+    )  # fmt: skip
+    assert (code, err) == (0, "")
+    assert lines == ["2026-12-24T09:00:00-05:00", "2026-12-27T09:00:00-05:00"]
+
+
+def test_a_malformed_exclude_date_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["cron", "next", "0 9 * * *", "--exclude-date", "2026-02-30"])
+    assert exit_.value.code == 2
+    assert "not a date like 2026-12-25: '2026-02-30'" in capsys.readouterr().err
+
+
+def test_new_syntax_and_named_rejections(capsys: pytest.CaptureFixture[str]) -> None:
+    code, lines, _ = run(capsys, "0 9 15W * *", "--after", "2026-08-01T00:00:00Z", "--count", "1")
+    assert (code, lines) == (0, ["2026-08-14T09:00:00+00:00"])  # Aug 15 is a Saturday
+    code, _, err = run(capsys, "H * * * *")
+    assert code != 0 and "'H' (hashed values, a Jenkins extension) is not supported" in err

@@ -125,6 +125,9 @@ def test_schema_patterns_are_the_parsers_patterns() -> None:
     assert set(defs["trigger"]["properties"]) == model.TRIGGER_FIELDS
     assert set(defs["backfill"]["properties"]) == model.BACKFILL_FIELDS
     assert defs["requestId"]["pattern"] == model.REQUEST_ID_PATTERN
+    assert set(defs["putCalendar"]["properties"]) == model.PUT_CALENDAR_FIELDS
+    assert set(defs["deleteCalendar"]["properties"]) == model.DELETE_CALENDAR_FIELDS
+    assert defs["calendarName"]["pattern"] == model.CALENDAR_NAME_PATTERN
 
 
 def _readme_blocks(language: str) -> list[str]:
@@ -141,7 +144,8 @@ def test_readme_has_examples_of_every_op() -> None:
 def test_readme_examples_pass_schema_and_parser(block: str) -> None:
     doc = json.loads(block)
     VALIDATOR.validate(doc)
-    command = parse(block.encode(), key=(doc.get("id") or doc["job"]["id"]).encode())
+    key = doc.get("id") or doc.get("name") or doc["job"]["id"]  # calendar ops: their name
+    command = parse(block.encode(), key=key.encode())
     assert command.op == doc["op"]
 
 
@@ -305,7 +309,8 @@ def test_version_and_op_are_required() -> None:
 def test_op_must_be_known(op: Any) -> None:
     err = error({"v": 1, "op": op, "id": "x"})
     assert (err.path, err.value) == ("op", op)
-    assert err.rule == "must be one of upsert, cancel, retry, pause, resume, trigger, backfill"
+    assert err.rule == ("must be one of upsert, cancel, retry, pause, resume, trigger, backfill, "
+                        "put_calendar, delete_calendar")
 
 
 def test_unknown_fields_are_rejected_at_every_level_with_a_hint() -> None:

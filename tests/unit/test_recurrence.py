@@ -7,7 +7,7 @@ zone's rules (written next to it), so these tests check the policy, not the code
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from functools import cache
 from itertools import pairwise
 from typing import Any
@@ -20,6 +20,8 @@ from chronowheel.core.recurrence import (
     Schedule,
     catch_up,
     compile_schedule,
+    excluding,
+    is_excluded,
     latest_at_or_before,
     next_after,
     occurrences,
@@ -549,6 +551,149 @@ def test_sunday_is_0_and_7_and_ranges_steps_lists() -> None:
     ]
 
 
+def test_star_prefix_rule_follows_vixie() -> None:
+    # Vixie cron and cronie decide AND versus OR from the first character of each day field.
+    # `*/10` restricts days but starts with `*`: Mondays that are the 1st, 11th, 21st or 31st.
+    # In 2026 those are Jun 1, May 11, Aug 31, Sep 21 ... (Mondays: Jun 1, May 11).
+    assert run("0 0 */10 * MON", "2026-01-01T00:00:00Z", 3) == [
+        "2026-05-11T00:00:00Z",
+        "2026-06-01T00:00:00Z",
+        "2026-08-31T00:00:00Z",
+    ]
+    # The same days spelt without a leading `*` OR with every Monday: Jan 1 (Thu) is day 1,
+    # Jan 5 a Monday, Jan 11 day 11, Jan 12 a Monday.
+    assert run("0 0 1-31/10 * MON", "2025-12-31T00:00:00Z", 4) == [
+        "2026-01-01T00:00:00Z",
+        "2026-01-05T00:00:00Z",
+        "2026-01-11T00:00:00Z",
+        "2026-01-12T00:00:00Z",
+    ]
+    # Day-of-week `*/2` (Sun, Tue, Thu, Sat) with day-of-month 1: AND, so a 1st that falls on
+    # one of those days. 2026: Jan 1 Thu, Feb 1 Sun, Mar 1 Sun, Apr 1 Wed (no), May 1 Fri (no).
+    assert run("0 0 1 * */2", "2025-12-31T00:00:00Z", 4) == [
+        "2026-01-01T00:00:00Z",
+        "2026-02-01T00:00:00Z",
+        "2026-03-01T00:00:00Z",
+        "2026-08-01T00:00:00Z",  # Jun 1 Mon, Jul 1 Wed, Aug 1 Sat
+    ]
+
+
+def test_wrap_around_ranges() -> None:
+    # Hours 22-2: 22, 23, 0, 1, 2.
+    assert run("0 22-2 * * *", "2026-01-01T12:00:00Z", 6) == [
+        "2026-01-01T22:00:00Z",
+        "2026-01-01T23:00:00Z",
+        "2026-01-02T00:00:00Z",
+        "2026-01-02T01:00:00Z",
+        "2026-01-02T02:00:00Z",
+        "2026-01-02T22:00:00Z",
+    ]
+    # A step counts along the wrapped run: 22, 0, 2.
+    assert run("0 22-2/2 * * *", "2026-01-01T12:00:00Z", 4) == [
+        "2026-01-01T22:00:00Z",
+        "2026-01-02T00:00:00Z",
+        "2026-01-02T02:00:00Z",
+        "2026-01-02T22:00:00Z",
+    ]
+    # FRI-MON from Wednesday 2026-01-07: Fri 9, Sat 10, Sun 11, Mon 12, then Fri 16.
+    fri_mon = run("0 0 * * FRI-MON", "2026-01-07T00:00:00Z", 5)
+    assert fri_mon == [
+        "2026-01-09T00:00:00Z",
+        "2026-01-10T00:00:00Z",
+        "2026-01-11T00:00:00Z",
+        "2026-01-12T00:00:00Z",
+        "2026-01-16T00:00:00Z",
+    ]
+    assert run("0 0 * * 5-1", "2026-01-07T00:00:00Z", 5) == fri_mon
+    assert run("0 0 * * SAT-SUN", "2026-01-07T00:00:00Z", 2) == [
+        "2026-01-10T00:00:00Z",
+        "2026-01-11T00:00:00Z",
+    ]
+    assert run("0 0 * * 7-1", "2026-01-07T00:00:00Z", 2) == [  # Sunday (7) to Monday
+        "2026-01-11T00:00:00Z",
+        "2026-01-12T00:00:00Z",
+    ]
+    # Months NOV-FEB, first of each.
+    assert run("0 0 1 NOV-FEB *", "2026-03-01T00:00:00Z", 4) == [
+        "2026-11-01T00:00:00Z",
+        "2026-12-01T00:00:00Z",
+        "2027-01-01T00:00:00Z",
+        "2027-02-01T00:00:00Z",
+    ]
+    # Day-of-month 29-2 in February 2026 (28 days): 29-31 do not exist, so Feb 1, 2, Mar 1.
+    assert run("0 0 29-2 * *", "2026-01-31T12:00:00Z", 4) == [
+        "2026-02-01T00:00:00Z",
+        "2026-02-02T00:00:00Z",
+        "2026-03-01T00:00:00Z",
+        "2026-03-02T00:00:00Z",
+    ]
+    # `5-1` in minutes used to be rejected as running backwards; it now wraps: 5 to 59, 0, 1.
+    assert len(run("5-1 * * * *", "2026-01-01T00:00:00Z", 57)) == 57
+    assert run("5-1 * * * *", "2026-01-01T00:59:30Z", 3) == [
+        "2026-01-01T01:00:00Z",
+        "2026-01-01T01:01:00Z",
+        "2026-01-01T01:05:00Z",
+    ]
+    # Minutes 58-1.
+    assert run("58-1 * * * *", "2026-01-01T00:30:00Z", 4) == [
+        "2026-01-01T00:58:00Z",
+        "2026-01-01T00:59:00Z",
+        "2026-01-01T01:00:00Z",
+        "2026-01-01T01:01:00Z",
+    ]
+
+
+def test_nearest_weekday() -> None:
+    # 2026-08-15 is a Saturday -> Friday 14; 2026-11-15 a Sunday -> Monday 16; 2026-09-15 a
+    # Tuesday -> itself.
+    assert run("0 9 15W * *", "2026-08-01T00:00:00Z", 4) == [
+        "2026-08-14T09:00:00Z",
+        "2026-09-15T09:00:00Z",
+        "2026-10-15T09:00:00Z",  # Thursday
+        "2026-11-16T09:00:00Z",
+    ]
+    # 1W never goes back into the previous month: 2026-08-01 is a Saturday -> Monday 3rd;
+    # 2026-02-01 a Sunday -> Monday 2nd.
+    assert run("0 0 1W 8 *", "2026-01-01T00:00:00Z", 1) == ["2026-08-03T00:00:00Z"]
+    assert run("0 0 1W 2 *", "2026-01-01T00:00:00Z", 1) == ["2026-02-02T00:00:00Z"]
+    # 31W never goes forward into the next month: 2026-05-31 is a Sunday -> Friday 29th.
+    # Months without a 31st have no match (2026: Jan, Mar, May, Jul ...): Jan 31 is a Saturday
+    # -> Friday 30; Mar 31 Tuesday.
+    assert run("0 0 31W * *", "2026-01-01T00:00:00Z", 3) == [
+        "2026-01-30T00:00:00Z",
+        "2026-03-31T00:00:00Z",
+        "2026-05-29T00:00:00Z",
+    ]
+    # A list mixing W and plain days.
+    assert run("0 0 1W,20 6 *", "2026-01-01T00:00:00Z", 2) == [
+        "2026-06-01T00:00:00Z",  # Monday
+        "2026-06-20T00:00:00Z",
+    ]
+
+
+def test_days_before_the_last() -> None:
+    # L-2: Jan 29, Feb 26 (28 days), Feb 27 in a leap year.
+    assert run("0 0 L-2 * *", "2026-01-01T00:00:00Z", 3) == [
+        "2026-01-29T00:00:00Z",
+        "2026-02-26T00:00:00Z",
+        "2026-03-29T00:00:00Z",
+    ]
+    assert run("0 0 L-2 2 *", "2028-01-01T00:00:00Z", 1) == ["2028-02-27T00:00:00Z"]
+    # L-30 is the 1st of a 31-day month and nothing in shorter ones.
+    assert run("0 0 L-30 * *", "2026-01-02T00:00:00Z", 2) == [
+        "2026-03-01T00:00:00Z",
+        "2026-05-01T00:00:00Z",
+    ]
+    # L-1W: the weekday nearest the day before the last. 2026-01-30 Friday; 2026-02-27 Friday;
+    # 2026-05-30 Saturday -> Friday 29; 2026-08-30 Sunday -> Monday 31.
+    assert run("0 0 L-1W 1,2,5,8 *", "2026-01-01T00:00:00Z", 4) == [
+        "2026-01-30T00:00:00Z",
+        "2026-02-27T00:00:00Z",
+        "2026-05-29T00:00:00Z",
+        "2026-08-31T00:00:00Z",
+    ]
+
+
 @pytest.mark.parametrize(
     ("expr", "fragment"),
     [
@@ -559,7 +704,6 @@ def test_sunday_is_0_and_7_and_ranges_steps_lists() -> None:
         ("0 0 31 4,6 *", "never matches"),
         ("0 0 * * 8", "day-of-week field: 8 is out of range"),
         ("0 0 * * MON#6", "occurrence must be 1-5"),
-        ("5-1 * * * *", "runs backwards"),
         ("*/0 * * * *", "step must be at least 1"),
         ("@every", "unknown macro"),
         ("? * * * *", "'?' is only allowed in the day fields"),
@@ -571,6 +715,23 @@ def test_sunday_is_0_and_7_and_ranges_steps_lists() -> None:
         ("0 0 0 * *", "day-of-month field: 0 is out of range 1-31"),
         ("", "expected 5 fields"),
         ("x" * 2000, "longer than"),
+        ("H * * * *", "minute field: 'H': 'H' (hashed values, a Jenkins extension)"),
+        ("H(0-29) * * * *", "'H' (hashed values"),
+        ("0 0 * * * * 2027", "seventh (year) field is not supported"),
+        ("@reboot", "@reboot is not supported"),
+        ("@every 5m", "@every is not supported"),
+        ("L * * * *", "minute field: 'L': 'L' is only allowed in the day fields"),
+        ("0 0 * L *", "month field: 'L': 'L' is only allowed"),
+        ("0 1#2 * * *", "hour field: '1#2': '#' is only allowed in day-of-week"),
+        ("0 0 1#2 * *", "day-of-month field: '1#2': '#' is only allowed in day-of-week"),
+        ("0 0 * * 1W", "day-of-week field: '1W': 'W' is only allowed in day-of-month"),
+        ("0 5W * * *", "hour field: '5W': 'W' is only allowed in day-of-month"),
+        ("0 0 1-5W * *", "day-of-month field: '1-5W': 'L' and 'W' take the forms"),
+        ("0 0 L-31 * *", "n in L-n must be 1-30"),
+        ("0 0 L-0 * *", "n in L-n must be 1-30"),
+        ("0 0 32W * *", "day-of-month field: 32 is out of range 1-31"),
+        ("0 0 L-3/2 * *", "'L' and 'W' take the forms"),
+        ("0 0 30W 2 *", "never matches"),
     ],
 )
 def test_bad_expressions(expr: str, fragment: str) -> None:
@@ -1068,3 +1229,290 @@ def test_results_are_real_matching_local_times(s: Schedule, after: int) -> None:
             assert s.fields.fixed_time
             before = datetime.fromtimestamp(u / 1000 - 1, s.zone).utcoffset()
             assert before is not None and local.utcoffset() != before
+
+
+# --------------------------------------------------------------------------------------------
+# Brute-force reference for the extended syntax (wrap-around ranges, W, L-n, #, nL, the
+# Vixie star rule). It reads each field from its definition and tests candidate minutes or
+# days one by one, sharing no code with the module under test.
+
+_REF_WEEKDAYS = {n: i for i, n in enumerate(("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"))}
+_REF_MONTHS = {
+    n: i + 1
+    for i, n in enumerate(
+        ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC")
+    )
+}
+
+
+def _ref_number(token: str, names: dict[str, int]) -> int:
+    return names[token] if token in names else int(token)
+
+
+def _ref_values(text: str, lo: int, hi: int, names: dict[str, int], weekday: bool) -> set[int]:
+    """Values of a plain field (no L/W/#), walking ranges one step at a time."""
+    out: set[int] = set()
+    for item in text.split(","):
+        body, _, step_text = item.partition("/")
+        step = int(step_text) if step_text else 1
+        if body in ("*", "?"):
+            run_ = list(range(lo, (6 if weekday else hi) + 1))
+        elif "-" in body:
+            a, b = (_ref_number(t, names) for t in body.split("-"))
+            if weekday and a > b:
+                a, b = a % 7, b % 7  # a wrapping run of weekdays: 7 is just Sunday (`7-0`)
+            run_ = [a]
+            while run_[-1] != b:
+                nxt = run_[-1] + 1
+                if weekday:
+                    nxt %= 7
+                    if b == 7 and nxt == 0:
+                        nxt = 7
+                elif nxt > hi:
+                    nxt = lo
+                run_.append(nxt)
+        else:
+            a = _ref_number(body, names)
+            run_ = list(range(a, hi + 1)) if step_text else [a]
+        out |= set(run_[::step])
+    return {v % 7 for v in out} if weekday else out
+
+
+def _ref_day_matches(dom_text: str, dow_text: str, day: datetime) -> bool:
+    last = (day.replace(day=28) + timedelta(days=4)).replace(day=1) - timedelta(days=1)
+    ndays = last.day
+
+    def nearest_weekday(n: int) -> int | None:
+        if n < 1 or n > ndays:
+            return None
+        for distance in (0, 1, 2):
+            for candidate in (n - distance, n + distance):
+                if 1 <= candidate <= ndays and day.replace(day=candidate).weekday() < 5:
+                    return candidate
+        raise AssertionError("a month always has a weekday within two days")
+
+    dom_hit = False
+    for item in dom_text.split(","):
+        if item == "L":
+            dom_hit |= day.day == ndays
+        elif item == "LW":
+            dom_hit |= day.day == nearest_weekday(ndays)
+        elif item.startswith("L-") and item.endswith("W"):
+            dom_hit |= day.day == nearest_weekday(ndays - int(item[2:-1]))
+        elif item.startswith("L-"):
+            dom_hit |= day.day == ndays - int(item[2:])
+        elif item.endswith("W"):
+            dom_hit |= day.day == nearest_weekday(int(item[:-1]))
+        else:
+            dom_hit |= day.day in _ref_values(item, 1, 31, {}, weekday=False)
+    cron_weekday = (day.weekday() + 1) % 7
+    dow_hit = False
+    for item in dow_text.split(","):
+        if "#" in item:
+            wd, n = item.split("#")
+            dow_hit |= cron_weekday == _ref_number(wd, _REF_WEEKDAYS) % 7 and (
+                (day.day - 1) // 7 + 1 == int(n)
+            )
+        elif item.endswith("L"):
+            dow_hit |= cron_weekday == _ref_number(item[:-1], _REF_WEEKDAYS) % 7 and (
+                day.day + 7 > ndays
+            )
+        else:
+            dow_hit |= cron_weekday in _ref_values(item, 0, 7, _REF_WEEKDAYS, weekday=True)
+    if dom_text[0] in "*?" or dow_text[0] in "*?":
+        return dom_hit and dow_hit
+    return dom_hit or dow_hit
+
+
+@st.composite
+def _wrapping_field(draw: st.DrawFn, lo: int, hi: int) -> str:
+    a, b = draw(st.integers(lo, hi)), draw(st.integers(lo, hi))
+    k = draw(st.integers(1, 5))
+    return draw(st.sampled_from([f"{a}-{b}", f"{a}-{b}/{k}", f"*/{k}", f"{a}", f"{a},{b}", "*"]))
+
+
+@st.composite
+def _day_of_month_field(draw: st.DrawFn) -> str:
+    item = st.one_of(
+        _wrapping_field(1, 31),
+        st.sampled_from(["L", "LW", "?"]),
+        st.integers(1, 30).map(lambda n: f"L-{n}"),
+        st.integers(1, 30).map(lambda n: f"L-{n}W"),
+        st.integers(1, 31).map(lambda n: f"{n}W"),
+    )
+    return ",".join(draw(st.lists(item, min_size=1, max_size=3)))
+
+
+@st.composite
+def _day_of_week_field(draw: st.DrawFn) -> str:
+    names = list(_REF_WEEKDAYS)
+    item = st.one_of(
+        _wrapping_field(0, 7),
+        st.builds(lambda a, b: f"{a}-{b}", st.sampled_from(names), st.sampled_from(names)),
+        st.builds(lambda d, n: f"{d}#{n}", st.integers(0, 7), st.integers(1, 5)),
+        st.integers(0, 7).map(lambda d: f"{d}L"),
+    )
+    return ",".join(draw(st.lists(item, min_size=1, max_size=3)))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    dom=_day_of_month_field(),
+    month=_wrapping_field(1, 12),
+    dow=_day_of_week_field(),
+    start_day=st.integers(0, 365 * 30),
+)
+def test_day_fields_match_brute_force(dom: str, month: str, dow: str, start_day: int) -> None:
+    expr = f"0 0 {dom} {month} {dow}"
+    try:
+        s = compile_schedule(cron=expr)
+    except ValidationError as exc:
+        # The only expressions refused here are those no date can ever satisfy.
+        assert "never matches" in exc.rule
+        return
+    start = datetime(2000, 1, 1) + timedelta(days=start_day)
+    months = _ref_values(month, 1, 12, _REF_MONTHS, weekday=False)
+    want = []
+    day = start + timedelta(days=1)
+    horizon = start + timedelta(days=2 * 366)
+    while day < horizon:
+        if day.month in months and _ref_day_matches(dom, dow, day):
+            want.append(rfc(int(day.replace(tzinfo=UTC).timestamp()) * 1000))
+        day += timedelta(days=1)
+    after = int(start.replace(tzinfo=UTC).timestamp()) * 1000
+    horizon_ms = int(horizon.replace(tzinfo=UTC).timestamp()) * 1000
+    got = [rfc(u) for u in occurrences(s, after, len(want) + 1) if u < horizon_ms]
+    assert got == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    minute=_wrapping_field(0, 59),
+    hour=_wrapping_field(0, 23),
+    start_minute=st.integers(0, 60 * 24 * 365 * 20),
+)
+def test_time_fields_match_brute_force(minute: str, hour: str, start_minute: int) -> None:
+    """Every minute of a 26-hour window, checked against the fields' definitions."""
+    s = compile_schedule(cron=f"{minute} {hour} * * *")
+    minutes = _ref_values(minute, 0, 59, {}, weekday=False)
+    hours = _ref_values(hour, 0, 23, {}, weekday=False)
+    start = datetime(2000, 1, 1, tzinfo=UTC) + timedelta(minutes=start_minute)
+    window = 26 * 60
+    want = [
+        int((start + timedelta(minutes=i)).timestamp()) * 1000
+        for i in range(1, window + 1)
+        if (start + timedelta(minutes=i)).minute in minutes
+        and (start + timedelta(minutes=i)).hour in hours
+    ]
+    end_ms = int((start + timedelta(minutes=window)).timestamp()) * 1000
+    got = [u for u in occurrences(s, int(start.timestamp()) * 1000, len(want) + 1) if u <= end_ms]
+    assert got == want
+
+
+# --------------------------------------------------------------------------------------------
+# Exclusion dates (holidays)
+
+
+def test_excluded_dates_are_skipped_in_the_jobs_zone() -> None:
+    # 09:00 New York is 14:00Z in winter. Dec 25 and 26 excluded: Dec 24, then Dec 27.
+    holidays = [date(2026, 12, 25), date(2026, 12, 26)]
+    s = compile_schedule(cron="0 9 * * *", tz="America/New_York", exclude_dates=holidays)
+    assert [rfc(u) for u in occurrences(s, ms("2026-12-24T00:00:00Z"), 3)] == [
+        "2026-12-24T14:00:00Z",
+        "2026-12-27T14:00:00Z",
+        "2026-12-28T14:00:00Z",
+    ]
+    assert latest_at_or_before(s, ms("2026-12-27T13:00:00Z")) == ms("2026-12-24T14:00:00Z")
+    assert is_excluded(s, ms("2026-12-25T14:00:00Z"))
+    # 23:30 on Dec 24 in New York is 04:30Z on Dec 25: the local date decides, not UTC's.
+    late = compile_schedule(cron="30 23 * * *", tz="America/New_York", exclude_dates=holidays)
+    assert [rfc(u) for u in occurrences(late, ms("2026-12-24T12:00:00Z"), 2)] == [
+        "2026-12-25T04:30:00Z",  # Dec 24 local
+        "2026-12-28T04:30:00Z",  # Dec 27 local
+    ]
+
+
+def test_excluding_a_day_with_a_dst_gap_and_a_per_second_cron_is_cheap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every second, with New York's spring-forward day excluded: the search jumps to the next
+    # local midnight instead of stepping through 82,800 excluded occurrences.
+    s = compile_schedule(
+        cron="* * * * * *", tz="America/New_York", dst="cron", exclude_dates=[date(2026, 3, 8)]
+    )
+    counter = _Counter(monkeypatch)
+    # Mar 8 00:00 EST = 05:00Z; Mar 9 00:00 EDT = 04:00Z.
+    assert next_after(s, ms("2026-03-08T04:59:59Z")) == ms("2026-03-09T04:00:00Z")
+    assert latest_at_or_before(s, ms("2026-03-09T03:59:59Z")) == ms("2026-03-08T04:59:59Z")
+    assert counter.months <= 8
+
+
+def test_catch_up_passes_over_excluded_dates() -> None:
+    s = compile_schedule(cron="0 12 * * *", exclude_dates=[date(2026, 6, 2)])
+    got = catch_up(
+        s,
+        policy="all",
+        max_catch_up=10,
+        first_missed_ms=ms("2026-06-01T12:00:00Z"),
+        now_ms=ms("2026-06-03T13:00:00Z"),
+    )
+    assert got == CatchUp(
+        (ms("2026-06-01T12:00:00Z"), ms("2026-06-03T12:00:00Z")), ms("2026-06-04T12:00:00Z"), False
+    )
+    # The pending occurrence itself fell on a date excluded after it was computed: it is
+    # replaced by the next allowed one, or by nothing if that is still ahead.
+    assert catch_up(
+        s,
+        policy="coalesce",
+        max_catch_up=10,
+        first_missed_ms=ms("2026-06-02T12:00:00Z"),
+        now_ms=ms("2026-06-02T12:05:00Z"),
+    ) == CatchUp((), ms("2026-06-03T12:00:00Z"), False)
+
+
+def test_exclusion_dates_are_for_cron_only() -> None:
+    with pytest.raises(ValidationError) as err:
+        compile_schedule(every_ms=1000, exclude_dates=[date(2026, 1, 1)])
+    assert err.value.path == "job.exclude_dates"
+    base = compile_schedule(cron="0 0 * * *")
+    assert excluding(base, []) is base
+    assert excluding(base, [date(2026, 1, 1)]).exclude_dates == {date(2026, 1, 1)}
+    assert excluding(base, [date(2026, 1, 1)]) != base
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    window=dst_windows(),
+    expr=local_expressions(),
+    dst=st.sampled_from(["skip", "cron"]),
+    offsets=st.sets(st.integers(-2, 2), max_size=3),
+)
+def test_exclusions_drop_exactly_the_excluded_local_dates(
+    window: tuple[str, int, int, int], expr: str, dst: str, offsets: set[int]
+) -> None:
+    """Against the same schedule without exclusions, filtered by local date: around DST
+    changes, where local days are 23 or 25 hours long."""
+    zone, t, _before, _after = window
+    lo, hi = (t - 2 * 86_400) * 1000, (t + 2 * 86_400) * 1000
+    plain = compile_schedule(cron=expr, tz=zone, dst=dst)  # type: ignore[arg-type]
+    centre = datetime.fromtimestamp(t, ZoneInfo(zone)).date()
+    excluded = {centre + timedelta(days=k) for k in offsets}
+    s = excluding(plain, excluded)
+
+    def within(sched: Schedule) -> list[int]:
+        out = []
+        u = next_after(sched, lo)
+        while u is not None and u <= hi:
+            out.append(u)
+            u = next_after(sched, u)
+        return out
+
+    want = [
+        u
+        for u in within(plain)
+        if datetime.fromtimestamp(u // 1000, ZoneInfo(zone)).date() not in excluded
+    ]
+    assert within(s) == want
+    for prev, cur in pairwise(want):
+        assert latest_at_or_before(s, cur) == cur
+        assert latest_at_or_before(s, cur - 1) == prev

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 import time
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta, timezone
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -61,7 +61,8 @@ def format_instant(epoch_ms: int, zone: ZoneInfo) -> str:
 
 
 def cmd_next(args: argparse.Namespace) -> int:
-    schedule = compile_schedule(cron=args.expr, tz=args.tz, dst=args.dst)
+    schedule = compile_schedule(cron=args.expr, tz=args.tz, dst=args.dst,
+                                exclude_dates=args.exclude_date or ())
     if args.after is None:
         after, sub_ms = time.time_ns() // 1_000_000, False
     else:
@@ -70,6 +71,15 @@ def cmd_next(args: argparse.Namespace) -> int:
     for u in occurrences(schedule, after, args.count, inclusive=inclusive):
         print(format_instant(u, schedule.zone))
     return 0
+
+
+def _date(text: str) -> date:
+    try:
+        if not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", text):
+            raise ValueError("not YYYY-MM-DD")
+        return date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a date like 2026-12-25: {text!r}") from None
 
 
 def _count(text: str) -> int:
@@ -111,6 +121,9 @@ def register(sub: Any) -> None:
         default="skip",
         help="daylight-saving policy, as the job's `dst` field (skip)",
     )
+    nxt.add_argument(
+        "--exclude-date", action="append", type=_date, metavar="YYYY-MM-DD",
+        help="a local date (in --tz) to skip, as a job's exclude_dates (repeatable)")
     nxt.add_argument(
         "--inclusive", action="store_true", help="INSTANT itself counts if it is an occurrence"
     )

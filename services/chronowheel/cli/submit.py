@@ -141,8 +141,10 @@ def job_from_flags(args: argparse.Namespace, now_ms: int) -> dict[str, Any]:
         value = getattr(args, flag)
         if value is not None:
             job[flag] = parse_when(value, now_ms)
+    if args.exclude_date:
+        job["exclude_dates"] = args.exclude_date
     for flag in ("topic", "dst", "catch_up", "max_catch_up", "window", "max_attempts",
-                 "backoff", "tenant"):
+                 "backoff", "tenant", "calendar", "concurrency"):
         value = getattr(args, flag)
         if value is not None:
             job[flag] = value
@@ -212,6 +214,10 @@ def register(sub: Any) -> None:
     kind.add_argument("--every", metavar="DURATION", help="recurring: fixed interval, e.g. 15m")
     one.add_argument("--tz", help="IANA zone of --cron (UTC)")
     one.add_argument("--dst", choices=("skip", "cron"), help="DST policy of --cron (skip)")
+    one.add_argument("--exclude-date", action="append", metavar="YYYY-MM-DD",
+                     help="cron: a local date (in --tz) not to fire on (repeatable)")
+    one.add_argument("--calendar", metavar="NAME",
+                     help="cron: also skip the dates of this calendar of the namespace")
     one.add_argument("--start", metavar="TIME", help="recurring: no occurrence before")
     one.add_argument("--end", metavar="TIME", help="recurring: no occurrence after")
     pay = one.add_mutually_exclusive_group()
@@ -228,6 +234,8 @@ def register(sub: Any) -> None:
     one.add_argument("--max-attempts", type=int, metavar="N", help="worker deliveries (5)")
     one.add_argument("--backoff", metavar="DURATION", help="worker's first retry delay (10s)")
     one.add_argument("--tenant", help="label")
+    one.add_argument("--concurrency", choices=("allow", "forbid", "replace"),
+                     help="recurring: overlap policy for workers (allow)")
     p.add_argument("--dry-run", action="store_true",
                    help="validate and print the wire command(s); send nothing")
     p.set_defaults(func=run)

@@ -28,22 +28,24 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import orjson
 
 from chronowheel.core.model import (
-    Upsert,
     ValidationPolicy,
     encode_backfill,
     encode_cancel,
     encode_control,
+    encode_delete_calendar,
+    encode_put_calendar,
     encode_trigger,
     encode_upsert,
     instant_ms,
     parse_command,
+    routing_key,
 )
 from chronowheel.errors import ChronowheelError, RetriableError, ValidationError
 from chronowheel.settings import Settings
@@ -58,6 +60,8 @@ Instant = datetime | int | str
 """An aware datetime, integer epoch milliseconds, or an RFC 3339 string with offset."""
 Duration = timedelta | int | str
 """A timedelta, integer milliseconds, or a wire duration string like "1h30m"."""
+Concurrency = Literal["allow", "forbid", "replace"]
+"""A recurring job's overlap policy for workers (docs/worker.md, "Overlap policy")."""
 Delivery = asyncio.Future[Any]
 """Resolves to the record's metadata (topic, partition, offset) once Kafka acknowledged it."""
 
@@ -207,15 +211,25 @@ class SchedulerClient:
                    max_catch_up: int | None = None, topic: str | None = None,
                    headers: Mapping[str, str] | None = None, payload_b64: str | None = None,
                    window: Duration | None = None, max_attempts: int | None = None,
-                   backoff: Duration | None = None, tenant: str | None = None) -> Delivery:
-        """A cron job read in IANA zone `tz` (5 fields, 6 with seconds first, or @daily...)."""
+                   backoff: Duration | None = None, tenant: str | None = None,
+                   exclude_dates: Iterable[date | str] | None = None,
+                   calendar: str | None = None,
+                   concurrency: Concurrency | None = None) -> Delivery:
+        """A cron job read in IANA zone `tz` (5 fields, 6 with seconds first, or @daily...).
+
+        `exclude_dates` (dates or `YYYY-MM-DD` strings) and the named `calendar`'s dates are
+        local dates in `tz` on which it does not fire. `concurrency` is the workers' overlap
+        policy (allow, forbid, replace; docs/worker.md)."""
         kind: dict[str, Any] = {"cron": expr}
         if tz != "UTC":  # the wire default: leaving it out keeps the canonical spec minimal
             kind["tz"] = tz
+        days = None if exclude_dates is None else sorted(
+            {d.isoformat() if isinstance(d, date) else d for d in exclude_dates})
         return await self.submit(_job_fields(
             id, kind, payload, topic=topic, headers=headers, payload_b64=payload_b64,
             window=window, max_attempts=max_attempts, backoff=backoff, tenant=tenant,
-            dst=dst, start=start, end=end, catch_up=catch_up, max_catch_up=max_catch_up))
+            dst=dst, start=start, end=end, catch_up=catch_up, max_catch_up=max_catch_up,
+            exclude_dates=days, calendar=calendar, concurrency=concurrency))
 
     async def every(self, id: str, interval: Duration, payload: Any = None, *,
                     start: Instant | None = None, end: Instant | None = None,
@@ -223,12 +237,14 @@ class SchedulerClient:
                     max_catch_up: int | None = None, topic: str | None = None,
                     headers: Mapping[str, str] | None = None, payload_b64: str | None = None,
                     window: Duration | None = None, max_attempts: int | None = None,
-                    backoff: Duration | None = None, tenant: str | None = None) -> Delivery:
+                    backoff: Duration | None = None, tenant: str | None = None,
+                    concurrency: Concurrency | None = None) -> Delivery:
         """A fixed-interval job (first occurrence at `start`, or when the node ingests it)."""
         return await self.submit(_job_fields(
             id, {"every": interval}, payload, topic=topic, headers=headers,
             payload_b64=payload_b64, window=window, max_attempts=max_attempts, backoff=backoff,
-            tenant=tenant, start=start, end=end, catch_up=catch_up, max_catch_up=max_catch_up))
+            tenant=tenant, start=start, end=end, catch_up=catch_up, max_catch_up=max_catch_up,
+            concurrency=concurrency))
 
     async def cancel(self, id: str) -> Delivery:
         """Cancel job `id`: no occurrence not yet published will fire."""
@@ -295,6 +311,18 @@ class SchedulerClient:
             token = page.next_token
             if token is None:
                 return
+    async def put_calendar(self, name: str, dates: Iterable[date | str]) -> Delivery:
+        """Create or replace the namespace's calendar `name`: the cron jobs that name it in
+        `calendar` do not fire on these dates (read in each job's zone)."""
+        if not isinstance(name, str):
+            raise ValidationError("name", "must be a string", name)
+        return await self._send(name, encode_put_calendar(name, dates))
+
+    async def delete_calendar(self, name: str) -> Delivery:
+        """Delete calendar `name`; jobs naming it then exclude nothing (docs/design.md)."""
+        if not isinstance(name, str):
+            raise ValidationError("name", "must be a string", name)
+        return await self._send(name, encode_delete_calendar(name))
 
     async def submit(self, job_fields: Mapping[str, Any]) -> Delivery:
         """Upsert a job given as the wire's `job` object. Conveniences as in encode_upsert:
@@ -393,7 +421,7 @@ class SchedulerClient:
             raise ChronowheelError("SchedulerClient not started: use `async with` or start()")
         if self._validate:
             cmd = parse_command(raw, key=None, policy=self.policy, now_ms=self._now_ms())
-            job_id = cmd.job.id if isinstance(cmd, Upsert) else cmd.id
+            job_id = routing_key(cmd)
         if job_id is None:
             raise ValidationError("id", "required (a job id is the record key)")
         assert self._producer is not None

@@ -11,7 +11,7 @@ import difflib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta, timezone
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Final, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -50,6 +50,9 @@ class JobSpec:
     max_attempts: int = wire.DEFAULT_MAX_ATTEMPTS
     backoff_ms: int = wire.DEFAULT_BACKOFF_MS
     tenant: str | None = None
+    exclude_dates: frozenset[date] = frozenset()
+    calendar: str | None = None
+    concurrency: str = wire.CONCURRENCY_ALLOW
     # The canonical JSON of the job as submitted (orjson, sorted keys): equal bytes = same spec,
     # which is what makes an identical re-submit a no-op.
     canonical: bytes = field(default=b"", compare=False)
@@ -57,6 +60,14 @@ class JobSpec:
     @property
     def recurring(self) -> bool:
         return self.at_ms is None
+
+    @property
+    def fired_headers(self) -> tuple[tuple[str, str], ...]:
+        """The headers stored with each occurrence: the job's own, plus the overlap policy
+        (`cw-concurrency`) when it is not the default, for the worker library."""
+        if self.concurrency == wire.CONCURRENCY_ALLOW:
+            return self.headers
+        return (*self.headers, (wire.CONCURRENCY, self.concurrency))
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,9 +156,33 @@ class Backfill:
     op: Literal["backfill"] = "backfill"
 
 
-Command = Upsert | Cancel | Retry | Pause | Resume | Trigger | Backfill
+@dataclass(frozen=True, slots=True)
+class PutCalendar:
+    """Create or replace the named calendar of the namespace: dates on which the cron jobs that
+    reference it (`calendar`) do not fire, read in each job's own zone."""
+
+    name: str
+    dates: frozenset[date]
+    op: Literal["put_calendar"] = "put_calendar"
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteCalendar:
+    name: str
+    op: Literal["delete_calendar"] = "delete_calendar"
+
+
+Command = (Upsert | Cancel | Retry | Pause | Resume | Trigger | Backfill | PutCalendar
+           | DeleteCalendar)
 Control = Pause | Resume | Trigger | Backfill
 """Commands about an existing job (besides cancel): whether they apply depends on its row."""
+
+
+def routing_key(cmd: Command) -> str:
+    """What decides a command's shard: the job id, or the calendar name for calendar ops."""
+    if isinstance(cmd, Upsert):
+        return cmd.job.id
+    return cmd.name if isinstance(cmd, PutCalendar | DeleteCalendar) else cmd.id
 
 
 # --------------------------------------------------------------------------------------------
@@ -264,10 +299,12 @@ RETRY_FIELDS: Final = frozenset(
     {"v", "op", "id", "scheduled_at", "attempt", "at", "topic", "payload_b64", "headers"}
     | {"max_attempts", "backoff", "origin", "request_id"}
 )
+PUT_CALENDAR_FIELDS: Final = frozenset({"v", "op", "name", "dates"})
+DELETE_CALENDAR_FIELDS: Final = frozenset({"v", "op", "name"})
 JOB_FIELDS: Final = frozenset(
     {"id", "at", "cron", "tz", "every", "start", "end", "topic", "payload", "payload_b64"}
     | {"headers", "catch_up", "max_catch_up", "dst", "window", "max_attempts", "backoff"}
-    | {"tenant"}
+    | {"tenant", "exclude_dates", "calendar", "concurrency"}
 )
 PAUSE_FIELDS: Final = frozenset({"v", "op", "id"})
 RESUME_FIELDS: Final = PAUSE_FIELDS
@@ -275,12 +312,17 @@ TRIGGER_FIELDS: Final = frozenset({"v", "op", "id", "request_id"})
 BACKFILL_FIELDS: Final = frozenset({"v", "op", "id", "request_id", "from", "to"})
 _OPS: Final = {"upsert": UPSERT_FIELDS, "cancel": CANCEL_FIELDS, "retry": RETRY_FIELDS,
                "pause": PAUSE_FIELDS, "resume": RESUME_FIELDS, "trigger": TRIGGER_FIELDS,
-               "backfill": BACKFILL_FIELDS}
+               "backfill": BACKFILL_FIELDS, wire.OP_PUT_CALENDAR: PUT_CALENDAR_FIELDS,
+               wire.OP_DELETE_CALENDAR: DELETE_CALENDAR_FIELDS}
 _OP_NAMES: Final = ", ".join(_OPS)
 _CATCH_UP: Final = ("coalesce", "all", "skip")
 _DST: Final = ("skip", "cron")
-_RECURRING_ONLY: Final = ("start", "end", "catch_up", "max_catch_up")
-_CRON_ONLY: Final = ("tz", "dst")
+_RECURRING_ONLY: Final = ("start", "end", "catch_up", "max_catch_up", "concurrency")
+_CRON_ONLY: Final = ("tz", "dst", "exclude_dates", "calendar")
+# Calendar names: like topic names, so they are safe in keys, logs and CLI arguments.
+CALENDAR_NAME_PATTERN: Final = r"^[a-zA-Z0-9._-]{1,128}$"
+_CALENDAR_NAME = re.compile(CALENDAR_NAME_PATTERN[1:-1])
+_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 
 
 def parse_command(
@@ -307,6 +349,8 @@ def parse_command(
     _reject_unknown(doc, _OPS[op], "")
     if op == "upsert":
         return Upsert(_parse_job(_required(doc, "job", ""), key, policy, now_ms))
+    if op in wire.CALENDAR_OPS:
+        return _parse_calendar_op(doc, op, key)
     job_id = _job_id(_required(doc, "id", ""), "id", policy)
     _check_key(key, job_id)
     if op == "cancel":
@@ -420,9 +464,18 @@ def _parse_job(job: object, key: bytes | None, policy: ValidationPolicy, now_ms:
     tenant = None
     if "tenant" in job:
         tenant = _string(job["tenant"], "job.tenant", 1, MAX_TENANT_CHARS)
+    exclude_dates: frozenset[date] = frozenset()
+    if "exclude_dates" in job:
+        exclude_dates = _dates(job["exclude_dates"], "job.exclude_dates", wire.MAX_EXCLUDE_DATES)
+    calendar = None
+    if "calendar" in job:
+        calendar = _calendar_name(job["calendar"], "job.calendar")
+    concurrency = wire.CONCURRENCY_ALLOW
+    if "concurrency" in job:
+        concurrency = _enum(job["concurrency"], "job.concurrency", wire.CONCURRENCY_POLICIES)
 
     if kind != "at":
-        _compile_recurrence(cron, every_ms, tz, start_ms, end_ms, dst)
+        _compile_recurrence(cron, every_ms, tz, start_ms, end_ms, dst, exclude_dates)
 
     return JobSpec(
         id=job_id,
@@ -442,6 +495,9 @@ def _parse_job(job: object, key: bytes | None, policy: ValidationPolicy, now_ms:
         max_attempts=max_attempts,
         backoff_ms=backoff_ms,
         tenant=tenant,
+        exclude_dates=exclude_dates,
+        calendar=calendar,
+        concurrency=concurrency,
         canonical=kept(orjson.dumps(job, option=orjson.OPT_SORT_KEYS)),
     )
 
@@ -453,6 +509,7 @@ def _compile_recurrence(
     start_ms: int | None,
     end_ms: int | None,
     dst: DstPolicy,
+    exclude_dates: frozenset[date],
 ) -> None:
     # Imported here: recurrence may import this module's types, and a cycle at import time
     # would break whichever module loads first.
@@ -460,7 +517,8 @@ def _compile_recurrence(
 
     try:
         compile_schedule(
-            cron=cron, every_ms=every_ms, tz=tz, start_ms=start_ms, end_ms=end_ms, dst=dst
+            cron=cron, every_ms=every_ms, tz=tz, start_ms=start_ms, end_ms=end_ms, dst=dst,
+            exclude_dates=exclude_dates,
         )
     except ValueError as exc:
         # Only ValidationError is expected; a stray ValueError still means the input is bad,
@@ -488,6 +546,45 @@ def _request_id(value: object) -> str:
     if not _REQUEST_ID.fullmatch(text):
         raise ValidationError("request_id", "must be 1..128 of A-Z a-z 0-9 . _ : -", value)
     return text
+def _parse_calendar_op(doc: dict[str, Any], op: str, key: bytes | None) -> Command:
+    name = _calendar_name(_required(doc, "name", ""), "name")
+    if key is not None and key != name.encode():
+        raise ValidationError("key", f"record key must equal the calendar name {name!r}", key)
+    if op == wire.OP_DELETE_CALENDAR:
+        return DeleteCalendar(name)
+    return PutCalendar(name, _dates(_required(doc, "dates", ""), "dates", wire.MAX_CALENDAR_DATES))
+
+
+def _calendar_name(value: object, path: str) -> str:
+    if not isinstance(value, str) or not _CALENDAR_NAME.fullmatch(value):
+        raise ValidationError(
+            path,
+            f"must be a calendar name: 1..{wire.MAX_CALENDAR_NAME_CHARS} characters of "
+            "a-z A-Z 0-9 . _ -",
+            value,
+        )
+    return value
+
+
+def _dates(value: object, path: str, limit: int) -> frozenset[date]:
+    """A JSON array of `YYYY-MM-DD` strings (local calendar dates, no time, no zone)."""
+    if not isinstance(value, list):
+        raise ValidationError(path, "must be an array of dates like \"2026-12-25\"", value)
+    if len(value) > limit:
+        raise ValidationError(path, f"must list at most {limit} dates", f"{len(value)} dates")
+    out: set[date] = set()
+    for i, item in enumerate(value):
+        where = f"{path}[{i}]"
+        if not isinstance(item, str) or not _DATE.fullmatch(item):
+            raise ValidationError(where, "must be a date like \"2026-12-25\" (YYYY-MM-DD)", item)
+        try:
+            day = date.fromisoformat(item)
+        except ValueError as exc:
+            raise ValidationError(where, f"not a valid date ({exc})", item) from None
+        if day.year < 1970:
+            raise ValidationError(where, "must not be before 1970", item)
+        out.add(day)
+    return frozenset(out)
 
 
 def _parse_retry(doc: dict[str, Any], job_id: str, policy: ValidationPolicy, now_ms: int) -> Retry:
@@ -800,6 +897,17 @@ def encode_upsert(job_fields: Mapping[str, Any]) -> bytes:
         else:
             job[name] = value
     return orjson.dumps({"v": 1, "op": "upsert", "job": job})
+
+
+def encode_put_calendar(name: str, dates: Iterable[date | str]) -> bytes:
+    """Wire bytes of a put_calendar; dates as `date` objects or `YYYY-MM-DD` strings."""
+    days = sorted({d.isoformat() if isinstance(d, date) else d for d in dates})
+    return orjson.dumps({"v": 1, "op": wire.OP_PUT_CALENDAR, "name": name, "dates": days})
+
+
+def encode_delete_calendar(name: str) -> bytes:
+    """Wire bytes of a delete_calendar."""
+    return orjson.dumps({"v": 1, "op": wire.OP_DELETE_CALENDAR, "name": name})
 
 
 def encode_cancel(id: str) -> bytes:

@@ -8,10 +8,21 @@ without walking the occurrences in between.
 Cron syntax: 5 fields (minute hour day-of-month month day-of-week) or 6 with seconds first;
 macros @yearly @annually @monthly @weekly @daily @midnight @hourly; month names JAN-DEC and
 weekday names SUN-SAT (any case); `*`, `?` (day fields only, same as `*`), ranges `a-b`, steps
-`*/n` `a-b/n` `a/n`, lists `a,b`; `L` and `LW` in day-of-month; `5L` (last Friday) and `MON#2`
-(second Monday) in day-of-week; 0 and 7 are both Sunday. Day-of-month and day-of-week combine as
-in Vixie cron: if either field starts with `*` (or `?`) a day must match both fields, otherwise
-it matches when either field matches.
+`*/n` `a-b/n` `a/n`, lists `a,b`; 0 and 7 are both Sunday.
+- A range whose start is after its end wraps around: `22-2` (hours 22, 23, 0, 1, 2), `FRI-MON`,
+  `NOV-FEB`, `28-3` in day-of-month (28th to 31st, whichever exist, then 1st to 3rd); a step
+  counts along the wrapped run (`22-2/2` is 22, 0, 2).
+- Day-of-month: `L` (last day), `L-n` (n days before the last, n 1-30), `nW` (the weekday
+  nearest the n-th, never leaving the month), `LW` and `L-nW` (the weekday nearest those). A
+  day the month lacks matches nothing that month (`31W` in April, `L-29` in February).
+- Day-of-week: `5L` / `FRIL` (last Friday), `MON#2` (second Monday).
+- Day-of-month and day-of-week combine as in Vixie cron and cronie: if either field's first
+  character is `*` (or `?`) a day must match both fields, otherwise it matches when either
+  field matches. The test is on the first character, so `*/10` counts as a star although it
+  restricts: `0 0 */10 * MON` is a Monday that is the 1st, 11th, 21st or 31st, while
+  `0 0 1-31/10 * MON` is any of those days or any Monday.
+Other dialects' syntax is rejected with a reason naming it: `H` (Jenkins), a seventh (year)
+field (Quartz), `@reboot`, `@every`, and `L`, `W`, `#` outside the fields that define them.
 
 Daylight saving time (docs/design.md, section "Recurrence and DST") is handled here explicitly
 rather than by a library: wall times are searched in local time and then mapped to instants, and
@@ -33,6 +44,11 @@ ignores zones and DST.
 
 Bounds: occurrences lie in [start, end], both ends inclusive, and never before
 1970-01-01T00:00:00Z or after 9999-01-01T00:00:00Z.
+
+Exclusion dates (cron only): a schedule may carry local dates of its zone on which nothing
+fires (holidays, from the job's `exclude_dates` and its named calendar). They are part of the
+search, so "the next occurrence" is the next one on a date not excluded, and the catch-up
+policies count only occurrences on dates not excluded.
 """
 
 from __future__ import annotations
@@ -40,8 +56,9 @@ from __future__ import annotations
 import re
 from bisect import bisect_left, bisect_right
 from calendar import monthrange
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from datetime import date, datetime, timedelta
 from functools import lru_cache
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -93,6 +110,9 @@ _WEEKDAYS = {name: i for i, name in enumerate(("SUN", "MON", "TUE", "WED", "THU"
 _ITEM = re.compile(
     r"(?:(?P<star>[*?])|(?P<lo>[0-9A-Z]+)(?:-(?P<hi>[0-9A-Z]+))?)(?:/(?P<step>[0-9]+))?"
 )
+_L_FORM = re.compile(r"[0-9]*L(?:-[0-9]*)?W?")
+# Day-of-month items beyond plain numbers: `L`, `L-n`, `LW`, `L-nW`, `nW`.
+_DOM_SPECIAL = re.compile(r"(?:L(?:-(?P<back>[0-9]+))?|(?P<day>[0-9]+)(?=W))(?P<w>W)?")
 _NTH = re.compile(r"(?P<wd>[0-9A-Z]+)#(?P<n>[0-9]+)")
 _LAST_WD = re.compile(r"(?P<wd>[0-9A-Z]+)L")
 
@@ -130,12 +150,23 @@ def _value(spec: _Spec, token: str, expr: str) -> int:
 
 
 def _expand(spec: _Spec, item: str, expr: str) -> set[int]:
-    """One list item (`*`, `a`, `a-b`, each optionally `/step`) to its set of values."""
+    """One list item (`*`, `a`, `a-b`, each optionally `/step`) to its set of values.
+
+    A range whose start is after its end wraps around the field: `22-2` in the hour field is
+    22, 23, 0, 1, 2 and `FRI-MON` is Friday to Monday; a step counts along the wrapped run, so
+    `22-2/2` is 22, 0, 2.
+    """
+    _reject_unsupported(spec, item, expr)
     m = _ITEM.fullmatch(item)
     if m is None:
         raise _bad(f"{spec.name} field: cannot parse {item!r}", expr)
     if m["star"] == "?" and spec not in (_DOM, _DOW):
         raise _bad(f"{spec.name} field: '?' is only allowed in the day fields", expr)
+    step = 1
+    if m["step"] is not None:
+        step = int(m["step"][:6])
+        if step == 0:
+            raise _bad(f"{spec.name} field: step must be at least 1", expr)
     if m["star"]:
         # `*` in day-of-week is 0-6: 7 would only repeat Sunday.
         lo, hi = spec.lo, (6 if spec is _DOW else spec.hi)
@@ -144,16 +175,48 @@ def _expand(spec: _Spec, item: str, expr: str) -> set[int]:
         if m["hi"] is not None:
             hi = _value(spec, m["hi"], expr)
             if hi < lo:
-                raise _bad(f"{spec.name} field: range {item!r} runs backwards", expr)
+                return _wrapped(spec, lo, hi, step)
         else:
             # `a/n` means a, a+n, ... up to the field's maximum (as in Quartz and croniter).
             hi = spec.hi if m["step"] is not None else lo
-    step = 1
-    if m["step"] is not None:
-        step = int(m["step"][:6])
-        if step == 0:
-            raise _bad(f"{spec.name} field: step must be at least 1", expr)
     return set(range(lo, hi + 1, step))
+
+
+def _wrapped(spec: _Spec, lo: int, hi: int, step: int) -> set[int]:
+    """The values of a range that runs past the field's end and on from its start."""
+    if spec is _DOW:
+        # Weekdays form a cycle of 7 (7 is Sunday again), so `SAT-SUN` and `7-1` both work.
+        first, cycle, base = lo % 7, 7, 0
+        length = (hi % 7 - first) % 7 + 1
+    else:
+        first, cycle, base = lo, spec.hi - spec.lo + 1, spec.lo
+        length = (hi - lo) % cycle + 1
+    return {base + (first - base + i) % cycle for i in range(0, length, step)}
+
+
+# Syntax some cron dialects have and this one does not: named in the error rather than
+# reported as a parse failure, so the submitter learns it is a dialect difference.
+_UNSUPPORTED = (
+    (re.compile(r"H(\(|$|/)"), "'H' (hashed values, a Jenkins extension) is not supported"),
+)
+
+
+def _reject_unsupported(spec: _Spec, item: str, expr: str) -> None:
+    for pattern, rule in _UNSUPPORTED:
+        if pattern.match(item):
+            raise _bad(f"{spec.name} field: {item!r}: {rule}", expr)
+    if spec not in (_DOM, _DOW):
+        # Month names contain an L (APR, JUL), so look for L where a number would be.
+        if _L_FORM.fullmatch(item):
+            raise _bad(
+                f"{spec.name} field: {item!r}: 'L' is only allowed in the day fields", expr
+            )
+        if "#" in item:
+            raise _bad(f"{spec.name} field: {item!r}: '#' is only allowed in day-of-week", expr)
+        if item.endswith("W"):
+            raise _bad(f"{spec.name} field: {item!r}: 'W' is only allowed in day-of-month", expr)
+    if spec is _DOM and "#" in item:
+        raise _bad(f"{spec.name} field: {item!r}: '#' is only allowed in day-of-week", expr)
 
 
 def _split(spec: _Spec, text: str, expr: str) -> list[str]:
@@ -170,13 +233,28 @@ def _simple_field(spec: _Spec, text: str, expr: str) -> tuple[int, ...]:
     return tuple(sorted(values))
 
 
+def _nearest_weekday(day: int, ndays: int, wd1: int) -> int:
+    """The weekday (Mon-Fri) nearest to `day`, staying inside the month (Quartz's `W`).
+
+    Saturday moves back to Friday and Sunday on to Monday, except that the 1st on a Saturday
+    moves on to Monday the 3rd and the last day on a Sunday back to Friday.
+    """
+    weekday = (wd1 + day - 1) % 7
+    if weekday == 6:
+        return day - 1 if day > 1 else day + 2
+    if weekday == 0:
+        return day + 1 if day < ndays else day - 2
+    return day
+
+
 @dataclass(frozen=True, slots=True)
 class _DaySpec:
     """Parsed day-of-month and day-of-week fields; `day_table` is what the search uses."""
 
     dom: frozenset[int]
-    dom_last: bool  # L
-    dom_last_weekday: bool  # LW
+    dom_weekday: frozenset[int]  # n from `nW`
+    dom_from_end: frozenset[int]  # n from `L-n`; `L` is 0
+    dom_from_end_weekday: frozenset[int]  # n from `L-nW`; `LW` is 0
     dow: frozenset[int]  # 0 = Sunday
     dow_nth: frozenset[tuple[int, int]]  # (weekday, n) from `wd#n`
     dow_last: frozenset[int]  # weekdays from `wdL`
@@ -185,11 +263,14 @@ class _DaySpec:
     def days(self, ndays: int, wd1: int) -> tuple[int, ...]:
         """Matching days of a month with `ndays` days whose 1st is weekday `wd1` (0 = Sunday)."""
         by_dom = {d for d in self.dom if d <= ndays}
-        if self.dom_last:
-            by_dom.add(ndays)
-        if self.dom_last_weekday:
-            wd_last = (wd1 + ndays - 1) % 7
-            by_dom.add(ndays - {6: 1, 0: 2}.get(wd_last, 0))
+        # A day the month does not have matches nothing, as a plain `31` does in April.
+        by_dom |= {_nearest_weekday(d, ndays, wd1) for d in self.dom_weekday if d <= ndays}
+        by_dom |= {ndays - n for n in self.dom_from_end if n < ndays}
+        by_dom |= {
+            _nearest_weekday(ndays - n, ndays, wd1)
+            for n in self.dom_from_end_weekday
+            if n < ndays
+        }
         by_dow = {d for d in range(1, ndays + 1) if (wd1 + d - 1) % 7 in self.dow}
         for wd, n in self.dow_nth:
             d = 1 + (wd - wd1) % 7 + 7 * (n - 1)
@@ -203,14 +284,28 @@ class _DaySpec:
 
 def _day_fields(dom_text: str, dow_text: str, expr: str) -> _DaySpec:
     dom: set[int] = set()
-    dom_last = dom_lw = False
+    dom_weekday: set[int] = set()
+    from_end: set[int] = set()
+    from_end_weekday: set[int] = set()
     for item in _split(_DOM, dom_text, expr):
-        if item == "L":
-            dom_last = True
-        elif item == "LW":
-            dom_lw = True
-        else:
+        m = _DOM_SPECIAL.fullmatch(item)
+        if m is None:
+            if "W" in item or "L" in item:
+                raise _bad(
+                    f"day-of-month field: {item!r}: 'L' and 'W' take the forms L, L-n, LW, "
+                    "L-nW and nW (no ranges or steps with them)",
+                    expr,
+                )
             dom |= _expand(_DOM, item, expr)
+        elif m["day"] is not None:
+            dom_weekday.add(_value(_DOM, m["day"], expr))
+        else:
+            back = 0
+            if m["back"] is not None:
+                back = int(m["back"][:4])
+                if not 1 <= back <= 30:
+                    raise _bad(f"day-of-month field: {item!r}: n in L-n must be 1-30", expr)
+            (from_end_weekday if m["w"] else from_end).add(back)
     dow: set[int] = set()
     nth: set[tuple[int, int]] = set()
     last: set[int] = set()
@@ -224,14 +319,21 @@ def _day_fields(dom_text: str, dow_text: str, expr: str) -> _DaySpec:
             # `5L` / `FRIL`; a bare `L` would be ambiguous (Quartz reads it as Saturday).
             last.add(_value(_DOW, m["wd"], expr) % 7)
         else:
+            if item.endswith("W"):
+                raise _bad(
+                    f"day-of-week field: {item!r}: 'W' is only allowed in day-of-month", expr
+                )
             dow |= {v % 7 for v in _expand(_DOW, item, expr)}
     return _DaySpec(
         dom=frozenset(dom),
-        dom_last=dom_last,
-        dom_last_weekday=dom_lw,
+        dom_weekday=frozenset(dom_weekday),
+        dom_from_end=frozenset(from_end),
+        dom_from_end_weekday=frozenset(from_end_weekday),
         dow=frozenset(dow),
         dow_nth=frozenset(nth),
         dow_last=frozenset(last),
+        # Vixie cron sets its DOM_STAR / DOW_STAR flags from the field's first character, so
+        # `*/10` counts as a star here too, though it restricts the days.
         both_restrict=not (dom_text[0] in "*?" or dow_text[0] in "*?"),
     )
 
@@ -359,6 +461,10 @@ def _parse_cron(expr: str) -> _CronFields:
         raise _bad(f"longer than {_MAX_EXPR_CHARS} characters", expr[:100])
     text = expr.strip().upper()
     if text.startswith("@"):
+        if text == "@REBOOT":
+            raise _bad("@reboot is not supported: a scheduler has no boot to run at", expr)
+        if text.startswith("@EVERY"):
+            raise _bad("unknown macro: @every is not supported, use the job's `every` field", expr)
         if text not in _MACROS:
             raise _bad(f"unknown macro; use one of {', '.join(sorted(_MACROS)).lower()}", expr)
         text = _MACROS[text]
@@ -366,9 +472,11 @@ def _parse_cron(expr: str) -> _CronFields:
     if len(parts) == 5:
         parts = ["0", *parts]
     elif len(parts) != 6:
+        # Quartz's optional year field is the usual source of a seventh field.
+        year = "; a seventh (year) field is not supported, use the job's `end`"
         raise _bad(
             "expected 5 fields (minute hour day-of-month month day-of-week)"
-            " or 6 with seconds first",
+            " or 6 with seconds first" + (year if len(parts) == 7 else ""),
             expr,
         )
     sec, minute, hour, dom, month, dow = parts
@@ -409,6 +517,9 @@ class Schedule:
     fields: _CronFields | None = field(repr=False, compare=False)
     zone: ZoneInfo = field(repr=False, compare=False)
     mode: int = field(repr=False, compare=False)
+    # Local dates (in `zone`) on which a cron schedule does not fire: the job's own
+    # `exclude_dates` and the dates of its calendar (see `excluding`).
+    exclude_dates: frozenset[date] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -457,10 +568,16 @@ def compile_schedule(
     start_ms: int | None = None,
     end_ms: int | None = None,
     dst: DstPolicy = "skip",
+    exclude_dates: Iterable[date] = (),
 ) -> Schedule:
-    """Validate and compile a recurrence; raises ValidationError naming the offending field."""
+    """Validate and compile a recurrence; raises ValidationError naming the offending field.
+
+    `exclude_dates` (cron only) are local dates in `tz` on which nothing fires.
+    """
     if (cron is None) == (every_ms is None):
         raise ValidationError("job", "exactly one of cron and every is required")
+    if every_ms is not None and exclude_dates:
+        raise ValidationError("job.exclude_dates", "only allowed with cron")
     zone = _zone(tz)
     if dst not in ("skip", "cron"):
         raise ValidationError("job.dst", "must be 'skip' or 'cron'", dst)
@@ -476,7 +593,34 @@ def compile_schedule(
         raise ValidationError("job.cron", "must be a string", cron)
     fields = _parse_cron(cron)
     mode = _SKIP if dst == "skip" else _FIXED if fields.fixed_time else _ELAPSED
-    return Schedule(cron, None, tz, start, end, dst, fields, zone, mode)
+    return Schedule(cron, None, tz, start, end, dst, fields, zone, mode, frozenset(exclude_dates))
+
+
+def excluding(s: Schedule, dates: Iterable[date]) -> Schedule:
+    """`s` with `dates` excluded too (a calendar's dates added to the job's own)."""
+    extra = frozenset(dates) - s.exclude_dates
+    if not extra:
+        return s
+    if s.fields is None:
+        raise ValueError("exclusion dates apply to cron schedules only")
+    return replace(s, exclude_dates=s.exclude_dates | extra)
+
+
+def is_excluded(s: Schedule, at_ms: int) -> bool:
+    """Whether the instant falls on an excluded date of the schedule's zone."""
+    if not s.exclude_dates:
+        return False
+    return datetime.fromtimestamp(at_ms // 1000, s.zone).date() in s.exclude_dates
+
+
+def _day_start(zone: ZoneInfo, day: date) -> int:
+    """The first instant (epoch seconds) whose local date in `zone` is `day`, or after it.
+
+    A midnight inside a spring-forward gap reads with the offset before the gap, which lands on
+    the gap's end: the first instant of the day. Days a zone skipped entirely give the start of
+    the next day that exists.
+    """
+    return int(datetime(day.year, day.month, day.day, tzinfo=zone).timestamp())
 
 
 # --------------------------------------------------------------------------------------------
@@ -628,11 +772,44 @@ def next_after(s: Schedule, after_ms: int, *, inclusive: bool = False) -> int | 
         anchor = s.start_ms if s.start_ms is not None else 0
         u: int | None = anchor + ((a - anchor) // s.every_ms + 1) * s.every_ms
     else:
-        sec = _cron_next(s, a // 1000)
+        sec = _cron_next_allowed(s, a // 1000)
         u = None if sec is None else sec * 1000
     if u is None or u > MAX_MS or (s.end_ms is not None and u > s.end_ms):
         return None
     return u
+
+
+def _cron_next_allowed(s: Schedule, a: int) -> int | None:
+    """`_cron_next`, passing over occurrences on excluded dates a whole local day at a time.
+
+    Each round either leaves an excluded day or passes one occurrence (a day whose first
+    instant comes before an occurrence dated the day before, as when a clock falls back across
+    midnight), so the rounds are bounded by the excluded days plus such repeats.
+    """
+    while True:
+        sec = _cron_next(s, a)
+        if sec is None or not s.exclude_dates or sec > _MAX_SEC:
+            return sec
+        day = datetime.fromtimestamp(sec, s.zone).date()
+        if day not in s.exclude_dates:
+            return sec
+        if day >= date(_MAX_YEAR, 12, 31):
+            return None
+        a = max(sec, _day_start(s.zone, day + timedelta(days=1)) - 1)
+
+
+def _cron_prev_allowed(s: Schedule, b: int) -> int | None:
+    """`_cron_prev`, passing over occurrences on excluded dates (see `_cron_next_allowed`)."""
+    while True:
+        sec = _cron_prev(s, b)
+        if sec is None or not s.exclude_dates:
+            return sec
+        day = datetime.fromtimestamp(sec, s.zone).date()
+        if day not in s.exclude_dates:
+            return sec
+        if day <= date(_MIN_YEAR + 1, 1, 1):
+            return None
+        b = min(sec - 1, _day_start(s.zone, day) - 1)
 
 
 def latest_at_or_before(s: Schedule, at_ms: int) -> int | None:
@@ -650,7 +827,7 @@ def latest_at_or_before(s: Schedule, at_ms: int) -> int | None:
     if s.every_ms is not None:
         anchor = s.start_ms if s.start_ms is not None else 0
         return anchor + (b - anchor) // s.every_ms * s.every_ms
-    sec = _cron_prev(s, b // 1000)
+    sec = _cron_prev_allowed(s, b // 1000)
     if sec is None or sec * 1000 < lo:
         return None
     return sec * 1000
@@ -690,6 +867,13 @@ def catch_up(
     if max_catch_up < 1:
         raise ValueError(f"max_catch_up must be at least 1, got {max_catch_up}")
     nxt = next_after(s, now_ms)
+    if is_excluded(s, first_missed_ms):
+        # Its date was excluded after it was materialised (a calendar gained the date): it
+        # does not fire; the first occurrence after it on an allowed date takes its place.
+        after = next_after(s, first_missed_ms)
+        if after is None or after > now_ms:
+            return CatchUp((), nxt, False)
+        first_missed_ms = after
     if policy == "skip":
         return CatchUp((), nxt, False)
     if policy == "coalesce":

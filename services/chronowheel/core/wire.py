@@ -75,6 +75,12 @@ TRIGGERED: Final = "cw-triggered"
 """on an occurrence published by a `trigger` command: that command's request id"""
 BACKFILL: Final = "cw-backfill"
 """on an occurrence published by a `backfill` command: that command's request id"""
+CONCURRENCY: Final = "cw-concurrency"
+"""the job's overlap policy for workers, `forbid` or `replace`; absent means `allow`"""
+CONCURRENCY_ALLOW: Final = "allow"
+CONCURRENCY_FORBID: Final = "forbid"
+CONCURRENCY_REPLACE: Final = "replace"
+CONCURRENCY_POLICIES: Final = (CONCURRENCY_ALLOW, CONCURRENCY_FORBID, CONCURRENCY_REPLACE)
 
 FIRED_REQUIRED: Final = (JOB_ID, SCHEDULED_AT, FIRED_AT, ATTEMPT, OCCURRENCE)
 """Without these a record is not an occurrence (a worker dead-letters it)."""
@@ -91,6 +97,19 @@ ERROR: Final = "cw-error"
 FAILED_AT: Final = "cw-failed-at"
 TARGET_TOPIC: Final = "cw-target-topic"
 """<ns>.dead: the target topic that did not exist"""
+
+# --- calendars (named sets of excluded dates, per namespace) --------------------------------
+
+OP_PUT_CALENDAR: Final = "put_calendar"
+"""Submit op: create or replace a calendar, {"v":1,"op":"put_calendar","name":..,"dates":[..]}"""
+OP_DELETE_CALENDAR: Final = "delete_calendar"
+"""Submit op: delete a calendar, {"v":1,"op":"delete_calendar","name":..}"""
+CALENDAR_OPS: Final = (OP_PUT_CALENDAR, OP_DELETE_CALENDAR)
+MAX_EXCLUDE_DATES: Final = 1_000
+"""Dates a job's own `exclude_dates` may list."""
+MAX_CALENDAR_DATES: Final = 10_000
+"""Dates one named calendar may hold."""
+MAX_CALENDAR_NAME_CHARS: Final = 128
 
 # --- retry policy defaults (a job's `max_attempts` and `backoff`) ----------------------------
 

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from chronowheel.core.buckets import minute_of, slot_for
 from chronowheel.core.clock import Clock, sleep_until_or_event
 from chronowheel.core.model import JobSpec, ValidationPolicy, decode_stored_job
-from chronowheel.core.recurrence import Schedule, catch_up, next_after
+from chronowheel.core.recurrence import Schedule, catch_up, is_excluded, next_after
+from chronowheel.node.calendars import Calendars
 from chronowheel.node.metrics import NodeMetrics
 from chronowheel.node.pending import Pending, Recurring, pending_from_row, with_schedule
 from chronowheel.node.publisher import Publisher
@@ -42,7 +43,8 @@ def stored_policy(policy: ValidationPolicy) -> ValidationPolicy:
 class Dispatcher:
     def __init__(self, *, state: ShardState, settings: Settings, store: JobStore,
                  writer: RowWriter, publisher: Publisher, clock: Clock, metrics: NodeMetrics,
-                 policy: ValidationPolicy, dispatch_blocked: Callable[[], bool]) -> None:
+                 policy: ValidationPolicy, dispatch_blocked: Callable[[], bool],
+                 calendars: Calendars) -> None:
         self.state = state
         self.shard = state.shard
         self.settings = settings
@@ -53,6 +55,7 @@ class Dispatcher:
         self.metrics = metrics
         self.stored_policy = stored_policy(policy)
         self.dispatch_blocked = dispatch_blocked
+        self.calendars = calendars
         self._schedules: OrderedDict[bytes, tuple[JobSpec, Schedule]] = OrderedDict()
 
     async def step(self, *, final: bool = False) -> None:
@@ -132,11 +135,22 @@ class Dispatcher:
     async def _fire_recurring_locked(self, p: Pending, rec: Recurring, now: int,
                                      fired: list[Pending]) -> None:
         job, schedule = self._recurring(rec.spec)
+        if job.calendar is not None:
+            await self.calendars.refresh([job.calendar])
+            schedule = self.calendars.schedule(job, schedule)
         # Lateness counts from the occurrence's own slot, not from the slot it was given: a
         # resumed job's first occurrence gets a slot of now, however long the pause was.
         if now - slot_for(p.job_id, p.scheduled_ms, job.window_ms) \
                 <= self.settings.catch_up_grace_ms:
-            fires: tuple[int, ...] = (p.scheduled_ms,)
+            # The calendar may have gained this date after the occurrence was computed: it is
+            # then dropped here, unpublished, and the next allowed one takes its place.
+            fires: tuple[int, ...] = () if is_excluded(schedule, p.scheduled_ms) \
+                else (p.scheduled_ms,)
+            if not fires:
+                self.metrics.excluded.inc()
+                log.info("shard %d: job %s: occurrence %d falls on an excluded date; skipped",
+                         self.shard, p.job_id, p.scheduled_ms,
+                         extra={"shard": self.shard, "job_id": p.job_id})
             nxt = next_after(schedule, p.scheduled_ms)
         else:
             cu = catch_up(schedule, policy=job.catch_up, max_catch_up=job.max_catch_up,
@@ -157,7 +171,7 @@ class Dispatcher:
             return
         slot = max(slot_for(p.job_id, nxt, job.window_ms), state.watermark + 1)
         row = DueRow(minute_of(slot), self.shard, slot, p.job_id, 1, nxt, rec.version, p.topic,
-                     p.payload, job.headers, rec.spec, job.max_attempts, job.backoff_ms)
+                     p.payload, job.fired_headers, rec.spec, job.max_attempts, job.backoff_ms)
         await self.writer.write_due(row, now, JobRow(p.job_id, self.shard, rec.spec,
                                                      rec.version, "scheduled", nxt, slot, 0,
                                                      job.tenant))

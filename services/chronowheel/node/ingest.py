@@ -24,8 +24,10 @@ from chronowheel.core.model import (
     Backfill,
     Cancel,
     Command,
+    DeleteCalendar,
     JobSpec,
     Pause,
+    PutCalendar,
     Resume,
     Retry,
     Trigger,
@@ -33,10 +35,12 @@ from chronowheel.core.model import (
     ValidationPolicy,
     decode_stored_job,
     parse_command,
+    routing_key,
 )
 from chronowheel.core.recurrence import next_after
 from chronowheel.core.shard import shard_of
 from chronowheel.errors import ValidationError
+from chronowheel.node.calendars import Calendars
 from chronowheel.node.dispatch import stored_policy
 from chronowheel.node.metrics import NodeMetrics
 from chronowheel.node.pending import OccurrenceKey, pending_from_row
@@ -51,7 +55,7 @@ log = logging.getLogger(__name__)
 class Ingest:
     def __init__(self, *, state: ShardState, shards: int, settings: Settings, store: JobStore,
                  writer: RowWriter, clock: Clock, metrics: NodeMetrics,
-                 policy: ValidationPolicy) -> None:
+                 policy: ValidationPolicy, calendars: Calendars) -> None:
         self.state = state
         self.shard = state.shard
         self.shards = shards
@@ -62,6 +66,7 @@ class Ingest:
         self.metrics = metrics
         self.policy = policy
         self.stored_policy = stored_policy(policy)
+        self.calendars = calendars
         self.queue: deque[SubmitRecord] = deque()
         """Records fetched for this shard, not yet applied (the pump pauses on its length)."""
         self.next_offset: int | None = None
@@ -108,20 +113,28 @@ class Ingest:
             return
         now = self.clock.now_ms()
         chains: dict[str, list[Command]] = defaultdict(list)
+        calendar_ops: list[PutCalendar | DeleteCalendar] = []
         outbox: list[Outgoing] = []  # published with this batch's offsets, not before
         for rec in records:
             cmd = self._parse(rec, now, outbox)
             if cmd is None:
                 continue
-            job_id = cmd.job.id if isinstance(cmd, Upsert) else cmd.id
+            job_id = routing_key(cmd)
             target = shard_of(job_id, self.shards)
             if target != self.shard:
                 outbox.append(Outgoing(self.settings.submit_topic, target, rec.key,
                                        rec.value or b"", list(rec.headers or ())))
                 self.metrics.forwarded.inc()
                 continue
-            chains[job_id].append(cmd)
-            self.sources[id(cmd)] = rec
+            if isinstance(cmd, PutCalendar | DeleteCalendar):
+                calendar_ops.append(cmd)
+            else:
+                chains[job_id].append(cmd)
+                self.sources[id(cmd)] = rec
+        # Calendars first, so jobs of the same batch that use them compute with them.
+        await self._apply_calendars(calendar_ops)
+        await self.calendars.refresh(cmds[0].job.calendar for cmds in chains.values()
+                                     if isinstance(cmds[0], Upsert))
         await self._precount(chains, now)
         try:
             await self._apply_chains(chains)
@@ -134,6 +147,18 @@ class Ingest:
         self.state.outbox.extend(outbox)
         self.state.offset_to_commit = records[-1].offset + 1
         self.state.wake.set()
+
+    async def _apply_calendars(self, ops: list[PutCalendar | DeleteCalendar]) -> None:
+        """Write calendar puts and deletes in offset order (each replaces the whole calendar,
+        so re-applying them after a takeover leaves the same result)."""
+        for op in ops:
+            if isinstance(op, PutCalendar):
+                await self.store.put_calendar(op.name, op.dates)
+                self.calendars.applied(op.name, op.dates)
+            else:
+                await self.store.delete_calendar(op.name)
+                self.calendars.applied(op.name, None)
+            self.metrics.ingested.labels(op.op, STORED).inc()
 
     async def _apply_chains(self, chains: dict[str, list[Command]]) -> None:
         """Apply every job's commands, each job's in order, all jobs' locks held throughout.
@@ -191,7 +216,7 @@ class Ingest:
         writes = []
         for job, row in jobs:
             version = row.version + 1 if row is not None else 1
-            first = (next_after(schedule_of(job), self.clock.now_ms(), inclusive=True)
+            first = (next_after(self.calendars.schedule(job), self.clock.now_ms(), inclusive=True)
                      if job.recurring else job.at_ms)
             # Published already (slot <= watermark) or none: only the wheel entry may remain.
             old_key = None if row is None or row.status != "scheduled" \
@@ -244,7 +269,7 @@ class Ingest:
         job = new.job
         slot = self.state.claim_slot(slot_for(job.id, new.first, job.window_ms), now)
         due = DueRow(minute_of(slot), self.shard, slot, job.id, 1, new.first, new.version,
-                     job.topic, job.payload, job.headers,
+                     job.topic, job.payload, job.fired_headers,
                      job.canonical if job.recurring else None, job.max_attempts,
                      job.backoff_ms)
         # A one-shot's jobs row outlives its occurrence by the retention period (so an
@@ -316,8 +341,10 @@ class Ingest:
         here (a later command of the same job in one step)."""
         if isinstance(cmd, Retry):
             changed = await self._retry(cmd, now)
+        elif isinstance(cmd, PutCalendar | DeleteCalendar):
+            raise AssertionError("calendar commands are applied by _apply_calendars")
         else:
-            job_id = cmd.job.id if isinstance(cmd, Upsert) else cmd.id
+            job_id = routing_key(cmd)
             row = await self.store.get_job(job_id) if isinstance(existing, _Read) else existing
             if isinstance(cmd, Upsert):
                 changed = await self._upsert(cmd.job, now, row)
@@ -337,8 +364,8 @@ class Ingest:
         if _unchanged(existing, job):
             return False  # identical re-submit: a no-op, also after the job fired
         version = existing.version + 1 if existing is not None else 1
-        first = (next_after(schedule_of(job), now, inclusive=True) if job.recurring
-                 else job.at_ms)
+        first = (next_after(self.calendars.schedule(job), now, inclusive=True)
+                 if job.recurring else job.at_ms)
         old_key = await self._remove_pending(existing)
         if first is None:  # a recurring job whose end has passed
             await self.store.put_job(self.writer.finished(job.id, job.canonical, version,
@@ -355,7 +382,7 @@ class Ingest:
         slot = state.claim_slot(slot_for(job.id, first, job.window_ms), self.clock.now_ms())
         try:
             row = DueRow(minute_of(slot), self.shard, slot, job.id, 1, first, version,
-                         job.topic, job.payload, job.headers,
+                         job.topic, job.payload, job.fired_headers,
                          job.canonical if job.recurring else None, job.max_attempts,
                          job.backoff_ms)
             # A one-shot's jobs row outlives its occurrence by the retention period (so an
@@ -448,7 +475,7 @@ class Ingest:
         slot = state.claim_slot(slot_for(job.id, first, job.window_ms), self.clock.now_ms())
         try:
             due = DueRow(minute_of(slot), self.shard, slot, job.id, 1, first, version,
-                         job.topic, job.payload, job.headers,
+                         job.topic, job.payload, job.fired_headers,
                          job.canonical if job.recurring else None, job.max_attempts,
                          job.backoff_ms)
             ttl = 0 if job.recurring else self.writer.ttl_s(slot, now)

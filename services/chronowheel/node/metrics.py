@@ -41,6 +41,10 @@ class NodeMetrics:
         self.forwarded = Counter("chronowheel_forwarded_total",
                                  "commands forwarded to their shard's partition", registry=r)
         self.fired = Counter("chronowheel_fired_total", "occurrences published", registry=r)
+        self.excluded = Counter(
+            "chronowheel_excluded_total",
+            "recurring occurrences dropped when due because their date had been excluded "
+            "(a calendar gained the date after the occurrence was computed)", registry=r)
         self.coalesced = Counter("chronowheel_catch_up_coalesced_total",
                                  "catch-ups (policy all) that hit max_catch_up and coalesced",
                                  registry=r)

@@ -25,6 +25,7 @@ from chronowheel.core.clock import Clock
 from chronowheel.core.model import ValidationPolicy
 from chronowheel.errors import ChronowheelError
 from chronowheel.node.backfill import Backfiller
+from chronowheel.node.calendars import Calendars
 from chronowheel.node.dispatch import Dispatcher
 from chronowheel.node.ingest import Ingest
 from chronowheel.node.loader import Loader
@@ -69,8 +70,10 @@ class ShardActor:
         self.state = ShardState(shard=shard, start_ms=clock.now_ms(), tick_ms=settings.tick_ms,
                                 ingest_slack_ms=settings.ingest_slack_ms)
         writer = RowWriter(store, shard, settings.retention_ms)
+        calendars = Calendars(store=store, clock=clock, refresh_ms=settings.calendar_refresh_ms)
         self.ingest = Ingest(state=self.state, shards=shards, settings=settings, store=store,
-                             writer=writer, clock=clock, metrics=metrics, policy=policy)
+                             writer=writer, clock=clock, metrics=metrics, policy=policy,
+                             calendars=calendars)
         self.loader = Loader(state=self.state, settings=settings, store=store, clock=clock)
         self.publisher = Publisher(state=self.state, transactions=transactions,
                                    settings=settings, clock=clock, metrics=metrics,
@@ -78,7 +81,7 @@ class ShardActor:
         self.dispatcher = Dispatcher(state=self.state, settings=settings, store=store,
                                      writer=writer, publisher=self.publisher, clock=clock,
                                      metrics=metrics, policy=policy,
-                                     dispatch_blocked=dispatch_blocked)
+                                     dispatch_blocked=dispatch_blocked, calendars=calendars)
         self.backfiller = Backfiller(state=self.state, settings=settings, store=store,
                                      writer=writer, clock=clock, policy=policy)
         self._stopped = asyncio.Event()

@@ -11,8 +11,11 @@ from chronowheel.store.base import DueRow, JobRow, JobStore
 
 
 def schedule_of(job: JobSpec) -> Schedule:
+    """The job's own recurrence, its `exclude_dates` included; a named calendar's dates are
+    added by `node.calendars.Calendars`."""
     return compile_schedule(cron=job.cron, every_ms=job.every_ms, tz=job.tz,
-                            start_ms=job.start_ms, end_ms=job.end_ms, dst=job.dst)
+                            start_ms=job.start_ms, end_ms=job.end_ms, dst=job.dst,
+                            exclude_dates=job.exclude_dates)
 
 
 class RowWriter:

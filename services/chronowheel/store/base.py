@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import date
 from typing import Protocol
 
 from chronowheel.core import wire
@@ -144,6 +145,16 @@ class Claim:
     owner: str
 
 
+@dataclass(frozen=True, slots=True)
+class RunLease:
+    """The running occurrence of a job under an overlap policy (table `job_runs`)."""
+
+    occurrence: str
+    owner: str
+    worker: str
+    cancel: bool = False
+
+
 class JobStore(Protocol):
     """Storage of jobs, due rows, bucket counts, worker claims and namespace facts.
 
@@ -259,4 +270,28 @@ class JobStore(Protocol):
 
     async def get_meta(self, name: str) -> str | None:
         """A namespace fact written at init (e.g. "shards"), None when absent."""
+        ...
+
+    async def swap_run(self, scope: str, job_id: str, expected: RunLease | None,
+                       new: RunLease, ttl_s: int) -> tuple[bool, RunLease | None]:
+        """Compare-and-set the running lease of (scope, job): when the stored lease equals
+        `expected` (None: there is none) store `new` for `ttl_s` seconds and return (True,
+        None); otherwise change nothing and return (False, the stored lease or None)."""
+        ...
+
+    async def end_run(self, scope: str, job_id: str, owner: str) -> None:
+        """Delete the running lease of (scope, job) when `owner` holds it; else nothing."""
+        ...
+
+    async def get_calendar(self, name: str) -> frozenset[date] | None:
+        """The dates of the named calendar, None when there is no such calendar (a calendar
+        put with no dates reads back as an empty set, not None)."""
+        ...
+
+    async def put_calendar(self, name: str, dates: frozenset[date]) -> None:
+        """Create or replace the named calendar."""
+        ...
+
+    async def delete_calendar(self, name: str) -> None:
+        """Delete the named calendar; deleting one that does not exist is fine."""
         ...

@@ -11,6 +11,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import date
 from typing import Any
 
 from cassandra import (
@@ -55,6 +56,7 @@ from chronowheel.store.base import (
     JobRow,
     JobSummary,
     RequestRow,
+    RunLease,
     job_id_of_entry,
 )
 
@@ -364,6 +366,17 @@ class CassandraStore:
         self._release_claim = p(f"DELETE FROM {ks}.processed WHERE consumer = ? AND "
                                 f"occurrence = ? IF state = 'running' AND owner = ?")
         self._get_meta = p(f"SELECT value FROM {ks}.meta WHERE name = ?")
+        # UPDATE only (see _swap_claim): `IF ... = null` then also matches a missing row.
+        self._swap_run = p(f"UPDATE {ks}.job_runs USING TTL ? SET occurrence = ?, owner = ?, "
+                           f"worker = ?, cancel = ? WHERE scope = ? AND job_id = ? "
+                           f"IF occurrence = ? AND owner = ? AND worker = ? AND cancel = ?")
+        self._end_run = p(f"DELETE FROM {ks}.job_runs WHERE scope = ? AND job_id = ? "
+                          f"IF owner = ?")
+        self._get_calendar = p(f"SELECT dates FROM {ks}.calendars WHERE name = ?")
+        # INSERT (not UPDATE): the row marker keeps a calendar with no dates readable as empty.
+        self._put_calendar = p(f"INSERT INTO {ks}.calendars (name, dates, updated_at) "
+                               f"VALUES (?, ?, toTimestamp(now()))")
+        self._del_calendar = p(f"DELETE FROM {ks}.calendars WHERE name = ?")
 
     @classmethod
     def open(cls, settings: Settings) -> CassandraStore:
@@ -684,3 +697,38 @@ class CassandraStore:
         rs = await self._run(self._get_meta, (name,), "read meta")
         row = rs.one()
         return None if row is None else str(row.value)
+
+    # --- overlap leases -----------------------------------------------------------------
+    async def swap_run(self, scope: str, job_id: str, expected: RunLease | None,
+                       new: RunLease, ttl_s: int) -> tuple[bool, RunLease | None]:
+        old = (None, None, None, None) if expected is None else (
+            expected.occurrence, expected.owner, expected.worker, expected.cancel)
+        rs = await self._run(self._swap_run, (
+            max(1, ttl_s), new.occurrence, new.owner, new.worker, new.cancel, scope, job_id,
+            *old), "swap run lease")
+        row = rs.one()
+        if row[0]:
+            return True, None
+        owner = getattr(row, "owner", None)
+        if owner is None:
+            return False, None
+        return False, RunLease(row.occurrence or "", owner, row.worker or "",
+                               bool(row.cancel))
+
+    async def end_run(self, scope: str, job_id: str, owner: str) -> None:
+        await self._run(self._end_run, (scope, job_id, owner), "end run lease")
+
+    # --- calendars ----------------------------------------------------------------------
+    async def get_calendar(self, name: str) -> frozenset[date] | None:
+        rs = await self._run(self._get_calendar, (name,), "read calendar")
+        row = rs.one()
+        if row is None:
+            return None
+        return frozenset(date.fromisoformat(d) for d in (row.dates or ()))
+
+    async def put_calendar(self, name: str, dates: frozenset[date]) -> None:
+        await self._run(self._put_calendar, (name, {d.isoformat() for d in dates}),
+                        "write calendar")
+
+    async def delete_calendar(self, name: str) -> None:
+        await self._run(self._del_calendar, (name,), "delete calendar")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
+from datetime import date
 
 from chronowheel.core.clock import Clock
 from chronowheel.store.base import (
@@ -24,6 +25,7 @@ from chronowheel.store.base import (
     JobRow,
     JobSummary,
     RequestRow,
+    RunLease,
 )
 
 HOUR_MS = 3_600_000
@@ -45,6 +47,8 @@ class MemoryStore:
         self.claims: dict[tuple[str, str], tuple[Claim, str, int | None]] = {}
         self.meta: dict[str, str] = {}
         self.requests: dict[tuple[int, str, str], tuple[RequestRow, int | None]] = {}
+        self.calendars: dict[str, frozenset[date]] = {}
+        self.runs: dict[tuple[str, str], tuple[RunLease, int | None]] = {}
         self.calls = 0
         """Storage calls made so far (tests read it to see that something was or was not
         read)."""
@@ -231,6 +235,38 @@ class MemoryStore:
     async def get_meta(self, name: str) -> str | None:
         await self._enter()
         return self.meta.get(name)
+
+    # --- overlap leases --------------------------------------------------------------------
+    async def swap_run(self, scope: str, job_id: str, expected: RunLease | None,
+                       new: RunLease, ttl_s: int) -> tuple[bool, RunLease | None]:
+        await self._enter()
+        hit = self.runs.get((scope, job_id))
+        current = hit[0] if hit is not None and self._alive(hit[1]) else None
+        if current != expected:
+            return False, current
+        self.runs[(scope, job_id)] = (new, self._expiry(max(1, ttl_s)))
+        return True, None
+
+    async def end_run(self, scope: str, job_id: str, owner: str) -> None:
+        await self._enter()
+        hit = self.runs.get((scope, job_id))
+        if hit is not None and hit[0].owner == owner:
+            del self.runs[(scope, job_id)]
+
+    # --- calendars -------------------------------------------------------------------------
+    async def get_calendar(self, name: str) -> frozenset[date] | None:
+        await self._enter()
+        dates = self.calendars.get(name)
+        await self._return()
+        return dates
+
+    async def put_calendar(self, name: str, dates: frozenset[date]) -> None:
+        await self._enter()
+        self.calendars[name] = frozenset(dates)
+
+    async def delete_calendar(self, name: str) -> None:
+        await self._enter()
+        self.calendars.pop(name, None)
 
 
 def _matches(row: JobRow, query: JobQuery) -> bool:

@@ -21,11 +21,13 @@ from typing import Any, cast
 
 from aiokafka import AIOKafkaProducer
 
+from chronowheel.core import wire
 from chronowheel.core.clock import Clock
 from chronowheel.settings import Settings
 from chronowheel.worker.intake import Intake, Item, Part
 from chronowheel.worker.ledger import Lease, Ledger
 from chronowheel.worker.occurrence import MalformedOccurrence, Occurrence
+from chronowheel.worker.overlap import Overlap, Run, Skip
 from chronowheel.worker.partitions import (
     MARK_DEAD,
     MARK_DONE,
@@ -59,13 +61,18 @@ class WorkerStats:
     """deliveries found already handled"""
     cancelled: int = 0
     """handlings cancelled at shutdown or revocation (left uncommitted: redelivered)"""
+    overlap_skipped: int = 0
+    """occurrences not run because another of the same job was running (concurrency=forbid)"""
+    replaced: int = 0
+    """handlings asked to stop for a newer occurrence of the job (concurrency=replace)"""
 
 
 class Slots:
     def __init__(self, intake: Intake, handlers: Mapping[str, Handler], *, concurrency: int,
                  settings: Settings, clock: Clock, ledger: Ledger | None,
                  producer: AIOKafkaProducer, executor: concurrent.futures.Executor,
-                 stats: WorkerStats, fail: Callable[[str, BaseException], None]) -> None:
+                 stats: WorkerStats, fail: Callable[[str, BaseException], None],
+                 overlap: Overlap | None = None) -> None:
         self.intake = intake
         self.handlers = dict(handlers)
         self.is_async = {t: is_async_handler(h) for t, h in self.handlers.items()}
@@ -77,6 +84,7 @@ class Slots:
         self.executor = executor
         self.stats = stats
         self._fail = fail
+        self.overlap = overlap
         self.closed = False
         self.current: dict[asyncio.Task[None], list[Item]] = {}
         """Each slot and the records it works on (none between records)."""
@@ -243,6 +251,8 @@ class Slots:
         try:
             if occ.attempt > 1 and self.ledger is not None:
                 state = await self._retry_delivery(occ)
+            elif self._governed(occ):
+                state = await self._with_overlap_policy(occ)
             else:
                 state = await self._settle(occ, await self._call(occ, None), None)
         finally:
@@ -259,7 +269,8 @@ class Slots:
                 continue
             if occ is None:
                 continue
-            if (occ.attempt > 1 and self.ledger is not None) or self.is_async[occ.topic]:
+            if (occ.attempt > 1 and self.ledger is not None) or self.is_async[occ.topic] \
+                    or self._governed(occ):
                 await self._admitted(item, occ)
             else:
                 runnable.append((item, occ))
@@ -289,6 +300,35 @@ class Slots:
             finally:
                 self.intake.release_running(part, occ.occurrence)
             self.intake.outcome(part, rec.offset, state, occ.occurrence, ticket)
+
+    def _governed(self, occ: Occurrence) -> bool:
+        """Whether the job's overlap policy applies (docs/worker.md, "Overlap policy")."""
+        if occ.concurrency == wire.CONCURRENCY_ALLOW:
+            return False
+        if self.overlap is None:
+            log.warning("%s: concurrency=%s is not enforced: the worker has no store (it "
+                        "runs with idempotency off)", occ.occurrence, occ.concurrency)
+            return False
+        return True
+
+    async def _with_overlap_policy(self, occ: Occurrence) -> str:
+        assert self.overlap is not None
+        run = await self.overlap.begin(occ)
+        if isinstance(run, Skip):
+            self.stats.overlap_skipped += 1
+            log.info("%s: skipped: %s", occ.occurrence, run.reason)
+            return MARK_SKIPPED
+        try:
+            error = await self._call(occ, None, run)
+            if run.stop_requested:
+                # Replaced: whatever the handler made of the request, it is not retried.
+                self.stats.replaced += 1
+                log.info("%s: skipped: concurrency=replace: a newer occurrence replaced it",
+                         occ.occurrence)
+                return MARK_SKIPPED
+            return await self._settle(occ, error, None)
+        finally:
+            await run.release()
 
     async def _retry_delivery(self, occ: Occurrence) -> str:
         """A retry: claimed in the per-occurrence ledger, which knows every attempt handled so
@@ -341,12 +381,13 @@ class Slots:
             headers=dead_headers(headers, error, self.clock.now_ms(), topic, partition, offset))
         self.stats.dead += 1
 
-    async def _call(self, occ: Occurrence, lease: Lease | None) -> Exception | None:
-        """Run the topic's handler, renewing a per-occurrence lease meanwhile; return what it
-        raised."""
+    async def _call(self, occ: Occurrence, lease: Lease | None,
+                    run: Run | None = None) -> Exception | None:
+        """Run the topic's handler, renewing a per-occurrence lease meanwhile (and the job's
+        run lease, which may ask the handler to stop); return what it raised."""
         handler = self.handlers[occ.topic]
         is_async = self.is_async[occ.topic]
-        if is_async and lease is None:
+        if is_async and lease is None and run is None:
             try:  # the common path: no task, no extra loop iteration
                 await cast(Awaitable[None], handler(occ))
             except Exception as failure:
@@ -358,6 +399,10 @@ class Slots:
         else:
             loop = asyncio.get_running_loop()
             call = loop.run_in_executor(self.executor, functools.partial(_run_sync, handler, occ))
+        if run is not None:
+            # A task can be cancelled; a thread cannot, so a plain function is only told.
+            stop: Callable[[], object] = call.cancel if is_async else occ._stop.set
+            run.start(stop)
         try:
             while True:
                 done, _ = await asyncio.wait(

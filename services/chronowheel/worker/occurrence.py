@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,14 @@ class Occurrence:
     headers: dict[str, str]
     """Every header of the message, the `cw-*` ones included."""
     raw_headers: tuple[tuple[str, bytes], ...] = field(default=(), repr=False)
+    concurrency: str = wire.CONCURRENCY_ALLOW
+    """The job's overlap policy (`cw-concurrency`): allow, forbid or replace."""
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+
+    def cancelled(self) -> bool:
+        """True once a newer occurrence of the job replaced this one (`concurrency: replace`):
+        a plain-function handler, which cannot be interrupted, may check it and return."""
+        return self._stop.is_set()
 
     def json(self) -> Any:
         """The payload parsed as JSON (raises on a payload that is not JSON)."""
@@ -74,6 +83,7 @@ class Occurrence:
             missing = [h for h in _REQUIRED if h not in text]
             raise MalformedOccurrence(f"not a chronowheel occurrence: missing header "
                                       f"{', '.join(missing)}")
+        policy = text.get(wire.CONCURRENCY, wire.CONCURRENCY_ALLOW)
         return cls(
             job_id=text[wire.JOB_ID],
             scheduled_ms=_int(text, wire.SCHEDULED_AT, None, 0),
@@ -84,6 +94,8 @@ class Occurrence:
             occurrence=text[wire.OCCURRENCE],
             topic=topic, partition=partition, offset=offset,
             payload=value or b"", headers=text, raw_headers=raw,
+            # An unknown policy (from a newer node) falls back to the default, allow.
+            concurrency=policy if policy in wire.CONCURRENCY_POLICIES else wire.CONCURRENCY_ALLOW,
         )
 
 

@@ -28,7 +28,7 @@ import logging
 import os
 import socket
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
@@ -42,6 +42,7 @@ from chronowheel.worker.handling import Handler, Slots, WorkerStats
 from chronowheel.worker.intake import Intake
 from chronowheel.worker.ledger import DEFAULT_KEEP_S, DEFAULT_LEASE_S, ClaimStore, Ledger
 from chronowheel.worker.offsets import OffsetTracker
+from chronowheel.worker.overlap import DEFAULT_POLL_S, DEFAULT_REPLACE_WAIT_S, Overlap, RunStore
 from chronowheel.worker.partitions import MarkStore
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,8 @@ class Worker:
         store: ClaimStore | None = None,
         marks: MarkStore | None = None,
         worker_id: str | None = None,
+        overlap_poll_s: float = DEFAULT_POLL_S,
+        replace_wait_s: float = DEFAULT_REPLACE_WAIT_S,
     ) -> None:
         if not handlers:
             raise ValueError("handlers: give at least one topic -> handler")
@@ -104,6 +107,9 @@ class Worker:
         the write latency of the marks does not throttle fetching."""
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.stats = WorkerStats()
+        self.overlap_poll_s = overlap_poll_s
+        self.replace_wait_s = replace_wait_s
+        self._overlap: Overlap | None = None
         self._store = store
         self._marks = marks
         self._own_store: Any = None
@@ -138,6 +144,11 @@ class Worker:
             assert self._store is not None
             self._ledger = Ledger(self._store, self.idempotency_scope, self.worker_id,
                                   lease_s=self.lease_s, keep_s=self.keep_s)
+            if hasattr(self._store, "swap_run"):  # a JobStore, not a bare claim store
+                self._overlap = Overlap(cast(RunStore, self._store), self.idempotency_scope,
+                                        self.worker_id, lease_s=self.lease_s,
+                                        clock=self.clock, poll_s=self.overlap_poll_s,
+                                        replace_wait_s=self.replace_wait_s)
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.concurrency, thread_name_prefix="chronowheel-handler")
         self._producer = plain_producer(self.settings)
@@ -152,7 +163,7 @@ class Worker:
         self._slots = Slots(self._intake, self.handlers, concurrency=self.concurrency,
                             settings=self.settings, clock=self.clock, ledger=self._ledger,
                             producer=self._producer, executor=self._executor, stats=self.stats,
-                            fail=self._sup.fail)
+                            fail=self._sup.fail, overlap=self._overlap)
         consumer.subscribe(self.topics, listener=_Rebalance(self))
         self._consumer = consumer  # before start(): an assignment can arrive during it
         await consumer.start()
