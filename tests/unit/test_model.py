@@ -1281,7 +1281,7 @@ def test_every_new_op_checks_its_key_and_unknown_fields() -> None:
         assert (err.path, err.rule) == ("force", "unknown field")
     err = error({"v": 1, "op": "suspend", "id": "a"})
     assert err.rule == ("must be one of upsert, cancel, retry, pause, resume, trigger, "
-                        "backfill")
+                        "backfill, put_calendar, delete_calendar")
 
 
 def test_a_retry_carries_the_origin_of_a_requested_occurrence() -> None:
