@@ -2,6 +2,7 @@
 # One image for every chronowheel process: `node`, `worker`, `init`, `console` and the other CLI
 # commands are arguments to the `chronowheel` entry point, e.g.
 #   docker run --rm IMAGE node --namespace acme --kafka kafka:9092 --cassandra cassandra
+# Traces are off unless OTEL_* variables ask (deploy/runbooks/kubernetes.md).
 # Worker handlers are imported by module name: build an image FROM this one that adds them.
 # tests/deploy/test_image.py lints this file (hadolint) and replays its pip install.
 
@@ -11,7 +12,7 @@ COPY deploy/image/constraints.txt ./constraints.txt
 COPY pyproject.toml README.md ./
 COPY services ./services
 RUN python -m venv /opt/chronowheel \
-    && /opt/chronowheel/bin/pip install --no-cache-dir --constraint constraints.txt .
+    && /opt/chronowheel/bin/pip install --no-cache-dir --constraint constraints.txt ".[otel]"
 
 FROM python:3.11.11-slim-bookworm
 RUN groupadd --system --gid 10001 chronowheel \

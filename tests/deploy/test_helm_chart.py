@@ -22,7 +22,8 @@ FULL = ["--set", "worker.enabled=true", "--set", "worker.topics={acme.fired}",
         "--set", "secrets.kafkaSaslPassword.name=kafka-credentials",
         "--set", "secrets.cassandraPassword.name=cassandra-credentials",
         "--set", "secrets.cassandraPassword.key=pw", "--set", "tlsSecret=chronowheel-tls",
-        "--set", "config.KAFKA_SECURITY_PROTOCOL=SASL_SSL"]
+        "--set", "config.KAFKA_SECURITY_PROTOCOL=SASL_SSL",
+        "--set", "env.OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318"]
 SECRET_SETTINGS = {env_name(f.name) for f in dataclasses.fields(Settings)
                    if f.metadata.get("secret")}
 
@@ -99,7 +100,7 @@ def test_credentials_come_only_from_secret_references() -> None:
     settings_env = {env_name(f.name) for f in dataclasses.fields(Settings)}
     for _doc, c in containers(docs):
         for e in c["env"]:
-            assert e["name"] in settings_env, f"{e['name']} is no chronowheel setting"
+            assert e["name"] in settings_env or e["name"].startswith("OTEL_"), e["name"]
             if e["name"] in SECRET_SETTINGS:
                 assert "value" not in e, f"{e['name']} given as a plain value"
                 assert e["valueFrom"]["secretKeyRef"]["name"], e
@@ -110,9 +111,10 @@ def test_credentials_come_only_from_secret_references() -> None:
         mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
         assert mounts["/etc/chronowheel/tls"]["readOnly"] is True
     # The schema refuses a secret smuggled in as a plain setting.
-    for name in ("KAFKA_SASL_PASSWORD", "CASSANDRA_PASSWORD", "HTTP_TOKEN"):
-        run = helm("template", "rel", str(CHART), "--set", f"config.{name}=hunter2")
-        assert run.returncode != 0 and "values don't meet the specifications" in run.stderr
+    for where in ("config.KAFKA_SASL_PASSWORD", "config.CASSANDRA_PASSWORD", "config.HTTP_TOKEN",
+                  "env.CHRONOWHEEL_HTTP_TOKEN", "env.OTEL_EXPORTER_OTLP_HEADERS_TOKEN"):
+        run = helm("template", "rel", str(CHART), "--set", f"{where}=hunter2")
+        assert run.returncode != 0 and "values don't meet the specifications" in run.stderr, where
 
 
 def test_values_yaml_holds_no_secret_value() -> None:

@@ -75,7 +75,7 @@ def test_the_image_is_pinned_non_root_and_runs_the_console_script() -> None:
 def test_the_constraints_cover_every_runtime_dependency_within_its_range() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     pins = pinned(CONSTRAINTS)
-    for spec in project["dependencies"]:
+    for spec in [*project["dependencies"], *project["optional-dependencies"]["otel"]]:
         req = Requirement(spec)
         name = canonicalize_name(req.name)
         assert name in pins, f"{req.name} is a dependency but not pinned in {CONSTRAINTS.name}"

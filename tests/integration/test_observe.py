@@ -98,3 +98,52 @@ async def test_worker_metrics_and_health_follow_what_it_handled(
     # Stopped: the endpoint is gone with the worker.
     with pytest.raises(OSError):
         await asyncio.to_thread(_get, port, "/healthz")
+
+
+async def test_one_trace_from_submit_to_handled(stack: Any, namespace: str) -> None:
+    from chronowheel.observe import tracing
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.configure(provider)
+    try:
+        settings = await make_namespace(stack, namespace)
+        seen: list[tuple[Occurrence, int]] = []
+
+        async def handler(occ: Occurrence) -> None:
+            seen.append((occ, trace.get_current_span().get_span_context().span_id))
+
+        submitter = provider.get_tracer("the-submitting-application")
+        at = now_ms() + 1_000
+        async with running_node(settings), running_worker(settings, handler):
+            with submitter.start_as_current_span("submit") as submit_span:
+                headers = tracing.trace_headers()
+                await produce(settings, [upsert("traced", at=at, headers=headers),
+                                         upsert("untraced", at=at)])
+            await wait_until(lambda: len(seen) == 2, 60, "both occurrences handled")
+    finally:
+        tracing.configure(None)
+
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(spans) == {"submit", "chronowheel.ingest", "chronowheel.fire",
+                          "chronowheel.handle"}, "the untraced job made no span"
+    root = submit_span.get_span_context()
+    for name in ("chronowheel.ingest", "chronowheel.fire", "chronowheel.handle"):
+        span = spans[name]
+        assert span.context is not None and span.parent is not None
+        assert span.context.trace_id == root.trace_id, name
+        assert span.parent.span_id == root.span_id, name
+    fire, handle = spans["chronowheel.fire"], spans["chronowheel.handle"]
+    assert fire.attributes is not None and fire.attributes["chronowheel.occurrence"] == \
+        f"traced@{at}"
+    assert fire.start_time == at * 1_000_000 and fire.end_time is not None
+    assert fire.end_time >= fire.start_time  # published at or after its instant, never before
+    # The handler ran inside the handle span; the fired message carried the traceparent.
+    [(traced_occ, current_span_id)] = [(o, s) for o, s in seen if o.job_id == "traced"]
+    assert handle.context is not None and current_span_id == handle.context.span_id
+    assert traced_occ.headers["traceparent"] == headers["traceparent"]

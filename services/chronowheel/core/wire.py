@@ -61,6 +61,12 @@ OCCURRENCE: Final = "cw-occurrence"
 MAX_ATTEMPTS: Final = "cw-max-attempts"
 BACKOFF_MS: Final = "cw-backoff-ms"
 
+TRACEPARENT: Final = "traceparent"
+TRACESTATE: Final = "tracestate"
+"""W3C trace context. Not reserved: a submitter puts them among the job's own headers, so they
+are stored with the job and ride on every fired message; nodes and workers that trace
+(OpenTelemetry, `chronowheel.observe.tracing`) continue that trace."""
+
 FIRED_REQUIRED: Final = (JOB_ID, SCHEDULED_AT, FIRED_AT, ATTEMPT, OCCURRENCE)
 """Without these a record is not an occurrence (a worker dead-letters it)."""
 

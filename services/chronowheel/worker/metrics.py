@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from chronowheel.observe import tracing
 from chronowheel.worker.handling import Handler, WorkerStats, is_async_handler
 
 if TYPE_CHECKING:
@@ -78,8 +79,52 @@ class _StatsCollector(Collector):
 
 
 def observed(handler: Handler, topic: str, metrics: WorkerMetrics) -> Handler:
-    """`handler` timed and counted per call; an `async def` stays one (the slots choose how
-    to run a handler by that)."""
+    """`handler` timed and counted per call, and traced when tracing is on; an `async def`
+    stays one (the slots choose how to run a handler by that)."""
+    timed = _timed(handler, topic, metrics)
+    t = tracing.tracer()
+    return timed if t is None else _traced(timed, topic, t)
+
+
+def _traced(handler: Handler, topic: str, tracer: Any) -> Handler:
+    """Runs the handler inside a `chronowheel.handle` span, child of the job's traceparent
+    (an occurrence without one is handled untraced)."""
+    from opentelemetry import trace
+
+    def span(occ: Occurrence) -> Any:
+        parent = tracing.parent_of(occ.headers)
+        if parent is None:
+            return None
+        return tracer.start_as_current_span("chronowheel.handle", context=parent, attributes={
+            "chronowheel.topic": topic, "chronowheel.occurrence": occ.occurrence,
+            "chronowheel.attempt": occ.attempt, "chronowheel.job_id": occ.job_id,
+            "messaging.destination.name": topic,
+        }, kind=trace.SpanKind.CONSUMER)
+
+    if is_async_handler(handler):
+        async_handler = cast(Callable[["Occurrence"], Awaitable[None]], handler)
+
+        async def traced_async(occ: Occurrence) -> None:
+            scope = span(occ)
+            if scope is None:
+                await async_handler(occ)
+                return
+            with scope:
+                await async_handler(occ)
+
+        return traced_async
+
+    def traced(occ: Occurrence) -> Any:
+        scope = span(occ)
+        if scope is None:
+            return handler(occ)
+        with scope:
+            return handler(occ)
+
+    return traced
+
+
+def _timed(handler: Handler, topic: str, metrics: WorkerMetrics) -> Handler:
     seconds = metrics.handler_seconds.labels(topic).observe
     ok = metrics.handled.labels(topic, SUCCEEDED).inc
     failed = metrics.handled.labels(topic, FAILED).inc

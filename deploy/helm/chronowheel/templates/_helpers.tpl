@@ -42,6 +42,10 @@ app.kubernetes.io/component: {{ .component }}
 - name: CHRONOWHEEL_{{ $name }}
   value: {{ $value | quote }}
 {{- end }}
+{{- range $name, $value := .Values.env }}
+- name: {{ $name }}
+  value: {{ $value | quote }}
+{{- end }}
 {{- range $setting, $ref := dict "KAFKA_SASL_PASSWORD" .Values.secrets.kafkaSaslPassword "KAFKA_SSL_KEY_PASSWORD" .Values.secrets.kafkaSslKeyPassword "CASSANDRA_PASSWORD" .Values.secrets.cassandraPassword "CASSANDRA_SSL_KEY_PASSWORD" .Values.secrets.cassandraSslKeyPassword "HTTP_TOKEN" .Values.secrets.httpToken }}
 {{- if $ref.name }}
 - name: CHRONOWHEEL_{{ $setting }}
