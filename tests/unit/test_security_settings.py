@@ -20,8 +20,8 @@ import pytest
 from chronowheel.bus.kafka import security_options as kafka_options
 from chronowheel.cli import build_parser
 from chronowheel.errors import ConfigError
-from chronowheel.node.http import HttpEndpoint
 from chronowheel.node.metrics import NodeMetrics
+from chronowheel.observe.http import HttpEndpoint
 from chronowheel.schema import cql_statements
 from chronowheel.security import bearer_allowed, tls_failure
 from chronowheel.settings import Secret, Settings, env_name, secret_names
@@ -284,7 +284,7 @@ async def _get(port: int, path: str, headers: str = "") -> tuple[int, bytes]:
 
 
 async def test_the_http_endpoint_needs_the_token_beyond_metrics_and_healthz() -> None:
-    endpoint = HttpEndpoint(NodeMetrics(), lambda: (True, {"ok": True}), 0,
+    endpoint = HttpEndpoint(NodeMetrics().registry, lambda: (True, {"ok": True}), 0,
                             token=Secret("tok-123"))
     await endpoint.start()
     try:

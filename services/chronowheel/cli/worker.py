@@ -18,7 +18,7 @@ def register(sub: Any) -> None:
                     "handler per occurrence. A handler that raises is retried with exponential "
                     "backoff through the scheduler, then dead-lettered to <ns>.dead. SIGTERM "
                     "stops gracefully (in-flight handlers finish up to --shutdown-deadline-s); a "
-                    "second SIGTERM aborts.")
+                    "second SIGTERM aborts. Serves /metrics and /healthz on --http-port.")
     p.add_argument("--topic", action="append", required=True, metavar="TOPIC",
                    help="a topic to consume; repeat for several")
     p.add_argument("--handler", action="append", required=True, metavar="[TOPIC=]MODULE:FUNC",
@@ -43,7 +43,7 @@ def register(sub: Any) -> None:
                    help="seconds in-flight handlers get to finish on stop (default 30)")
     p.add_argument("--session-timeout-ms", type=int, default=10_000,
                    help="Kafka group session timeout (default 10000)")
-    add_settings_arguments(p, CONNECTION_SETTINGS)
+    add_settings_arguments(p, (*CONNECTION_SETTINGS, "http_port"))
     p.set_defaults(func=run)
 
 
@@ -109,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
                         concurrency=args.concurrency, idempotency=args.idempotency,
                         idempotency_scope=args.idempotency_scope, lease_s=args.lease_s,
                         shutdown_deadline_s=args.shutdown_deadline_s, prefetch=args.prefetch,
-                        session_timeout_ms=args.session_timeout_ms)
+                        session_timeout_ms=args.session_timeout_ms,
+                        http_port=settings.http_port)
         install_signal_handlers(worker)
         await worker.run()
 

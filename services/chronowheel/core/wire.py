@@ -81,6 +81,11 @@ CONCURRENCY_ALLOW: Final = "allow"
 CONCURRENCY_FORBID: Final = "forbid"
 CONCURRENCY_REPLACE: Final = "replace"
 CONCURRENCY_POLICIES: Final = (CONCURRENCY_ALLOW, CONCURRENCY_FORBID, CONCURRENCY_REPLACE)
+TRACEPARENT: Final = "traceparent"
+TRACESTATE: Final = "tracestate"
+"""W3C trace context. Not reserved: a submitter puts them among the job's own headers, so they
+are stored with the job and ride on every fired message; nodes and workers that trace
+(OpenTelemetry, `chronowheel.observe.tracing`) continue that trace."""
 
 FIRED_REQUIRED: Final = (JOB_ID, SCHEDULED_AT, FIRED_AT, ATTEMPT, OCCURRENCE)
 """Without these a record is not an occurrence (a worker dead-letters it)."""

@@ -46,6 +46,7 @@ from chronowheel.node.metrics import NodeMetrics
 from chronowheel.node.pending import OccurrenceKey, pending_from_row
 from chronowheel.node.state import Outgoing, ShardState
 from chronowheel.node.writes import RowWriter, schedule_of
+from chronowheel.observe import tracing
 from chronowheel.settings import Settings
 from chronowheel.store.base import DueRow, JobRow, JobStore, RequestRow
 
@@ -260,6 +261,8 @@ class Ingest:
                     pending = pending_from_row(due) if state.insert_bound(due.slot_ms) else None
                     state.apply_job_change(due.job_id, new.old_key, pending)
                     stored.inc()
+                    if new.job.headers:
+                        tracing.record_ingest(new.job.id, "upsert", self.shard, new.job.headers)
             finally:
                 for due, _ttl, _job in rows:
                     state.release_slot(due.slot_ms)
@@ -348,6 +351,8 @@ class Ingest:
             row = await self.store.get_job(job_id) if isinstance(existing, _Read) else existing
             if isinstance(cmd, Upsert):
                 changed = await self._upsert(cmd.job, now, row)
+                if cmd.job.headers:
+                    tracing.record_ingest(job_id, "upsert", self.shard, cmd.job.headers)
             elif isinstance(cmd, Cancel):
                 changed = await self._cancel(cmd.id, row)
             elif isinstance(cmd, Pause):

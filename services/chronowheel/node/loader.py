@@ -130,6 +130,7 @@ class Loader:
         if start > end:
             return
         counts = await self.store.bucket_counts(self.shard, start, end)
+        state.upcoming_rows = sum(counts.values())
         for minute in sorted(counts):
             rows = counts[minute]
             if rows <= s.hot_bucket_rows or minute in state.loaded_minutes \

@@ -1,6 +1,13 @@
-"""Prometheus metrics of one node. A registry per node so tests can run several in-process."""
+"""Prometheus metrics of one node. A registry per node so tests can run several in-process.
+
+Labels stay bounded: `shard` (at most the namespace's shard count, and a node exports only the
+shards it owns), `op` and `outcome` (a handful of fixed values). Nothing is labelled per job,
+per topic or per occurrence: those are unbounded.
+"""
 
 from __future__ import annotations
+
+import contextlib
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -71,3 +78,20 @@ class NodeMetrics:
             "longest the node's event loop was blocked since it started (group heartbeats "
             "run on it: a stall near the session timeout costs the node its shards)",
             registry=r)
+        self.shards = Gauge("chronowheel_shards",
+                            "shards of the namespace (fixed at init), to compare with the sum "
+                            "of chronowheel_owned_shards", registry=r)
+        self.upcoming_rows = Gauge(
+            "chronowheel_upcoming_rows",
+            "due rows counted in the minute buckets beyond the loaded horizon, up to the "
+            "pre-warm window (the load coming)", ["shard"], registry=r)
+
+    PER_SHARD = ("dispatch_lag", "wheel_entries", "loaded_horizon", "watermark",
+                 "prewarmed_buckets", "upcoming_rows")
+
+    def forget_shard(self, label: str) -> None:
+        """Drop a shard's series once this node no longer runs it."""
+        for name in self.PER_SHARD:
+            gauge: Gauge = getattr(self, name)
+            with contextlib.suppress(KeyError):  # never set: stopped before its first step
+                gauge.remove(label)

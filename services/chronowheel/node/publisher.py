@@ -23,6 +23,7 @@ from chronowheel.node.metrics import NodeMetrics
 from chronowheel.node.pending import Pending
 from chronowheel.node.state import Outgoing, ShardState
 from chronowheel.node.transactions import NodeTransactions
+from chronowheel.observe import tracing
 from chronowheel.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,11 @@ class Publisher:
         for p in fired:
             observe(max(0, done - p.slot_ms) / 1000)
         self.metrics.fired.inc(len(fired))
+        if tracing.tracer() is not None:
+            for p in fired:
+                if p.user_headers:
+                    tracing.record_fire(p.job_id, wire.occurrence_id(p.job_id, p.scheduled_ms),
+                                        self.shard, p.user_headers, p.scheduled_ms, done)
         state.committed_watermark = watermark
         state.last_commit_ms = done
 

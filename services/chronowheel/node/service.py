@@ -22,7 +22,6 @@ from chronowheel.bus.ports import NodeBus, SubmitGroup
 from chronowheel.core.clock import Clock, SystemClock, anchor, stepped_ms
 from chronowheel.core.model import ValidationPolicy
 from chronowheel.errors import ChronowheelError, ConfigError
-from chronowheel.node.http import HttpEndpoint
 from chronowheel.node.metrics import NodeMetrics
 from chronowheel.node.shard import ShardActor
 from chronowheel.node.transactions import (
@@ -30,6 +29,7 @@ from chronowheel.node.transactions import (
     ShardLost,
     node_transactional_id,
 )
+from chronowheel.observe.http import HttpEndpoint
 from chronowheel.settings import Settings
 from chronowheel.store.base import JobStore
 from chronowheel.store.cassandra import CassandraStore
@@ -115,13 +115,14 @@ class Node:
         s = self.settings
         if not self.shards:
             self.shards = await recorded_shard_count(s)
+        self.metrics.shards.set(self.shards)
         if self._bus is None:
             self._bus = KafkaNodeBus(s)
         if self._store is None:
             self._cassandra = await asyncio.to_thread(CassandraStore.open, s)
             self._store = self._cassandra
         self.metrics.dispatch_blocked.set(1)
-        self.http = HttpEndpoint(self.metrics, self.health, s.http_port, s.http_host,
+        self.http = HttpEndpoint(self.metrics.registry, self.health, s.http_port, s.http_host,
                                  token=s.http_token)
         await self.http.start()
         # One transactional producer for every shard of this process; started (fencing an

@@ -140,7 +140,9 @@ class ShardActor:
             for task in helpers:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-            self.metrics.wheel_entries.labels(self.label).set(0)
+            # A shard that moved on must not leave frozen per-shard series behind: its new
+            # owner exports them, and a stale lag or watermark here would mislead alerts.
+            self.metrics.forget_shard(self.label)
             self._stopped.set()
 
     @property
@@ -189,3 +191,5 @@ class ShardActor:
         m.watermark.labels(label).set(state.committed_watermark / 1000)
         m.prewarmed_buckets.labels(label).set(len(state.prewarmed))
         m.dispatch_lag.labels(label).set(self.dispatch_lag_ms() / 1000)
+        if state.upcoming_rows is not None:
+            m.upcoming_rows.labels(label).set(state.upcoming_rows)

@@ -77,6 +77,9 @@ class ShardState:
         self.prewarmed: set[int] = set()
         """Minutes whose pre-warm read completed: the loader moves the horizon over them
         without reading them again."""
+        self.upcoming_rows: int | None = None
+        """Rows counted in the minute buckets beyond the horizon up to the pre-warm window, as
+        the loader last read them (None before its first read, or with pre-warm off)."""
 
         self.touch_seq = 0
         """Counts job changes made by ingest and dispatch (see `touch`)."""

@@ -24,7 +24,7 @@ from chronowheel.settings import Settings, env_name
 if TYPE_CHECKING:
     from chronowheel.node.service import Node
 
-# What the node logs once its HTTP endpoint listens (node/http.py).
+# What the node logs once its HTTP endpoint listens (observe/http.py).
 PORT_MARKER = "serving /metrics and /healthz on http://127.0.0.1:"
 
 

@@ -36,11 +36,13 @@ from aiokafka.errors import KafkaError
 from chronowheel.bus.kafka import group_consumer, plain_producer
 from chronowheel.core.clock import Clock, SystemClock
 from chronowheel.errors import ChronowheelError
+from chronowheel.observe.http import HttpEndpoint
 from chronowheel.settings import Settings
 from chronowheel.supervise import Supervisor, install_stop_signals
 from chronowheel.worker.handling import Handler, Slots, WorkerStats
 from chronowheel.worker.intake import Intake
 from chronowheel.worker.ledger import DEFAULT_KEEP_S, DEFAULT_LEASE_S, ClaimStore, Ledger
+from chronowheel.worker.metrics import WorkerMetrics, observed
 from chronowheel.worker.offsets import OffsetTracker
 from chronowheel.worker.overlap import DEFAULT_POLL_S, DEFAULT_REPLACE_WAIT_S, Overlap, RunStore
 from chronowheel.worker.partitions import MarkStore
@@ -81,6 +83,7 @@ class Worker:
         worker_id: str | None = None,
         overlap_poll_s: float = DEFAULT_POLL_S,
         replace_wait_s: float = DEFAULT_REPLACE_WAIT_S,
+        http_port: int | None = None,
     ) -> None:
         if not handlers:
             raise ValueError("handlers: give at least one topic -> handler")
@@ -110,6 +113,10 @@ class Worker:
         self.overlap_poll_s = overlap_poll_s
         self.replace_wait_s = replace_wait_s
         self._overlap: Overlap | None = None
+        self.metrics = WorkerMetrics(self.stats)
+        self.http_port = http_port
+        """Serve /metrics and /healthz on this port (settings.http_host); None: no endpoint."""
+        self.http: HttpEndpoint | None = None
         self._store = store
         self._marks = marks
         self._own_store: Any = None
@@ -132,6 +139,10 @@ class Worker:
         if self._started:
             raise RuntimeError("a Worker starts once")
         self._started = True
+        if self.http_port is not None:
+            self.http = HttpEndpoint(self.metrics.registry, self.health, self.http_port,
+                                     self.settings.http_host, token=self.settings.http_token)
+            await self.http.start()
         if self.idempotency:
             if self._store is None or self._marks is None:
                 from chronowheel.store.cassandra import CassandraStore
@@ -160,7 +171,8 @@ class Worker:
             scope=self.idempotency_scope, worker_id=self.worker_id, lease_s=self.lease_s,
             keep_s=self.keep_s, poll_s=self._ledger.poll_s if self._ledger else 1.0,
             spawn=self._sup.job, end_offset=consumer.highwater)
-        self._slots = Slots(self._intake, self.handlers, concurrency=self.concurrency,
+        handlers = {t: observed(h, t, self.metrics) for t, h in self.handlers.items()}
+        self._slots = Slots(self._intake, handlers, concurrency=self.concurrency,
                             settings=self.settings, clock=self.clock, ledger=self._ledger,
                             producer=self._producer, executor=self._executor, stats=self.stats,
                             fail=self._sup.fail, overlap=self._overlap)
@@ -231,6 +243,9 @@ class Worker:
         if self._own_store is not None:
             await asyncio.to_thread(self._own_store.close)
             self._own_store = None
+        if self.http is not None:
+            await self.http.stop()
+            self.http = None
         log.info("worker %s stopped: %s", self.worker_id, self.stats)
 
     async def __aenter__(self) -> Worker:
@@ -252,6 +267,40 @@ class Worker:
             if offset is not None:
                 out[tp] = offset
         return out
+
+    def health(self) -> tuple[bool, dict[str, object]]:
+        """Ready while running: started, not stopping, nothing failed outside a handler."""
+        consumer = self._consumer
+        assigned = sorted(f"{tp.topic}:{tp.partition}" for tp in consumer.assignment()) \
+            if consumer is not None else []
+        failure = self._sup.failure
+        ok = self._started and not self._closed and consumer is not None and failure is None
+        return ok, {"worker": self.worker_id, "group": self.group_id, "partitions": assigned,
+                    "holding": self.holding(),
+                    "failure": None if failure is None else repr(failure)}
+
+    async def _update_gauges(self) -> None:
+        consumer, metrics = self._consumer, self.metrics
+        if consumer is None:
+            return
+        assigned = consumer.assignment()
+        metrics.assigned_partitions.set(len(assigned))
+        metrics.holding.set(self.holding())
+        for tp in assigned:
+            end = consumer.last_stable_offset(tp)
+            if end is None or end < 0:
+                end = consumer.highwater(tp)
+            if end is None:
+                continue  # nothing fetched from it yet
+            try:  # bounded: a position being reset must not hold up the commit loop
+                fetched_to = await asyncio.wait_for(consumer.position(tp), 0.1)
+            except Exception:
+                continue  # revoked meanwhile, or its position is not known yet
+            # Not yet fetched plus fetched and not yet handled. Measured from the position,
+            # not the committed offset: the commit markers of the node's transactions take
+            # offsets too, so end - committed never reaches 0 on a transactional topic.
+            metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(
+                max(0, end - fetched_to) + self._tracker.in_flight(tp))
 
     def holding(self) -> int:
         """Records received and not yet fully handled (waiting, running or being marked)."""
@@ -290,6 +339,7 @@ class Worker:
         while True:
             await asyncio.sleep(self.commit_interval_s)
             await self._commit()
+            await self._update_gauges()
 
     async def _commit(self, partitions: list[TopicPartition] | None = None) -> None:
         consumer = self._consumer
@@ -327,6 +377,8 @@ class Worker:
         await self._commit(list(gone))
         await intake.release_leases(parts)
         intake.forget(parts)
+        for tp in gone:
+            self.metrics.forget_partition(tp.topic, tp.partition)
 
 
 class _Rebalance(ConsumerRebalanceListener):

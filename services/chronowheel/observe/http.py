@@ -1,7 +1,12 @@
-"""A minimal HTTP endpoint for /metrics and /healthz (no web framework needed for two routes).
+"""A minimal HTTP endpoint for /metrics and /healthz (no web framework needed for three routes),
+served by the node and by the worker.
 
 Listens on loopback unless `http_host` says otherwise. /metrics and /healthz are public; any
 other path needs `Authorization: Bearer <CHRONOWHEEL_HTTP_TOKEN>` (chronowheel.security).
+
+`/healthz` is the readiness signal (503 while the process should get no traffic or is behind,
+with the reason in the JSON body); `/healthz/live` only says that the process answers, so a
+liveness probe restarts a hung process but never one that is merely catching up.
 """
 
 from __future__ import annotations
@@ -12,9 +17,8 @@ import logging
 from collections.abc import Callable
 
 import orjson
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from chronowheel.node.metrics import NodeMetrics
 from chronowheel.security import bearer_allowed
 from chronowheel.settings import Secret
 
@@ -22,9 +26,10 @@ log = logging.getLogger(__name__)
 
 
 class HttpEndpoint:
-    def __init__(self, metrics: NodeMetrics, health: Callable[[], tuple[bool, dict[str, object]]],
+    def __init__(self, registry: CollectorRegistry,
+                 health: Callable[[], tuple[bool, dict[str, object]]],
                  port: int, host: str = "127.0.0.1", *, token: Secret | None = None) -> None:
-        self._metrics = metrics
+        self._registry = registry
         self._health = health
         self._port = port
         self._host = host
@@ -58,8 +63,9 @@ class HttpEndpoint:
             if not bearer_allowed(path, headers, self._token):
                 status, ctype, body = 401, "text/plain", b"bearer token required\n"
             elif path.startswith("/metrics"):
-                status, ctype, body = 200, CONTENT_TYPE_LATEST, generate_latest(
-                    self._metrics.registry)
+                status, ctype, body = 200, CONTENT_TYPE_LATEST, generate_latest(self._registry)
+            elif path.split("?", 1)[0] == "/healthz/live":
+                status, ctype, body = 200, "application/json", b'{"ok":true}'
             elif path.startswith("/healthz"):
                 ok, detail = self._health()
                 status, ctype = (200 if ok else 503), "application/json"
