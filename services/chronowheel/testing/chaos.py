@@ -7,7 +7,7 @@ instant) of the steady load before and after the fault and of the herd, and the 
 from the fault until the last steady occurrence that arrived later than the "late" bar, which
 is `late_ms` or twice the steady p99 before the fault, whichever is more (so a busy machine's
 usual lateness does not count as an outage); 0 when none did. Sizes scale with
-CHRONOWHEEL_CHAOS_SCALE: 1 is the full size, the default 0.05 (what CI runs) a twentieth.
+CHRONOWHEEL_CHAOS_SCALE: 1 is the full size, the default 0.05 (the CI size) a twentieth.
 """
 
 from __future__ import annotations
