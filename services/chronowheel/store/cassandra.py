@@ -488,18 +488,7 @@ class CassandraStore:
         paging_state: bytes | None = None
         while True:
             rs = await self._page(bound, paging_state)
-            rows = [
-                DueRow(minute, shard, slot,
-                       job_id_of_entry(entry, scheduled, origin or "", request_id or ""),
-                       attempt, scheduled, version, topic,
-                       payload or b"", tuple(headers or ()), spec,
-                       wire.DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts,
-                       wire.DEFAULT_BACKOFF_MS if backoff is None else backoff,
-                       origin or "", request_id or "")
-                for (minute, shard, slot, entry, attempt, scheduled, version, topic, payload,
-                     headers, spec, max_attempts, backoff, origin, request_id)
-                in rs.current_rows
-            ]
+            rows = [self._due_row(r) for r in rs.current_rows]
             if rows:
                 yield rows
             paging_state = rs.paging_state
@@ -520,12 +509,16 @@ class CassandraStore:
 
     @staticmethod
     def _due_row(r: tuple[Any, ...]) -> DueRow:
-        (minute, shard, slot, job, attempt, scheduled, version, topic, payload, headers, spec,
-         max_attempts, backoff) = r
-        return DueRow(minute, shard, slot, job, attempt, scheduled, version, topic,
+        """A row of the `due` table as selected by the statements of this store (`cols`)."""
+        (minute, shard, slot, entry, attempt, scheduled, version, topic, payload, headers, spec,
+         max_attempts, backoff, origin, request_id) = r
+        return DueRow(minute, shard, slot,
+                      job_id_of_entry(entry, scheduled, origin or "", request_id or ""),
+                      attempt, scheduled, version, topic,
                       payload or b"", tuple(headers or ()), spec,
                       wire.DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts,
-                      wire.DEFAULT_BACKOFF_MS if backoff is None else backoff)
+                      wire.DEFAULT_BACKOFF_MS if backoff is None else backoff,
+                      origin or "", request_id or "")
 
     async def _page(self, bound: Any, paging_state: bytes | None) -> Any:
         async def once() -> Any:
