@@ -888,6 +888,12 @@ def cluster_servers(paths: Paths) -> dict[str, Server]:
 # --- the secured profile ---------------------------------------------------------------------
 
 
+# Servers are launched from parallel threads, and each reads the material: without the lock two
+# first launches each made their own keystore and password, and a server could get the
+# keystore of one and the password of the other.
+SECURED_MATERIAL_LOCK = threading.Lock()
+
+
 def secured_material(paths: Paths) -> Any:
     """The CA, certificates and passwords of a secured state folder (made on first use)."""
     if str(HERE) not in sys.path:
@@ -895,7 +901,8 @@ def secured_material(paths: Paths) -> Any:
     import secured  # deploy/local/secured.py
 
     try:
-        return secured.ensure(paths.secrets)
+        with SECURED_MATERIAL_LOCK:
+            return secured.ensure(paths.secrets)
     except RuntimeError as exc:
         raise StackError(str(exc)) from None
 

@@ -66,7 +66,9 @@ def start_worker(settings: Settings, topic: str, group: str, scope: str, log: Pa
            "CHRONOWHEEL_TEST_LOG": str(log), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "chronowheel", "worker", "--topic", topic,
            "--handler", "tests.integration.worker_handlers:overlapping", "--group", group,
-           "--idempotency-scope", scope, "--concurrency", "8", "--session-timeout-ms", "6000"]
+           "--idempotency-scope", scope, "--concurrency", "8", "--session-timeout-ms", "6000",
+           # Two workers on one host: each its own free metrics port.
+           "--http-port", "0"]
     return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=out.open("wb"),
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 

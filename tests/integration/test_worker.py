@@ -366,7 +366,7 @@ async def test_a_killed_worker_loses_nothing_its_claim_expires(
            "CHRONOWHEEL_TEST_LOG": str(log), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "chronowheel", "worker", "--topic", settings.fired_topic,
            "--handler", "tests.integration.worker_handlers:hang", "--group", group,
-           "--lease-s", "15", "--session-timeout-ms", "6000"]
+           "--lease-s", "15", "--session-timeout-ms", "6000", "--http-port", "0"]
     out = (tmp_path / "worker.log").open("wb")
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL)
@@ -494,7 +494,7 @@ async def test_cli_worker_stops_gracefully_on_sigterm(
     group = f"{namespace}-cli"
     cmd = [sys.executable, "-m", "chronowheel", "worker", "--topic", settings.fired_topic,
            "--handler", "tests.integration.worker_handlers:record", "--group", group,
-           "--concurrency", "4"]
+           "--concurrency", "4", "--http-port", "0"]
     out_path = tmp_path / "worker.log"
     with out_path.open("wb") as out:
         proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
@@ -552,7 +552,7 @@ def worker_child(settings: Settings, log: Path, out: Path, group: str, *extra: s
            "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "chronowheel", "worker", "--topic", settings.fired_topic,
            "--handler", "tests.integration.worker_handlers:timed", "--group", group,
-           "--lease-s", "6", "--session-timeout-ms", "6000", *extra]
+           "--lease-s", "6", "--session-timeout-ms", "6000", *extra, "--http-port", "0"]
     with out.open("wb") as sink:
         return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)
