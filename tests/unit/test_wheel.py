@@ -186,6 +186,64 @@ def test_herd_on_one_millisecond_in_batches() -> None:
     assert w.advance(T0 + 60_001) == [(T0 + 60_001, -1, -1)]
 
 
+class _CountingKey:
+    """A key that counts how often it is hashed: each dict or set lookup hashes it once."""
+
+    __slots__ = ("n",)
+    hashes = 0
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __hash__(self) -> int:
+        _CountingKey.hashes += 1
+        return hash(self.n)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _CountingKey) and other.n == self.n
+
+
+def test_herd_cascaded_late_fires_in_batches_without_ordering_all_of_it() -> None:
+    # A driver that wakes late (its loop was busy) finds the herd inside a level-1 bucket that
+    # must be cascaded. The herd shares one due_ms, so batches need no heap over all of it:
+    # a cut costs O(batch), not O(herd) per batch (which made a 1,000,000-job herd crawl).
+    herd = 10_000
+    w: TimingWheel[_CountingKey, int] = TimingWheel(start_ms=0)
+    keys = [_CountingKey(i) for i in range(herd)]
+    for k in keys:
+        w.insert(k, 1_000, k.n)
+    later = _CountingKey(-1)
+    w.insert(later, 1_010, -1)
+    _CountingKey.hashes = 0
+    fired: list[int] = []
+    while batch := w.advance(1_005, max_batch=500):
+        assert len(batch) <= 500
+        assert {d for d, _, _ in batch} == {1_000}
+        fired.extend(v for _, _, v in batch)
+    assert sorted(fired) == list(range(herd))
+    # Two lookups per entry to cascade it, one to fire it; ordering the whole herd with a heap
+    # (and validating each pop) would take six.
+    assert _CountingKey.hashes < 4 * herd, _CountingKey.hashes
+    assert w.next_deadline() == 1_010
+    assert w.advance(1_010) == [(1_010, later, -1)]
+
+
+def test_cascaded_mixed_dues_still_fire_in_order_across_cuts() -> None:
+    w: TimingWheel[int, int] = TimingWheel(start_ms=0)
+    dues = {i: 1_000 + i % 7 for i in range(3_000)}  # 1000..1006, interleaved
+    for k, d in dues.items():
+        w.insert(k, d, k)
+    got: list[int] = []
+    while batch := w.advance(1_004, max_batch=256):
+        assert len(batch) <= 256
+        got.extend(d for d, _, _ in batch)
+    assert got == sorted(got) and max(got) == 1_004  # in order, nothing early
+    assert len(got) == sum(1 for d in dues.values() if d <= 1_004)
+    assert w.next_deadline() == 1_005
+    rest = w.advance(1_006)
+    assert [d for d, _, _ in rest] == sorted(d for d in dues.values() if d > 1_004)
+
+
 def test_big_bucket_is_cascaded_in_chunks_before_its_start() -> None:
     w: TimingWheel[int, int] = TimingWheel(start_ms=0, cascade_chunk=1000)
     # 10,000 timers in one level-2 bucket (65,536..131,071 ms at 1 ms x 256 slots).

@@ -247,8 +247,10 @@ class TimingWheel(Generic[K, V]):
         c = self._c
         if t <= c:
             # Already at or behind the wheel's tick: comes out on the next advance.
-            self._cur[key] = value
-            self._cur_one_due = False
+            cur = self._cur
+            if cur and self._cur_one_due and due[next(iter(cur))] != due_ms:
+                self._cur_one_due = False
+            cur[key] = value
             if self._cur_min is None or due_ms < self._cur_min:
                 self._cur_min = due_ms
             if self._ready is not None:
@@ -583,12 +585,12 @@ class TimingWheel(Generic[K, V]):
                 bucket = taken
                 row[slot] = None
                 occ[level] = bitmap ^ low
-            start_ms = base + start * tick
-            if cur_min is None or start_ms < cur_min:
-                cur_min = start_ms
             last = start + (1 << shift) - 1
             if last <= n:
                 # The whole bucket is at or before n: hand it over without touching entries.
+                start_ms = base + start * tick
+                if cur_min is None or start_ms < cur_min:
+                    cur_min = start_ms
                 c = last
                 if cur:
                     cur.update(bucket)
@@ -597,15 +599,27 @@ class TimingWheel(Generic[K, V]):
                     cur = self._cur = bucket
                     one_due = level == 0 and tick == 1  # a 1 ms slot: a single due_ms
                 continue
-            # n falls inside this bucket: cascade its entries relative to c = n.
+            # n falls inside this bucket: cascade its entries relative to c = n. The ones due
+            # by n join _cur; their exact minimum and whether they share one due_ms are kept,
+            # so a herd found by a late wake-up is still cut without ordering all of it.
             c = n
-            one_due = False
             due = self._due
             mask = self._mask
+            common = due[next(iter(cur))] if cur and one_due else None
+            if not cur:
+                one_due = True
             for k, v in bucket.items():
-                t = (due[k] - base) // tick
+                d = due[k]
+                t = (d - base) // tick
                 if t <= c:
                     cur[k] = v
+                    if cur_min is None or d < cur_min:
+                        cur_min = d
+                    if one_due:
+                        if common is None:
+                            common = d
+                        elif d != common:
+                            one_due = False
                     continue
                 lv = ((t ^ c).bit_length() - 1) // bits
                 s = (t >> (lv * bits)) & mask
