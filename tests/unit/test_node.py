@@ -176,6 +176,30 @@ async def test_an_unknown_target_topic_is_dead_lettered(rig: NodeRig) -> None:
         await rig.stop_all()
 
 
+async def test_fired_messages_go_to_the_partition_of_kafkas_default_partitioner() -> None:
+    # With as many partitions as shards the publisher uses its own shard number; with another
+    # count it hashes the job id. Both must be what a stock producer would have picked.
+    rig = NodeRig(shards=4, allowed_topics="(unit\\.fired|other\\.fired)")
+    try:
+        rig.bus.create_topic("other.fired", 3)
+        await rig.start()
+        jobs = [f"order-{i}" for i in range(60)]
+        for i, job_id in enumerate(jobs):
+            rig.upsert(job_id, at=T0 + 500, topic="other.fired" if i % 2 else "unit.fired")
+        await rig.advance(1_000)
+        same = rig.fired()
+        other = rig.bus.messages("other.fired")
+        assert len(same) == len(other) == 30
+        assert {m.partition for m in same} == {
+            shard_of(j, 4) for i, j in enumerate(jobs) if not i % 2}
+        for m in same:
+            assert m.partition == shard_of((m.key or b"").decode(), 4)
+        for m in other:
+            assert m.partition == shard_of((m.key or b"").decode(), 3)
+    finally:
+        await rig.stop_all()
+
+
 async def test_a_new_owner_resumes_from_the_committed_watermark_and_offsets(
         rig: NodeRig) -> None:
     first = await rig.start("first")

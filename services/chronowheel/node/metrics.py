@@ -15,6 +15,21 @@ LATENESS_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.
                     5.0, 10.0, 30.0, 60.0, 300.0)
 
 
+def observe_many(histogram: Histogram, amount: float, count: int) -> None:
+    """`count` observations of the same `amount` at the cost of one: a herd's occurrences share
+    their slot and commit, and observing a million of them one by one cost seconds."""
+    if count <= 0:
+        return
+    # prometheus_client has no bulk observe; this does what `observe` does, `count` times over
+    # (tests/unit/test_node_metrics.py holds it to exactly that).
+    histogram._raise_if_not_observable()
+    histogram._sum.inc(amount * count)
+    for i, bound in enumerate(histogram._upper_bounds):
+        if amount <= bound:
+            histogram._buckets[i].inc(count)
+            break
+
+
 class NodeMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()

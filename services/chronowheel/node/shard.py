@@ -77,7 +77,7 @@ class ShardActor:
         self.loader = Loader(state=self.state, settings=settings, store=store, clock=clock)
         self.publisher = Publisher(state=self.state, transactions=transactions,
                                    settings=settings, clock=clock, metrics=metrics,
-                                   node_id=node_id, clock_state=clock_state)
+                                   node_id=node_id, shards=shards, clock_state=clock_state)
         self.dispatcher = Dispatcher(state=self.state, settings=settings, store=store,
                                      writer=writer, publisher=self.publisher, clock=clock,
                                      metrics=metrics, policy=policy,
