@@ -104,7 +104,9 @@ class Settings:
     bucket_cap_rows: int = _opt(200_000, "at most this many rows of one bucket held in memory")
     max_clock_skew_ms: int = _opt(500, "stop dispatching when clock and Cassandra disagree more")
     tick_ms: int = _opt(1, "timing wheel tick in milliseconds")
-    max_batch: int = _opt(5_000, "most occurrences dispatched in one Kafka transaction")
+    max_batch: int = _opt(
+        5_000, "most occurrences a shard dispatches in one step, and most messages a node "
+               "transaction gathers from several shards (one shard's step always goes whole)")
     node_session_timeout_ms: int = _opt(
         3_000, "Kafka group session timeout: how fast a dead node's shards move (brokers "
                "must allow it: group.min.session.timeout.ms at most this)")

@@ -191,3 +191,36 @@ async def test_one_transaction_carries_every_shards_part(rig: NodeRig) -> None:
     shards = node.metrics.registry.get_sample_value("chronowheel_transaction_shard_parts_total")
     txns = node.metrics.registry.get_sample_value("chronowheel_transaction_seconds_count")
     assert shards is not None and txns is not None and shards > txns
+
+
+async def test_a_herd_goes_one_shard_part_per_transaction_past_max_batch() -> None:
+    # Each shard's step of a herd on one millisecond holds ~100 messages, over max_batch (50):
+    # a transaction then takes one part, so readers see the herd part by part instead of all
+    # of it only when the whole herd is written.
+    rig = NodeRig(shards=4, max_batch=50)
+    try:
+        node = await rig.start("me")
+        ids = [f"herd-{i}" for i in range(400)]
+        assert {shard_of(j, 4) for j in ids} == {0, 1, 2, 3}
+        for job_id in ids:
+            rig.upsert(job_id, at=T0 + 2_000)
+        await rig.advance(1_900)
+        registry = node.metrics.registry
+
+        def sample(name: str) -> float:
+            value = registry.get_sample_value(name)
+            assert value is not None, name
+            return value
+
+        txns = sample("chronowheel_transaction_seconds_count")
+        parts = sample("chronowheel_transaction_shard_parts_total")
+        await rig.advance(200, step_ms=200)
+        fired = rig.fired()
+        assert Counter(m.key for m in fired) == Counter(j.encode() for j in ids)
+        assert all(scheduled_at(m) == T0 + 2_000 <= m.committed_ms for m in fired)
+        herd_txns = sample("chronowheel_transaction_seconds_count") - txns
+        herd_parts = sample("chronowheel_transaction_shard_parts_total") - parts
+        assert herd_txns >= 4
+        assert herd_parts == herd_txns
+    finally:
+        await rig.stop_all()

@@ -127,7 +127,8 @@ class Publisher:
             return count + 1
 
         count = len(prepared)
-        await self.transactions.commit(self.shard, self.session, fill, offset)
+        await self.transactions.commit(self.shard, self.session, fill, offset,
+                                       messages=count + 1)
         done = self.clock.now_ms()
         per_slot = Counter(p.slot_ms for p in fired)
         lateness = self.metrics.lateness

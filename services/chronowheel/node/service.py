@@ -131,7 +131,7 @@ class Node:
         txn_id = node_transactional_id(s.namespace, self.node_id)
         self.transactions = NodeTransactions(
             producer=lambda: bus.producer(txn_id, self.group_id), clock=self.clock,
-            metrics=self.metrics, on_fenced=self._on_fenced)
+            metrics=self.metrics, on_fenced=self._on_fenced, max_messages=s.max_batch)
         await self.transactions.start()
         self._side_tasks = [self.supervisor.spawn(self.transactions.run(), "node-transactions")]
         group = self._bus.submit_group(

@@ -14,6 +14,11 @@ part of an older session is refused with `NodeFenced`: a shard actor binds itsel
 session in force before its claim began (`session`), so an actor whose shard may have been
 claimed by another node since can never publish again; the node re-takes its shards through a
 fresh takeover and claim (`node/service.py`).
+
+Size: a transaction takes queued parts up to `max_messages` messages (at least one part; the
+rest wait for the next). Without that cap a herd (every shard's step full at once) made one
+transaction of ~100,000 messages per cycle, and a read_committed reader saw nothing of it
+until all of it was written; with it, herd messages become visible a few thousand at a time.
 """
 
 from __future__ import annotations
@@ -60,14 +65,20 @@ class _Part:
     fill: Fill
     submit_offset: int | None
     done: asyncio.Future[None]
+    messages: int
 
 
 class NodeTransactions:
     def __init__(self, *, producer: Callable[[], TxnProducer], clock: Clock,
-                 metrics: NodeMetrics, on_fenced: Callable[[int], None]) -> None:
+                 metrics: NodeMetrics, on_fenced: Callable[[int], None],
+                 max_messages: int | None = None) -> None:
         """`producer` makes a new (unstarted) producer of the node's transactional id;
-        `on_fenced(session)` is told the new session when a fence is found."""
+        `on_fenced(session)` is told the new session when a fence is found; `max_messages`
+        caps the messages one transaction gathers (None: every queued part)."""
+        if max_messages is not None and max_messages < 1:
+            raise ValueError(f"max_messages must be >= 1, got {max_messages}")
         self._new_producer = producer
+        self._max_messages = max_messages
         self.clock = clock
         self.metrics = metrics
         self._on_fenced = on_fenced
@@ -107,17 +118,18 @@ class NodeTransactions:
                 await self._producer.stop()
 
     async def commit(self, shard: int, session: int, fill: Fill,
-                     submit_offset: int | None) -> None:
-        """Have `fill` and `submit_offset` committed in the next node transaction; return when
-        it committed. Raises NodeFenced when `session` is over (the producer was fenced since
-        the shard was claimed), ChronowheelError when the transaction failed otherwise."""
+                     submit_offset: int | None, *, messages: int = 1) -> None:
+        """Have `fill` (about `messages` messages) and `submit_offset` committed in the next
+        node transaction with room for it; return when it committed. Raises NodeFenced when
+        `session` is over (the producer was fenced since the shard was claimed),
+        ChronowheelError when the transaction failed otherwise."""
         if session != self.session:
             raise NodeFenced(f"shard {shard}: the node's producer was fenced since the shard "
                              f"was claimed (session {session}, now {self.session})")
         if not self._running:
             raise ChronowheelError(f"shard {shard}: the node's transaction loop is not running")
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Part(shard, session, fill, submit_offset, done))
+        self._queue.append(_Part(shard, session, fill, submit_offset, done, messages))
         self._busy[shard] += 1
         self._kick.set()
         await done
@@ -162,11 +174,13 @@ class NodeTransactions:
                 for _ in range(NEXT_PART_TURNS):
                     await asyncio.sleep(0)
                 self._kick.clear()
-                queued, self._queue = self._queue, []
                 # A part whose actor was cancelled before its transaction began is dropped:
                 # the actor is gone, and its shard is taken over again from committed state.
-                parts = [p for p in queued if not p.done.done()]
-                self._release([p for p in queued if p.done.done()])
+                self._release([p for p in self._queue if p.done.done()])
+                self._queue = [p for p in self._queue if not p.done.done()]
+                parts = self._take()
+                if self._queue:
+                    self._kick.set()  # what did not fit goes in the next transaction
                 if parts:
                     try:
                         await self._transaction(parts)
@@ -177,6 +191,24 @@ class NodeTransactions:
             self._fail(self._queue, ChronowheelError("the node's transaction loop ended"))
             self._release(self._queue)
             self._queue = []
+
+    def _take(self) -> list[_Part]:
+        """The parts of the next transaction: queued ones in order while they fit in
+        `max_messages`, at least one."""
+        queue = self._queue
+        cap = self._max_messages
+        if cap is None:
+            self._queue = []
+            return queue
+        total = 0
+        n = 0
+        for p in queue:
+            if n and total + p.messages > cap:
+                break
+            total += p.messages
+            n += 1
+        taken, self._queue = queue[:n], queue[n:]
+        return taken
 
     async def _transaction(self, parts: list[_Part]) -> None:
         stale = [p for p in parts if p.session != self.session]
