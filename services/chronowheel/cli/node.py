@@ -28,6 +28,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from chronowheel.node.gc_policy import GcPauses, tune_process
     from chronowheel.node.service import Node
     from chronowheel.supervise import install_stop_signals
 
@@ -37,7 +38,13 @@ def run(args: argparse.Namespace) -> int:
         node = Node(settings)
         install_stop_signals(node.request_stop,
                              graceful="finishing open transactions, leaving the group")
-        await node.run()
+        tune_process(settings.gc_young_threshold)
+        pauses = GcPauses(node.metrics.gc_pause)
+        pauses.install()
+        try:
+            await node.run()
+        finally:
+            pauses.remove()
 
     asyncio.run(main())
     return 0

@@ -93,6 +93,11 @@ class NodeMetrics:
             "longest the node's event loop was blocked since it started (group heartbeats "
             "run on it: a stall near the session timeout costs the node its shards)",
             registry=r)
+        self.gc_pause = Histogram(
+            "chronowheel_gc_pause_seconds",
+            "pauses of the process's cyclic garbage collector, by generation (a collection "
+            "of generation 2 walks every object, the wheels' entries included)",
+            ["generation"], buckets=LATENESS_BUCKETS, registry=r)
         self.shards = Gauge("chronowheel_shards",
                             "shards of the namespace (fixed at init), to compare with the sum "
                             "of chronowheel_owned_shards", registry=r)
