@@ -287,7 +287,8 @@ async def ladder_step(cfg: Config, settings: Settings, node: BenchNode, probe: F
         f"receive lateness p50 {fmt(r.get('p50'), 1)} p95 {fmt(r.get('p95'), 1)} "
         f"p99 {fmt(r.get('p99'), 1)} max {fmt(r.get('max'), 1)} ms; fired-at p99 "
         f"{fmt(f.get('p99'), 1)} ms; {fmt(rep.get('transactions_per_s'), 1)} transactions/s, "
-        f"{fmt(rep.get('fired_per_transaction'), 1)} fired per transaction")
+        f"{fmt(rep.get('fired_per_transaction'), 1)} fired per transaction; "
+        f"{fmt(rep.get('full_gc'))} full GC(s), {fmt(rep.get('full_gc_seconds'), 3)} s")
     return rep
 
 
@@ -300,6 +301,10 @@ def transaction_figures(before: dict[str, float], after: dict[str, float],
         metric_sum(before, "chronowheel_fired_total")
     out: dict[str, Any] = {"transactions": txns,
                            "fired_per_transaction": fired / txns if txns else None}
+    # Full garbage collections pause the node's event loop (node/gc_policy.py).
+    for what, key in (("full_gc", 'chronowheel_gc_pause_seconds_count{generation="2"}'),
+                      ("full_gc_seconds", 'chronowheel_gc_pause_seconds_sum{generation="2"}')):
+        out[what] = after.get(key, 0.0) - before.get(key, 0.0)
     if span_ms:
         out["transactions_per_s"] = txns / (span_ms / 1000)
     return out

@@ -168,8 +168,8 @@ def render_table(r: dict[str, Any]) -> str:
            "",
            "| rate/s | jobs | received | achieved/s | recv p50 | recv p95 | recv p99 | recv max "
            "| fired p50 | fired p99 | node p99 ≤ | transactions/s | fired per transaction "
-           "| result |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+           "| full GCs (s) | result |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for st in r.get("ladder", []):
         rl = st.get("receive_lateness_ms") or {}
         fl = st.get("fired_lateness_ms") or {}
@@ -183,14 +183,17 @@ def render_table(r: dict[str, Any]) -> str:
             f"{fmt(fl.get('p50'), 1)} | {fmt(fl.get('p99'), 1)} | "
             f"{fmt(st.get('node_p99_bucket_ms'), 0)} | "
             f"{fmt(st.get('transactions_per_s'), 1)} | "
-            f"{fmt(st.get('fired_per_transaction'), 1)} | {verdict} |")
+            f"{fmt(st.get('fired_per_transaction'), 1)} | "
+            f"{fmt(st.get('full_gc'))} ({fmt(st.get('full_gc_seconds'), 2)}) | {verdict} |")
     if herd:
         rl = herd.get("receive_lateness_ms") or {}
         fl = herd.get("fired_lateness_ms") or {}
         out += ["", f"Herd lateness (ms): receive p50 {fmt(rl.get('p50'))}, p95 "
                 f"{fmt(rl.get('p95'))}, p99 {fmt(rl.get('p99'))}, max {fmt(rl.get('max'))}; "
                 f"cw-fired-at p50 {fmt(fl.get('p50'))}, p99 {fmt(fl.get('p99'))}, max "
-                f"{fmt(fl.get('max'))}; {fmt(herd.get('transactions'))} transactions, "
+                f"{fmt(fl.get('max'))}; {fmt(herd.get('full_gc'))} full GC(s) taking "
+                f"{fmt(herd.get('full_gc_seconds'), 2)} s; "
+                f"{fmt(herd.get('transactions'))} transactions, "
                 f"{fmt(herd.get('fired_per_transaction'))} fired per transaction; node RSS "
                 f"{fmt((herd.get('rss_before_bytes') or 0) / 2**20)} -> "
                 f"{fmt((herd.get('rss_loaded_bytes') or 0) / 2**20)} MiB with "
