@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
+from collections import Counter
 from collections.abc import AsyncIterator
 
 import pytest
@@ -26,3 +29,31 @@ class TestCassandraStoreContract(JobStoreContract):
             yield store
         finally:
             store.close()
+
+
+async def test_finished_requests_leave_no_cyclic_garbage(stack: Stack, namespace: str) -> None:
+    # Every object of a finished request must be freed by reference counting: cyclic garbage
+    # made the node's full collections (event-loop pauses) frequent (node/gc_policy.py).
+    settings = Settings(namespace=namespace, cassandra=stack.cassandra, kafka=stack.kafka,
+                        shards=2)
+    await init_namespace(settings)
+    store = CassandraStore.open(settings)
+    ids = [f"job-{i}" for i in range(120)]
+    try:
+        await store.get_jobs(ids)  # prepared statements and connections settle first
+        gc.collect()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            for _ in range(5):
+                await store.get_jobs(ids)
+                await asyncio.gather(*(store.get_job(i) for i in ids[:40]))
+            gc.collect()
+            kinds = Counter(type(o).__qualname__ for o in gc.garbage)
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+    finally:
+        store.close()
+    driver = {k: n for k, n in kinds.items()
+              if k in ("ResponseFuture", "ExecuteMessage", "ResultSet", "Timer", "Future")}
+    assert driver == {}, kinds.most_common(10)
