@@ -532,8 +532,8 @@ class CassandraStore:
 
     async def _page(self, bound: Any, paging_state: bytes | None) -> Any:
         async def once() -> Any:
-            return await _await_future(
-                self.session.execute_async(bound, paging_state=paging_state))
+            return await _await_future(self.session.execute_async(
+                bound, paging_state=paging_state, execution_profile=TUPLES))
 
         return await with_retries(once, "read bucket page", STORE_POLICY)
 
