@@ -62,6 +62,8 @@ class FlakyResponse:
 
     def __init__(self, session: FlakySession) -> None:
         self.session = session
+        self.cleared = False
+        self._timer: object | None = object()  # the driver's timeout timer
 
     def add_callbacks(self, ok: Any, err: Any) -> None:
         if self.session.failures > 0:
@@ -75,15 +77,20 @@ class FlakyResponse:
     def result(self) -> list[str]:
         return ["row"]
 
+    def clear_callbacks(self) -> None:
+        self.cleared = True
+
 
 class FlakySession:
     def __init__(self, failures: int) -> None:
         self.failures = failures
         self.calls = 0
+        self.responses: list[FlakyResponse] = []
 
     def execute_async(self, *_args: Any, **_kw: Any) -> FlakyResponse:
         self.calls += 1
-        return FlakyResponse(self)
+        self.responses.append(FlakyResponse(self))
+        return self.responses[-1]
 
 
 def test_a_statement_rides_out_tens_of_seconds_of_timeouts(
@@ -100,6 +107,8 @@ def test_a_statement_rides_out_tens_of_seconds_of_timeouts(
     session = FlakySession(failures=20)
     rows = asyncio.run(execute(session, None, (), "write due rows"))  # type: ignore[arg-type]
     assert rows == ["row"] and session.calls == 21
+    # Every answered request lets go of our callbacks and of its timer (no reference cycle).
+    assert all(r.cleared and r._timer is None for r in session.responses)
     assert 15 < sum(slept) < 50 and max(slept) <= 2.0
 
     # It still gives up in the end, and the failure names the statement's purpose.

@@ -280,7 +280,7 @@ def _await_future(rf: ResponseFuture) -> asyncio.Future[Any]:
 
 
 def _settle(fut: asyncio.Future[Any], rf: ResponseFuture, exc: BaseException | None) -> None:
-    _break_cycles(rf)
+    _break_cycles(rf)  # first: the future's waiter may drop the request at once
     if fut.done():
         return
     if exc is None:
