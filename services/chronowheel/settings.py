@@ -118,6 +118,9 @@ class Settings:
     node_heartbeat_interval_ms: int = _opt(
         300, "Kafka group heartbeat interval: how soon a node hears of a rebalance (under a "
              "third of the session timeout)")
+    node_loop_stall_limit_ms: int = _opt(
+        15_000, "a node whose event loop answers nothing for this long leaves its group (its "
+                "shards move); a busy loop under it keeps them (more than the session timeout)")
     node_instance_id: str = _opt(
         "", "static group membership: a stable name per node (e.g. its host name); a node "
             "restarted within the session timeout gets its shards back without a rebalance, "
@@ -259,6 +262,11 @@ class Settings:
                 f"node_heartbeat_interval_ms: {self.node_heartbeat_interval_ms} must be "
                 f"positive and at most a third of node_session_timeout_ms "
                 f"({self.node_session_timeout_ms}), or a node misses rebalances")
+        if self.node_loop_stall_limit_ms <= self.node_session_timeout_ms:
+            raise ConfigError(
+                f"node_loop_stall_limit_ms: {self.node_loop_stall_limit_ms} must exceed "
+                f"node_session_timeout_ms ({self.node_session_timeout_ms}): the stall limit "
+                f"drops a hung node, the session timeout a dead one")
 
     # --- security ------------------------------------------------------------------------
     @property

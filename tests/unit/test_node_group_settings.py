@@ -3,6 +3,8 @@ the error a node gives when the brokers would refuse its session timeout."""
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 from chronowheel.bus.kafka import session_timeout_refusal
 from chronowheel.bus.kafka_node import KafkaSubmitGroup
@@ -19,6 +21,28 @@ def test_the_defaults_move_a_dead_nodes_shards_within_seconds() -> None:
     assert s.node_session_timeout_ms == 3_000
     assert s.node_heartbeat_interval_ms * 3 <= s.node_session_timeout_ms
     assert s.node_instance_id == ""
+    assert s.node_loop_stall_limit_ms == 15_000
+
+
+@pytest.mark.parametrize("limit", [0, 2_999, 3_000])
+def test_a_stall_limit_not_over_the_session_timeout_is_refused(limit: int) -> None:
+    with pytest.raises(ConfigError) as refused:
+        Settings(node_session_timeout_ms=3_000, node_loop_stall_limit_ms=limit)
+    why = str(refused.value)
+    assert f"node_loop_stall_limit_ms: {limit} must exceed" in why
+    assert "node_session_timeout_ms (3000)" in why
+
+
+def test_the_stall_limit_comes_from_its_environment_variable_and_shows_in_help() -> None:
+    from chronowheel.cli import build_parser
+
+    s = Settings.from_env({"CHRONOWHEEL_NODE_LOOP_STALL_LIMIT_MS": "4000"})
+    assert s.node_loop_stall_limit_ms == 4_000
+    [commands] = [a for a in build_parser()._actions
+                  if isinstance(a, argparse._SubParsersAction)]
+    text = commands.choices["node"].format_help()
+    assert "--node-loop-stall-limit-ms" in text
+    assert "CHRONOWHEEL_NODE_LOOP_STALL_LIMIT_MS" in text
 
 
 @pytest.mark.parametrize("heartbeat", [0, 1_001, 3_000])
@@ -43,11 +67,11 @@ async def test_the_group_consumer_gets_the_heartbeat_and_the_static_member_id() 
                  node_instance_id="host-7")
     group = KafkaSubmitGroup(s, group_id="g", client_id="c", session_timeout_ms=4_000,
                              on_assigned=_nothing, on_revoked=_nothing)
-    consumer = group._consumer
+    consumer = group._new_consumer()
     assert consumer._session_timeout_ms == 4_000
     assert consumer._heartbeat_interval_ms == 400
     assert consumer._group_instance_id == "host-7"
     dynamic = KafkaSubmitGroup(Settings(), group_id="g", client_id="c",
                                session_timeout_ms=3_000, on_assigned=_nothing,
                                on_revoked=_nothing)
-    assert dynamic._consumer._group_instance_id is None
+    assert dynamic._new_consumer()._group_instance_id is None

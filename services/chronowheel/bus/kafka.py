@@ -333,7 +333,7 @@ def plain_producer(settings: Settings, *, linger_ms: int = 5) -> AIOKafkaProduce
 
 def group_consumer(settings: Settings, group_id: str, *topics: str,
                    session_timeout_ms: int = 10000, heartbeat_interval_ms: int | None = None,
-                   **kw: Any) -> AIOKafkaConsumer:
+                   max_poll_interval_ms: int = 300000, **kw: Any) -> AIOKafkaConsumer:
     return Consumer(
         settings, f"consumer of group {group_id}",
         *topics,
@@ -343,7 +343,7 @@ def group_consumer(settings: Settings, group_id: str, *topics: str,
         auto_offset_reset="earliest",
         session_timeout_ms=session_timeout_ms,
         heartbeat_interval_ms=heartbeat_interval_ms or max(500, session_timeout_ms // 5),
-        max_poll_interval_ms=300000,
+        max_poll_interval_ms=max_poll_interval_ms,
         **kw,
     )
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterator, Mapping
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import (
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 
 _FENCED = (ProducerFenced, InvalidProducerEpoch, TransactionalIdAuthorizationFailed)
 PARTITIONS_LOOKUP_TIMEOUT_S = 10
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -167,37 +169,255 @@ class KafkaTxnProducer:
         return len(parts) if parts else None
 
 
+class LoopLiveness:
+    """Whether the node's event loop still answers, as seen from the group thread.
+
+    The group thread pings the node loop; the loop answers (`answered`) when it gets to run the
+    ping. A loop that is busy (a herd, a large page) answers late but answers; a hung one never
+    does. The group keeps polling Kafka only while the loop answered within `POLL_GRACE_MS`, so
+    a loop hung for longer than the grace plus `limit_ms` (the consumer's max.poll.interval)
+    makes the member leave the group: its shards move although its heartbeats still go out.
+    The clock is injected (monotonic seconds): this is about elapsed time only.
+    """
+
+    POLL_GRACE_MS = 1_000
+
+    def __init__(self, limit_ms: int, clock: Callable[[], float] = time.monotonic, *,
+                 what: str = "node") -> None:
+        self.limit_ms = limit_ms
+        self._clock = clock
+        self._what = what
+        self._answered_at = clock()
+        self._warned = False
+        self._expelled = False
+
+    def answered(self) -> None:
+        """Called on the node loop when it runs a ping."""
+        now = self._clock()
+        if self._warned:
+            log.warning("%s: the event loop answers again after %.0f ms", self._what,
+                        (now - self._answered_at) * 1000)
+        self._answered_at = now
+        self._warned = self._expelled = False
+
+    def stalled_ms(self) -> float:
+        return max(0.0, (self._clock() - self._answered_at) * 1000)
+
+    def may_poll(self) -> bool:
+        """Whether the loop answered recently enough for the group to poll for it."""
+        return self.stalled_ms() <= self.POLL_GRACE_MS
+
+    def check(self) -> None:
+        """Warn (once per stall) at a third of the limit, and again when it is reached."""
+        stalled = self.stalled_ms()
+        if stalled >= self.limit_ms / 3 and not self._warned:
+            self._warned = True
+            log.warning("%s: the event loop has not answered for %.0f ms; at "
+                        "node_loop_stall_limit_ms (%d) the node leaves its group and its shards "
+                        "move", self._what, stalled, self.limit_ms)
+        if stalled >= self.limit_ms + self.POLL_GRACE_MS and not self._expelled:
+            self._expelled = True
+            log.error("%s: the event loop has not answered for %.0f ms (over "
+                      "node_loop_stall_limit_ms %d): not polling, the group drops this member",
+                      self._what, stalled, self.limit_ms)
+
+
 class _Rebalance(ConsumerRebalanceListener):
-    def __init__(self, on_assigned: ShardsChanged, on_revoked: ShardsChanged) -> None:
-        self._on_assigned = on_assigned
-        self._on_revoked = on_revoked
+    """Runs on the group thread; the node's callbacks run on the node loop and are awaited, so
+    a revocation completes (the node stopped the shards) before the member rejoins and another
+    member can be given them."""
+
+    def __init__(self, group: KafkaSubmitGroup) -> None:
+        self._group = group
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        await self._on_revoked([tp.partition for tp in revoked])
+        await self._group._revoked_on_group([tp.partition for tp in revoked])
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        await self._on_assigned([tp.partition for tp in assigned])
+        await self._group._assigned_on_group([tp.partition for tp in assigned])
+
+
+# The group thread's fetches wait at most this long: aiokafka counts the time between them
+# against max.poll.interval, and pause changes of the node are applied between two of them.
+GROUP_POLL_MS = 200
+# The group thread pings the node loop this often.
+LIVENESS_PING_MS = 100
 
 
 class KafkaSubmitGroup:
+    """The node's group member, run on an event loop of its own in a dedicated thread.
+
+    Its heartbeats then depend only on that thread, not on the node's loop, which a herd or a
+    large Cassandra page keeps busy for seconds: a short session timeout (fast takeover of a
+    dead node's shards) no longer revokes a busy node. A hung node loop is caught by the
+    liveness pings instead (`LoopLiveness`, node_loop_stall_limit_ms).
+
+    Threads: the aiokafka consumer is used only on the group loop. The node's calls are
+    marshalled to it (`_on_group`); the group's rebalance callbacks are marshalled to the node
+    loop and awaited. Fetched records are handed over under a lock; a shard whose handed-over
+    records the node has not taken yet is paused past `pump_fetch_records` of them.
+    """
+
     def __init__(self, settings: Settings, *, group_id: str, client_id: str,
                  session_timeout_ms: int, on_assigned: ShardsChanged,
-                 on_revoked: ShardsChanged) -> None:
+                 on_revoked: ShardsChanged, clock: Callable[[], float] = time.monotonic) -> None:
         self._topic = settings.submit_topic
         self._settings = settings
+        self._group_id = group_id
+        self._client_id = client_id
         self._session_timeout_ms = session_timeout_ms
-        self._consumer: AIOKafkaConsumer = group_consumer(
-            settings, group_id, session_timeout_ms=session_timeout_ms,
-            heartbeat_interval_ms=settings.node_heartbeat_interval_ms,
-            group_instance_id=settings.node_instance_id or None,
+        self._on_assigned = on_assigned
+        self._on_revoked = on_revoked
+        self._liveness = LoopLiveness(settings.node_loop_stall_limit_ms, clock,
+                                      what=f"node {client_id}")
+        self._lock = threading.Lock()  # guards the fields shared by both threads below
+        self._ready: dict[int, list[SubmitRecord]] = {}  # fetched, not yet taken by the node
+        self._paused_by_node: set[int] = set()
+        self._assigned: set[int] = set()
+        self._partitions: int | None = None
+        self._failure: BaseException | None = None
+        self._ping_pending = False
+        self._consumer: AIOKafkaConsumer | None = None  # made and used on the group loop
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._node_loop: asyncio.AbstractEventLoop | None = None
+        self._arrived: asyncio.Event | None = None  # node loop: records or a failure came
+        self._tasks: list[asyncio.Task[None]] = []  # group loop: pump and pings
+
+    def _new_consumer(self) -> AIOKafkaConsumer:
+        """The group consumer (on the running loop, the group loop outside tests)."""
+        s = self._settings
+        return group_consumer(
+            s, self._group_id, session_timeout_ms=self._session_timeout_ms,
+            heartbeat_interval_ms=s.node_heartbeat_interval_ms,
+            # Time between two polls of the group thread; it polls only while the node loop
+            # answers, so this is how long a hung node loop keeps its shards.
+            max_poll_interval_ms=s.node_loop_stall_limit_ms,
+            group_instance_id=s.node_instance_id or None,
             # One fetched chunk per partition is buffered until consumed: 1 MiB (a few
             # thousand commands) per shard is ahead of ingest, not 4.
-            max_partition_fetch_bytes=1 << 20, client_id=client_id)
-        self._consumer.subscribe([self._topic], listener=_Rebalance(on_assigned, on_revoked))
+            max_partition_fetch_bytes=1 << 20, client_id=self._client_id)
 
     def _tp(self, shard: int) -> TopicPartition:
         return TopicPartition(self._topic, shard)
 
+    # --- between the threads ----------------------------------------------------------------
+    async def _on_group(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run `coro` on the group loop and wait for it here (cancelling it if cancelled)."""
+        if self._loop is None or self._loop.is_closed():
+            coro.close()
+            raise BusError(f"group {self._group_id}: the member is not running")
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+    async def _on_node(self, callback: ShardsChanged, shards: list[int]) -> None:
+        """Run a node callback on the node loop and wait (on the group loop) until it ends."""
+        assert self._node_loop is not None
+
+        async def call() -> None:  # called there, not here: all of it runs on the node loop
+            await callback(shards)
+
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call(), self._node_loop))
+
+    def _notify_node(self) -> None:
+        loop = self._node_loop
+        if loop is not None and self._arrived is not None:
+            with contextlib.suppress(RuntimeError):  # the node loop is closed: nobody waits
+                loop.call_soon_threadsafe(self._arrived.set)
+
+    async def _revoked_on_group(self, shards: list[int]) -> None:
+        with self._lock:
+            self._assigned.difference_update(shards)
+            for k in shards:  # fetched for the old assignment: never handed over now
+                self._ready.pop(k, None)
+        await self._on_node(self._on_revoked, shards)
+
+    async def _assigned_on_group(self, shards: list[int]) -> None:
+        with self._lock:
+            self._assigned.update(shards)
+        await self._on_node(self._on_assigned, shards)
+
+    # --- the group thread -------------------------------------------------------------------
+    def _run_thread(self) -> None:
+        assert self._loop is not None
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+
+    async def _start_on_group(self) -> None:
+        consumer = self._consumer = self._new_consumer()
+        consumer.subscribe([self._topic], listener=_Rebalance(self))
+        await consumer.start()
+        parts = consumer.partitions_for_topic(self._topic)
+        self._partitions = None if parts is None else len(parts)
+        self._tasks = [asyncio.create_task(self._pings(), name="node-loop-pings"),
+                       asyncio.create_task(self._pump(), name="group-pump")]
+        for task in self._tasks:
+            task.add_done_callback(self._task_ended)
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None and self._failure is None:
+            log.error("group %s: %s failed: %r", self._group_id, task.get_name(), exc)
+            self._failure = exc
+            self._notify_node()
+
+    async def _pings(self) -> None:
+        node_loop = self._node_loop
+        assert node_loop is not None
+        while True:
+            if not self._ping_pending:
+                self._ping_pending = True
+                node_loop.call_soon_threadsafe(self._answer)
+            self._liveness.check()
+            await asyncio.sleep(LIVENESS_PING_MS / 1000)
+
+    def _answer(self) -> None:  # on the node loop
+        self._ping_pending = False
+        self._liveness.answered()
+
+    async def _pump(self) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        most = self._settings.pump_fetch_records
+        while True:
+            if not self._liveness.may_poll():
+                # No poll: past max.poll.interval of these the member leaves the group.
+                await asyncio.sleep(GROUP_POLL_MS / 1000)
+                continue
+            with self._lock:
+                want = {k for k in self._assigned
+                        if k in self._paused_by_node or len(self._ready.get(k, ())) >= most}
+            assignment = consumer.assignment()
+            paused = {tp.partition for tp in consumer.paused()}
+            if stop := [self._tp(k) for k in want - paused if self._tp(k) in assignment]:
+                consumer.pause(*stop)
+            if go := [self._tp(k) for k in paused - want if self._tp(k) in assignment]:
+                consumer.resume(*go)
+            # Also with every partition paused: the fetch (its wait) is what keeps the member
+            # within max.poll.interval. Never cancelled midway: aiokafka would then count the
+            # member as polling forever.
+            batches = await consumer.getmany(timeout_ms=GROUP_POLL_MS, max_records=most)
+            if batches:
+                with self._lock:
+                    for tp, records in batches.items():
+                        if tp.partition in self._assigned:
+                            self._ready.setdefault(tp.partition, []).extend(records)
+                self._notify_node()
+
+    async def _stop_on_group(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._consumer is not None:
+            await self._consumer.stop()
+        # Whatever aiokafka left running on this loop ends with it.
+        rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in rest:
+            task.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
+
+    # --- the node's side --------------------------------------------------------------------
     async def start(self) -> None:
         # A broker refuses a session timeout outside its limits only when the member joins,
         # in the background, as an opaque coordination error: check the limits first.
@@ -205,51 +425,103 @@ class KafkaSubmitGroup:
         refusal = limits and session_timeout_refusal(self._session_timeout_ms, limits)
         if refusal:
             raise ConfigError(refusal)
-        await self._consumer.start()
+        self._node_loop = asyncio.get_running_loop()
+        self._arrived = asyncio.Event()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_thread, daemon=True,
+                                        name=f"group-{self._group_id}-{self._client_id}")
+        self._thread.start()
+        try:
+            # The first assignment may arrive (and run on this loop) before this returns.
+            await self._on_group(self._start_on_group())
+        except BaseException:
+            with contextlib.suppress(Exception):  # the failure to start is what matters
+                await self.stop()
+            raise
 
     async def stop(self) -> None:
-        await self._consumer.stop()
+        """Leave the group and end the group thread. The node calls it once its shards have
+        stopped; the pump is cancelled first."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        try:
+            if not loop.is_closed():
+                await self._on_group(self._stop_on_group())
+        finally:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(loop.stop)
+            await asyncio.to_thread(thread.join)
+            if not loop.is_closed():
+                loop.close()
+            self._loop = self._thread = None
 
     def partition_count(self) -> int | None:
-        parts = self._consumer.partitions_for_topic(self._topic)
-        return None if parts is None else len(parts)
+        return self._partitions
+
+    def _raise_failure(self) -> None:
+        exc = self._failure
+        if exc is None:
+            return
+        # Limits we could not read beforehand: the join's refusal surfaces here.
+        if isinstance(exc, InvalidSessionTimeoutError) or isinstance(
+                exc.__cause__, InvalidSessionTimeoutError):
+            raise ConfigError(
+                f"Kafka refused node_session_timeout_ms {self._session_timeout_ms} "
+                f"(INVALID_SESSION_TIMEOUT): the brokers' group.min.session.timeout.ms "
+                f"must be at most it (see the operations runbook)") from exc
+        raise BusError(f"group {self._group_id}: the member's thread failed: {exc!r}") from exc
 
     async def fetch(self, timeout_ms: int, max_records: int) -> dict[int, list[SubmitRecord]]:
-        try:
-            batches = await self._consumer.getmany(timeout_ms=timeout_ms,
-                                                   max_records=max_records)
-        except KafkaError as exc:
-            # Limits we could not read beforehand: the join's refusal surfaces here.
-            if isinstance(exc, InvalidSessionTimeoutError) or isinstance(
-                    exc.__cause__, InvalidSessionTimeoutError):
-                raise ConfigError(
-                    f"Kafka refused node_session_timeout_ms {self._session_timeout_ms} "
-                    f"(INVALID_SESSION_TIMEOUT): the brokers' group.min.session.timeout.ms "
-                    f"must be at most it (see the operations runbook)") from exc
-            raise
-        return {tp.partition: records for tp, records in batches.items()}
+        self._raise_failure()
+        arrived = self._arrived
+        assert arrived is not None, "start() first"
+        arrived.clear()  # before looking: a hand-over from now on sets it again
+        with self._lock:
+            empty = not self._ready
+        if empty:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(arrived.wait(), timeout_ms / 1000)
+            self._raise_failure()
+        out: dict[int, list[SubmitRecord]] = {}
+        taken = 0
+        with self._lock:
+            for shard in list(self._ready):
+                if taken >= max_records:
+                    break
+                out[shard] = records = self._ready.pop(shard)
+                taken += len(records)
+        return out
 
     def pause(self, shard: int) -> None:
-        self._consumer.pause(self._tp(shard))
+        with self._lock:
+            self._paused_by_node.add(shard)
 
     def resume(self, shard: int) -> None:
-        self._consumer.resume(self._tp(shard))
+        with self._lock:
+            self._paused_by_node.discard(shard)
 
     def assigned(self) -> set[int]:
-        return {tp.partition for tp in self._consumer.assignment()}
+        with self._lock:
+            return set(self._assigned)
 
     async def check_membership(self) -> bool:
+        return await self._on_group(self._check_membership_on_group())
+
+    async def _check_membership_on_group(self) -> bool:
         # aiokafka has no call that only validates the member, so commit an assigned
         # partition's committed offset again (a no-op for the group): the coordinator checks
         # the generation and member id of every OffsetCommit. Nothing else commits these
         # offsets meanwhile: this is called while the node's producer is fenced.
-        for tp in sorted(self._consumer.assignment()):
+        consumer = self._consumer
+        assert consumer is not None
+        for tp in sorted(consumer.assignment()):
             with _translated(f"{tp.topic}[{tp.partition}]: reading the committed offset"):
-                offset = await self._consumer.committed(tp)
+                offset = await consumer.committed(tp)
             if offset is None:
                 continue
             try:
-                await self._consumer.commit({tp: offset})
+                await consumer.commit({tp: offset})
             except (CommitFailedError, IllegalStateError) as exc:
                 log.warning("group membership check failed: %s", exc)
                 return False
@@ -259,13 +531,25 @@ class KafkaSubmitGroup:
             return True
         # Nothing committed yet on any assigned partition (or nothing assigned): only a
         # rejoin can tell; the caller re-takes nothing it does not hold.
-        return bool(self._consumer.assignment())
+        return bool(consumer.assignment())
 
     async def committed(self, shard: int) -> int | None:
+        return await self._on_group(self._committed_on_group(shard))
+
+    async def _committed_on_group(self, shard: int) -> int | None:
+        assert self._consumer is not None
         offset: int | None = await self._consumer.committed(self._tp(shard))
         return offset
 
     async def seek(self, shard: int, offset: int | None) -> None:
+        await self._on_group(self._seek_on_group(shard, offset))
+
+    async def _seek_on_group(self, shard: int, offset: int | None) -> None:
+        assert self._consumer is not None
+        # Records fetched before the seek are not handed over: the next come from `offset`
+        # (aiokafka drops its own buffer of the partition on a seek too).
+        with self._lock:
+            self._ready.pop(shard, None)
         if offset is None:
             await self._consumer.seek_to_beginning(self._tp(shard))
         else:

@@ -12,6 +12,7 @@ NODE_SETTINGS = (
     "namespace", "cassandra", "kafka", "consistency", "http_port", "lookahead_ms", "prewarm_ms",
     "hot_bucket_rows", "bucket_page_rows", "bucket_cap_rows", "max_clock_skew_ms", "tick_ms",
     "max_batch", "node_session_timeout_ms", "node_heartbeat_interval_ms",
+    "node_loop_stall_limit_ms",
     "node_instance_id", "retention_ms", "allowed_topics", "max_id_bytes",
     "max_payload_bytes", "max_horizon_ms", *NODE_TUNABLES,
 )

@@ -90,8 +90,8 @@ class NodeMetrics:
                                   registry=r)
         self.loop_stall_max = Gauge(
             "chronowheel_event_loop_stall_max_seconds",
-            "longest the node's event loop was blocked since it started (group heartbeats "
-            "run on it: a stall near the session timeout costs the node its shards)",
+            "longest the node's event loop was blocked since it started (a stall over "
+            "node_loop_stall_limit_ms costs the node its shards)",
             registry=r)
         self.gc_pause = Histogram(
             "chronowheel_gc_pause_seconds",

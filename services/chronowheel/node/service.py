@@ -394,11 +394,13 @@ class Node:
                                        self.settings.skew_check_interval_ms / 1000)
 
     async def _loop_watch(self) -> None:
-        """Measure how long the event loop stays blocked. The group's heartbeats are sent from
-        it: a stall near node_session_timeout_ms makes the group drop this node (its shards
-        move and it must take what it gets again), so say so before that happens. Measured
-        on the monotonic clock: this is about elapsed time, not about the time of day."""
-        warn_ms = self.settings.node_session_timeout_ms / 3
+        """Measure how long the event loop stays blocked. The group's heartbeats do not depend
+        on it (the group member runs on a thread of its own), but a loop that answers nothing
+        for node_loop_stall_limit_ms makes the group drop this node (its shards move and it
+        must take what it gets again): report stalls well before that. Measured on the
+        monotonic clock: this is about elapsed time, not about the time of day."""
+        limit_ms = self.settings.node_loop_stall_limit_ms
+        warn_ms = limit_ms / 3
         worst_ms = 0.0
         while True:
             started = time.monotonic()
@@ -408,9 +410,9 @@ class Node:
                 worst_ms = stall_ms
                 self.metrics.loop_stall_max.set(worst_ms / 1000)
             if stall_ms > warn_ms:
-                log.warning("node %s: the event loop was blocked for %.0f ms (group "
-                            "heartbeats are late; node_session_timeout_ms is %d)",
-                            self.node_id, stall_ms, self.settings.node_session_timeout_ms)
+                log.warning("node %s: the event loop was blocked for %.0f ms "
+                            "(node_loop_stall_limit_ms is %d: a stall that long loses the "
+                            "node its shards)", self.node_id, stall_ms, limit_ms)
 
     # --- group assignment -----------------------------------------------------------------
     # The Kafka client logs and swallows a rebalance callback's exception; a node that silently

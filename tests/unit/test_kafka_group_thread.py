@@ -1,0 +1,357 @@
+"""The node's group member on a thread of its own (`KafkaSubmitGroup`), over a fake consumer:
+liveness of the node loop on an injected clock, rebalance callbacks run on the node loop and
+awaited by the group thread, hand-over of fetched records, failures surfacing to the node, a
+clean stop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any
+
+import pytest
+from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import InvalidSessionTimeoutError, KafkaConnectionError
+from chronowheel.bus import kafka_node
+from chronowheel.bus.kafka_node import GROUP_POLL_MS, KafkaSubmitGroup, LoopLiveness
+from chronowheel.bus.ports import BusError
+from chronowheel.errors import ConfigError
+from chronowheel.settings import Settings
+
+TOPIC = Settings().submit_topic
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, ms: float) -> None:
+        self.now += ms / 1000
+
+
+# --- liveness of the node loop -------------------------------------------------------------
+
+
+def test_a_loop_that_answers_may_be_polled_for() -> None:
+    clock = FakeClock()
+    live = LoopLiveness(15_000, clock)
+    clock.advance(LoopLiveness.POLL_GRACE_MS)
+    assert live.may_poll()
+    clock.advance(1)
+    assert not live.may_poll()
+    live.answered()
+    assert live.may_poll() and live.stalled_ms() == 0
+
+
+def test_a_stall_is_warned_of_at_a_third_of_the_limit_and_at_the_limit(
+        caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock()
+    live = LoopLiveness(15_000, clock, what="node n1")
+    caplog.set_level(logging.WARNING, logger=kafka_node.__name__)
+    clock.advance(4_999)
+    live.check()
+    assert not caplog.records
+    clock.advance(1)
+    live.check()
+    live.check()  # once per stall
+    [warning] = caplog.records
+    assert warning.levelno == logging.WARNING
+    assert "node n1" in warning.message and "5000 ms" in warning.message
+    assert "node_loop_stall_limit_ms (15000)" in warning.message
+    clock.advance(10_000 + LoopLiveness.POLL_GRACE_MS)
+    live.check()
+    assert caplog.records[-1].levelno == logging.ERROR
+    assert "not polling" in caplog.records[-1].message
+    live.answered()
+    assert "answers again after 16000 ms" in caplog.records[-1].message
+    clock.advance(5_000)
+    live.check()  # a new stall is warned of again
+    assert "has not answered for 5000 ms" in caplog.records[-1].message
+
+
+# --- the group thread over a fake consumer -------------------------------------------------
+
+
+class FakeConsumer:
+    """The parts of AIOKafkaConsumer the group uses; records which thread calls it."""
+
+    def __init__(self) -> None:
+        self.listener: ConsumerRebalanceListener | None = None
+        self.threads: set[int] = set()
+        self.assigned: set[TopicPartition] = set()
+        self.paused_tps: set[TopicPartition] = set()
+        self.queued: dict[TopicPartition, list[Any]] = {}
+        self.getmany_calls = 0
+        self.fail_with: BaseException | None = None
+        self.seeks: list[tuple[int, int | None]] = []
+        self.stopped = False
+
+    def _here(self) -> None:
+        self.threads.add(threading.get_ident())
+
+    def subscribe(self, topics: list[str], listener: ConsumerRebalanceListener) -> None:
+        self.listener = listener
+
+    async def start(self) -> None:
+        self._here()
+
+    async def stop(self) -> None:
+        self._here()
+        self.stopped = True
+
+    def partitions_for_topic(self, topic: str) -> set[int]:
+        return {0, 1, 2, 3}
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.assigned)
+
+    def paused(self) -> set[TopicPartition]:
+        return set(self.paused_tps)
+
+    def pause(self, *tps: TopicPartition) -> None:
+        self._here()
+        self.paused_tps.update(tps)
+
+    def resume(self, *tps: TopicPartition) -> None:
+        self._here()
+        self.paused_tps.difference_update(tps)
+
+    async def getmany(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, list[Any]]:
+        self._here()
+        self.getmany_calls += 1
+        if self.fail_with is not None:
+            raise self.fail_with
+        out = {tp: r for tp, r in self.queued.items() if r and tp not in self.paused_tps}
+        for tp in out:
+            self.queued[tp] = []
+        if not out:
+            await asyncio.sleep(0.01)  # the fetch's wait, shortened
+        return out
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        self._here()
+        return 7
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        self._here()
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self._here()
+        self.seeks.append((tp.partition, offset))
+
+    async def seek_to_beginning(self, tp: TopicPartition) -> None:
+        self._here()
+        self.seeks.append((tp.partition, None))
+
+
+class Rec:
+    def __init__(self, partition: int, offset: int) -> None:
+        self.topic, self.partition, self.offset = TOPIC, partition, offset
+        self.key, self.value, self.headers = b"k", b"v", []
+
+
+class Group(KafkaSubmitGroup):
+    def __init__(self, consumer: FakeConsumer, **kw: Any) -> None:
+        self.fake = consumer
+        self.node_calls: list[tuple[str, list[int], int]] = []
+        self.revoke_may_end = asyncio.Event()
+        self.revoke_may_end.set()
+        super().__init__(Settings(pump_fetch_records=3), group_id="g", client_id="n1",
+                         session_timeout_ms=3_000, on_assigned=self._assigned_cb,
+                         on_revoked=self._revoked_cb, **kw)
+
+    def _new_consumer(self) -> Any:
+        return self.fake
+
+    async def _assigned_cb(self, shards: list[int]) -> None:
+        self.node_calls.append(("assigned", shards, threading.get_ident()))
+
+    async def _revoked_cb(self, shards: list[int]) -> None:
+        self.node_calls.append(("revoked", shards, threading.get_ident()))
+        await self.revoke_may_end.wait()
+        self.node_calls.append(("revoked-done", shards, threading.get_ident()))
+
+
+@pytest.fixture(autouse=True)
+def _no_broker_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def none(settings: Settings) -> None:
+        return None
+
+    monkeypatch.setattr(kafka_node, "group_session_limits", none)
+
+
+async def _on_group_thread(group: Group, coro: Any) -> Any:
+    """Run a coroutine on the group loop (as aiokafka's coordinator would) and wait for it."""
+    assert group._loop is not None
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, group._loop))
+
+
+async def _assign(group: Group, *shards: int) -> None:
+    group.fake.assigned |= {TopicPartition(TOPIC, k) for k in shards}
+    assert group.fake.listener is not None
+    await _on_group_thread(group, group.fake.listener.on_partitions_assigned(
+        [TopicPartition(TOPIC, k) for k in shards]))
+
+
+async def test_the_consumer_lives_on_its_own_thread_and_the_callbacks_on_the_node_loop() -> None:
+    group = Group(FakeConsumer())
+    await group.start()
+    try:
+        assert group.partition_count() == 4
+        await _assign(group, 0, 1)
+        assert group.assigned() == {0, 1}
+        here = threading.get_ident()
+        assert [(what, k, t == here) for what, k, t in group.node_calls] == [
+            ("assigned", [0, 1], True)]
+        assert await group.committed(0) == 7
+        await group.seek(1, 5)
+        await group.seek(0, None)
+        assert await group.check_membership()
+        assert here not in group.fake.threads and len(group.fake.threads) == 1
+        assert group.fake.seeks == [(1, 5), (0, None)]
+    finally:
+        await group.stop()
+    assert group.fake.stopped and group._thread is None
+
+
+async def test_the_group_thread_waits_for_the_nodes_revocation_to_end() -> None:
+    group = Group(FakeConsumer())
+    await group.start()
+    try:
+        await _assign(group, 0, 1)
+        group.revoke_may_end.clear()
+        assert group.fake.listener is not None
+        revoking = asyncio.ensure_future(_on_group_thread(
+            group, group.fake.listener.on_partitions_revoked([TopicPartition(TOPIC, 1)])))
+        while not any(c[0] == "revoked" for c in group.node_calls):
+            await asyncio.sleep(0)
+        # The node still stops shard 1: the rebalance (the group thread) must not go on.
+        await asyncio.sleep(0.05)
+        assert not revoking.done()
+        assert group.assigned() == {0}  # not taken again meanwhile (fence recovery)
+        group.revoke_may_end.set()
+        await revoking
+        assert [c[0] for c in group.node_calls] == ["assigned", "revoked", "revoked-done"]
+    finally:
+        await group.stop()
+
+
+async def test_fetched_records_are_handed_over_in_order_and_a_seek_drops_older_ones() -> None:
+    fake = FakeConsumer()
+    group = Group(fake)
+    await group.start()
+    try:
+        await _assign(group, 0, 1)
+        tp0, tp1 = TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)
+        fake.queued[tp0] = [Rec(0, 0), Rec(0, 1)]
+        got: dict[int, list[Any]] = {}
+        while len(got.get(0, [])) < 2:
+            for k, recs in (await group.fetch(1_000, 100)).items():
+                got.setdefault(k, []).extend(recs)
+        assert [r.offset for r in got[0]] == [0, 1]
+        # Not taken by the node yet, then a seek: those records are never handed over.
+        fake.queued[tp1] = [Rec(1, 0)]
+        while not group._ready:
+            await asyncio.sleep(0.005)
+        await group.seek(1, 0)
+        assert await group.fetch(0, 100) == {}
+        # A shard with pump_fetch_records (3) waiting for the node is paused on the consumer.
+        fake.queued[tp0] = [Rec(0, 2), Rec(0, 3), Rec(0, 4)]
+        while tp0 not in fake.paused_tps:
+            await asyncio.sleep(0.005)
+        assert [r.offset for r in (await group.fetch(0, 100))[0]] == [2, 3, 4]
+        while tp0 in fake.paused_tps:
+            await asyncio.sleep(0.005)
+        # The node's own backpressure.
+        group.pause(1)
+        while tp1 not in fake.paused_tps:
+            await asyncio.sleep(0.005)
+        group.resume(1)
+        while tp1 in fake.paused_tps:
+            await asyncio.sleep(0.005)
+    finally:
+        await group.stop()
+
+
+async def test_a_revoked_shards_unread_records_are_dropped() -> None:
+    fake = FakeConsumer()
+    group = Group(fake)
+    await group.start()
+    try:
+        await _assign(group, 0)
+        fake.queued[TopicPartition(TOPIC, 0)] = [Rec(0, 0)]
+        while not group._ready:
+            await asyncio.sleep(0.005)
+        assert fake.listener is not None
+        await _on_group_thread(group, fake.listener.on_partitions_revoked(
+            [TopicPartition(TOPIC, 0)]))
+        assert await group.fetch(0, 100) == {}
+    finally:
+        await group.stop()
+
+
+@pytest.mark.parametrize(("error", "raised"), [
+    (KafkaConnectionError("broker gone"), BusError),
+    (InvalidSessionTimeoutError(), ConfigError),
+])
+async def test_a_failure_on_the_group_thread_surfaces_in_the_nodes_fetch(
+        error: BaseException, raised: type[Exception]) -> None:
+    fake = FakeConsumer()
+    group = Group(fake)
+    await group.start()
+    try:
+        fake.fail_with = error
+        with pytest.raises(raised) as caught:
+            await group.fetch(10_000, 100)  # woken by the failure, not by the timeout
+        assert caught.value.__cause__ is error
+        with pytest.raises(raised):
+            await group.fetch(0, 100)
+    finally:
+        await group.stop()
+
+
+class CountingLiveness(LoopLiveness):
+    """A node loop that stopped answering: counts the pump's questions."""
+
+    def __init__(self) -> None:
+        super().__init__(15_000)
+        self.asked = 0
+        self.asked_enough = threading.Event()
+
+    def may_poll(self) -> bool:
+        self.asked += 1
+        if self.asked >= 3:
+            self.asked_enough.set()
+        return False
+
+
+async def test_the_pump_does_not_poll_for_a_loop_that_does_not_answer() -> None:
+    fake = FakeConsumer()
+    group = Group(fake)
+    live = group._liveness = CountingLiveness()
+    await group.start()
+    try:
+        await asyncio.to_thread(live.asked_enough.wait, 10 * GROUP_POLL_MS / 1000)
+        assert live.asked >= 3
+        assert fake.getmany_calls == 0
+    finally:
+        await group.stop()
+
+
+async def _nothing(shards: list[int]) -> None:
+    del shards
+
+
+async def test_the_group_consumer_polls_no_longer_apart_than_the_stall_limit() -> None:
+    s = Settings(node_session_timeout_ms=4_000, node_heartbeat_interval_ms=400,
+                 node_loop_stall_limit_ms=9_000)
+    group = KafkaSubmitGroup(s, group_id="g", client_id="c", session_timeout_ms=4_000,
+                             on_assigned=_nothing, on_revoked=_nothing)
+    consumer = group._new_consumer()
+    assert consumer._max_poll_interval_ms == 9_000
+    # The rebalance timeout stays aiokafka's default, the session timeout.
+    assert consumer._rebalance_timeout_ms == 4_000
