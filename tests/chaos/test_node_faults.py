@@ -12,7 +12,9 @@ a read_committed reader, and one fault per test:
   namespace of its own and reaches the servers through proxies the test cuts);
 - the errors of a full disk (Cassandra write failures, Kafka NOT_ENOUGH_REPLICAS /
   KafkaStorageError) from the project's store and bus: the node stops cleanly, every accepted
-  job fires after a restart.
+  job fires after a restart;
+- a node whose event loop is kept busy past its session timeout (an in-process node): it keeps
+  its shards; one whose loop hangs past node_loop_stall_limit_ms: its shards move.
 
 Every test asserts 0 lost, 0 early and 0 duplicate occurrences, and prints (run with -s) its
 lateness and recovery time as a row of loadtest/RESULTS.md's fault table.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import os
 import shutil
@@ -523,6 +526,139 @@ async def test_a_node_clock_stepping_forward_and_back_fires_nothing_early(
             max(resumed.values()), "./run test tests/chaos -k clock -s")
         assert blocked == {"forward": True, "back": True}, "a step did not stop dispatch"
         assert_clean(outcome)
+        assert node.failure is None
+    finally:
+        node.request_stop()
+        await asyncio.wait_for(running, 120)
+        await tally.stop()
+
+
+# --- 7. a busy node loop keeps its shards, a hung one loses them ---------------------------
+
+
+def watched_node(settings: Settings, node_id: str) -> Any:
+    """An in-process node that records when the group revokes its shards."""
+    from chronowheel.node.service import Node
+
+    class Watched(Node):
+        revocations: list[tuple[float, list[int]]]
+
+        async def _on_revoked(self, shards: list[int]) -> None:
+            self.revocations.append((now_ms(), sorted(shards)))
+            await super()._on_revoked(shards)
+
+    node = Watched(settings, node_id=node_id)
+    node.revocations = []
+    return node
+
+
+async def sharing_with(fleet: Fleet, inproc: Any, other: NodeProcess) -> float:
+    """Until the in-process node and the process share every shard, each taken over."""
+    def check() -> bool:
+        if inproc.failure is not None:
+            raise AssertionError(f"the in-process node failed: {inproc.failure!r}")
+        mine = {k for k, o in list(inproc.owned.items()) if o.actor.ready}
+        theirs = fleet.owned(other) or set()
+        return bool(mine) and bool(theirs) and not mine & theirs \
+            and mine | theirs == set(range(fleet.settings.shards))
+
+    return await fleet.until(check, 180, "the in-process node and node b sharing the shards")
+
+
+async def test_a_node_whose_loop_is_busy_past_its_session_keeps_its_shards(
+        stack: Any, namespace: str, fleets: list[Fleet], tmp_path: Path,
+        session_ms: int) -> None:
+    from chronowheel.testing.faults import hold_event_loop
+
+    shards, busy_s = 4, 5.0
+    assert busy_s * 1000 > session_ms, "the busy section must outlast the session timeout"
+    fleet = await new_fleet(stack, namespace, fleets, tmp_path, session_ms, shards=shards)
+    settings = dataclasses.replace(fleet.settings, node_session_timeout_ms=session_ms,
+                                   node_heartbeat_interval_ms=min(300, session_ms // 10))
+    node = watched_node(settings, "busy")
+    running = asyncio.create_task(node.run())
+    tally = await tally_of(settings)
+    try:
+        b = fleet.start("b")
+        await sharing_with(fleet, node, b)
+        mine, theirs = set(node.owned), fleet.owned(b)
+        start = int(now_ms()) + 8_000
+        jobs = ticks(shards, start, start + 25_000)
+        await submit_jobs(settings, jobs)
+        await asyncio.sleep(max(0.0, (start + 3_000 - now_ms()) / 1000))
+        node.revocations.clear()
+        busy_at = now_ms()
+        hold_event_loop(busy_s, busy=True)
+        await asyncio.sleep(0)  # the busy section runs here
+        held_s = (now_ms() - busy_at) / 1000
+        # A member dropped by the broker hears of it at its next heartbeat, a rebalance
+        # follows: give both time to show.
+        await asyncio.sleep(session_ms / 1000 + 5)
+        revoked = list(node.revocations)
+        still_mine, still_theirs = set(node.owned), fleet.owned(b)
+        await wait_all(tally, jobs, fleet, 120)
+        outcome = judge(tally.messages, jobs)
+        gap = max_gap_s(tally, mine, busy_at - 1_000)
+        print(f"\n[busy loop] node loop held {held_s:.1f} s (session {session_ms} ms); "
+              f"revocations after it {revoked}; shards before {sorted(mine)} / "
+              f"{sorted(theirs or ())}, after {sorted(still_mine)} / "
+              f"{sorted(still_theirs or ())}; its shards' longest pause {gap:.1f} s; "
+              f"{outcome.summary()}")
+        row(f"node event loop busy {busy_s:.0f} s (session {session_ms / 1000:.0f} s)",
+            f"{len(jobs):,} ticks", outcome, gap, "./run test tests/chaos -k busy -s")
+        assert_clean(outcome, fleet)
+        assert held_s >= busy_s
+        assert revoked == [], f"the busy node lost its shards: {revoked}{fleet.tails()}"
+        assert (still_mine, still_theirs) == (mine, theirs), fleet.tails()
+        assert node.failure is None
+    finally:
+        node.request_stop()
+        await asyncio.wait_for(running, 120)
+        await tally.stop()
+
+
+async def test_a_node_whose_loop_hangs_past_the_stall_limit_loses_its_shards(
+        stack: Any, namespace: str, fleets: list[Fleet], tmp_path: Path,
+        session_ms: int) -> None:
+    from chronowheel.bus.kafka_node import LoopLiveness
+    from chronowheel.testing.faults import hold_event_loop
+
+    shards, limit_ms, hang_s = 4, max(4_000, session_ms + 1_000), 15.0
+    fleet = await new_fleet(stack, namespace, fleets, tmp_path, session_ms, shards=shards)
+    settings = dataclasses.replace(fleet.settings, node_session_timeout_ms=session_ms,
+                                   node_heartbeat_interval_ms=min(300, session_ms // 10),
+                                   node_loop_stall_limit_ms=limit_ms)
+    node = watched_node(settings, "hung")
+    running = asyncio.create_task(node.run())
+    tally = await tally_of(settings)
+    try:
+        b = fleet.start("b")
+        await sharing_with(fleet, node, b)
+        victim = set(node.owned)
+        start = int(now_ms()) + 8_000
+        jobs = ticks(shards, start, start + int(hang_s * 1000) + 20_000)
+        await submit_jobs(settings, jobs)
+        await asyncio.sleep(max(0.0, (start + 3_000 - now_ms()) / 1000))
+        hung_at = now_ms()
+        hold_event_loop(hang_s, busy=False)
+        await asyncio.sleep(0)  # hangs here
+        freed = now_ms()
+        await wait_all(tally, jobs, fleet, 120)
+        rejoined = await sharing_with(fleet, node, b)
+        outcome = judge(tally.messages, jobs)
+        first = first_fire_after(tally.messages, victim, hung_at)
+        assert set(first) == victim, f"shards {victim - set(first)} never fired again"
+        recovery = (max(first.values()) - hung_at) / 1000
+        bound_s = (limit_ms + LoopLiveness.POLL_GRACE_MS) / 1000 + 5
+        print(f"\n[hung loop] node loop hung {(freed - hung_at) / 1000:.1f} s (stall limit "
+              f"{limit_ms} ms, session {session_ms} ms); its shards {sorted(victim)} fired "
+              f"again {recovery:.1f} s after the hang began (bound {bound_s:.0f} s); it "
+              f"shared the shards again {rejoined:.1f} s after; revocations "
+              f"{node.revocations}; {outcome.summary()}")
+        row(f"node event loop hung {hang_s:.0f} s (stall limit {limit_ms / 1000:.0f} s)",
+            f"{len(jobs):,} ticks", outcome, recovery, "./run test tests/chaos -k hangs -s")
+        assert_clean(outcome, fleet)
+        assert recovery < min(bound_s, hang_s), fleet.tails()
         assert node.failure is None
     finally:
         node.request_stop()

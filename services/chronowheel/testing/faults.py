@@ -367,6 +367,24 @@ class SteppingClock:
         self.offset_ms += delta_ms
 
 
+# --- a busy or hung event loop ----------------------------------------------------------------
+
+
+def hold_event_loop(seconds: float, *, busy: bool) -> asyncio.Handle:
+    """Hold the running event loop for `seconds` from its next iteration, for an in-process
+    node: `busy` spins on the CPU (a herd being fired, a large page decoded: other threads
+    still get the interpreter between switches), otherwise it sleeps (a hung loop: a blocking
+    call that does not return). Everything else on that loop waits as long."""
+
+    def hold() -> None:
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            if not busy:
+                time.sleep(left)
+
+    return asyncio.get_running_loop().call_soon(hold)
+
+
 # --- a full disk, as the store and the bus report it ----------------------------------------
 #
 # The shared servers' data cannot be moved onto a small filesystem without restarting them, and
