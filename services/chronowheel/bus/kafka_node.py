@@ -208,7 +208,8 @@ class LoopLiveness:
         return self.stalled_ms() <= self.POLL_GRACE_MS
 
     def check(self) -> None:
-        """Warn (once per stall) at a third of the limit, and again when it is reached."""
+        """Warn (once per stall) at a third of the limit, and log an error when the member is
+        being dropped (the limit plus the grace without an answer)."""
         stalled = self.stalled_ms()
         if stalled >= self.limit_ms / 3 and not self._warned:
             self._warned = True
