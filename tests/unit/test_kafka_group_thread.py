@@ -355,3 +355,32 @@ async def test_the_group_consumer_polls_no_longer_apart_than_the_stall_limit() -
     assert consumer._max_poll_interval_ms == 9_000
     # The rebalance timeout stays aiokafka's default, the session timeout.
     assert consumer._rebalance_timeout_ms == 4_000
+
+
+async def test_a_revocation_ends_the_nodes_pause_of_a_shard_as_aiokafka_does() -> None:
+    # The node forgets its pauses of revoked shards (a new assignment starts unpaused in
+    # aiokafka): a pause kept here past the revocation would stop the shard's ingest for good
+    # once the shard came back.
+    fake = FakeConsumer()
+    group = Group(fake)
+    await group.start()
+    try:
+        await _assign(group, 1)
+        tp1 = TopicPartition(TOPIC, 1)
+        group.pause(1)
+        while tp1 not in fake.paused_tps:
+            await asyncio.sleep(0.005)
+        assert fake.listener is not None
+        await _on_group_thread(group, fake.listener.on_partitions_revoked([tp1]))
+        fake.assigned.discard(tp1)
+        fake.paused_tps.discard(tp1)  # what aiokafka does with a revoked partition's state
+        await _assign(group, 1)
+        fake.queued[tp1] = [Rec(1, 0)]
+        got: dict[int, list[Any]] = {}
+        for _ in range(5):  # each returns as soon as records come (a paused shard: none)
+            if got := await group.fetch(1_000, 100):
+                break
+        assert tp1 not in fake.paused_tps
+        assert [r.offset for r in got.get(1, [])] == [0]
+    finally:
+        await group.stop()

@@ -328,6 +328,9 @@ class KafkaSubmitGroup:
     async def _revoked_on_group(self, shards: list[int]) -> None:
         with self._lock:
             self._assigned.difference_update(shards)
+            # As in aiokafka, a shard assigned again starts unpaused: the node forgets its
+            # pauses of shards it no longer owns and would never resume this one.
+            self._paused_by_node.difference_update(shards)
             for k in shards:  # fetched for the old assignment: never handed over now
                 self._ready.pop(k, None)
         await self._on_node(self._on_revoked, shards)
@@ -335,6 +338,9 @@ class KafkaSubmitGroup:
     async def _assigned_on_group(self, shards: list[int]) -> None:
         with self._lock:
             self._assigned.update(shards)
+            # Again here: the node's pump may have paused a shard while its revocation was
+            # on the way to the node loop.
+            self._paused_by_node.difference_update(shards)
         await self._on_node(self._on_assigned, shards)
 
     # --- the group thread -------------------------------------------------------------------
