@@ -235,6 +235,12 @@ def render_table(r: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+# The presets whose run becomes loadtest/results/measured.json, the per-node figures that
+# `chronowheel capacity` plans with: runs of the whole ladder. The targets preset checks the
+# targets at their own sizes and writes only its own JSON and RESULTS.md section.
+MEASURED_PRESETS = ("quick", "full")
+
+
 def write_outputs(cfg: Config, r: dict[str, Any]) -> None:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     json_path = RESULTS_DIR / f"bench-{cfg.preset}.json"
@@ -257,7 +263,8 @@ def write_outputs(cfg: Config, r: dict[str, Any]) -> None:
         "machine": machine_line(r["machine"]),
         "note": cfg.note,
     }
-    (RESULTS_DIR / "measured.json").write_text(json.dumps(measured, indent=2) + "\n")
+    if cfg.preset in MEASURED_PRESETS:
+        (RESULTS_DIR / "measured.json").write_text(json.dumps(measured, indent=2) + "\n")
     section = "\n".join([
         f"<!-- bench:{cfg.preset}:begin -->",
         f"## `{cfg.preset}` preset" + (f" — {cfg.note}" if cfg.note else ""),
@@ -281,8 +288,9 @@ def write_outputs(cfg: Config, r: dict[str, Any]) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     RESULTS_MD.write_text(text)
-    say(f"wrote {json_path.relative_to(ROOT)}, loadtest/results/measured.json and "
-        f"{RESULTS_MD.relative_to(ROOT)}")
+    say(f"wrote {json_path.relative_to(ROOT)}"
+        + (", loadtest/results/measured.json" if cfg.preset in MEASURED_PRESETS else "")
+        + f" and {RESULTS_MD.relative_to(ROOT)}")
 
 
 RESULTS_HEADER = """# chronowheel benchmark results
