@@ -566,9 +566,9 @@ class CassandraStore:
         hour = from_minute - from_minute % HOUR_MS
         while hour <= to_minute:
             rs = await self._run(self._read_counts, (shard, hour, from_minute, to_minute),
-                                 "read bucket counts")
-            for r in rs.current_rows:
-                out[r.minute] = r.rows
+                                 "read bucket counts", execution_profile=TUPLES)
+            for minute, rows in rs.current_rows:
+                out[minute] = rows
             hour += HOUR_MS
         return out
 
