@@ -22,7 +22,7 @@ from chronowheel.bus.kafka import (
     plain_producer,
     reader,
 )
-from chronowheel.errors import ConfigError
+from chronowheel.errors import ConfigError, RetriableError
 from chronowheel.schema import cql_statements
 from chronowheel.settings import Settings
 from chronowheel.store.cassandra import connect
@@ -45,6 +45,10 @@ def _recorded_shards(session: Session, keyspace: str) -> int | None:
         return None
     row = session.execute(f"SELECT value FROM {keyspace}.meta WHERE name = 'shards'").one()
     return None if row is None else int(row.value)
+
+
+# How long init waits, after each schema change, for every Cassandra node to have it.
+SCHEMA_AGREEMENT_WAIT_S = 120
 
 
 def _keyspace_exists(session: Session, keyspace: str) -> bool:
@@ -81,8 +85,18 @@ async def init_namespace(settings: Settings) -> InitReport:
                                   f"namespace needs {spec.partitions} (--shards {shards})")
         # 2. storage
         existed = await asyncio.to_thread(_keyspace_exists, session, ks)
+        # Each statement may go to another coordinator: every node must have the previous
+        # change first. The driver waits for schema agreement after a DDL statement for 10 s
+        # by default; a loaded three-node ring took longer, and the next statement failed with
+        # "Table ... doesn't exist" on a node that had not seen it yet.
+        cluster.max_schema_agreement_wait = SCHEMA_AGREEMENT_WAIT_S
         for stmt in cql_statements(ks, cassandra_replication):
-            await asyncio.to_thread(session.execute, stmt, timeout=60)
+            rs = await asyncio.to_thread(session.execute, stmt, timeout=60)
+            if not rs.response_future.is_schema_agreed:
+                raise RetriableError(
+                    f"init: the Cassandra nodes did not agree on the schema within "
+                    f"{SCHEMA_AGREEMENT_WAIT_S} s after {stmt.split('(')[0].strip()!r}; run "
+                    f"`chronowheel init` again once every node is up (it is idempotent)")
         applied = await asyncio.to_thread(
             lambda: session.execute(
                 f"INSERT INTO {ks}.meta (name, value) VALUES ('shards', %s) IF NOT EXISTS",
