@@ -27,7 +27,7 @@ import pytest
 from chronowheel.admin import init_namespace
 from chronowheel.settings import Settings
 from chronowheel.testing import drop_namespace
-from chronowheel.testing.chaos import ScenarioResult
+from chronowheel.testing.chaos import RESTART_TIMEOUT_S, ScenarioResult
 from chronowheel.testing.cluster import LocalCluster
 
 REPORT_ENV = "CHRONOWHEEL_CHAOS_REPORT"
@@ -41,6 +41,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(skip)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Print a failure's traceback the moment it happens: a later scenario can hang until an
+    outer time limit kills the run, and pytest's summary at the end would then never appear."""
+    if report.failed:
+        print(f"\n[chaos] {report.nodeid} failed ({report.when}):\n{report.longreprtext}",
+              file=sys.stderr, flush=True)
 
 
 @pytest.fixture(scope="session")
@@ -60,6 +68,23 @@ def cluster() -> Iterator[LocalCluster]:
     finally:
         if started:
             local.stop_all(started)
+
+
+@pytest.fixture(autouse=True)
+def whole_cluster(request: pytest.FixtureRequest) -> None:
+    """Each scenario that needs the cluster starts on a whole one: a server that an earlier
+    scenario failed to restart is started again first, so one failure is reported once
+    instead of spoiling every scenario after it."""
+    if "cluster" not in request.fixturenames:
+        return
+    cluster: LocalCluster = request.getfixturevalue("cluster")
+    down = [m.name for m in cluster.members().values() if not (m.ready and m.pid)]
+    if down:
+        t0 = time.monotonic()
+        print(f"\n[chaos] {', '.join(down)} down before {request.node.name}: starting",
+              file=sys.stderr)
+        cluster.start_all(timeout_s=RESTART_TIMEOUT_S)
+        print(f"[chaos] cluster whole again after {time.monotonic() - t0:.0f}s", file=sys.stderr)
 
 
 @pytest.fixture(scope="module")

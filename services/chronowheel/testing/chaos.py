@@ -36,6 +36,11 @@ from chronowheel.testing.node_process import NodeProcess
 
 SCALE_ENV = "CHRONOWHEEL_CHAOS_SCALE"
 DEFAULT_SCALE = 0.05
+RESTART_TIMEOUT_S = 600.0
+"""How long a killed server may take to answer again and rejoin the cluster. A Cassandra
+node restarted beside three loaded chronowheel nodes and five other JVMs on two cores took
+223 s to rejoin (JVM start and commit-log replay starved of CPU), close to the stack's
+default 300 s."""
 STEADY, HERD = "steady", "herd"
 
 
@@ -418,7 +423,7 @@ class ServerFault:
         return f"{name} ({why})" if why else name
 
     async def heal(self) -> float:
-        took = await asyncio.to_thread(self.cluster.start, self.victim)
+        took = await asyncio.to_thread(self.cluster.start, self.victim, RESTART_TIMEOUT_S)
         if self.victim.startswith("kafka"):
             took += await self.cluster.wait_in_sync(self.settings, self.topics, 3)
         return took
