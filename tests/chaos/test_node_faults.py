@@ -565,6 +565,21 @@ async def sharing_with(fleet: Fleet, inproc: Any, other: NodeProcess) -> float:
     return await fleet.until(check, 180, "the in-process node and node b sharing the shards")
 
 
+async def in_process_node(stack: Any, namespace: str, fleets: list[Fleet], tmp_path: Path,
+                          session_ms: int, shards: int, node_id: str, **overrides: Any
+                          ) -> tuple[Fleet, Settings, Any, asyncio.Task[None], Tally]:
+    """A fleet, a watched node running in this process (so the test can hold its event
+    loop) with the fleet's session timeout and a heartbeat fast enough for it, and a tally of
+    what fires."""
+    fleet = await new_fleet(stack, namespace, fleets, tmp_path, session_ms, shards=shards)
+    settings = dataclasses.replace(fleet.settings, node_session_timeout_ms=session_ms,
+                                   node_heartbeat_interval_ms=min(300, session_ms // 10),
+                                   **overrides)
+    node = watched_node(settings, node_id)
+    running = asyncio.create_task(node.run())
+    return fleet, settings, node, running, await tally_of(settings)
+
+
 async def test_a_node_whose_loop_is_busy_past_its_session_keeps_its_shards(
         stack: Any, namespace: str, fleets: list[Fleet], tmp_path: Path,
         session_ms: int) -> None:
@@ -572,12 +587,8 @@ async def test_a_node_whose_loop_is_busy_past_its_session_keeps_its_shards(
 
     shards, busy_s = 4, 5.0
     assert busy_s * 1000 > session_ms, "the busy section must outlast the session timeout"
-    fleet = await new_fleet(stack, namespace, fleets, tmp_path, session_ms, shards=shards)
-    settings = dataclasses.replace(fleet.settings, node_session_timeout_ms=session_ms,
-                                   node_heartbeat_interval_ms=min(300, session_ms // 10))
-    node = watched_node(settings, "busy")
-    running = asyncio.create_task(node.run())
-    tally = await tally_of(settings)
+    fleet, settings, node, running, tally = await in_process_node(
+        stack, namespace, fleets, tmp_path, session_ms, shards, "busy")
     try:
         b = fleet.start("b")
         await sharing_with(fleet, node, b)
@@ -624,13 +635,9 @@ async def test_a_node_whose_loop_hangs_past_the_stall_limit_loses_its_shards(
     from chronowheel.testing.faults import hold_event_loop
 
     shards, limit_ms, hang_s = 4, max(4_000, session_ms + 1_000), 15.0
-    fleet = await new_fleet(stack, namespace, fleets, tmp_path, session_ms, shards=shards)
-    settings = dataclasses.replace(fleet.settings, node_session_timeout_ms=session_ms,
-                                   node_heartbeat_interval_ms=min(300, session_ms // 10),
-                                   node_loop_stall_limit_ms=limit_ms)
-    node = watched_node(settings, "hung")
-    running = asyncio.create_task(node.run())
-    tally = await tally_of(settings)
+    fleet, settings, node, running, tally = await in_process_node(
+        stack, namespace, fleets, tmp_path, session_ms, shards, "hung",
+        node_loop_stall_limit_ms=limit_ms)
     try:
         b = fleet.start("b")
         await sharing_with(fleet, node, b)
