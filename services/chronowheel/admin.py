@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 import orjson
 from aiokafka import TopicPartition
-from cassandra.cluster import Session
+from cassandra.cluster import Cluster, Session
 
 from chronowheel.bus.kafka import (
     ensure_topics,
@@ -25,7 +26,7 @@ from chronowheel.bus.kafka import (
 from chronowheel.errors import ConfigError, RetriableError
 from chronowheel.schema import cql_statements
 from chronowheel.settings import Settings
-from chronowheel.store.cassandra import connect
+from chronowheel.store.cassandra import TRANSIENT_ERRORS, connect
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,11 @@ def _recorded_shards(session: Session, keyspace: str) -> int | None:
 
 # How long init waits, after each schema change, for every Cassandra node to have it.
 SCHEMA_AGREEMENT_WAIT_S = 120
+# How long init keeps retrying one schema statement that failed transiently. On a three-node
+# ring that had just formed, on a loaded two-core machine, the first CREATE TABLE timed out
+# ("Connection defunct by heartbeat"): the nodes were busy applying the previous change.
+SCHEMA_STATEMENT_DEADLINE_S = 300.0
+SCHEMA_STATEMENT_TIMEOUT_S = 60.0
 
 
 def _keyspace_exists(session: Session, keyspace: str) -> bool:
@@ -56,6 +62,59 @@ def _keyspace_exists(session: Session, keyspace: str) -> bool:
         "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = %s",
         (keyspace,)).one()
     return row is not None
+
+
+def _statement_name(stmt: str) -> str:
+    return " ".join(stmt.split("(")[0].split())
+
+
+def _await_agreement(cluster: Cluster) -> None:
+    # Before a statement is sent again: a first attempt that timed out may still be applied
+    # by its coordinator, and a second coordinator must see that, not create the table anew
+    # (two ids for one table). Best effort: the retried statement reports what still fails.
+    try:
+        cluster.control_connection.wait_for_schema_agreement(wait_time=SCHEMA_AGREEMENT_WAIT_S)
+    except Exception as exc:  # the control connection may be reconnecting
+        log.warning("init: waiting for schema agreement failed: %r", exc)
+
+
+async def apply_schema(cluster: Cluster, session: Session, statements: Iterable[str], *,
+                       deadline_s: float = SCHEMA_STATEMENT_DEADLINE_S,
+                       clock: Callable[[], float] = time.monotonic,
+                       sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+    """Run the schema statements in order, each until it succeeds and every node has it.
+
+    Every statement is idempotent (IF NOT EXISTS), so one that failed transiently (timeout,
+    unavailable, a connection lost) is sent again, after the nodes agree on the schema, for
+    up to `deadline_s`; then init fails with a retriable error naming the statement.
+    """
+    for stmt in statements:
+        name = _statement_name(stmt)
+        started = clock()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                rs = await asyncio.to_thread(session.execute, stmt,
+                                             timeout=SCHEMA_STATEMENT_TIMEOUT_S)
+                break
+            except TRANSIENT_ERRORS as exc:
+                waited = clock() - started
+                if waited >= deadline_s:
+                    raise RetriableError(
+                        f"init: {name!r} still failed after {attempt} attempts in "
+                        f"{waited:.0f} s (limit {deadline_s:.0f} s): {exc}; run "
+                        "`chronowheel init` again once Cassandra answers (it is "
+                        "idempotent)") from exc
+                log.warning("init: %r failed (%s), attempt %d; sending it again", name, exc,
+                            attempt)
+                await asyncio.to_thread(_await_agreement, cluster)
+                await sleep(min(2.0 ** attempt, 10.0))
+        if not rs.response_future.is_schema_agreed:
+            raise RetriableError(
+                f"init: the Cassandra nodes did not agree on the schema within "
+                f"{SCHEMA_AGREEMENT_WAIT_S} s after {name!r}; run `chronowheel init` again "
+                "once every node is up (it is idempotent)")
 
 
 async def init_namespace(settings: Settings) -> InitReport:
@@ -90,13 +149,7 @@ async def init_namespace(settings: Settings) -> InitReport:
         # by default; a loaded three-node ring took longer, and the next statement failed with
         # "Table ... doesn't exist" on a node that had not seen it yet.
         cluster.max_schema_agreement_wait = SCHEMA_AGREEMENT_WAIT_S
-        for stmt in cql_statements(ks, cassandra_replication):
-            rs = await asyncio.to_thread(session.execute, stmt, timeout=60)
-            if not rs.response_future.is_schema_agreed:
-                raise RetriableError(
-                    f"init: the Cassandra nodes did not agree on the schema within "
-                    f"{SCHEMA_AGREEMENT_WAIT_S} s after {stmt.split('(')[0].strip()!r}; run "
-                    f"`chronowheel init` again once every node is up (it is idempotent)")
+        await apply_schema(cluster, session, cql_statements(ks, cassandra_replication))
         applied = await asyncio.to_thread(
             lambda: session.execute(
                 f"INSERT INTO {ks}.meta (name, value) VALUES ('shards', %s) IF NOT EXISTS",

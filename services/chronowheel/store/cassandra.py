@@ -68,6 +68,8 @@ log = logging.getLogger(__name__)
 # was just killed closed under the request.
 _TRANSIENT = (OperationTimedOut, ReadTimeout, WriteTimeout, Unavailable, NoHostAvailable,
               CoordinationFailure, ConnectionException)
+TRANSIENT_ERRORS = _TRANSIENT
+"""The driver's errors that a retry may outlive (for callers outside this module)."""
 HOUR_MS = 3_600_000
 TUPLES = "tuples"
 # Partition keys per `jobs` read of get_jobs.
