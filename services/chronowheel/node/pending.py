@@ -72,24 +72,32 @@ class Recurring:
 
 class Pending:
     """One occurrence in a wheel: a one-shot's or a retry's (`recurring` is None), or a
-    recurring job's (a `RecurringPending`). Make one with `pending()`."""
+    recurring job's (a `RecurringPending`). Make one with `pending()` or `pending_from_row()`.
 
-    __slots__ = ("delivery", "job_id", "payload", "scheduled_ms", "slot_ms")
+    `slot_ms` is the instant the wheel fires it at. For most occurrences it is the scheduled
+    instant itself, and then it is not a field: four fields make a 64-byte object, a fifth
+    would make it 80 bytes under pymalloc's 16-byte alignment, 16 bytes more per entry of a
+    wheel of millions. Subclasses that need another slot carry it in `_slot`."""
+
+    __slots__ = ("delivery", "job_id", "payload", "scheduled_ms")
     # A class attribute here, a slot only in RecurringPending: one-shots, the bulk of a
     # wheel, do not pay a field for it.
     recurring: Recurring | None = None
 
-    def __init__(self, *, job_id: str, scheduled_ms: int, slot_ms: int, payload: bytes,
+    def __init__(self, *, job_id: str, scheduled_ms: int, payload: bytes,
                  delivery: Delivery) -> None:
         self.job_id = job_id
         self.scheduled_ms = scheduled_ms
-        self.slot_ms = slot_ms
         self.payload = payload
         self.delivery = delivery
 
+    @property
+    def slot_ms(self) -> int:
+        return self.scheduled_ms
+
     def __repr__(self) -> str:
-        return (f"Pending({self.job_id!r}@{self.scheduled_ms} attempt {self.attempt}, "
-                f"slot {self.slot_ms}, topic {self.topic!r})")
+        return (f"{type(self).__name__}({self.job_id!r}@{self.scheduled_ms} attempt "
+                f"{self.attempt}, slot {self.slot_ms}, topic {self.topic!r})")
 
     @property
     def wheel_key(self) -> OccurrenceKey:
@@ -151,14 +159,36 @@ class Pending:
         ]
 
 
+class ShiftedPending(Pending):
+    """A one-shot's or a retry's occurrence fired at another instant than its scheduled one
+    (a slot moved by ingest's per-millisecond cap, or a spread window)."""
+
+    __slots__ = ("_slot",)
+
+    def __init__(self, *, job_id: str, scheduled_ms: int, slot_ms: int, payload: bytes,
+                 delivery: Delivery) -> None:
+        super().__init__(job_id=job_id, scheduled_ms=scheduled_ms, payload=payload,
+                         delivery=delivery)
+        self._slot = slot_ms
+
+    @property
+    def slot_ms(self) -> int:
+        return self._slot
+
+
 class RecurringPending(Pending):
-    __slots__ = ("recurring",)
+    __slots__ = ("_slot", "recurring")
 
     def __init__(self, *, job_id: str, scheduled_ms: int, slot_ms: int, payload: bytes,
                  delivery: Delivery, recurring: Recurring) -> None:
-        super().__init__(job_id=job_id, scheduled_ms=scheduled_ms, slot_ms=slot_ms,
-                         payload=payload, delivery=delivery)
+        super().__init__(job_id=job_id, scheduled_ms=scheduled_ms, payload=payload,
+                         delivery=delivery)
+        self._slot = slot_ms
         self.recurring = recurring
+
+    @property
+    def slot_ms(self) -> int:
+        return self._slot
 
 
 class RequestedPending(Pending):
@@ -166,14 +196,19 @@ class RequestedPending(Pending):
     under its own occurrence key (`entry`, from wire.requested_occurrence_id), so it is neither
     the job's scheduled occurrence nor a copy of it, with a header naming the request."""
 
-    __slots__ = ("entry", "marker")
+    __slots__ = ("_slot", "entry", "marker")
 
     def __init__(self, *, job_id: str, scheduled_ms: int, slot_ms: int, payload: bytes,
                  delivery: Delivery, entry: str, marker: tuple[str, bytes]) -> None:
-        super().__init__(job_id=job_id, scheduled_ms=scheduled_ms, slot_ms=slot_ms,
-                         payload=payload, delivery=delivery)
+        super().__init__(job_id=job_id, scheduled_ms=scheduled_ms, payload=payload,
+                         delivery=delivery)
+        self._slot = slot_ms
         self.entry = entry
         self.marker = marker
+
+    @property
+    def slot_ms(self) -> int:
+        return self._slot
 
     @property
     def wheel_key(self) -> OccurrenceKey:
@@ -198,8 +233,11 @@ class RequestedPending(Pending):
 def pending(*, job_id: str, scheduled_ms: int, slot_ms: int, payload: bytes,
             delivery: Delivery, recurring: Recurring | None) -> Pending:
     if recurring is None:
-        return Pending(job_id=job_id, scheduled_ms=scheduled_ms, slot_ms=slot_ms,
-                       payload=payload, delivery=delivery)
+        if slot_ms == scheduled_ms:
+            return Pending(job_id=job_id, scheduled_ms=scheduled_ms, payload=payload,
+                           delivery=delivery)
+        return ShiftedPending(job_id=job_id, scheduled_ms=scheduled_ms, slot_ms=slot_ms,
+                              payload=payload, delivery=delivery)
     return RecurringPending(job_id=job_id, scheduled_ms=scheduled_ms, slot_ms=slot_ms,
                             payload=payload, delivery=delivery, recurring=recurring)
 
@@ -207,7 +245,7 @@ def pending(*, job_id: str, scheduled_ms: int, slot_ms: int, payload: bytes,
 def encode_headers(job_id: str, scheduled_ms: int, attempt: int, max_attempts: int,
                    backoff_ms: int, user: tuple[tuple[str, str], ...]) -> list[tuple[str, bytes]]:
     """The cw-* headers of an occurrence (all but cw-fired-at) followed by the job's own."""
-    p = Pending(job_id=job_id, scheduled_ms=scheduled_ms, slot_ms=scheduled_ms, payload=b"",
+    p = Pending(job_id=job_id, scheduled_ms=scheduled_ms, payload=b"",
                 delivery=delivery("", attempt, user, max_attempts, backoff_ms))
     return p.headers(p.key)
 
