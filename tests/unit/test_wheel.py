@@ -606,3 +606,135 @@ def test_bulk_random_schedule(
     assert [d for d, _ in fired] == sorted(d for d, _ in fired)
     assert dict((k, d) for d, k in fired) == live
     assert len(w) == 0
+
+
+# --------------------------------------------------------------------- values that know their due
+
+
+class _Timer:
+    """A value that knows its due and stands for its own key, as the node's entries do: it
+    hashes and compares equal to its int key, so two timers of one key are the same key."""
+
+    __slots__ = ("due", "key", "serial")
+
+    def __init__(self, key: int, due: int, serial: int) -> None:
+        self.key, self.due, self.serial = key, due, serial
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _Timer):
+            return self.key == other.key
+        if isinstance(other, int):
+            return self.key == other
+        return NotImplemented
+
+
+def _due_of(t: _Timer) -> int:
+    return t.due
+
+
+class _BareWheel:
+    """A wheel given due_of, keyed by its values, seen through the interface of a wheel of
+    (int key, int serial) so that the model machine checks it unchanged."""
+
+    def __init__(self, **kw: int) -> None:
+        self.w: TimingWheel[_Timer | int, _Timer] = TimingWheel(due_of=_due_of, **kw)
+
+    def insert(self, key: int, due: int, serial: int) -> None:
+        t = _Timer(key, due, serial)
+        self.w.insert(t, due, t)
+
+    def cancel(self, key: int) -> bool:
+        return self.w.cancel(key)
+
+    def advance(self, now: int, max_batch: int | None = None) -> list[tuple[int, int, int]]:
+        out = []
+        for due, key, value in self.w.advance(now, max_batch):
+            assert key is value and isinstance(value, _Timer) and value.due == due
+            out.append((due, value.key, value.serial))
+        return out
+
+    def get(self, key: int) -> tuple[int, int] | None:
+        got = self.w.get(key)
+        return None if got is None else (got[0], got[1].serial)
+
+    def next_deadline(self) -> int | None:
+        return self.w.next_deadline()
+
+    def __len__(self) -> int:
+        return len(self.w)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.w
+
+
+class BareWheelMachine(WheelMachine):
+    """The same model check for a wheel whose values know their due and are their keys."""
+
+    @initialize(
+        start=st.one_of(st.integers(-(10**6), 10**6), st.just(T0)),
+        tick=st.sampled_from([1, 1, 2, 3, 10, 1000]),
+        size=st.sampled_from([2, 4, 8, 256]),
+        chunk=st.sampled_from([1, 2, 3, 8192]),
+    )
+    def setup(self, start: int, tick: int, size: int, chunk: int) -> None:
+        self.now = start
+        self.wheel = _BareWheel(  # type: ignore[assignment]
+            start_ms=start, tick_ms=tick, wheel_size=size, cascade_chunk=chunk)
+
+
+TestBareWheelMachine = BareWheelMachine.TestCase
+TestBareWheelMachine.settings = settings(max_examples=300, stateful_step_count=60,
+                                         deadline=None)
+
+
+def test_a_timer_put_back_at_its_old_due_fires_once_with_its_new_value() -> None:
+    w: TimingWheel[_Timer | int, _Timer] = TimingWheel(start_ms=0, due_of=_due_of)
+    first = _Timer(1, 5_000, 1)
+    w.insert(first, 5_000, first)
+    assert w.cancel(1)
+    second = _Timer(1, 5_000, 2)  # the same key, at the same instant: two keys in one bucket
+    w.insert(second, 5_000, second)
+    moved = _Timer(2, 5_000, 3)
+    w.insert(moved, 5_000, moved)
+    back = _Timer(2, 9_000, 4)  # moved away and back
+    w.insert(back, 9_000, back)
+    again = _Timer(2, 5_000, 5)
+    w.insert(again, 5_000, again)
+    fired = w.advance(10_000)
+    assert [(d, v.key, v.serial) for d, _, v in fired] == [(5_000, 1, 2), (5_000, 2, 5)] or \
+        [(d, v.key, v.serial) for d, _, v in fired] == [(5_000, 2, 5), (5_000, 1, 2)]
+    assert len(w) == 0 and w.next_deadline() is None
+
+
+def test_a_value_must_carry_the_due_it_is_inserted_at() -> None:
+    w: TimingWheel[_Timer | int, _Timer] = TimingWheel(start_ms=0, due_of=_due_of)
+    t = _Timer(1, 5_000, 1)
+    with pytest.raises(ValueError, match="due_ms 6000 is not the value's own due 5000"):
+        w.insert(t, 6_000, t)
+    assert len(w) == 0
+
+
+@pytest.mark.parametrize("how", ["cancel-and-insert", "move"])
+def test_leftovers_of_cancels_and_moves_are_swept(how: str) -> None:
+    # A bucket keeps the key of a cancelled or moved timer until it is reached; a job edited
+    # over and over, far ahead of its due, must not make the wheel grow without bound.
+    w: TimingWheel[int, int] = TimingWheel(start_ms=0)
+    live = 1_000
+    for k in range(live):
+        w.insert(k, 3_600_000 + k, 0)
+    for rnd in range(1, 101):
+        for k in range(live):
+            if how == "cancel-and-insert":
+                assert w.cancel(k)
+            w.insert(k, 3_600_000 + (k * 7 + rnd * 13) % 1_800_000, rnd)
+        assert len(w) == live
+        # A sweep runs once leftovers may outnumber both the live timers and 4,096.
+        assert w.held() <= live + 4096 + live, (rnd, w.held())
+    fired = []
+    while (deadline := w.next_deadline()) is not None:
+        fired.extend(w.advance(deadline))
+    assert sorted(k for _, k, _ in fired) == list(range(live))
+    assert all(v == 100 for _, _, v in fired)

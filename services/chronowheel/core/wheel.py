@@ -9,26 +9,35 @@ an entry 30 days or 10 years out costs the same as one due in a second.
 Slots are *aligned* to absolute tick numbers (like the Linux kernel's timer wheel, unlike
 Kafka's purgatory wheel whose levels float with the insertion time). With `c` the last tick the
 wheel has reached, an entry due at tick `t > c` lives at the highest level L where `t` and `c`
-differ in their L-th group of b bits, in slot `(t >> b*L) & mask`. Because the place of an
-entry is a pure function of (its due tick, c):
+differ in their L-th group of b bits, in slot `(t >> b*L) & mask`. The place of an entry is a
+pure function of (its due tick, c), and, as c only grows towards t, an entry inserted twice
+for the same tick lands in the same bucket both times. Two consequences:
 
-* cancel/replace finds the entry from its due time alone: no per-entry pointer to its bucket
-  and no per-entry node object, just two dict slots per timer (key -> due, and the bucket's
-  key -> value). This is what keeps memory per timer under a binary heap's.
 * every occupied slot on level L lies strictly after c's slot on that level, and all of level
   L comes before anything on level L+1. The next non-empty bucket is therefore the lowest set
   bit of the lowest non-empty level's occupancy bitmap: O(levels), and empty ticks cost
   nothing (the role of Kafka's DelayQueue of buckets, without a heap).
+* a bucket need not be a set: it is a plain list of keys (8 bytes an entry, against 30-40 for
+  a dict slot), and cancel/replace never touch it. One dict, `_items`, says what is pending:
+  key -> the entry. A key in a bucket is *live* there only while `_items` holds it with a due
+  tick inside the bucket's range; otherwise it is a leftover of a cancel or a move, dropped
+  when its bucket is reached (or by `_compact`, when leftovers outnumber live timers). A
+  timer inserted again for the same tick is twice in one bucket; firing it removes it from
+  `_items`, so the second copy is dropped, never fired twice.
 
-Entries with due tick <= c sit in one dict, `_cur` (the current tick plus anything inserted
+The entry `_items` holds is the value itself when the wheel is given `due_of` (the value then
+knows its due; the node's entries do), else a (due, value) pair.
+
+Entries with due tick <= c sit in one list, `_cur` (the current tick plus anything inserted
 already due). advance() fires `_cur` in due order, then takes the next non-empty bucket: if it
-ends by `now` the whole dict is handed to `_cur` in O(1); otherwise (now falls inside it) its
+ends by `now` the whole list is handed to `_cur` in O(1); otherwise (now falls inside it) its
 entries are re-placed relative to `now` (cascade) and the ones already due go to `_cur`. Sub-tick
 precision: an entry of the current tick whose exact due_ms is still ahead stays in `_cur`
 until an advance whose now_ms reaches it.
 
-A max_batch cut (or a partly due current tick) leaves `_cur` with an order to keep: a heap
-`_ready` of (due, seq, key) over `_cur`, validated lazily on pop, exists only in that case.
+A max_batch cut (or a partly due current tick) leaves the current entries with an order to
+keep: they move to a heap `_ready` of (due, seq, key), validated lazily on pop, which exists
+only in that case and then replaces `_cur`.
 
 Bounded work per call (cf. Netty's HashedWheelTimer): a bucket of more than `cascade_chunk`
 timers is not cascaded in one go. Ahead of its start (see _stage_lead_ms) it is *staged*:
@@ -44,19 +53,24 @@ from __future__ import annotations
 import heapq
 import itertools
 import sys
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from operator import itemgetter
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 _by_due = itemgetter(0)
+_MISSING: Any = object()
 # next_deadline() scans a bucket this small for its exact minimum instead of returning the
 # bucket's start: a sparse far-future wheel then costs one wake-up per timer, not one per level.
 _EXACT_SCAN = 32
 # Without inserts, advance() looks for a big bucket to stage at most this often.
 _SCAN_EVERY_MS = 32
+# Leftover keys of cancels and moves are swept out of the buckets once they may outnumber
+# both the live timers and this: a sweep is O(keys in buckets), so its cost per cancel is O(1),
+# and a wheel never holds more than about twice its live keys plus this.
+_COMPACT_MIN = 4096
 
 
 def _stage_lead_ms(entries: int) -> int:
@@ -69,17 +83,24 @@ def _stage_lead_ms(entries: int) -> int:
 class TimingWheel(Generic[K, V]):
     """Timers keyed by K carrying a V, fired by `advance(now_ms)`; never before their due_ms.
 
+    Given `due_of`, each value knows its own due (`due_of(value) == due_ms` on insert, checked)
+    and is held as it is; the wheel then returns, as the key of a fired timer, its value: the
+    caller's keys are its values, or compare equal to them. Without it, each timer costs a
+    (due, value) pair more.
+
     `next_deadline()` is a lower bound, never later than the earliest pending due_ms. It is
     exact when the earliest non-empty bucket is the current tick, a level-0 slot with
     tick_ms=1, or holds at most 32 timers (it is then scanned); otherwise it is that bucket's
     start, so a driver sleeping until it may wake early, advance (which cascades the bucket
-    and fires nothing), and then get a tighter deadline: at most one early wake-up per level.
+    and fires nothing), and then get a tighter deadline: at most one early wake-up per level
+    (and one per bucket left holding only cancelled timers).
     It is also earlier when there is staging to do (see the module doc): the time to begin it,
     and, while a staged bucket still has timers to split, one millisecond after the last now_ms
     given to advance(). A driver that honours it gets bounded work per advance() call.
     """
 
     __slots__ = (
+        "_bare",
         "_base",
         "_bits",
         "_c",
@@ -87,7 +108,8 @@ class TimingWheel(Generic[K, V]):
         "_cur",
         "_cur_min",
         "_cur_one_due",
-        "_due",
+        "_due_of",
+        "_items",
         "_last_now",
         "_levels",
         "_mask",
@@ -98,10 +120,10 @@ class TimingWheel(Generic[K, V]):
         "_seq",
         "_size",
         "_st_level",
-        "_st_n",
         "_st_slot",
         "_st_sub",
         "_stage_wake",
+        "_stale",
         "_tick",
     )
 
@@ -112,6 +134,7 @@ class TimingWheel(Generic[K, V]):
         tick_ms: int = 1,
         wheel_size: int = 256,
         cascade_chunk: int = 4096,
+        due_of: Callable[[V], int] | None = None,
     ) -> None:
         if cascade_chunk < 1:
             raise ValueError(f"cascade_chunk must be >= 1, got {cascade_chunk}")
@@ -126,25 +149,29 @@ class TimingWheel(Generic[K, V]):
         self._mask = wheel_size - 1
         self._base = start_ms - start_ms % tick_ms  # instant of tick 0
         self._c = 0  # last tick reached: every bucket holds only ticks > _c
-        self._due: dict[K, int] = {}  # every pending entry: key -> due_ms
-        self._cur: dict[K, V] = {}  # entries with due tick <= _c
+        # Every pending timer: key -> its value (given due_of) or (due_ms, value).
+        self._items: dict[K, Any] = {}
+        self._bare = due_of is not None
+        self._due_of: Callable[[Any], int] = _by_due if due_of is None else due_of
+        self._stale = 0  # at most this many leftover keys in _cur and the buckets
+        self._cur: list[K] = []  # keys with due tick <= _c (and leftovers)
         self._cur_min: int | None = None  # lower bound on the smallest due in _cur
-        # True when every entry in _cur has the same due_ms (a 1 ms level-0 slot handed over
-        # whole, e.g. a herd): a max_batch cut then takes any entries, no ordering needed.
+        # True when every live entry in _cur has the same due_ms (a 1 ms level-0 slot handed
+        # over whole, e.g. a herd): a max_batch cut then takes any entries, no ordering needed.
         self._cur_one_due = True
-        self._ready: list[tuple[int, int, K]] | None = None  # order of _cur after a cut
+        # After a cut: the current entries in order, in place of _cur (which is then empty).
+        self._ready: list[tuple[int, int, K]] | None = None
         self._seq = itertools.count()  # heap tie-breaker: keys need not be comparable
-        self._levels: list[list[dict[K, V] | None]] = []
+        self._levels: list[list[list[K] | None]] = []
         self._occ: list[int] = []  # per level: bit s set <=> slot s holds a bucket
         self._chunk = cascade_chunk
         self._last_now = start_ms  # latest now_ms given to advance()
         # The staged bucket, if any: levels[_st_level][_st_slot] still holds its unsplit
-        # timers (possibly none); _st_sub[j] holds those already split to sub-slot j one
-        # level down, _st_n of them.
+        # keys (possibly none); _st_sub[j] holds those already split to sub-slot j one
+        # level down.
         self._st_level = 0
         self._st_slot = 0
-        self._st_sub: list[dict[K, V] | None] | None = None
-        self._st_n = 0
+        self._st_sub: list[list[K] | None] | None = None
         # When to look for a big bucket to stage next: once now_ms reaches _scan_ms, or the
         # wheel grew by more than a chunk since the last look (_scan_size). That look found
         # the earliest instant to begin staging one: _stage_wake.
@@ -154,68 +181,81 @@ class TimingWheel(Generic[K, V]):
 
     # ------------------------------------------------------------------ queries
     def __len__(self) -> int:
-        return len(self._due)
+        return len(self._items)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._due
+        return key in self._items
 
     def due_times(self) -> dict[K, int]:
         """key -> due_ms of every pending entry (a copy, for checks and tests)."""
-        return dict(self._due)
+        due_of = self._due_of
+        return {k: due_of(x) for k, x in self._items.items()}
+
+    def held(self) -> int:
+        """Keys held in the buckets and the current list, leftovers of cancels and moves
+        included: at least len(self), at most about twice it plus a few thousand."""
+        n = len(self._cur) + len(self._ready or ())
+        for row in self._levels:
+            n += sum(len(b) for b in row if b is not None)
+        if self._st_sub is not None:
+            n += sum(len(b) for b in self._st_sub if b is not None)
+        return n
 
     def get(self, key: K) -> tuple[int, V] | None:
-        due = self._due.get(key)
-        if due is None:
+        x = self._items.get(key, _MISSING)
+        if x is _MISSING:
             return None
-        t = (due - self._base) // self._tick
-        c = self._c
-        if t <= c:
-            return due, self._cur[key]
-        bits = self._bits
-        level = ((t ^ c).bit_length() - 1) // bits
-        slot = (t >> (level * bits)) & self._mask
-        bucket = self._levels[level][slot]
-        assert bucket is not None
-        if key not in bucket:
-            assert self._st_sub is not None and (level, slot) == (self._st_level, self._st_slot)
-            bucket = self._st_sub[(t >> ((level - 1) * bits)) & self._mask]
-            assert bucket is not None
-        return due, bucket[key]
+        if self._bare:
+            return self._due_of(x), x
+        due, value = x
+        return due, value
+
+    def _bucket_start(self, level: int, slot: int) -> int:
+        # First tick of a bucket on `level` (the next occurrence of `slot` after _c's).
+        shift = level * self._bits
+        up = shift + self._bits
+        return ((self._c >> up) << up) | (slot << shift)
 
     def next_deadline(self) -> int | None:
         """Lower bound on the earliest pending due_ms (see the class doc), None when empty."""
-        if not self._due:
+        items = self._items
+        if not items:
             return None
         bound: int | None = None
-        if self._cur:
-            ready = self._ready
-            if ready is not None:
-                due = self._due
-                while due.get(ready[0][2]) != ready[0][0]:
-                    heapq.heappop(ready)  # stale: cancelled or moved since it was pushed
+        ready = self._ready
+        if ready is not None:
+            due_of = self._due_of
+            while ready:
+                d, _, k = ready[0]
+                x = items.get(k, _MISSING)
+                if x is not _MISSING and due_of(x) == d:
+                    break
+                heapq.heappop(ready)  # stale: cancelled, moved or fired since it was pushed
+            if ready:
                 bound = ready[0][0]
             else:
-                bound = self._cur_min
-        else:
+                self._ready = None
+        elif self._cur:
+            bound = self._cur_min
+        if bound is None:
             occ = self._occ
             for level in range(len(occ)):
                 bitmap = occ[level]
                 if bitmap:
-                    shift = level * self._bits
-                    up = shift + self._bits
                     slot = (bitmap & -bitmap).bit_length() - 1
                     bucket = self._levels[level][slot]
                     assert bucket is not None
+                    start = self._bucket_start(level, slot)
+                    bound = self._base + start * self._tick
                     if (
                         (level or self._tick > 1)
                         and len(bucket) <= _EXACT_SCAN
                         and not (self._st_sub is not None and level == self._st_level)
                     ):
                         # Cheap to be exact: saves the driver a wake-up per level.
-                        bound = min(map(self._due.__getitem__, bucket))
-                    else:
-                        start = ((self._c >> up) << up) | (slot << shift)
-                        bound = self._base + start * self._tick
+                        exact = self._live_min(bucket, start, start + (1 << level * self._bits))
+                        if exact is not None:
+                            bound = exact
                     break
         if self._st_sub is not None:
             if self._levels[self._st_level][self._st_slot] and (
@@ -226,35 +266,62 @@ class TimingWheel(Generic[K, V]):
                 # bound: anything due by then is covered by the bound above.
                 bound = self._last_now + 1
         else:
-            if len(self._due) - self._scan_size > self._chunk:
+            if len(items) - self._scan_size > self._chunk:
                 self._scan_stage(None)  # inserts since the last look may have made a big bucket
             wake = self._stage_wake
             if wake is not None and (bound is None or wake < bound):
                 bound = wake
         return bound
 
+    def _live_min(self, bucket: list[K], start: int, end: int) -> int | None:
+        # Smallest due of the keys live in a bucket of ticks [start, end); None if none is.
+        items, due_of, base, tick = self._items, self._due_of, self._base, self._tick
+        best: int | None = None
+        for k in bucket:
+            x = items.get(k, _MISSING)
+            if x is _MISSING:
+                continue
+            d = due_of(x)
+            if start <= (d - base) // tick < end and (best is None or d < best):
+                best = d
+        return best
+
     # ------------------------------------------------------------------ updates
     def insert(self, key: K, due_ms: int, value: V) -> None:
         """Add a timer, or replace the one with the same key (its due time and value)."""
-        due = self._due
-        old = due.setdefault(key, due_ms)  # one hash lookup for the common, new-key case
-        if old is not due_ms:
-            # Replacing a timer with another due time. (The same int object means the same
-            # place, so the value is simply overwritten there below.)
-            self._detach(key, old)
-            due[key] = due_ms
+        items = self._items
+        if self._bare:
+            if self._due_of(value) != due_ms:
+                raise ValueError(f"due_ms {due_ms} is not the value's own due "
+                                 f"{self._due_of(value)}")
+            x: Any = value
+        else:
+            x = (due_ms, value)
+        old = items.setdefault(key, x)  # one hash lookup for the common, new-key case
+        if old is not x:
+            items[key] = x
+            if self._due_of(old) == due_ms:
+                return  # the key is already in the right place; it now fires the new value
+            # Moved: its old place keeps a leftover key, dropped when reached.
+            self._stale += 1
+            if self._stale > _COMPACT_MIN and self._stale > len(items):
+                self._compact()
         t = (due_ms - self._base) // self._tick
         c = self._c
         if t <= c:
             # Already at or behind the wheel's tick: comes out on the next advance.
+            ready = self._ready
+            if ready is not None:
+                heapq.heappush(ready, (due_ms, next(self._seq), key))
+                return
             cur = self._cur
-            if cur and self._cur_one_due and due[next(iter(cur))] != due_ms:
-                self._cur_one_due = False
-            cur[key] = value
+            if cur and self._cur_one_due:
+                first = items.get(cur[0], _MISSING)
+                if first is _MISSING or self._due_of(first) != due_ms:
+                    self._cur_one_due = False
+            cur.append(key)
             if self._cur_min is None or due_ms < self._cur_min:
                 self._cur_min = due_ms
-            if self._ready is not None:
-                heapq.heappush(self._ready, (due_ms, next(self._seq), key))
             return
         bits = self._bits
         level = ((t ^ c).bit_length() - 1) // bits
@@ -266,89 +333,59 @@ class TimingWheel(Generic[K, V]):
         row = levels[level]
         bucket = row[slot]
         if bucket is None:
-            bucket = row[slot] = {}
+            row[slot] = [key]
             self._occ[level] |= 1 << slot
-        bucket[key] = value
+        else:
+            bucket.append(key)
 
     def cancel(self, key: K) -> bool:
-        """Remove a timer; True if it was pending."""
-        due_ms = self._due.pop(key, None)
-        if due_ms is None:
+        """Remove a timer; True if it was pending. O(1): its key is left where it was."""
+        items = self._items
+        if items.pop(key, _MISSING) is _MISSING:
             return False
-        # _detach inlined: cancel is on the ingest hot path.
-        t = (due_ms - self._base) // self._tick
-        c = self._c
-        if t <= c:
-            cur = self._cur
-            del cur[key]
-            if not cur:
-                self._ready = None
-                self._cur_min = None
-                self._cur_one_due = True
-            return True
-        bits = self._bits
-        level = ((t ^ c).bit_length() - 1) // bits
-        slot = (t >> (level * bits)) & self._mask
-        if self._st_sub is not None and level == self._st_level and slot == self._st_slot:
-            self._stage_remove(key, t)
-            return True
-        row = self._levels[level]
-        bucket = row[slot]
-        assert bucket is not None
-        del bucket[key]
-        if not bucket:
-            row[slot] = None
-            self._occ[level] &= ~(1 << slot)
+        self._stale += 1
+        if self._stale > _COMPACT_MIN and self._stale > len(items):
+            self._compact()
         return True
 
-    def _detach(self, key: K, due_ms: int) -> None:
-        # Remove key from the dict that holds its value; the caller maintains _due.
-        t = (due_ms - self._base) // self._tick
+    def _compact(self) -> None:
+        # Drop every leftover key from _cur and the buckets (the staged one aside: it is
+        # about to be split, which drops most of them), and empty buckets with them.
+        items, due_of, base, tick = self._items, self._due_of, self._base, self._tick
         c = self._c
-        if t <= c:
-            cur = self._cur
-            del cur[key]  # a _ready heap entry for it goes stale; skipped on pop
-            if not cur:
-                self._ready = None
+
+        def live(keys: list[K], start: int, end: int) -> list[K]:
+            # One copy of each key live in a bucket of ticks [start, end): a timer moved
+            # within its bucket, or cancelled and inserted again there, is in it twice.
+            out = []
+            seen: set[K] = set()
+            for k in keys:
+                if k in seen:
+                    continue
+                x = items.get(k, _MISSING)
+                if x is not _MISSING and start <= (due_of(x) - base) // tick < end:
+                    out.append(k)
+                    seen.add(k)
+            return out
+
+        if self._cur:
+            self._cur = live(self._cur, -sys.maxsize, c + 1)
+            if not self._cur:
                 self._cur_min = None
                 self._cur_one_due = True
-            return
-        bits = self._bits
-        level = ((t ^ c).bit_length() - 1) // bits
-        slot = (t >> (level * bits)) & self._mask
-        if self._st_sub is not None and level == self._st_level and slot == self._st_slot:
-            self._stage_remove(key, t)
-            return
-        row = self._levels[level]
-        bucket = row[slot]
-        assert bucket is not None
-        del bucket[key]
-        if not bucket:
-            row[slot] = None
-            self._occ[level] &= ~(1 << slot)
-
-    def _stage_remove(self, key: K, t: int) -> None:
-        level = self._st_level
-        row = self._levels[level]
-        src = row[self._st_slot]
-        subs = self._st_sub
-        assert src is not None and subs is not None
-        if key in src:
-            del src[key]
-        else:
-            j = (t >> ((level - 1) * self._bits)) & self._mask
-            sub = subs[j]
-            assert sub is not None
-            del sub[key]
-            self._st_n -= 1
-            if not sub:
-                subs[j] = None
-        if not src and not self._st_n:
-            # Every timer of the staged bucket was cancelled: drop it.
-            row[self._st_slot] = None
-            self._occ[level] &= ~(1 << self._st_slot)
-            self._st_sub = None
-            self._scan_ms = self._scan_size = 0
+        staged = (self._st_level, self._st_slot) if self._st_sub is not None else None
+        for level, row in enumerate(self._levels):
+            for slot, bucket in enumerate(row):
+                if bucket is None or (level, slot) == staged:
+                    continue
+                start = self._bucket_start(level, slot)
+                kept = live(bucket, start, start + (1 << level * self._bits))
+                if kept:
+                    row[slot] = kept
+                else:
+                    row[slot] = None
+                    self._occ[level] &= ~(1 << slot)
+        self._stale = 0
 
     # ------------------------------------------------------------------ time
     def advance(self, now_ms: int, max_batch: int | None = None) -> list[tuple[int, K, V]]:
@@ -371,34 +408,21 @@ class TimingWheel(Generic[K, V]):
         n = (now_ms - self._base) // self._tick
         out: list[tuple[int, K, V]] = []
         while True:
-            cur = self._cur
-            if cur:
+            if self._ready is not None:
+                budget -= self._fire_ordered(now_ms, budget, out)
+            elif self._cur:
                 c = self._c
-                if (
-                    self._ready is None
-                    and len(cur) <= budget
-                    and (c < n or (c == n and self._tick == 1))
-                ):
+                if len(self._cur) <= budget and (c < n or (c == n and self._tick == 1)):
                     # Common case: the whole of _cur is due and fits; one sort, no heap.
-                    pop = self._due.pop
-                    fired = [(pop(k), k, v) for k, v in cur.items()]
-                    if len(fired) > 1:
-                        fired.sort(key=_by_due)
-                    self._cur = {}
-                    self._cur_min = None
-                    self._cur_one_due = True
-                    if out:
-                        out.extend(fired)
-                    else:
-                        out = fired
-                    budget -= len(fired)
-                elif self._cur_one_due and self._ready is None:
+                    budget -= self._fire_all(out)
+                elif self._cur_one_due:
                     budget -= self._fire_one_due(now_ms, budget, out)
                 else:
                     budget -= self._fire_ordered(now_ms, budget, out)
-                if budget <= 0:
-                    break
-            # Here _cur holds nothing due by now_ms; if _c < n it is empty (its ticks are past).
+            if budget <= 0:
+                break
+            # Here nothing current is due by now_ms; if _c < n there is nothing current at all
+            # (its ticks are past).
             if self._c >= n:
                 break
             self._absorb(n, budget)
@@ -407,7 +431,7 @@ class TimingWheel(Generic[K, V]):
         if budget > 0:  # not cut short by max_batch: spend a chunk on staging
             if self._st_sub is not None:
                 self._stage_split(self._chunk)
-            elif now_ms >= self._scan_ms or len(self._due) - self._scan_size > self._chunk:
+            elif now_ms >= self._scan_ms or len(self._items) - self._scan_size > self._chunk:
                 self._scan_stage(now_ms)
         return out
 
@@ -427,22 +451,19 @@ class TimingWheel(Generic[K, V]):
             size = len(bucket)
             if size <= self._chunk:
                 continue
-            shift = level * self._bits
-            up = shift + self._bits
-            start = ((self._c >> up) << up) | (slot << shift)
-            begin = self._base + start * self._tick - _stage_lead_ms(size)
+            begin = self._base + self._bucket_start(level, slot) * self._tick - \
+                _stage_lead_ms(size)
             if now_ms is not None and begin <= now_ms:
                 self._st_level = level
                 self._st_slot = slot
                 self._st_sub = [None] * self._size
-                self._st_n = 0
                 self._stage_wake = None
                 self._stage_split(self._chunk)
                 return
             if wake is None or begin < wake:
                 wake = begin
         self._stage_wake = wake
-        self._scan_size = len(self._due)
+        self._scan_size = len(self._items)
         if now_ms is not None:
             self._scan_ms = now_ms + _SCAN_EVERY_MS
         if wake is not None and wake < self._scan_ms:
@@ -450,27 +471,37 @@ class TimingWheel(Generic[K, V]):
             self._scan_ms = wake
 
     def _stage_split(self, limit: int) -> None:
-        # Move up to `limit` unsplit timers of the staged bucket to their sub-slot.
-        src = self._levels[self._st_level][self._st_slot]
+        # Move up to `limit` unsplit keys of the staged bucket to their sub-slot; leftovers
+        # of cancels and moves are dropped on the way.
+        level = self._st_level
+        src = self._levels[level][self._st_slot]
         subs = self._st_sub
         assert src is not None and subs is not None
-        due = self._due
+        items = self._items
+        due_of = self._due_of
         base = self._base
         tick = self._tick
         mask = self._mask
-        shift = (self._st_level - 1) * self._bits
-        popitem = src.popitem
-        moved = min(limit, len(src))
-        for _ in range(moved):
-            k, v = popitem()
-            j = (((due[k] - base) // tick) >> shift) & mask
+        start = self._bucket_start(level, self._st_slot)
+        end = start + (1 << level * self._bits)
+        shift = (level - 1) * self._bits
+        pop = src.pop
+        for _ in range(min(limit, len(src))):
+            k = pop()
+            x = items.get(k, _MISSING)
+            if x is _MISSING:
+                continue
+            t = (due_of(x) - base) // tick
+            if t < start or t >= end:
+                continue
+            j = (t >> shift) & mask
             b = subs[j]
             if b is None:
-                b = subs[j] = {}
-            b[k] = v
-        self._st_n += moved
+                subs[j] = [k]
+            else:
+                b.append(k)
 
-    def _enter_stage(self) -> dict[K, V]:
+    def _enter_stage(self) -> list[K]:
         # _c has reached the staged bucket (it is the next event, so every lower level is
         # empty): install its sub-slots as the row below and return sub-slot 0, the part
         # that starts at the bucket's start, for the caller to hand over or cascade.
@@ -491,61 +522,120 @@ class TimingWheel(Generic[K, V]):
                 below[j] = b
                 bitmap |= 1 << j
         self._occ[level - 1] = bitmap
-        return subs[0] or {}
+        return subs[0] or []
+
+    def _fire_all(self, out: list[tuple[int, K, V]]) -> int:
+        # Every live key of _cur is due: fire them all, in due order.
+        cur = self._cur
+        self._cur = []
+        self._cur_min = None
+        self._cur_one_due = True
+        items = self._items
+        pop = items.pop
+        due_of = self._due_of
+        base, tick, c = self._base, self._tick, self._c
+        fired: list[tuple[int, Any, Any]] = []
+        append = fired.append
+        if self._bare:
+            for k in cur:
+                x = pop(k, _MISSING)
+                if x is _MISSING:
+                    continue  # cancelled, or a second copy of one fired just now
+                d = due_of(x)
+                if (d - base) // tick > c:
+                    items[k] = x  # a leftover of a move to a later tick: it fires from there
+                    continue
+                append((d, x, x))
+        else:
+            for k in cur:
+                x = pop(k, _MISSING)
+                if x is _MISSING:
+                    continue
+                d = x[0]
+                if (d - base) // tick > c:
+                    items[k] = x
+                    continue
+                append((d, k, x[1]))
+        if len(fired) > 1:
+            fired.sort(key=_by_due)
+        out.extend(fired)
+        return len(fired)
 
     def _fire_ordered(self, now: int, budget: int, out: list[tuple[int, K, V]]) -> int:
-        # _cur after a max_batch cut, or with entries later in the current tick: keep a heap.
-        cur = self._cur
+        # The current entries after a max_batch cut, or with entries later in the current
+        # tick: keep them in a heap, which then replaces _cur.
+        items = self._items
+        due_of = self._due_of
         ready = self._ready
         if ready is None:
-            due = self._due
+            base, tick, c = self._base, self._tick, self._c
             seq = self._seq
-            ready = [(due[k], next(seq), k) for k in cur]
+            ready = []
+            for k in self._cur:
+                x = items.get(k, _MISSING)
+                if x is _MISSING:
+                    continue
+                d = due_of(x)
+                if (d - base) // tick <= c:
+                    ready.append((d, next(seq), k))
             heapq.heapify(ready)
             self._ready = ready
-        due = self._due
+            self._cur = []
+            self._cur_min = None
+            self._cur_one_due = True
+        bare = self._bare
         heappop = heapq.heappop
         fired_n = 0
         while ready and fired_n < budget:
             d, _, k = ready[0]
-            if due.get(k) != d:
-                heappop(ready)  # stale entry of a cancelled or replaced timer
+            x = items.get(k, _MISSING)
+            if x is _MISSING or due_of(x) != d:
+                heappop(ready)  # stale entry of a cancelled, moved or fired timer
                 continue
             if d > now:
                 break  # sub-tick: due later within the current tick
             heappop(ready)
-            del due[k]
-            out.append((d, k, cur.pop(k)))
+            del items[k]
+            out.append((d, x, x) if bare else (d, k, x[1]))
             fired_n += 1
-        if cur:
-            self._cur_min = ready[0][0]
-        else:
+        if not ready:
             self._ready = None
-            self._cur_min = None
-            self._cur_one_due = True
         return fired_n
 
     def _fire_one_due(self, now: int, budget: int, out: list[tuple[int, K, V]]) -> int:
-        # Every entry in _cur has the same due (a herd): any `budget` of them are in order, so
-        # a cut costs O(budget), not a sort or heap of the whole herd.
+        # Every live entry in _cur has the same due (a herd): any `budget` of them are in
+        # order, so a cut costs O(budget), not a sort or heap of the whole herd.
         cur = self._cur
-        due = self._due
-        if due[next(iter(cur))] > now:
-            return 0
-        take = min(budget, len(cur))
-        popitem = cur.popitem
-        pop = due.pop
-        for _ in range(take):
-            k, v = popitem()
-            out.append((pop(k), k, v))
+        items = self._items
+        pop = items.pop
+        due_of = self._due_of
+        bare = self._bare
+        base, tick, c = self._base, self._tick, self._c
+        fired = 0
+        while cur and fired < budget:
+            k = cur.pop()
+            x = pop(k, _MISSING)
+            if x is _MISSING:
+                continue
+            d = due_of(x)
+            if (d - base) // tick > c:
+                items[k] = x  # a leftover of a move to a later tick
+                continue
+            if d > now:
+                items[k] = x  # the herd's instant is later within the current tick
+                cur.append(k)
+                break
+            out.append((d, x, x) if bare else (d, k, x[1]))
+            fired += 1
         if not cur:
             self._cur_min = None
-        return take
+            self._cur_one_due = True
+        return fired
 
     def _absorb(self, n: int, budget: int) -> None:
         # Move _c towards n bucket by bucket, collecting due entries into _cur, until _c == n
-        # or _cur holds enough to fill the batch. Precondition: nothing due is in _cur and
-        # there is no _ready heap (so _cur is empty, as _c < n).
+        # or _cur holds enough to fill the batch. Precondition: nothing is current (_cur is
+        # empty and there is no _ready heap), as _c < n.
         c = self._c
         cur = self._cur
         levels = self._levels
@@ -553,6 +643,8 @@ class TimingWheel(Generic[K, V]):
         bits = self._bits
         base = self._base
         tick = self._tick
+        items = self._items
+        due_of = self._due_of
         cur_min = self._cur_min
         one_due = self._cur_one_due
         nlevels = len(occ)
@@ -587,13 +679,14 @@ class TimingWheel(Generic[K, V]):
                 occ[level] = bitmap ^ low
             last = start + (1 << shift) - 1
             if last <= n:
-                # The whole bucket is at or before n: hand it over without touching entries.
+                # The whole bucket is at or before n: hand it over without touching entries
+                # (leftovers among them are dropped when fired).
                 start_ms = base + start * tick
                 if cur_min is None or start_ms < cur_min:
                     cur_min = start_ms
                 c = last
                 if cur:
-                    cur.update(bucket)
+                    cur.extend(bucket)
                     one_due = False
                 else:
                     cur = self._cur = bucket
@@ -603,16 +696,26 @@ class TimingWheel(Generic[K, V]):
             # by n join _cur; their exact minimum and whether they share one due_ms are kept,
             # so a herd found by a late wake-up is still cut without ordering all of it.
             c = n
-            due = self._due
             mask = self._mask
-            common = due[next(iter(cur))] if cur and one_due else None
+            common: int | None = None
+            if cur and one_due:
+                first = items.get(cur[0], _MISSING)
+                if first is _MISSING:
+                    one_due = False
+                else:
+                    common = due_of(first)
             if not cur:
                 one_due = True
-            for k, v in bucket.items():
-                d = due[k]
+            for k in bucket:
+                x = items.get(k, _MISSING)
+                if x is _MISSING:
+                    continue
+                d = due_of(x)
                 t = (d - base) // tick
+                if t < start or t > last:
+                    continue  # a leftover of a move: the timer is in its new place
                 if t <= c:
-                    cur[k] = v
+                    cur.append(k)
                     if cur_min is None or d < cur_min:
                         cur_min = d
                     if one_due:
@@ -626,9 +729,10 @@ class TimingWheel(Generic[K, V]):
                 r = levels[lv]
                 b = r[s]
                 if b is None:
-                    b = r[s] = {}
+                    r[s] = [k]
                     occ[lv] |= 1 << s
-                b[k] = v
+                else:
+                    b.append(k)
         self._c = c
         self._cur_min = cur_min if cur else None
         self._cur_one_due = one_due if cur else True

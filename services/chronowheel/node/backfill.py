@@ -143,7 +143,7 @@ class Backfiller:
             if state.insert_bound(slot):
                 for row in rows:
                     p = pending_from_row(row)
-                    state.wheel.insert(p.wheel_key, slot, p)
+                    state.wheel.insert(p, slot, p)
             state.wake.set()
         finally:
             state.release_slot(slot)

@@ -513,7 +513,7 @@ class Ingest:
                 self.store.add_bucket_count(self.shard, due.minute, 1))
             if state.insert_bound(slot):
                 p = pending_from_row(due)
-                state.wheel.insert(p.wheel_key, slot, p)
+                state.wheel.insert(p, slot, p)
         finally:
             state.release_slot(slot)
         return True

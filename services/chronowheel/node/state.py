@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from chronowheel.core.buckets import minute_of
 from chronowheel.core.wheel import TimingWheel
@@ -42,6 +43,11 @@ class Outgoing:
     headers: list[tuple[str, bytes]] = field(default_factory=list)
 
 
+# An entry fires at its slot and is its own wheel key (see node.pending), so the wheel keeps
+# neither a due nor a key beside it.
+_slot_of: Callable[[Pending], int] = attrgetter("slot_ms")
+
+
 class ShardState:
     """Everything two or more of a shard's tasks read or write. Each attribute group below is
     one coordination device; its docstring says who writes it and what it guarantees."""
@@ -51,7 +57,7 @@ class ShardState:
         self.ingest_slack_ms = ingest_slack_ms
 
         self.wheel: TimingWheel[WheelKey, Pending] = TimingWheel(
-            start_ms=start_ms, tick_ms=tick_ms)
+            start_ms=start_ms, tick_ms=tick_ms, due_of=_slot_of)
         """Pending occurrences by due slot. Inserted into by ingest (its own rows), the loader
         (rows read from buckets) and dispatch (a recurring job's next occurrence); emptied
         only by dispatch."""
