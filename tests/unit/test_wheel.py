@@ -479,7 +479,10 @@ class WheelMachine(RuleBasedStateMachine):
     )
     def setup(self, start: int, tick: int, size: int, chunk: int) -> None:
         self.now = start
-        self.wheel = TimingWheel(start_ms=start, tick_ms=tick, wheel_size=size, cascade_chunk=chunk)
+        self.wheel = self.make_wheel(start, tick, size, chunk)
+
+    def make_wheel(self, start: int, tick: int, size: int, chunk: int) -> TimingWheel[int, int]:
+        return TimingWheel(start_ms=start, tick_ms=tick, wheel_size=size, cascade_chunk=chunk)
 
     @rule(key=st.integers(0, 30), offset=offsets)
     def insert(self, key: int, offset: int) -> None:
@@ -673,15 +676,8 @@ class _BareWheel:
 class BareWheelMachine(WheelMachine):
     """The same model check for a wheel whose values know their due and are their keys."""
 
-    @initialize(
-        start=st.one_of(st.integers(-(10**6), 10**6), st.just(T0)),
-        tick=st.sampled_from([1, 1, 2, 3, 10, 1000]),
-        size=st.sampled_from([2, 4, 8, 256]),
-        chunk=st.sampled_from([1, 2, 3, 8192]),
-    )
-    def setup(self, start: int, tick: int, size: int, chunk: int) -> None:
-        self.now = start
-        self.wheel = _BareWheel(  # type: ignore[assignment]
+    def make_wheel(self, start: int, tick: int, size: int, chunk: int) -> TimingWheel[int, int]:
+        return _BareWheel(  # type: ignore[return-value]
             start_ms=start, tick_ms=tick, wheel_size=size, cascade_chunk=chunk)
 
 
