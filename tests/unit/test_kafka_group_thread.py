@@ -6,8 +6,10 @@ clean stop."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -196,11 +198,20 @@ async def _assign(group: Group, *shards: int) -> None:
     await _on_group_thread(group, group.fake.listener.on_partitions_assigned(
         [TopicPartition(TOPIC, k) for k in shards]))
 
-
-async def test_the_consumer_lives_on_its_own_thread_and_the_callbacks_on_the_node_loop() -> None:
-    group = Group(FakeConsumer())
+@contextlib.asynccontextmanager
+async def _running(fake: FakeConsumer) -> AsyncIterator[Group]:
+    """A started group member over `fake`, stopped at the end."""
+    group = Group(fake)
     await group.start()
     try:
+        yield group
+    finally:
+        await group.stop()
+
+
+
+async def test_the_consumer_lives_on_its_own_thread_and_the_callbacks_on_the_node_loop() -> None:
+    async with _running(FakeConsumer()) as group:
         assert group.partition_count() == 4
         await _assign(group, 0, 1)
         assert group.assigned() == {0, 1}
@@ -213,15 +224,11 @@ async def test_the_consumer_lives_on_its_own_thread_and_the_callbacks_on_the_nod
         assert await group.check_membership()
         assert here not in group.fake.threads and len(group.fake.threads) == 1
         assert group.fake.seeks == [(1, 5), (0, None)]
-    finally:
-        await group.stop()
     assert group.fake.stopped and group._thread is None
 
 
 async def test_the_group_thread_waits_for_the_nodes_revocation_to_end() -> None:
-    group = Group(FakeConsumer())
-    await group.start()
-    try:
+    async with _running(FakeConsumer()) as group:
         await _assign(group, 0, 1)
         group.revoke_may_end.clear()
         assert group.fake.listener is not None
@@ -236,15 +243,11 @@ async def test_the_group_thread_waits_for_the_nodes_revocation_to_end() -> None:
         group.revoke_may_end.set()
         await revoking
         assert [c[0] for c in group.node_calls] == ["assigned", "revoked", "revoked-done"]
-    finally:
-        await group.stop()
 
 
 async def test_fetched_records_are_handed_over_in_order_and_a_seek_drops_older_ones() -> None:
     fake = FakeConsumer()
-    group = Group(fake)
-    await group.start()
-    try:
+    async with _running(fake) as group:
         await _assign(group, 0, 1)
         tp0, tp1 = TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)
         fake.queued[tp0] = [Rec(0, 0), Rec(0, 1)]
@@ -273,15 +276,11 @@ async def test_fetched_records_are_handed_over_in_order_and_a_seek_drops_older_o
         group.resume(1)
         while tp1 in fake.paused_tps:
             await asyncio.sleep(0.005)
-    finally:
-        await group.stop()
 
 
 async def test_a_revoked_shards_unread_records_are_dropped() -> None:
     fake = FakeConsumer()
-    group = Group(fake)
-    await group.start()
-    try:
+    async with _running(fake) as group:
         await _assign(group, 0)
         fake.queued[TopicPartition(TOPIC, 0)] = [Rec(0, 0)]
         while not group._ready:
@@ -290,8 +289,6 @@ async def test_a_revoked_shards_unread_records_are_dropped() -> None:
         await _on_group_thread(group, fake.listener.on_partitions_revoked(
             [TopicPartition(TOPIC, 0)]))
         assert await group.fetch(0, 100) == {}
-    finally:
-        await group.stop()
 
 
 @pytest.mark.parametrize(("error", "raised"), [
@@ -301,17 +298,13 @@ async def test_a_revoked_shards_unread_records_are_dropped() -> None:
 async def test_a_failure_on_the_group_thread_surfaces_in_the_nodes_fetch(
         error: BaseException, raised: type[Exception]) -> None:
     fake = FakeConsumer()
-    group = Group(fake)
-    await group.start()
-    try:
+    async with _running(fake) as group:
         fake.fail_with = error
         with pytest.raises(raised) as caught:
             await group.fetch(10_000, 100)  # woken by the failure, not by the timeout
         assert caught.value.__cause__ is error
         with pytest.raises(raised):
             await group.fetch(0, 100)
-    finally:
-        await group.stop()
 
 
 class CountingLiveness(LoopLiveness):
@@ -362,9 +355,7 @@ async def test_a_revocation_ends_the_nodes_pause_of_a_shard_as_aiokafka_does() -
     # aiokafka): a pause kept here past the revocation would stop the shard's ingest for good
     # once the shard came back.
     fake = FakeConsumer()
-    group = Group(fake)
-    await group.start()
-    try:
+    async with _running(fake) as group:
         await _assign(group, 1)
         tp1 = TopicPartition(TOPIC, 1)
         group.pause(1)
@@ -382,5 +373,3 @@ async def test_a_revocation_ends_the_nodes_pause_of_a_shard_as_aiokafka_does() -
                 break
         assert tp1 not in fake.paused_tps
         assert [r.offset for r in got.get(1, [])] == [0]
-    finally:
-        await group.stop()
