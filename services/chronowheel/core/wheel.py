@@ -604,29 +604,49 @@ class TimingWheel(Generic[K, V]):
 
     def _fire_one_due(self, now: int, budget: int, out: list[tuple[int, K, V]]) -> int:
         # Every live entry in _cur has the same due (a herd): any `budget` of them are in
-        # order, so a cut costs O(budget), not a sort or heap of the whole herd.
+        # order, so a cut costs O(budget), not a sort or heap of the whole herd. A key whose
+        # entry has another due is therefore a leftover of a move to a later tick.
         cur = self._cur
         items = self._items
         pop = items.pop
         due_of = self._due_of
-        bare = self._bare
-        base, tick, c = self._base, self._tick, self._c
+        common: int | None = None
+        while cur:  # the herd's due, from its first live entry
+            x = items.get(cur[-1], _MISSING)
+            if x is not _MISSING:
+                d = due_of(x)
+                if (d - self._base) // self._tick <= self._c:
+                    common = d
+                    break
+            cur.pop()
+        if common is None or common > now:
+            if not cur:
+                self._cur_min = None
+                self._cur_one_due = True
+            return 0  # nothing current, or the herd's instant is later within this tick
         fired = 0
-        while cur and fired < budget:
-            k = cur.pop()
-            x = pop(k, _MISSING)
-            if x is _MISSING:
-                continue
-            d = due_of(x)
-            if (d - base) // tick > c:
-                items[k] = x  # a leftover of a move to a later tick
-                continue
-            if d > now:
-                items[k] = x  # the herd's instant is later within the current tick
-                cur.append(k)
-                break
-            out.append((d, x, x) if bare else (d, k, x[1]))
-            fired += 1
+        if self._bare:
+            while cur and fired < budget:
+                k = cur.pop()
+                x = pop(k, _MISSING)
+                if x is _MISSING:
+                    continue
+                if due_of(x) != common:
+                    items[k] = x
+                    continue
+                out.append((common, x, x))
+                fired += 1
+        else:
+            while cur and fired < budget:
+                k = cur.pop()
+                x = pop(k, _MISSING)
+                if x is _MISSING:
+                    continue
+                if x[0] != common:
+                    items[k] = x
+                    continue
+                out.append((common, k, x[1]))
+                fired += 1
         if not cur:
             self._cur_min = None
             self._cur_one_due = True
