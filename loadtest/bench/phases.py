@@ -317,7 +317,9 @@ async def herd_phase(cfg: Config, settings: Settings, node: BenchNode, probe: Fi
     await asyncio.sleep(gc_wait)  # let the previous step's garbage settle
     rss0 = node.rss()
     wheel0 = metric_sum(await node.scrape(), "chronowheel_wheel_entries")
-    lead_ms = max(30_000.0, 1.5 * h / max(ingest_rate, 1.0) * 1000 + 20_000)
+    # The herd must be in the wheel before its instant for the RSS to be read: its ingest ran
+    # at half the ingest phase's rate in one run (a longer backlog), so allow three times.
+    lead_ms = max(30_000.0, 3 * h / max(ingest_rate, 1.0) * 1000 + 20_000)
     second = math.ceil((wall_ms() + lead_ms) / 1000) * 1000
     recs = upserts(run, "herd", [second] * h)
     before_ing = stored_commands(await node.scrape())
