@@ -705,6 +705,15 @@ def test_a_timer_put_back_at_its_old_due_fires_once_with_its_new_value() -> None
     assert len(w) == 0 and w.next_deadline() is None
 
 
+def test_inserting_the_same_timer_again_adds_nothing() -> None:
+    w: TimingWheel[_Timer | int, _Timer] = TimingWheel(start_ms=0, due_of=_due_of)
+    t = _Timer(1, 5_000, 1)
+    for _ in range(3):
+        w.insert(t, 5_000, t)
+    assert len(w) == 1 and w.held() == 1
+    assert w.advance(5_000) == [(5_000, t, t)]
+
+
 def test_a_value_must_carry_the_due_it_is_inserted_at() -> None:
     w: TimingWheel[_Timer | int, _Timer] = TimingWheel(start_ms=0, due_of=_due_of)
     t = _Timer(1, 5_000, 1)

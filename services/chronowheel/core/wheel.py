@@ -297,8 +297,9 @@ class TimingWheel(Generic[K, V]):
             x: Any = value
         else:
             x = (due_ms, value)
+        pending = len(items)
         old = items.setdefault(key, x)  # one hash lookup for the common, new-key case
-        if old is not x:
+        if len(items) == pending:  # the key was pending already (maybe with this very x)
             items[key] = x
             if self._due_of(old) == due_ms:
                 return  # the key is already in the right place; it now fires the new value
