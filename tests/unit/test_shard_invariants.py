@@ -20,6 +20,7 @@ import contextlib
 import itertools
 import random
 from collections.abc import Callable, Coroutine
+from operator import attrgetter
 from typing import Any
 
 import orjson
@@ -88,7 +89,9 @@ class ShardMachine(RuleBasedStateMachine):
     def _watch(self, publisher: Publisher) -> None:
         """Record what dispatch takes out of the wheel and what it hands to the publisher."""
         self.taken: set[tuple[OccurrenceKey, int]] = set()
-        self.state.wheel = RecordingWheel(self.taken, start_ms=T0, tick_ms=1)
+        # Keyed and timed as the node's own wheel is: each entry is its key and knows its slot.
+        self.state.wheel = RecordingWheel(self.taken, start_ms=T0, tick_ms=1,
+                                          due_of=attrgetter("slot_ms"))
         commit = publisher.commit
         self.published: set[tuple[bytes, int, int]] = set()
 
