@@ -109,10 +109,9 @@ class Settings:
                 "default is 700; 0 keeps it). Larger lets the Cassandra driver's short-lived "
                 "reference cycles die young instead of triggering full collections, which "
                 "pause the event loop ~0.5 s per million objects")
-    heap_trim_interval_ms: int = _opt(
-        5_000, "node: hand the C heap's free pages back to the OS this often (glibc's "
-               "malloc_trim, on a thread; 0 = never). Ingest's short-lived buffers otherwise "
-               "stay resident")
+    malloc_threshold_bytes: int = _opt(
+        131_072, "node process: glibc's mmap and trim thresholds, fixed (0 = glibc's dynamic "
+                 "ones, which rise to 32 MiB and then keep freed buffers resident)")
     max_batch: int = _opt(
         5_000, "most occurrences a shard dispatches in one step, and most messages a node "
                "transaction gathers from several shards (one shard's step always goes whole)")
@@ -255,9 +254,10 @@ class Settings:
         for name in ("backfill_rows_per_cycle", "backfill_cycle_ms"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be at least 1, got {getattr(self, name)}")
-        if self.heap_trim_interval_ms < 0:
-            raise ConfigError(f"heap_trim_interval_ms: must be 0 (never) or more, "
-                              f"got {self.heap_trim_interval_ms}")
+        if not 0 <= self.malloc_threshold_bytes <= 1 << 25:
+            raise ConfigError(f"malloc_threshold_bytes: must be 0 (glibc's dynamic thresholds) "
+                              f"to {1 << 25} (32 MiB, glibc's most), "
+                              f"got {self.malloc_threshold_bytes}")
         if self.gc_young_threshold < 0:
             raise ConfigError(f"gc_young_threshold: must be 0 (Python's default) or more, "
                               f"got {self.gc_young_threshold}")
@@ -528,6 +528,6 @@ NODE_TUNABLES = (
     "idle_commit_ms", "idle_commit_clearance_ms", "skip_empty_after_ms", "stop_drain_ms",
     "stop_deadline_ms", "missing_watermark_lookback_ms", "skew_check_interval_ms",
     "pump_fetch_records", "pump_pause_rows", "pump_resume_rows", "gc_young_threshold",
-    "heap_trim_interval_ms",
+    "malloc_threshold_bytes",
 )
 """Settings only the node reads: `chronowheel node` has a flag for each."""

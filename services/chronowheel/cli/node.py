@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 from typing import Any
 
 from chronowheel.settings import NODE_TUNABLES, add_settings_arguments, settings_from_args
+
+log = logging.getLogger("chronowheel.node")
 
 NODE_SETTINGS = (
     "namespace", "cassandra", "kafka", "consistency", "http_port", "lookahead_ms", "prewarm_ms",
@@ -29,6 +32,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from chronowheel.node.c_heap import fix_thresholds
     from chronowheel.node.gc_policy import GcPauses, tune_process
     from chronowheel.node.service import Node
     from chronowheel.supervise import install_stop_signals
@@ -40,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         install_stop_signals(node.request_stop,
                              graceful="finishing open transactions, leaving the group")
         tune_process(settings.gc_young_threshold)
+        log.info("node process: %s", fix_thresholds(settings.malloc_threshold_bytes))
         pauses = GcPauses(node.metrics.gc_pause)
         pauses.install()
         try:

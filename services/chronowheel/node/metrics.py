@@ -98,12 +98,6 @@ class NodeMetrics:
             "pauses of the process's cyclic garbage collector, by generation (a collection "
             "of generation 2 walks every object, the wheels' entries included)",
             ["generation"], buckets=LATENESS_BUCKETS, registry=r)
-        self.heap_trim = Histogram(
-            "chronowheel_heap_trim_seconds",
-            "calls handing the C heap's free pages back to the OS (heap_trim_interval_ms; "
-            "on a thread, holding each heap's lock while it walks it)",
-            buckets=(0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
-            registry=r)
         self.shards = Gauge("chronowheel_shards",
                             "shards of the namespace (fixed at init), to compare with the sum "
                             "of chronowheel_owned_shards", registry=r)

@@ -22,7 +22,6 @@ from chronowheel.bus.ports import NodeBus, SubmitGroup
 from chronowheel.core.clock import Clock, SystemClock, anchor, stepped_ms
 from chronowheel.core.model import ValidationPolicy
 from chronowheel.errors import ChronowheelError, ConfigError
-from chronowheel.node.heap_trim import libc_trim, trim_periodically
 from chronowheel.node.metrics import NodeMetrics
 from chronowheel.node.shard import ShardActor
 from chronowheel.node.transactions import (
@@ -150,11 +149,6 @@ class Node:
         self._side_tasks += [self.supervisor.spawn(self._pump(), "ingest-pump"),
                              self.supervisor.spawn(self._skew_monitor(), "clock-skew-monitor"),
                              self.supervisor.spawn(self._loop_watch(), "event-loop-watch")]
-        trim = libc_trim() if s.heap_trim_interval_ms else None
-        if trim is not None:
-            self._side_tasks.append(self.supervisor.spawn(
-                trim_periodically(trim, s.heap_trim_interval_ms, self.metrics.heap_trim),
-                "heap-trim"))
         log.info("node %s started: namespace %s, %d shards, group %s", self.node_id,
                  s.namespace, self.shards, self.group_id)
 
