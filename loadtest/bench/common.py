@@ -70,6 +70,7 @@ class Config:
     profile: Path | None
     skip_limits: bool
     write_results: bool
+    record_memory: bool = False
 
     @property
     def node_settings(self) -> Settings:

@@ -46,7 +46,7 @@ from common import (
 )
 from limits import measure_limits
 from machine import machine_info
-from report import render_table, summary, write_outputs
+from report import record_memory, render_table, summary, write_outputs
 
 
 class BenchNode(NodeProcess):
@@ -474,6 +474,8 @@ async def run_phases(cfg: Config, settings: Settings) -> int:
     print(render_table(result), flush=True)
     if cfg.write_results:
         write_outputs(cfg, result)
+    if cfg.record_memory:
+        say(record_memory(result))
     return status
 
 

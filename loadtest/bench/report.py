@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -239,6 +240,30 @@ def render_table(r: dict[str, Any]) -> str:
 # `chronowheel capacity` plans with: runs of the whole ladder. The targets preset checks the
 # targets at their own sizes and writes only its own JSON and RESULTS.md section.
 MEASURED_PRESETS = ("quick", "full")
+
+
+def record_memory(r: dict[str, Any], path: Path | None = None) -> str:
+    """Put this run's node RSS per loaded occurrence into measured.json, keeping its other
+    figures; returns what was done."""
+    path = path or RESULTS_DIR / "measured.json"
+    herd = r.get("herd", {})
+    per_entry = herd.get("wheel_bytes_per_entry")
+    if per_entry is None:
+        return f"--record-memory: the herd was not all loaded before its instant: {path} unchanged"
+    c = r["checks"]
+    if c["duplicates"] or c["early_fired_at"] or c["early_received"] or c["missing"]:
+        return f"--record-memory: the run failed its checks: {path} unchanged"
+    doc = json.loads(path.read_text())
+    doc.update({
+        "wheel_bytes_per_entry": round(per_entry),
+        "wheel_bytes_herd_jobs": herd["jobs"],
+        "wheel_bytes_measured_on": r["started"],
+        "wheel_bytes_command": r["command"],
+        "wheel_bytes_machine": machine_line(r["machine"]),
+    })
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return (f"--record-memory: {path}: wheel_bytes_per_entry {round(per_entry)} "
+            f"({herd['jobs']:,} loaded); its other figures kept")
 
 
 def write_outputs(cfg: Config, r: dict[str, Any]) -> None:

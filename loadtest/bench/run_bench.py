@@ -70,6 +70,11 @@ def parse_args(argv: list[str] | None) -> Config:
     p.add_argument("--skip-limits", action="store_true")
     p.add_argument("--no-write", action="store_true",
                    help="print only: do not write results/ and RESULTS.md")
+    p.add_argument("--record-memory", action="store_true",
+                   help="write only the herd's node RSS per loaded occurrence (with when and "
+                        "the command) into results/measured.json, keeping its other figures "
+                        "(memory does not depend on the machine's speed; measure it with "
+                        "--herd 1000000)")
     a = p.parse_args(argv)
     pre = PRESETS[a.preset]
     node_env = {}
@@ -96,7 +101,10 @@ def parse_args(argv: list[str] | None) -> Config:
         refine=pre["refine"],
         namespace=a.namespace or f"bench{int(time.time())}",
         kafka=a.kafka, cassandra=a.cassandra, keep=a.keep, note=a.note, node_env=node_env,
-        profile=a.profile, skip_limits=a.skip_limits, write_results=not a.no_write)
+        profile=a.profile, skip_limits=a.skip_limits,
+        write_results=not a.no_write and not a.record_memory, record_memory=a.record_memory)
+    if cfg.record_memory and not cfg.herd:
+        p.error("--record-memory needs a herd (--herd 1000000)")
     if cfg.ingest_jobs < 1 or cfg.step_s <= 0 or any(r <= 0 for r in cfg.rates):
         p.error("sizes and rates must be positive")
     if cfg.ingest_jobs > 5_000_000 or cfg.herd > 5_000_000 or \

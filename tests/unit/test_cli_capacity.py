@@ -148,6 +148,23 @@ def test_load_measured(tmp_path: Path) -> None:
         load_measured(tmp_path / "missing.json")
 
 
+def test_memory_per_entry_may_come_from_a_run_of_its_own(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    same = load_measured(write_measured(tmp_path / "same.json"))
+    assert (same.wheel_bytes_measured_on, same.wheel_bytes_command) == ("here", "x")
+    path = write_measured(tmp_path / "own.json", wheel_bytes_measured_on="later",
+                          wheel_bytes_command="run_bench.py --herd 1000000 --record-memory")
+    own = load_measured(path)
+    assert (own.measured_on, own.wheel_bytes_measured_on) == ("here", "later")
+    argv = ["capacity", "--jobs-per-day", "1e9", "--measured", str(path)]
+    assert cli.main(argv) == 0
+    assert ("bytes per wheel entry measured on later: run_bench.py --herd 1000000 "
+            "--record-memory") in capsys.readouterr().out
+    assert cli.main(["capacity", "--jobs-per-day", "1e9", "--measured",
+                     str(tmp_path / "same.json")]) == 0
+    assert "bytes per wheel entry measured on" not in capsys.readouterr().out
+
+
 def test_the_repository_has_a_measured_file_with_the_keys() -> None:
     m = load_measured(find_measured(None))
     assert m.measured_on and m.command

@@ -9,6 +9,9 @@ writes the same format to measured-quick.json; `--measured PATH` picks a file):
      "wheel_bytes_per_entry": int,         node memory per loaded occurrence (its RSS growth
                                            per pending entry; small payloads included)
      "measured_on": str, "command": str,   when/where, and how to reproduce
+     "wheel_bytes_measured_on": str,       optional: when wheel_bytes_per_entry came from a
+     "wheel_bytes_command": str,           run of its own (`run_bench.py --record-memory`
+                                           with a 1,000,000-job herd), and its command
      "details": {...}}                     optional: raw figures of the run
 
 Everything else is arithmetic on the flags, documented in deploy/runbooks/capacity.md; the
@@ -56,6 +59,10 @@ class Measured:
     measured_on: str
     command: str
     source: str
+    # Memory per entry does not depend on the machine's speed, so it may come from a run of
+    # its own, at the size the targets name (1,000,000 loaded); by default the same run.
+    wheel_bytes_measured_on: str = ""
+    wheel_bytes_command: str = ""
 
     @classmethod
     def from_doc(cls, doc: Any, source: str) -> Measured:
@@ -65,9 +72,11 @@ class Measured:
             value = doc.get(key)
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ConfigError(f"{source}: {key} must be a positive number, got {value!r}")
+        measured_on, command = str(doc.get("measured_on", "?")), str(doc.get("command", "?"))
         return cls(float(doc["fires_per_s_per_node"]), float(doc["ingest_jobs_per_s_per_node"]),
-                   float(doc["wheel_bytes_per_entry"]), str(doc.get("measured_on", "?")),
-                   str(doc.get("command", "?")), source)
+                   float(doc["wheel_bytes_per_entry"]), measured_on, command, source,
+                   str(doc.get("wheel_bytes_measured_on") or measured_on),
+                   str(doc.get("wheel_bytes_command") or command))
 
 
 def find_measured(explicit: str | None) -> Path:
@@ -310,6 +319,9 @@ def render(p: dict[str, Any]) -> str:
         f"{n(m['ingest_jobs_per_s_per_node'])} ingested jobs/s, "
         f"{n(m['wheel_bytes_per_entry'])} B per wheel entry",
         f"  measured on {m['measured_on']}",
+        *([f"  bytes per wheel entry measured on {m['wheel_bytes_measured_on']}: "
+           f"{m['wheel_bytes_command']}"]
+          if m["wheel_bytes_measured_on"] != m["measured_on"] else []),
         "",
         "load",
         f"  occurrences per day          {n(w['jobs_per_day'])}",
