@@ -13,8 +13,8 @@ the free space a heap must have at its top before it is shrunk rises to twice th
 few megabyte-sized fetches were freed, later buffers came from the heaps and their free tops
 were never shrunk. `malloc_trim` does not help there: it returns free pages inside a heap and
 shrinks the main heap's top, but not the top of a thread's heap. In the benchmark that left
-33-50 MiB resident after a 300,000-job herd's ingest, over 110 bytes per wheel entry against
-some 345 for the entry itself (loadtest/RESULTS.md, "The C heap after ingest").
+about 30 MiB resident after a 300,000-job herd's ingest: 453-479 bytes of RSS per wheel entry,
+against 362-365 with the thresholds fixed (loadtest/RESULTS.md, "The C heap after ingest").
 
 So the node process fixes both thresholds (`malloc_threshold_bytes`, 128 KiB, glibc's own
 starting value; fixing either turns the adjustment off): a freed large buffer is unmapped at
