@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import orjson
 from aiokafka import TopicPartition
+from cassandra import InvalidRequest
 from cassandra.cluster import Cluster, Session
 
 from chronowheel.bus.kafka import (
@@ -98,7 +99,13 @@ async def apply_schema(cluster: Cluster, session: Session, statements: Iterable[
                 rs = await asyncio.to_thread(session.execute, stmt,
                                              timeout=SCHEMA_STATEMENT_TIMEOUT_S)
                 break
-            except TRANSIENT_ERRORS as exc:
+            except (*TRANSIENT_ERRORS, InvalidRequest) as exc:
+                # A keyspace or table an earlier statement created may not have reached this
+                # coordinator yet (that statement timed out, and its repeat was a no-op on a
+                # node that had it): wait for the nodes to agree and send it again, as for a
+                # timeout. Any other invalid statement is a bug, not a moment.
+                if isinstance(exc, InvalidRequest) and "doesn't exist" not in str(exc):
+                    raise
                 waited = clock() - started
                 if waited >= deadline_s:
                     raise RetriableError(

@@ -110,6 +110,21 @@ async def test_an_invalid_statement_is_not_retried() -> None:
     assert clock.slept == []
 
 
+async def test_a_keyspace_not_yet_on_the_coordinator_is_waited_for_like_a_timeout() -> None:
+    # The keyspace statement timed out on one coordinator and its repeat was a no-op on
+    # another that had it; the next statement reached a third that did not have it yet.
+    missing = InvalidRequest("Error from server: code=2200 [Invalid query] "
+                             "message=\"Keyspace 'ks' doesn't exist\"")
+    session = Session(failures={STATEMENTS[0]: [OperationTimedOut("busy")],
+                                STATEMENTS[1]: [missing, missing]})
+    cluster, clock = Cluster(), Clock()
+    await run(session, cluster, clock)
+    assert session.sent == [STATEMENTS[0], STATEMENTS[0], STATEMENTS[1], STATEMENTS[1],
+                            STATEMENTS[1], STATEMENTS[2]]
+    assert cluster.control_connection.waits == 3
+    assert clock.slept == [2.0, 2.0, 4.0]
+
+
 async def test_nodes_that_never_agree_fail_init_naming_the_statement() -> None:
     session = Session(agreed=False)
     with pytest.raises(RetriableError) as caught:
