@@ -465,8 +465,10 @@ def kafka_answers(port: int, timeout: float = 5.0, **secure: Any) -> bool:
             bootstrap_servers=f"{HOST}:{port}", request_timeout_ms=int(timeout * 1000), **secure
         )
         try:
-            await asyncio.wait_for(admin.start(), timeout)
-            cluster = await asyncio.wait_for(admin.describe_cluster(), timeout)
+            async with asyncio.timeout(timeout):
+                await admin.start()
+            async with asyncio.timeout(timeout):
+                cluster = await admin.describe_cluster()
             return bool(cluster.get("brokers"))
         finally:
             with contextlib.suppress(Exception):
@@ -1145,8 +1147,10 @@ def kafka_brokers(port: int, timeout: float = 5.0) -> set[int]:
         admin = AIOKafkaAdminClient(bootstrap_servers=f"{HOST}:{port}",
                                     request_timeout_ms=int(timeout * 1000))
         try:
-            await asyncio.wait_for(admin.start(), timeout)
-            cluster = await asyncio.wait_for(admin.describe_cluster(), timeout)
+            async with asyncio.timeout(timeout):
+                await admin.start()
+            async with asyncio.timeout(timeout):
+                cluster = await admin.describe_cluster()
             return {int(b["node_id"]) for b in cluster.get("brokers", [])}
         finally:
             with contextlib.suppress(Exception):

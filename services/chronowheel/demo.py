@@ -10,7 +10,6 @@ come on top).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import sys
 import time
@@ -28,6 +27,7 @@ from chronowheel.node.service import Node
 from chronowheel.settings import Settings
 from chronowheel.supervise import install_stop_signals
 from chronowheel.testing import Collector, Fired, LatenessTally, wait_owned, wall_ms
+from chronowheel.timeouts import wait_event
 from chronowheel.worker import Occurrence, Worker
 
 log = logging.getLogger(__name__)
@@ -145,8 +145,7 @@ async def run_demo(settings: Settings, *, seconds: int = 100, one_shots: int = 1
 
         async def every_2s(until_ms: int, done: Callable[[], bool] = lambda: False) -> None:
             while _now() < until_ms and not stop.is_set() and not done():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 2)
+                await wait_event(stop, 2)
                 say(_status_line(tally, plan))
                 reader.check_alive()
                 if node._failure is not None or worker.failure is not None:

@@ -32,6 +32,7 @@ from chronowheel.core import wire
 from chronowheel.errors import ConfigError, RetriableError
 from chronowheel.security import quiet_loggers, speaks_tls, ssl_context, tls_failure
 from chronowheel.settings import Settings
+from chronowheel.timeouts import within
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ async def diagnose(settings: Settings, timeout_s: float = 10.0) -> str:
     for host, port in _endpoints(settings) or [(settings.kafka, 0)]:
         where = f"Kafka at {host}:{port} ({settings.kafka_security_protocol})"
         try:
-            conn = await asyncio.wait_for(
+            conn = await within(
                 create_conn(host, port, request_timeout_ms=int(timeout_s * 1000), **opts),
                 timeout_s)
         except BaseException as exc:  # each failure is reported, never raised from here

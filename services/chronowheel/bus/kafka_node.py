@@ -39,6 +39,7 @@ from chronowheel.bus.ports import (
 from chronowheel.errors import ConfigError
 from chronowheel.retry import with_retries
 from chronowheel.settings import Settings
+from chronowheel.timeouts import wait_event, within
 
 log = logging.getLogger(__name__)
 
@@ -162,8 +163,8 @@ class KafkaTxnProducer:
 
     async def partition_count(self, topic: str) -> int | None:
         try:
-            parts = await asyncio.wait_for(self._producer.partitions_for(topic),
-                                           PARTITIONS_LOOKUP_TIMEOUT_S)
+            parts = await within(self._producer.partitions_for(topic),
+                                 PARTITIONS_LOOKUP_TIMEOUT_S)
         except (TimeoutError, KafkaError):
             return None
         return len(parts) if parts else None
@@ -487,8 +488,7 @@ class KafkaSubmitGroup:
         with self._lock:
             empty = not self._ready
         if empty:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(arrived.wait(), timeout_ms / 1000)
+            await wait_event(arrived, timeout_ms / 1000)
             self._raise_failure()
         out: dict[int, list[SubmitRecord]] = {}
         taken = 0

@@ -24,6 +24,7 @@ from chronowheel.bus.ports import (
 )
 from chronowheel.core.clock import Clock
 from chronowheel.settings import Settings
+from chronowheel.timeouts import wait_event, within
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +142,7 @@ class MemoryBus:
                     self.resolved.clear()
                     await self.resolved.wait()
             try:
-                await asyncio.wait_for(resolved(), timeout_ms / 1000)
+                await within(resolved(), timeout_ms / 1000)
             except TimeoutError:
                 raise BusError(f"timed out reading {topic}[{partition}] to its high watermark "
                                f"({timeout_ms} ms)") from None
@@ -347,9 +348,7 @@ class MemorySubmitGroup:
         out = self._take(max_records)
         if not out:
             self.bus._arrived.clear()
-            try:
-                await asyncio.wait_for(self.bus._arrived.wait(), timeout_ms / 1000)
-            except TimeoutError:
+            if not await wait_event(self.bus._arrived, timeout_ms / 1000):
                 return {}
             out = self._take(max_records)
         return out

@@ -41,6 +41,7 @@ from chronowheel.errors import ChronowheelError
 from chronowheel.settings import Settings
 from chronowheel.store.base import DueRow, JobRow
 from chronowheel.store.cassandra import HOUR_MS, CassandraStore
+from chronowheel.timeouts import wait_event
 
 log = logging.getLogger(__name__)
 
@@ -256,8 +257,7 @@ class Sources:
         self._probe = asyncio.create_task(self._probe_skew(), name="console-skew-probe")
         self._refresh_upcoming()  # warm: the first visit of the page need not wait for it
         # The first overview should show records, not an empty table: wait a little for them.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.state.ready.wait(), KAFKA_READ_TIMEOUT_S)
+        await wait_event(self.state.ready, KAFKA_READ_TIMEOUT_S)
 
     async def stop(self) -> None:
         if self._upcoming_read is not None:

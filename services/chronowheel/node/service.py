@@ -34,6 +34,7 @@ from chronowheel.settings import Settings
 from chronowheel.store.base import JobStore
 from chronowheel.store.cassandra import CassandraStore
 from chronowheel.supervise import Supervisor
+from chronowheel.timeouts import wait_event
 
 log = logging.getLogger(__name__)
 
@@ -389,9 +390,7 @@ class Node:
                 if not blocked:
                     for o in self.owned.values():
                         o.actor.wake.set()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._skew_recheck.wait(),
-                                       self.settings.skew_check_interval_ms / 1000)
+            await wait_event(self._skew_recheck, self.settings.skew_check_interval_ms / 1000)
 
     async def _loop_watch(self) -> None:
         """Measure how long the event loop stays blocked. The group's heartbeats do not depend

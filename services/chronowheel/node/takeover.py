@@ -43,6 +43,7 @@ from chronowheel.node.publisher import (
 )
 from chronowheel.node.transactions import NodeTransactions, ShardLost
 from chronowheel.settings import Settings
+from chronowheel.timeouts import within
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,7 @@ async def fence(bus: NodeBus, transactional_id: str, group_id: str, shard: int) 
     for attempt in range(1, FENCE_ATTEMPTS + 1):
         fencer = bus.producer(transactional_id, group_id)
         try:
-            await asyncio.wait_for(fencer.start(), FENCE_TIMEOUT_S)
+            await within(fencer.start(), FENCE_TIMEOUT_S)
         except TimeoutError:
             log.warning("shard %d: fencing %s did not finish in %d s (attempt %d of %d)",
                         shard, transactional_id, FENCE_TIMEOUT_S, attempt, FENCE_ATTEMPTS,

@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from chronowheel.security import bearer_allowed
 from chronowheel.settings import Secret
+from chronowheel.timeouts import within
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +53,9 @@ class HttpEndpoint:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            line = await asyncio.wait_for(reader.readline(), 5)
+            line = await within(reader.readline(), 5)
             headers: dict[str, str] = {}
-            while (raw := await asyncio.wait_for(reader.readline(), 5)) not in (
+            while (raw := await within(reader.readline(), 5)) not in (
                     b"\r\n", b"\n", b""):
                 name, _, value = raw.decode("latin-1").partition(":")
                 headers[name.strip().lower()] = value.strip()

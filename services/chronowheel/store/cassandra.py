@@ -59,6 +59,7 @@ from chronowheel.store.base import (
     RunLease,
     job_id_of_entry,
 )
+from chronowheel.timeouts import within
 
 log = logging.getLogger(__name__)
 
@@ -601,7 +602,7 @@ class CassandraStore:
         sent = time.time_ns() // 1_000_000
         rf = self.session.execute_async(self._now, (), execution_profile=TUPLES)
         rf.add_callbacks(ok, err)
-        rows, received = await asyncio.wait_for(fut, 10)
+        rows, received = await within(fut, 10)
         return int(rows[0][0]), sent, received
 
     async def swap_claim(self, consumer: str, occurrence: str, expected: Claim | None,

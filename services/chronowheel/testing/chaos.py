@@ -33,6 +33,7 @@ from chronowheel.testing.cluster import LocalCluster
 from chronowheel.testing.collect import Collector, Fired, wall_ms
 from chronowheel.testing.lateness import LatenessTally, percentile
 from chronowheel.testing.node_process import NodeProcess
+from chronowheel.timeouts import wait_event
 
 SCALE_ENV = "CHRONOWHEEL_CHAOS_SCALE"
 DEFAULT_SCALE = 0.05
@@ -231,8 +232,7 @@ class Workload:
                 self._seq += 1
                 await self.send(f"{self.prefix}s{self._seq:08d}", now + lead_ms)
             next_at += step_s
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), max(0.0, next_at - time.monotonic()))
+            await wait_event(stop, max(0.0, next_at - time.monotonic()))
 
     async def herd(self, n: int, at_ms: int) -> None:
         for i in range(n):

@@ -24,6 +24,7 @@ from aiokafka import AIOKafkaProducer
 from chronowheel.core import wire
 from chronowheel.core.clock import Clock
 from chronowheel.settings import Settings
+from chronowheel.timeouts import within
 from chronowheel.worker.intake import Intake, Item, Part
 from chronowheel.worker.ledger import Lease, Ledger
 from chronowheel.worker.occurrence import MalformedOccurrence, Occurrence
@@ -422,7 +423,7 @@ class Slots:
                 stopped, _ = await asyncio.wait({call}, timeout=5)
                 if stopped and lease is not None:  # it has stopped: a redelivery may run now
                     with contextlib.suppress(Exception):
-                        await asyncio.wait_for(lease.release(), 5)
+                        await within(lease.release(), 5)
             # Otherwise (a sync handler's thread runs on) the lease expires on its own.
             raise
         if call.cancelled():

@@ -39,6 +39,7 @@ from chronowheel.errors import ChronowheelError
 from chronowheel.observe.http import HttpEndpoint
 from chronowheel.settings import Settings
 from chronowheel.supervise import Supervisor, install_stop_signals
+from chronowheel.timeouts import wait_event, within
 from chronowheel.worker.handling import Handler, Slots, WorkerStats
 from chronowheel.worker.intake import Intake
 from chronowheel.worker.ledger import DEFAULT_KEEP_S, DEFAULT_LEASE_S, ClaimStore, Ledger
@@ -293,7 +294,7 @@ class Worker:
             if end is None:
                 continue  # nothing fetched from it yet
             try:  # bounded: a position being reset must not hold up the commit loop
-                fetched_to = await asyncio.wait_for(consumer.position(tp), 0.1)
+                fetched_to = await within(consumer.position(tp), 0.1)
             except Exception:
                 continue  # revoked meanwhile, or its position is not known yet
             # Not yet fetched plus fetched and not yet handled. Measured from the position,
@@ -316,11 +317,9 @@ class Worker:
                 # Wake as soon as handlers free room. The short getmany(timeout 0) on a timeout
                 # keeps aiokafka counting this consumer as polling (max_poll_interval).
                 intake.room.clear()
-                try:
-                    await asyncio.wait_for(intake.room.wait(), timeout=1.0)
+                if await wait_event(intake.room, 1.0):
                     continue
-                except TimeoutError:
-                    room = 1
+                room = 1
                 batches = await consumer.getmany(timeout_ms=0, max_records=room)
             else:
                 batches = await consumer.getmany(timeout_ms=500, max_records=room)
