@@ -13,6 +13,7 @@ run(): start, wait for the stop, shut down, raise the failure; during a shutdown
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import os
 import signal
@@ -23,6 +24,9 @@ log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 ABORT_EXIT_CODE = 130
+CANCEL_GRACE_S = 5.0
+"""How long a stop waits for cancelled tasks to end; they need an event-loop turn or two, so
+a task still running after this ignored its cancellation."""
 """Exit status after a second stop signal (128 + SIGINT, as a shell reports an interrupt)."""
 
 Expected = Callable[[asyncio.Task[Any], BaseException | None], bool]
@@ -98,11 +102,28 @@ class Supervisor:
     async def cancel_all(self) -> None:
         """Cancel every task still running and wait for them (after begin_shutdown)."""
         self.begin_shutdown()
-        tasks = list(self._tasks)
+        await self.cancel_and_wait(list(self._tasks))
+
+    async def cancel_and_wait(self, tasks: Sequence[asyncio.Task[Any]], *,
+                              within_s: float = CANCEL_GRACE_S) -> None:
+        """Cancel `tasks` and wait until they end, at most `within_s` seconds. A task still
+        running then has ignored its cancellation (a library that swallows one, a loop that
+        catches CancelledError): it is logged with where it waits, and the stop goes on
+        without it instead of hanging until the process is killed."""
         for task in tasks:
             task.cancel()
-        # Exceptions raised while cancelling are the shutdown's, not the service's failure.
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if not tasks:
+            return
+        ended, stuck = await asyncio.wait(tasks, timeout=within_s)
+        for task in ended:  # raised while cancelling: the shutdown's doing, not a failure
+            if not task.cancelled():
+                task.exception()
+        for task in stuck:
+            where = io.StringIO()
+            task.print_stack(file=where)
+            log.error("%s: task %s still running %.1f s after it was cancelled; the stop goes "
+                      "on without it. %s", self.service, task.get_name(), within_s,
+                      where.getvalue().rstrip())
 
     def raise_failure(self, error: type[Exception] = RuntimeError) -> None:
         """Raise `error` chained to the recorded failure, if there is one."""

@@ -238,3 +238,30 @@ def test_a_process_stops_gracefully_on_sigterm_and_aborts_on_the_second() -> Non
     code, out = run_service(30.0, 2)  # the slow shutdown is cut short
     assert code == ABORT_EXIT_CODE, out
     assert "graceful stop" in out and "second stop signal: aborting" in out
+
+
+async def test_a_task_that_ignores_its_cancellation_is_named_and_the_stop_goes_on(
+        caplog: pytest.LogCaptureFixture) -> None:
+    sup = Supervisor("svc")
+    release = asyncio.Event()
+
+    async def stubborn() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await release.wait()  # swallows the cancellation, as Python 3.11's wait_for could
+
+    quiet = sup.spawn(asyncio.Event().wait(), "quiet")
+    task = sup.spawn(stubborn(), "stubborn")
+    await settle()
+    sup.begin_shutdown()
+    with caplog.at_level(logging.ERROR, logger="chronowheel.supervise"):
+        await sup.cancel_and_wait([quiet, task], within_s=0)
+    assert quiet.cancelled()
+    assert not task.done()
+    assert "svc: task stubborn still running 0.0 s after it was cancelled" in caplog.text
+    assert "in stubborn" in caplog.text  # where it waits
+    assert "quiet" not in caplog.text
+    release.set()
+    await task
+    assert sup.failure is None

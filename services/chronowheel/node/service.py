@@ -161,13 +161,9 @@ class Node:
             await asyncio.gather(self._recovering, return_exceptions=True)
         # The transaction loop goes last: the shards' final commits (releases) need it.
         loop_tasks = self._side_tasks[:1]
-        for t in self._side_tasks[1:]:
-            t.cancel()
-        await asyncio.gather(*self._side_tasks[1:], return_exceptions=True)
+        await self.supervisor.cancel_and_wait(self._side_tasks[1:])
         await self._stop_shards(list(self.owned))
-        for t in loop_tasks:
-            t.cancel()
-        await asyncio.gather(*loop_tasks, return_exceptions=True)
+        await self.supervisor.cancel_and_wait(loop_tasks)
         self._side_tasks.clear()
         if self.transactions is not None:
             await self.transactions.stop()
