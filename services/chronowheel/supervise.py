@@ -24,10 +24,10 @@ log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 ABORT_EXIT_CODE = 130
+"""Exit status after a second stop signal (128 + SIGINT, as a shell reports an interrupt)."""
 CANCEL_GRACE_S = 5.0
 """How long a stop waits for cancelled tasks to end; they need an event-loop turn or two, so
 a task still running after this ignored its cancellation."""
-"""Exit status after a second stop signal (128 + SIGINT, as a shell reports an interrupt)."""
 
 Expected = Callable[[asyncio.Task[Any], BaseException | None], bool]
 """Decides that a task's end is not a failure (e.g. a shard given up because it was fenced);
