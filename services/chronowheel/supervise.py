@@ -115,9 +115,11 @@ class Supervisor:
         if not tasks:
             return
         ended, stuck = await asyncio.wait(tasks, timeout=within_s)
-        for task in ended:  # raised while cancelling: the shutdown's doing, not a failure
-            if not task.cancelled():
-                task.exception()
+        for task in ended:  # raised while stopping: worth a line, not a failure
+            exc = None if task.cancelled() else task.exception()
+            if exc is not None:
+                log.warning("%s: task %s ended with %r while stopping", self.service,
+                            task.get_name(), exc)
         for task in stuck:
             where = io.StringIO()
             task.print_stack(file=where)

@@ -101,7 +101,8 @@ async def test_the_first_failure_is_kept() -> None:
     assert sup.failure is first
 
 
-async def test_cancel_all_ends_the_tasks_without_failing() -> None:
+async def test_cancel_all_ends_the_tasks_without_failing(
+        caplog: pytest.LogCaptureFixture) -> None:
     sup = Supervisor("svc")
     cleaned: list[str] = []
 
@@ -115,7 +116,10 @@ async def test_cancel_all_ends_the_tasks_without_failing() -> None:
 
     tasks = [sup.spawn(forever("quiet"), "quiet"), sup.spawn(forever("noisy"), "noisy")]
     await settle()
-    await sup.cancel_all()
+    with caplog.at_level(logging.WARNING, logger="chronowheel.supervise"):
+        await sup.cancel_all()
+    assert "svc: task noisy ended with Boom('raised while cancelled') while stopping" in caplog.text
+    assert "quiet" not in caplog.text
     assert all(t.done() for t in tasks)
     assert sorted(cleaned) == ["noisy", "quiet"]
     assert sup.failure is None

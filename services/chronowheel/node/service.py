@@ -157,8 +157,7 @@ class Node:
         """Stop taking work, finish open transactions, leave the group."""
         self.supervisor.begin_shutdown()  # from here on, tasks that end are no failures
         if self._recovering is not None:
-            self._recovering.cancel()
-            await asyncio.gather(self._recovering, return_exceptions=True)
+            await self.supervisor.cancel_and_wait([self._recovering])
         # The transaction loop goes last: the shards' final commits (releases) need it.
         loop_tasks = self._side_tasks[:1]
         await self.supervisor.cancel_and_wait(self._side_tasks[1:])
@@ -291,12 +290,8 @@ class Node:
         stops = [asyncio.ensure_future(o.actor.stop()) for o in owned]
         if stops:
             await asyncio.wait(stops, timeout=self.settings.stop_deadline_ms / 1000)
-            for o in owned:
-                if not o.task.done():
-                    o.task.cancel()  # past the deadline: abort (its transaction aborts too)
-            for o in owned:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await o.task
+            # Past the deadline: abort what still runs (its transaction aborts too).
+            await self.supervisor.cancel_and_wait([o.task for o in owned])
         self.metrics.owned_shards.set(len(self.owned))
 
     async def _pump(self) -> None:
