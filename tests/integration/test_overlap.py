@@ -24,14 +24,13 @@ from chronowheel.node.pending import encode_headers
 from chronowheel.settings import Settings
 
 from tests.integration.harness import REPO, make_namespace, now_ms, produce, running_node, upsert
+from tests.integration.worker_handlers import read_events
 
 pytestmark = pytest.mark.integration
 
 
 def events(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+    return read_events(path)
 
 
 async def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:

@@ -36,6 +36,7 @@ from tests.integration.harness import (
     running_node,
     upsert,
 )
+from tests.integration.worker_handlers import read_events
 
 pytestmark = pytest.mark.integration
 
@@ -559,9 +560,7 @@ def worker_child(settings: Settings, log: Path, out: Path, group: str, *extra: s
 
 
 def events(log: Path) -> list[dict[str, Any]]:
-    if not log.exists():
-        return []
-    return [orjson.loads(line) for line in log.read_bytes().splitlines() if line.strip()]
+    return read_events(log)
 
 
 async def durable_marks(settings: Settings, scope: str) -> set[str]:

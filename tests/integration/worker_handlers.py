@@ -1,11 +1,12 @@
 """Handlers for `chronowheel worker` child processes in tests. They report through a file named
-by CHRONOWHEEL_TEST_LOG: one JSON line per call."""
+by CHRONOWHEEL_TEST_LOG: one JSON line per call, read back with `read_events`."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -18,6 +19,15 @@ def _log(event: str, occ: Occurrence, **extra: Any) -> None:
                          "partition": occ.partition, "offset": occ.offset, **extra})
     with open(os.environ["CHRONOWHEEL_TEST_LOG"], "ab") as f:
         f.write(line + b"\n")
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """The complete lines of a handler log. A test polls it while the worker writes, so the
+    last line may be cut in the middle: only lines that end in a newline are read."""
+    if not path.exists():
+        return []
+    complete, _, _ = path.read_bytes().rpartition(b"\n")
+    return [orjson.loads(line) for line in complete.split(b"\n") if line.strip()]
 
 
 def record(occ: Occurrence) -> None:

@@ -27,7 +27,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 from aiokafka import TopicPartition
 from chronowheel.acl import KafkaAcl, remove_kafka_acls
@@ -38,6 +37,7 @@ from chronowheel.errors import ConfigError
 from chronowheel.settings import Settings
 from chronowheel.store.cassandra import CassandraAccessError, connect
 
+from tests.integration.worker_handlers import read_events
 from tests.security.support import REPO, Secured, chronowheel_cli, drop_namespace
 
 pytestmark = [pytest.mark.security, pytest.mark.integration]
@@ -167,9 +167,7 @@ async def test_node_worker_and_client_end_to_end_over_sasl_ssl_and_cassandra_tls
 
     # The worker (its own principal, Cassandra role `worker`) handles each once.
     def handled() -> list[dict[str, Any]]:
-        if not calls.exists():
-            return []
-        return [orjson.loads(line) for line in calls.read_bytes().splitlines() if line]
+        return read_events(calls)
 
     await _wait(lambda: len(handled()) >= JOBS or worker.proc.poll() is not None, 60,
                 "the worker's handlings")
