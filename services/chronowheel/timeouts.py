@@ -10,7 +10,7 @@ how a node once ignored SIGTERM until it was killed.
 
 `asyncio.timeout` counts cancellations (`Task.cancelling`/`uncancel`), so it tells its own
 expiry from a cancellation by someone else, and it awaits in the calling task instead of in a
-second one. ruff bans `asyncio.wait_for` in the services (rule TID251 in pyproject.toml).
+second one. ruff bans `asyncio.wait_for` outside the tests (rule TID251 in pyproject.toml).
 """
 
 from __future__ import annotations

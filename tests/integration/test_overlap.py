@@ -24,13 +24,10 @@ from chronowheel.node.pending import encode_headers
 from chronowheel.settings import Settings
 
 from tests.integration.harness import REPO, make_namespace, now_ms, produce, running_node, upsert
-from tests.integration.worker_handlers import read_events
+from tests.integration.worker_handlers import read_events as events
 
 pytestmark = pytest.mark.integration
 
-
-def events(path: Path) -> list[dict[str, Any]]:
-    return read_events(path)
 
 
 async def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:

@@ -36,7 +36,7 @@ from tests.integration.harness import (
     running_node,
     upsert,
 )
-from tests.integration.worker_handlers import read_events
+from tests.integration.worker_handlers import read_events as events
 
 pytestmark = pytest.mark.integration
 
@@ -558,9 +558,6 @@ def worker_child(settings: Settings, log: Path, out: Path, group: str, *extra: s
         return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)
 
-
-def events(log: Path) -> list[dict[str, Any]]:
-    return read_events(log)
 
 
 async def durable_marks(settings: Settings, scope: str) -> set[str]:

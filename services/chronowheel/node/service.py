@@ -290,8 +290,15 @@ class Node:
         stops = [asyncio.ensure_future(o.actor.stop()) for o in owned]
         if stops:
             await asyncio.wait(stops, timeout=self.settings.stop_deadline_ms / 1000)
-            # Past the deadline: abort what still runs (its transaction aborts too).
-            await self.supervisor.cancel_and_wait([o.task for o in owned])
+            for o in owned:
+                if not o.task.done():
+                    o.task.cancel()  # past the deadline: abort (its transaction aborts too)
+            # Not bounded like the side loops (Supervisor.cancel_and_wait), on purpose: an actor
+            # still running could still publish for its shard, and the group must not hand the
+            # shard on (nor this node start a new actor for it) before the old one has ended.
+            for o in owned:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await o.task
         self.metrics.owned_shards.set(len(self.owned))
 
     async def _pump(self) -> None:
