@@ -3,13 +3,24 @@ and the recovery measure."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from chronowheel.core import wire
 from chronowheel.core.model import ValidationPolicy, parse_command
 from chronowheel.errors import ValidationError
 from chronowheel.settings import Settings
 from chronowheel.testing import Fired
-from chronowheel.testing.chaos import Checker, Load, ScenarioResult, bad_commands, chaos_scale
+from chronowheel.testing.chaos import (
+    Checker,
+    Load,
+    ScenarioResult,
+    bad_commands,
+    chaos_scale,
+    new_controller,
+)
+from chronowheel.testing.cluster import ClusterError, LocalCluster, Member
 
 
 def test_the_scale_defaults_to_a_twentieth_and_rejects_nonsense() -> None:
@@ -72,3 +83,78 @@ def test_the_verdict_names_every_problem() -> None:
     assert "1 deliveries before" in problems and "3 duplicate" in problems
     assert ScenarioResult("s", "load").problems() == [
         "no job was accepted: the scenario measured nothing"]
+
+
+class QuorumFiles(LocalCluster):
+    """Three Kafka members whose quorum-state files live under `root`; `dead` ones have no
+    pid, as `stack status` reports a killed server."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(state_dir=root, script=root / "no-stack-script")
+        self.root = root
+        self.dead: set[int] = set()
+
+    def write(self, node: int, leader: int, epoch: int) -> None:
+        folder = self.root / f"kafka-{node}" / "data" / "__cluster_metadata-0"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "quorum-state").write_text(json.dumps(
+            {"leaderId": leader, "leaderEpoch": epoch, "votedId": -1, "data_version": 1}))
+
+    def members(self) -> dict[str, Member]:
+        return {f"kafka-{n}": Member(f"kafka-{n}", "kafka", n, f"127.0.0.1:{9191 + n}", True,
+                                     None if n in self.dead else 1000 + n,
+                                     self.root / f"kafka-{n}", self.root / f"kafka-{n}.log")
+                for n in (1, 2, 3)}
+
+
+def test_the_quorum_leader_is_the_newest_epoch_among_live_nodes(tmp_path: Path) -> None:
+    cluster = QuorumFiles(tmp_path)
+    for node in (1, 2, 3):
+        cluster.write(node, leader=1, epoch=4)
+    assert cluster.quorum_leader() == "kafka-1"
+    cluster.dead.add(1)
+    cluster.write(1, leader=1, epoch=4)
+    cluster.write(2, leader=3, epoch=5)
+    assert cluster.quorum_leader() == "kafka-3"
+
+
+def test_no_leader_while_the_survivors_stand_as_candidates(tmp_path: Path) -> None:
+    # The moment CI once met: the old leader killed, both survivors candidates (leaderId -1).
+    cluster = QuorumFiles(tmp_path)
+    cluster.write(1, leader=1, epoch=4)
+    cluster.dead.add(1)
+    cluster.write(2, leader=-1, epoch=5)
+    cluster.write(3, leader=-1, epoch=5)
+    assert cluster.quorum_leader() is None
+    with pytest.raises(ClusterError, match="no live Kafka node knew a quorum leader"):
+        cluster.active_controller(timeout_s=0, poll_s=0)
+
+
+class Election(QuorumFiles):
+    """The quorum as seen at each look: the old leader, then no leader for a while, then
+    another one."""
+
+    def __init__(self, root: Path, seen: list[str | None]) -> None:
+        super().__init__(root)
+        self.seen = seen
+        self.looks = 0
+
+    def quorum_leader(self) -> str | None:
+        leader = self.seen[min(self.looks, len(self.seen) - 1)]
+        self.looks += 1
+        return leader
+
+
+async def test_a_new_controller_is_waited_for_through_an_election_without_a_leader(
+        tmp_path: Path) -> None:
+    cluster = Election(tmp_path, ["kafka-1", None, None, "kafka-1", None, "kafka-2"])
+    name, _seconds = await new_controller(cluster, "kafka-1", timeout_s=60, poll_s=0)
+    assert name == "kafka-2"
+    assert cluster.looks == 6
+
+
+async def test_no_new_controller_in_time_names_the_old_one_and_the_last_seen(
+        tmp_path: Path) -> None:
+    cluster = Election(tmp_path, [None])
+    with pytest.raises(AssertionError, match="after kafka-1 died \\(last known: none\\)"):
+        await new_controller(cluster, "kafka-1", timeout_s=0, poll_s=0)

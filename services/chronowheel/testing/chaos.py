@@ -450,14 +450,20 @@ def active_controller(cluster: LocalCluster, settings: Settings) -> ServerFault:
     return ServerFault(cluster, settings, pick)
 
 
-async def new_controller(cluster: LocalCluster, old: str, timeout_s: float = 60) -> float:
-    """Seconds until a KRaft leader other than `old` is known (proves an election)."""
+async def new_controller(cluster: LocalCluster, old: str, timeout_s: float = 60,
+                         poll_s: float = 0.2) -> tuple[str, float]:
+    """(name, seconds) of the first KRaft leader other than `old` that the live nodes know
+    (proves an election). Moments in which no live node knows any leader, as while the
+    survivors stand as candidates, are waited through."""
     t0 = time.monotonic()
-    while await asyncio.to_thread(cluster.active_controller) == old:
+    while True:
+        leader = await asyncio.to_thread(cluster.quorum_leader)
+        if leader is not None and leader != old:
+            return leader, time.monotonic() - t0
         if time.monotonic() - t0 > timeout_s:
-            raise AssertionError(f"no new KRaft leader {timeout_s:.0f}s after {old} died")
-        await asyncio.sleep(0.2)
-    return time.monotonic() - t0
+            raise AssertionError(f"no new KRaft leader {timeout_s:.0f}s after {old} died "
+                                 f"(last known: {leader or 'none'})")
+        await asyncio.sleep(poll_s)
 
 
 # --- soak ----------------------------------------------------------------------------------------

@@ -187,12 +187,15 @@ class LocalCluster:
                                    f"{lagging[:6]}")
             await asyncio.sleep(0.5)
 
-    def active_controller(self) -> str:
-        """The server name of the KRaft quorum's leader (the active controller).
+    def quorum_leader(self) -> str | None:
+        """The server name of the KRaft quorum's leader (the active controller) as the live
+        nodes know it now, or None while none knows one (an election under way).
 
         Read from the quorum state each controller keeps beside its metadata log (a broker
         answers a client's metadata request with an arbitrary broker as "controller" under
-        KRaft, so the admin API cannot tell); the newest epoch among live nodes wins.
+        KRaft, so the admin API cannot tell); the newest epoch among live nodes wins. While
+        the survivors of a killed leader stand as candidates, each state reads leaderId -1,
+        so "no leader known" is a normal moment of a failover, not an error.
         """
         best: tuple[int, int] | None = None
         for m in self.members().values():
@@ -204,9 +207,16 @@ class LocalCluster:
                 leader, epoch = int(state.get("leaderId", -1)), int(state.get("leaderEpoch", -1))
                 if leader > 0 and (best is None or epoch > best[0]):
                     best = (epoch, leader)
-        if best is None:
-            raise ClusterError("no live Kafka node knows a quorum leader")
-        return self.kafka_name(best[1])
+        return None if best is None else self.kafka_name(best[1])
+
+    def active_controller(self, timeout_s: float = 60, poll_s: float = 0.2) -> str:
+        """The quorum's leader, waiting up to `timeout_s` while an election is under way."""
+        t0 = time.monotonic()
+        while (leader := self.quorum_leader()) is None:
+            if time.monotonic() - t0 > timeout_s:
+                raise ClusterError(f"no live Kafka node knew a quorum leader for {timeout_s:.0f}s")
+            time.sleep(poll_s)
+        return leader
 
     def kafka_name(self, node_id: int) -> str:
         for m in self.members().values():
