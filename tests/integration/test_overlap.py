@@ -29,7 +29,6 @@ from tests.integration.worker_handlers import read_events as events
 pytestmark = pytest.mark.integration
 
 
-
 async def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout_s

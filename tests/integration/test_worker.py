@@ -559,7 +559,6 @@ def worker_child(settings: Settings, log: Path, out: Path, group: str, *extra: s
                                 stdin=subprocess.DEVNULL)
 
 
-
 async def durable_marks(settings: Settings, scope: str) -> set[str]:
     """Occurrences whose outcome mark is stored, over every partition of <ns>.fired."""
     out: set[str] = set()

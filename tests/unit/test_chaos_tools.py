@@ -112,14 +112,15 @@ def test_the_quorum_leader_is_the_newest_epoch_among_live_nodes(tmp_path: Path) 
     for node in (1, 2, 3):
         cluster.write(node, leader=1, epoch=4)
     assert cluster.quorum_leader() == "kafka-1"
+    # kafka-1 killed: kafka-3 still shows the old leader, kafka-2 already knows the new one.
     cluster.dead.add(1)
-    cluster.write(1, leader=1, epoch=4)
-    cluster.write(2, leader=3, epoch=5)
-    assert cluster.quorum_leader() == "kafka-3"
+    cluster.write(2, leader=2, epoch=5)
+    assert cluster.quorum_leader() == "kafka-2"
 
 
 def test_no_leader_while_the_survivors_stand_as_candidates(tmp_path: Path) -> None:
     # The moment CI once met: the old leader killed, both survivors candidates (leaderId -1).
+    # The killed node's file still names itself; only live nodes count.
     cluster = QuorumFiles(tmp_path)
     cluster.write(1, leader=1, epoch=4)
     cluster.dead.add(1)
