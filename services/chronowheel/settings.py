@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from chronowheel.core import wire
+from chronowheel.core import limits, wire
 from chronowheel.errors import ConfigError
 
 ENV_PREFIX = "CHRONOWHEEL_"
@@ -135,6 +135,14 @@ class Settings:
     max_id_bytes: int = _opt(256, "longest job id in bytes")
     max_payload_bytes: int = _opt(262_144, "largest payload in bytes")
     max_horizon_ms: int = _opt(3653 * 86_400_000, "latest 'at' accepted, relative to now")
+    min_period_ms: int = _opt(
+        limits.DEFAULT_MIN_PERIOD_MS, "shortest 'every' interval and cron period a job may "
+                                      "have, in ms")
+    store_batch_fail_bytes: int = _opt(
+        limits.CASSANDRA_BATCH_FAIL_BYTES,
+        "Cassandra's batch_size_fail_threshold in bytes (keep equal to the cluster's): a job "
+        "whose rows would exceed it in their logged batch is rejected before anything is "
+        "stored")
     # --- node tunables (defaults measured on the local stack; see docs/design.md) --------
     ingest_batch: int = _opt(
         500, "submit commands a shard applies per ingest step; their offset is committed "
