@@ -19,6 +19,13 @@ class ConfigError(ChronowheelError):
     """A setting or an environment problem the operator must fix."""
 
 
+class StoreRefused(ChronowheelError):
+    """The store refused a write for what it holds (Cassandra's `InvalidRequest`: a batch
+    over `batch_size_fail_threshold`, a TTL over 20 years, a value it cannot take). Permanent
+    for the command or occurrence that made the write, never for the node: the command is
+    quarantined with this message as its reason (docs/design.md, "Failure isolation")."""
+
+
 class ValidationError(ChronowheelError):
     """A submitted command broke a rule. `path` names the field, `value` the bad input."""
 

@@ -11,6 +11,7 @@ Pure: no driver imports.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from typing import Final
 
@@ -68,7 +69,7 @@ almost never) is rejected with that reason rather than hold the event loop."""
 
 
 def job_rows_bytes(*, job_id: str, topic: str, payload_len: int, spec_len: int,
-                   recurring: bool, headers: Iterable[tuple[str, bytes]] = ()) -> int:
+                   recurring: bool, headers: Iterable[tuple[str, str | bytes]] = ()) -> int:
     """About what Cassandra counts for one job's due row and jobs row in a batch: the
     variable parts plus the per-cell overhead. It errs high (ids and topics counted as
     UTF-8 twice), so a job under the limit by this count is under it by Cassandra's."""
@@ -77,8 +78,12 @@ def job_rows_bytes(*, job_id: str, topic: str, payload_len: int, spec_len: int,
     if recurring:
         size += spec_len  # the due row of a recurring job carries its spec too
     for name, value in headers:
-        size += len(name.encode()) + len(value) + HEADER_OVERHEAD_BYTES
+        size += len(name.encode()) + len(_utf8(value)) + HEADER_OVERHEAD_BYTES
     return size
+
+
+def _utf8(value: str | bytes) -> bytes:
+    return value if isinstance(value, bytes) else value.encode()
 
 
 def max_ttl_reach_ms(retention_ms: int) -> int:
@@ -102,3 +107,29 @@ def cut_reason(reason: str, limit: int = MAX_REASON_BYTES) -> str:
     if len(data) <= limit:
         return reason
     return data[: limit - 3].decode(errors="ignore") + "..."
+
+
+TOPIC_LIMIT_REFRESH_MS: Final = 300_000
+"""How long a topic's `max.message.bytes` read from the brokers is trusted before it is read
+again (a refusal as too large reads it again at once)."""
+
+REQUEST_OVERHEAD_BYTES: Final = 1024
+"""A produce request's framing around one batch: what a record may not use of the
+producer's `max_request_size`."""
+
+
+def max_record_bytes(topic_max_message_bytes: int | None, max_request_size: int) -> int:
+    """The largest record (as `record_bytes` counts) a topic takes from a producer: its
+    `max.message.bytes` (Kafka's default when unknown), within the producer's largest
+    request."""
+    topic_limit = KAFKA_MAX_MESSAGE_BYTES if topic_max_message_bytes is None \
+        else topic_max_message_bytes
+    return min(topic_limit, max_request_size - REQUEST_OVERHEAD_BYTES)
+
+
+def oversize_note(value: bytes | None) -> bytes:
+    """What stands in for a payload too large to keep in a dead letter: its size and
+    SHA-256, as a small JSON object."""
+    data = value or b""
+    return (b'{"replaced":"payload too large","size":%d,"sha256":"%s"}'
+            % (len(data), hashlib.sha256(data).hexdigest().encode()))

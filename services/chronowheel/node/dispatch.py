@@ -17,6 +17,7 @@ from chronowheel.core.buckets import minute_of, slot_for
 from chronowheel.core.clock import Clock, sleep_until_or_event
 from chronowheel.core.model import JobSpec, ValidationPolicy, decode_stored_job
 from chronowheel.core.recurrence import Schedule, catch_up, is_excluded, next_after
+from chronowheel.node import failures
 from chronowheel.node.calendars import Calendars
 from chronowheel.node.metrics import NodeMetrics
 from chronowheel.node.pending import Pending, Recurring, pending_from_row, with_schedule
@@ -172,10 +173,30 @@ class Dispatcher:
         slot = max(slot_for(p.job_id, nxt, job.window_ms), state.watermark + 1)
         row = DueRow(minute_of(slot), self.shard, slot, p.job_id, 1, nxt, rec.version, p.topic,
                      p.payload, job.fired_headers, rec.spec, job.max_attempts, job.backoff_ms)
-        await self.writer.write_due(row, now, JobRow(p.job_id, self.shard, rec.spec,
-                                                     rec.version, "scheduled", nxt, slot, 0,
-                                                     job.tenant))
+        try:
+            await self.writer.write_due(row, now, JobRow(p.job_id, self.shard, rec.spec,
+                                                         rec.version, "scheduled", nxt, slot, 0,
+                                                         job.tenant))
+        except Exception as exc:
+            if failures.concerns_the_node(exc):
+                raise
+            await self._park(p.job_id, rec, job.tenant, nxt, exc)
+            return
         state.apply_job_change(p.job_id, None, pending_from_row(row))
+
+    async def _park(self, job_id: str, rec: Recurring, tenant: str | None, nxt: int,
+                    exc: Exception) -> None:
+        """The job's next occurrence cannot be stored (its due row would outlive Cassandra's
+        20-year TTL, or the store refused it): this occurrence still goes out, and the job is
+        paused at `nxt` instead of stopping the shard. Nothing is lost: `jobs list --status
+        paused` shows it, and a resume re-arms it once `nxt` is within reach."""
+        self.metrics.quarantined.labels("dispatch", failures.reason_label(exc)).inc()
+        log.warning("shard %d: job %s paused: its next occurrence (%d) cannot be stored: %s",
+                    self.shard, job_id, nxt, failures.describe(exc),
+                    extra={"shard": self.shard, "job_id": job_id})
+        await self.store.put_job(JobRow(job_id, self.shard, rec.spec, rec.version + 1,
+                                        "paused", nxt, None, 0, tenant))
+        self.state.touch(job_id)
 
     def _recurring(self, spec: bytes) -> tuple[JobSpec, Schedule]:
         hit = self._schedules.get(spec)

@@ -9,6 +9,7 @@ the transaction that follows the writes.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections import defaultdict, deque
 from collections.abc import Iterable
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 import orjson
 
 from chronowheel.bus.ports import SubmitRecord
-from chronowheel.core import wire
+from chronowheel.core import limits, wire
 from chronowheel.core.buckets import minute_of, slot_for
 from chronowheel.core.clock import Clock
 from chronowheel.core.model import (
@@ -40,6 +41,7 @@ from chronowheel.core.model import (
 from chronowheel.core.recurrence import next_after
 from chronowheel.core.shard import shard_of
 from chronowheel.errors import ValidationError
+from chronowheel.node import failures
 from chronowheel.node.calendars import Calendars
 from chronowheel.node.dispatch import stored_policy
 from chronowheel.node.metrics import NodeMetrics
@@ -116,7 +118,11 @@ class Ingest:
         chains: dict[str, list[Command]] = defaultdict(list)
         calendar_ops: list[PutCalendar | DeleteCalendar] = []
         outbox: list[Outgoing] = []  # published with this batch's offsets, not before
-        for rec in records:
+        for i, rec in enumerate(records):
+            if i and i % PARSE_YIELD_EVERY == 0:
+                # Parsing is CPU only: let dispatch and the group's heartbeat run between
+                # slices of a large batch, however slow its commands are to validate.
+                await asyncio.sleep(0)
             cmd = self._parse(rec, now, outbox)
             if cmd is None:
                 continue
@@ -127,17 +133,17 @@ class Ingest:
                                        rec.value or b"", list(rec.headers or ())))
                 self.metrics.forwarded.inc()
                 continue
+            self.sources[id(cmd)] = rec
             if isinstance(cmd, PutCalendar | DeleteCalendar):
                 calendar_ops.append(cmd)
             else:
                 chains[job_id].append(cmd)
-                self.sources[id(cmd)] = rec
-        # Calendars first, so jobs of the same batch that use them compute with them.
-        await self._apply_calendars(calendar_ops)
-        await self.calendars.refresh(cmds[0].job.calendar for cmds in chains.values()
-                                     if isinstance(cmds[0], Upsert))
-        await self._precount(chains, now)
         try:
+            # Calendars first, so jobs of the same batch that use them compute with them.
+            await self._apply_calendars(calendar_ops)
+            await self.calendars.refresh(cmds[0].job.calendar for cmds in chains.values()
+                                         if isinstance(cmds[0], Upsert))
+            await self._precount(chains, now)
             await self._apply_chains(chains)
         finally:
             self.sources.clear()
@@ -153,12 +159,16 @@ class Ingest:
         """Write calendar puts and deletes in offset order (each replaces the whole calendar,
         so re-applying them after a takeover leaves the same result)."""
         for op in ops:
-            if isinstance(op, PutCalendar):
-                await self.store.put_calendar(op.name, op.dates)
-                self.calendars.applied(op.name, op.dates)
-            else:
-                await self.store.delete_calendar(op.name)
-                self.calendars.applied(op.name, None)
+            try:
+                if isinstance(op, PutCalendar):
+                    await self.store.put_calendar(op.name, op.dates)
+                    self.calendars.applied(op.name, op.dates)
+                else:
+                    await self.store.delete_calendar(op.name)
+                    self.calendars.applied(op.name, None)
+            except Exception as exc:
+                self._quarantine(op, exc)
+                continue
             self.metrics.ingested.labels(op.op, STORED).inc()
 
     async def _apply_chains(self, chains: dict[str, list[Command]]) -> None:
@@ -176,7 +186,7 @@ class Ingest:
             # row (ingest, a recurring fire) holds the job's lock.
             wanted = [j for j, cmds in chains.items() if not isinstance(cmds[0], Retry)]
             existing = await self.store.get_jobs(wanted) if wanted else {}
-            fresh: list[tuple[JobSpec, JobRow | None]] = []
+            fresh: list[tuple[Upsert, JobRow | None]] = []
             one_by_one: list[tuple[str, list[Command]]] = []
             for job_id, cmds in chains.items():
                 cmd = cmds[0]
@@ -188,7 +198,7 @@ class Ingest:
                     # A paused job stays paused through an edit (`_upsert`).
                     if not self._has_pending_row(row) \
                             and (row is None or row.status != "paused"):
-                        fresh.append((cmd.job, row))
+                        fresh.append((cmd, row))
                         continue
                 one_by_one.append((job_id, cmds))
             sem = asyncio.Semaphore(self.settings.ingest_concurrency)
@@ -196,8 +206,13 @@ class Ingest:
             async def run_chain(job_id: str, cmds: list[Command]) -> None:
                 async with sem:
                     for i, cmd in enumerate(cmds):
-                        await self._apply(cmd, self.clock.now_ms(),
-                                          existing.get(job_id) if i == 0 else _READ)
+                        try:
+                            await self._apply(cmd, self.clock.now_ms(),
+                                              existing.get(job_id) if i == 0 else _READ)
+                        except Exception as exc:
+                            # Only this command is set aside; the job's later ones read
+                            # what is stored (_READ) and apply to that.
+                            self._quarantine(cmd, exc)
 
             await asyncio.gather(self._write_new(fresh, sem),
                                  *(run_chain(j, c) for j, c in one_by_one))
@@ -207,7 +222,7 @@ class Ingest:
         return row is not None and row.status == "scheduled" and row.slot_ms is not None \
             and row.scheduled_ms is not None and row.slot_ms > self.state.watermark
 
-    async def _write_new(self, jobs: list[tuple[JobSpec, JobRow | None]],
+    async def _write_new(self, jobs: list[tuple[Upsert, JobRow | None]],
                          sem: asyncio.Semaphore) -> None:
         """Upserts of jobs whose previous row (if any) has no unpublished due row: each job's
         due row and jobs row go in the same logged batch, a few jobs per batch."""
@@ -215,61 +230,107 @@ class Ingest:
         group: list[_NewJob] = []
         size = 0
         writes = []
-        for job, row in jobs:
+        for cmd, row in jobs:
+            job = cmd.job
             version = row.version + 1 if row is not None else 1
-            first = (next_after(self.calendars.schedule(job), self.clock.now_ms(), inclusive=True)
-                     if job.recurring else job.at_ms)
+            try:
+                first = (next_after(self.calendars.schedule(job), self.clock.now_ms(),
+                                    inclusive=True) if job.recurring else job.at_ms)
+            except Exception as exc:
+                self._quarantine(cmd, exc)
+                continue
             # Published already (slot <= watermark) or none: only the wheel entry may remain.
             old_key = None if row is None or row.status != "scheduled" \
                 or row.scheduled_ms is None or row.slot_ms is None \
                 else (row.job_id, row.scheduled_ms, 1)
             if first is None:  # a recurring job whose end has passed
-                writes.append(self._finish(job, version, old_key, sem))
+                writes.append(self._finish(cmd, version, old_key, sem))
                 continue
-            cost = _job_bytes(job)
+            cost = limits.job_rows_bytes(job_id=job.id, topic=job.topic,
+                                         payload_len=len(job.payload),
+                                         spec_len=len(job.canonical), recurring=job.recurring,
+                                         headers=job.headers)
             if group and (size + cost > settings.ingest_group_bytes
                           or len(group) >= settings.ingest_group_jobs):
                 writes.append(self._write_group(group, sem))
                 group, size = [], 0
-            group.append(_NewJob(job, version, first, old_key))
+            group.append(_NewJob(cmd, version, first, old_key))
             size += cost
         if group:
             writes.append(self._write_group(group, sem))
         await asyncio.gather(*writes)
 
     async def _write_group(self, group: list[_NewJob], sem: asyncio.Semaphore) -> None:
+        """Write a group's rows in one logged batch. A job over a limit is rejected before
+        the write; when the store still refuses the batch, the group is split in halves and
+        each written again, so one bad job among n costs O(log n) extra writes and only it
+        is quarantined."""
         state = self.state
+        written: list[tuple[_NewJob, tuple[DueRow, int, JobRow]]] = []
+        refused: Exception | None = None
         async with sem:
             # Slots are claimed only now, right before the write, and released once the rows
             # are in the wheel: meanwhile dispatch stays below them (ingest-slot invariant).
             now = self.clock.now_ms()
-            rows = [self._rows(new, now) for new in group]
+            claimed: list[int] = []
             try:
-                # Bucket counts first or together (see RowWriter.write_due): a row must never
-                # exist uncounted when its wheel decision is made.
-                uncounted: dict[int, int] = defaultdict(int)
-                for due, _ttl, _job in rows:
-                    if due.minute not in self.counted:
-                        uncounted[due.minute] += 1
-                await asyncio.gather(self.store.put_dues_and_jobs(rows),
-                                     *([self.store.add_bucket_counts(self.shard, uncounted)]
-                                       if uncounted else []))
-                stored = self.metrics.ingested.labels("upsert", STORED)
-                for new, (due, _ttl, _job) in zip(group, rows, strict=True):
-                    # Only an occurrence the wheel takes now is encoded; the loader encodes
-                    # the others when their minute comes (most are days ahead).
-                    pending = pending_from_row(due) if state.insert_bound(due.slot_ms) else None
-                    state.apply_job_change(due.job_id, new.old_key, pending)
-                    stored.inc()
-                    if new.job.headers:
-                        tracing.record_ingest(new.job.id, "upsert", self.shard, new.job.headers)
+                for new in group:
+                    try:
+                        rows = self._rows(new, now)
+                        claimed.append(rows[0].slot_ms)
+                        self.writer.check(rows[0], now, rows[2])
+                    except Exception as exc:
+                        self._quarantine(new.cmd, exc)
+                        continue
+                    written.append((new, rows))
+                if written:
+                    try:
+                        await self._put_group(written)
+                    except Exception as exc:
+                        if failures.concerns_the_node(exc) or len(written) == 1:
+                            raise
+                        refused = exc
+            except Exception as exc:
+                if failures.concerns_the_node(exc):
+                    raise
+                self._quarantine(written[0][0].cmd, exc)  # the group was that job alone
             finally:
-                for due, _ttl, _job in rows:
-                    state.release_slot(due.slot_ms)
+                for slot in claimed:
+                    state.release_slot(slot)
+        if refused is not None:
+            log.info("shard %d: the store refused a group of %d new jobs (%s); writing it in "
+                     "halves to find the job it refuses", self.shard, len(written), refused)
+            news = [new for new, _rows in written]
+            half = len(news) // 2
+            await self._write_group(news[:half], sem)
+            await self._write_group(news[half:], sem)
+
+    async def _put_group(self, written: list[tuple[_NewJob, tuple[DueRow, int, JobRow]]]) -> None:
+        state = self.state
+        rows = [r for _new, r in written]
+        # Bucket counts first or together (see RowWriter.write_due): a row must never exist
+        # uncounted when its wheel decision is made.
+        uncounted: dict[int, int] = defaultdict(int)
+        for due, _ttl, _job in rows:
+            if due.minute not in self.counted:
+                uncounted[due.minute] += 1
+        await asyncio.gather(self.store.put_dues_and_jobs(rows),
+                             *([self.store.add_bucket_counts(self.shard, uncounted)]
+                               if uncounted else []))
+        stored = self.metrics.ingested.labels("upsert", STORED)
+        for new, (due, _ttl, _job) in written:
+            # Only an occurrence the wheel takes now is encoded; the loader encodes the others
+            # when their minute comes (most are days ahead).
+            pending = pending_from_row(due) if state.insert_bound(due.slot_ms) else None
+            state.apply_job_change(due.job_id, new.old_key, pending)
+            stored.inc()
+            job = new.cmd.job
+            if job.headers:
+                tracing.record_ingest(job.id, "upsert", self.shard, job.headers)
 
     def _rows(self, new: _NewJob, now: int) -> tuple[DueRow, int, JobRow]:
         """The due row (with its TTL) and the jobs row of a new version, its slot claimed."""
-        job = new.job
+        job = new.cmd.job
         slot = self.state.claim_slot(slot_for(job.id, new.first, job.window_ms), now)
         due = DueRow(minute_of(slot), self.shard, slot, job.id, 1, new.first, new.version,
                      job.topic, job.payload, job.fired_headers,
@@ -282,11 +343,18 @@ class Ingest:
             job.id, self.shard, job.canonical, new.version, "scheduled", new.first, slot, ttl,
             job.tenant)
 
-    async def _finish(self, job: JobSpec, version: int, old_key: OccurrenceKey | None,
+    async def _finish(self, cmd: Upsert, version: int, old_key: OccurrenceKey | None,
                       sem: asyncio.Semaphore) -> None:
-        async with sem:
-            await self.store.put_job(self.writer.finished(job.id, job.canonical, version,
-                                                          job.tenant))
+        job = cmd.job
+        try:
+            async with sem:
+                await self.store.put_job(self.writer.finished(job.id, job.canonical, version,
+                                                              job.tenant))
+        except Exception as exc:
+            if failures.concerns_the_node(exc):
+                raise
+            self._quarantine(cmd, exc)
+            return
         self.state.apply_job_change(job.id, old_key, None)
         self.metrics.ingested.labels("upsert", STORED).inc()
 
@@ -323,20 +391,42 @@ class Ingest:
         self._rejection(rec, reason, outbox)
         return None
 
+    def _quarantine(self, cmd: Command, exc: Exception) -> None:
+        """Set aside a command that failed for a reason about it alone: to `<ns>.rejected`
+        with the reason, counted by kind, and the node goes on. An error about all the
+        node's work (`failures.concerns_the_node`) is raised again instead."""
+        if failures.concerns_the_node(exc):
+            raise exc
+        label = failures.reason_label(exc)
+        self.metrics.quarantined.labels("ingest", label).inc()
+        rec = self.sources[id(cmd)]
+        if label == failures.INTERNAL:
+            log.warning("shard %d: a bug while applying offset %d; the command is quarantined",
+                        self.shard, rec.offset, exc_info=exc,
+                        extra={"shard": self.shard, "offset": rec.offset})
+        self._reject(cmd, failures.describe(exc))
+
     def _reject(self, cmd: Command, reason: str) -> None:
         """Refuse a parsed command for the state of its job: to `<ns>.rejected` with the
         batch, like a parse rejection."""
         self._rejection(self.sources[id(cmd)], reason, self.late_rejections)
 
     def _rejection(self, rec: SubmitRecord, reason: str, outbox: list[Outgoing]) -> None:
-        outbox.append(Outgoing(
-            self.settings.rejected_topic, None, rec.key, rec.value or b"",
-            [(wire.REASON, reason.encode()),
-             (wire.SOURCE_TOPIC, rec.topic.encode()),
-             (wire.SOURCE_PARTITION, str(rec.partition).encode()),
-             (wire.SOURCE_OFFSET, str(rec.offset).encode())]))
+        headers = [(wire.REASON, limits.cut_reason(reason).encode()),
+                   (wire.SOURCE_TOPIC, rec.topic.encode()),
+                   (wire.SOURCE_PARTITION, str(rec.partition).encode()),
+                   (wire.SOURCE_OFFSET, str(rec.offset).encode())]
+        value = rec.value or b""
+        if limits.record_bytes(rec.key, value, headers) > limits.KAFKA_MAX_MESSAGE_BYTES:
+            # The original would not fit beside our headers: its size and digest stand in
+            # for it, so the rejection itself can never be refused by the broker.
+            headers.append((wire.ORIGINAL_BYTES, str(len(value)).encode()))
+            value = orjson.dumps({"original_bytes": len(value),
+                                  "original_sha256": hashlib.sha256(value).hexdigest()})
+        outbox.append(Outgoing(self.settings.rejected_topic, None, rec.key, value, headers))
         self.metrics.rejected.inc()
-        log.info("shard %d: rejected offset %d: %s", self.shard, rec.offset, reason,
+        log.info("shard %d: rejected offset %d: %s", self.shard, rec.offset,
+                 limits.cut_reason(reason, 300),
                  extra={"shard": self.shard, "offset": rec.offset, "partition": rec.partition})
 
     async def _apply(self, cmd: Command, now: int, existing: JobRow | _Read | None) -> None:
@@ -371,8 +461,8 @@ class Ingest:
         version = existing.version + 1 if existing is not None else 1
         first = (next_after(self.calendars.schedule(job), now, inclusive=True)
                  if job.recurring else job.at_ms)
-        old_key = await self._remove_pending(existing)
         if first is None:  # a recurring job whose end has passed
+            old_key = await self._remove_pending(existing)
             await self.store.put_job(self.writer.finished(job.id, job.canonical, version,
                                                           job.tenant))
             self.state.apply_job_change(job.id, old_key, None)
@@ -393,10 +483,12 @@ class Ingest:
             # A one-shot's jobs row outlives its occurrence by the retention period (so an
             # identical re-submit stays a no-op that long); a recurring one lives until changed.
             ttl = 0 if job.recurring else self.writer.ttl_s(slot, now)
-            await self.writer.write_due(row, now, JobRow(job.id, self.shard, job.canonical,
-                                                         version, "scheduled", first, slot, ttl,
-                                                         job.tenant),
-                                        counted=row.minute in self.counted)
+            job_row = JobRow(job.id, self.shard, job.canonical, version, "scheduled", first,
+                             slot, ttl, job.tenant)
+            # Before anything is written: an edit over a limit leaves the old version as it is.
+            self.writer.check(row, now, job_row)
+            old_key = await self._remove_pending(existing)
+            await self.writer.write_due(row, now, job_row, counted=row.minute in self.counted)
             state.apply_job_change(job.id, old_key, pending_from_row(row))
         finally:
             state.release_slot(slot)
@@ -507,6 +599,7 @@ class Ingest:
                          job.backoff_ms, wire.TRIGGER_ORIGIN, cmd.request_id)
             request = RequestRow(self.shard, job.id, cmd.request_id, wire.TRIGGER_ORIGIN, now,
                                  now, None, 1, 1, row.spec, self.writer.retention_s)
+            self.writer.check(due, now)
             # The count first or together: the loader skips minutes counted zero.
             await asyncio.gather(
                 self.store.put_request(request, [(due, self.writer.ttl_s(slot, now))]),
@@ -571,6 +664,8 @@ class _Read:
 
 
 _READ = _Read()
+PARSE_YIELD_EVERY = 50
+"""Commands an ingest step parses between two yields to the event loop."""
 STORED = "stored"
 """`outcome` label of chronowheel_ingested_total: the command changed what is stored."""
 UNCHANGED = "unchanged"
@@ -580,7 +675,7 @@ takeover that was applied before, a cancel of an unknown or finished job)."""
 
 @dataclass(slots=True)
 class _NewJob:
-    job: JobSpec
+    cmd: Upsert
     version: int
     first: int
     old_key: OccurrenceKey | None
@@ -588,16 +683,3 @@ class _NewJob:
 
 def _unchanged(row: JobRow | None, job: JobSpec) -> bool:
     return row is not None and row.status != "cancelled" and row.spec == job.canonical
-
-
-def _job_bytes(job: JobSpec) -> int:
-    """About what a logged batch carries for one job (both rows), to size the batches: the
-    variable parts, plus the per-cell overhead Cassandra counts (measured: a job with a
-    90-byte payload and a 140-byte spec counts about 680 bytes: some 20 per cell)."""
-    size = len(job.payload) + len(job.canonical) + 2 * len(job.id) + len(job.topic) + 420
-    if job.recurring:
-        size += len(job.canonical)
-    for k, v in job.headers:
-        size += len(k) + len(v) + 8
-    return size
-

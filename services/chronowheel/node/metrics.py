@@ -60,6 +60,13 @@ class NodeMetrics:
             registry=r)
         self.rejected = Counter("chronowheel_rejected_total",
                                 "commands published to <ns>.rejected", registry=r)
+        self.quarantined = Counter(
+            "chronowheel_quarantined_total",
+            "commands (stage=ingest, to <ns>.rejected) and recurring jobs (stage=dispatch, "
+            "paused) set aside for an error about them alone, by reason: limit (over a "
+            "server's limit, found before writing), store_refused (the store refused the "
+            "write), internal (a bug on the per-command path)",
+            ["stage", "reason"], registry=r)
         self.forwarded = Counter("chronowheel_forwarded_total",
                                  "commands forwarded to their shard's partition", registry=r)
         self.fired = Counter("chronowheel_fired_total", "occurrences published", registry=r)
@@ -79,6 +86,17 @@ class NodeMetrics:
         self.txn_shards = Counter("chronowheel_transaction_shard_parts_total",
                                   "shard contributions in committed node transactions",
                                   registry=r)
+        self.dead_lettered = Counter(
+            "chronowheel_dead_lettered_total",
+            "due occurrences the node published to <ns>.dead instead of their topic, by "
+            "reason: unknown_topic (the topic does not exist), too_large (over the topic's "
+            "max.message.bytes or the producer's largest request), refused (the broker's "
+            "authorizer), invalid (the broker found the record invalid), unencodable",
+            ["reason"], registry=r)
+        self.txn_refused = Counter(
+            "chronowheel_transaction_refused_total",
+            "node transactions aborted because the broker refused some of their records "
+            "(their other records were committed again, without them)", registry=r)
         self.fenced = Counter("chronowheel_node_fenced_total",
                               "times the node's producer was found fenced", registry=r)
         self.clock_skew = Gauge("chronowheel_clock_skew_seconds",

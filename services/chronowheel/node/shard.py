@@ -69,7 +69,7 @@ class ShardActor:
 
         self.state = ShardState(shard=shard, start_ms=clock.now_ms(), tick_ms=settings.tick_ms,
                                 ingest_slack_ms=settings.ingest_slack_ms)
-        writer = RowWriter(store, shard, settings.retention_ms)
+        writer = RowWriter(store, shard, settings.retention_ms, settings.store_batch_fail_bytes)
         calendars = Calendars(store=store, clock=clock, refresh_ms=settings.calendar_refresh_ms)
         self.ingest = Ingest(state=self.state, shards=shards, settings=settings, store=store,
                              writer=writer, clock=clock, metrics=metrics, policy=policy,
@@ -123,6 +123,8 @@ class ShardActor:
                 asyncio.create_task(self.ingest.run(), name=f"ingest-{self.shard}"),
                 asyncio.create_task(self.backfiller.run(), name=f"backfill-{self.shard}"),
             ]
+            for task in helpers:  # a helper that ends wakes the loop below, which fails loudly
+                task.add_done_callback(lambda _task: state.wake.set())
             while not state.stopping:
                 state.wake.clear()
                 for task in helpers:

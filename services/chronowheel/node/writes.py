@@ -4,9 +4,12 @@ occurrence)."""
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 
+from chronowheel.core import limits
 from chronowheel.core.model import JobSpec
 from chronowheel.core.recurrence import Schedule, compile_schedule
+from chronowheel.errors import ValidationError
 from chronowheel.store.base import DueRow, JobRow, JobStore
 
 
@@ -19,10 +22,36 @@ def schedule_of(job: JobSpec) -> Schedule:
 
 
 class RowWriter:
-    def __init__(self, store: JobStore, shard: int, retention_ms: int) -> None:
+    def __init__(self, store: JobStore, shard: int, retention_ms: int,
+                 batch_fail_bytes: int = limits.CASSANDRA_BATCH_FAIL_BYTES) -> None:
         self.store = store
         self.shard = shard
         self.retention_ms = retention_ms
+        self.batch_fail_bytes = batch_fail_bytes
+
+    def check(self, row: DueRow, now: int, job: JobRow | None = None) -> None:
+        """Raise ValidationError, naming the limit, when Cassandra would refuse this due row
+        (with its jobs row, when given): a TTL over 20 years, or the logged batch of both rows
+        over `batch_fail_bytes`. Called before anything of the command is written, so a
+        command over a limit is rejected whole instead of failing half-way."""
+        ttl = self.ttl_s(row.slot_ms, now)
+        if ttl > limits.CASSANDRA_MAX_TTL_S:
+            at = datetime.fromtimestamp(row.scheduled_ms / 1000, UTC).isoformat()
+            raise ValidationError(
+                "job", f"its next occurrence, {at}, is further ahead than Cassandra keeps a row "
+                       f"(a TTL of at most {limits.CASSANDRA_MAX_TTL_S} s, 20 years, and the due "
+                       f"row must live until its occurrence plus the retention period)")
+        if job is not None:
+            size = limits.job_rows_bytes(
+                job_id=row.job_id, topic=row.topic, payload_len=len(row.payload),
+                spec_len=len(job.spec), recurring=False,
+                headers=row.headers) + len(row.spec or b"")
+            if size > self.batch_fail_bytes:
+                raise ValidationError(
+                    "job", f"its rows take about {size} bytes in one Cassandra batch, over "
+                           f"the limit of {self.batch_fail_bytes} (batch_size_fail_threshold, "
+                           f"setting store_batch_fail_bytes); the payload is stored twice, in "
+                           f"the due row and in the job's spec")
 
     @property
     def retention_s(self) -> int:
@@ -43,6 +72,7 @@ class RowWriter:
         # minutes whose count is zero, so a row must never exist uncounted at that point.
         # The due row and the jobs row go in one logged batch: both or neither, so a command
         # re-delivered after a crash is never mistaken for an already-applied one.
+        self.check(row, now, job)
         ttl = self.ttl_s(row.slot_ms, now)
         write = (self.store.put_due(row, ttl) if job is None
                  else self.store.put_due_and_job(row, ttl, job))

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import binascii
 import logging
+import re
 import threading
 import time
 import weakref
@@ -18,8 +19,10 @@ from cassandra import (
     AuthenticationFailed,
     ConsistencyLevel,
     CoordinationFailure,
+    InvalidRequest,
     OperationTimedOut,
     ReadTimeout,
+    Unauthorized,
     Unavailable,
     WriteTimeout,
 )
@@ -43,7 +46,7 @@ from cassandra.query import (
 )
 
 from chronowheel.core import wire
-from chronowheel.errors import ConfigError, RetriableError
+from chronowheel.errors import ConfigError, RetriableError, StoreRefused
 from chronowheel.retry import STORE_POLICY, with_retries
 from chronowheel.security import quiet_loggers, speaks_tls, ssl_context, tls_failure
 from chronowheel.settings import Settings
@@ -288,10 +291,8 @@ def _settle(fut: asyncio.Future[Any], rf: ResponseFuture, exc: BaseException | N
         return
     if exc is None:
         fut.set_result(rf.result())  # already complete: does not block
-    elif isinstance(exc, _TRANSIENT):
-        fut.set_exception(CassandraError(f"{type(exc).__name__}: {exc}"))
     else:
-        fut.set_exception(exc)
+        fut.set_exception(_translated(exc))
 
 
 def _break_cycles(rf: ResponseFuture) -> None:
@@ -310,8 +311,25 @@ def _settle_value(fut: asyncio.Future[Any], value: Any) -> None:
 
 def _settle_error(fut: asyncio.Future[Any], exc: BaseException) -> None:
     if not fut.done():
-        fut.set_exception(CassandraError(f"{type(exc).__name__}: {exc}")
-                          if isinstance(exc, _TRANSIENT) else exc)
+        fut.set_exception(_translated(exc))
+
+
+def _translated(exc: BaseException) -> BaseException:
+    """The driver's error as this package's: transient ones retriable, a refusal of what a
+    write holds (`InvalidRequest`: batch too large, TTL too large) a `StoreRefused`, which
+    is permanent for the one command that made the write; anything else as it is."""
+    if isinstance(exc, _TRANSIENT):
+        return CassandraError(f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, Unauthorized):  # a grant is missing: for the operator, not one command
+        return ConfigError(f"Cassandra refused for want of a permission: {exc}")
+    if isinstance(exc, InvalidRequest) and _REFUSED_CONTENT.search(str(exc)):
+        return StoreRefused(f"Cassandra refused the write: {exc}")
+    return exc  # another InvalidRequest (a missing table, a bad statement): for the operator
+
+
+# What Cassandra says of a write it refuses for its content: "Batch too large", "ttl is too
+# large", "Mutation of N bytes is too large", "Key length of N is longer than maximum of N".
+_REFUSED_CONTENT = re.compile(r"too large|longer than maximum|exceeds", re.IGNORECASE)
 
 
 async def execute(session: Session, stmt: PreparedStatement, params: Sequence[Any], what: str,

@@ -15,7 +15,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import replace
 from datetime import date
 
+from chronowheel.core import limits
 from chronowheel.core.clock import Clock
+from chronowheel.errors import StoreRefused
 from chronowheel.store.base import (
     LIST_SCAN_ROWS,
     Claim,
@@ -38,9 +40,13 @@ def _system_ms() -> int:
 
 class MemoryStore:
     def __init__(self, *, clock: Clock | None = None,
-                 pause: Callable[[], Awaitable[None]] | None = None) -> None:
+                 pause: Callable[[], Awaitable[None]] | None = None,
+                 batch_fail_bytes: int = limits.CASSANDRA_BATCH_FAIL_BYTES) -> None:
         self.clock = clock
         self.pause = pause
+        self.batch_fail_bytes = batch_fail_bytes
+        """Like Cassandra's batch_size_fail_threshold: a batch of several rows whose size
+        (counted as `_rows_bytes` does) is larger is refused whole."""
         self.jobs: dict[str, tuple[JobRow, int | None]] = {}
         self.due: dict[tuple[int, int], dict[_Key, tuple[DueRow, int | None]]] = {}
         self.counts: dict[tuple[int, int], int] = {}
@@ -64,6 +70,9 @@ class MemoryStore:
             await self.pause()
 
     def _expiry(self, ttl_s: int) -> int | None:
+        if ttl_s > limits.CASSANDRA_MAX_TTL_S:  # as Cassandra refuses it
+            raise StoreRefused(f"ttl is too large. requested ({ttl_s}) maximum "
+                               f"({limits.CASSANDRA_MAX_TTL_S})")
         if ttl_s <= 0 or self.clock is None:
             return None
         return self.clock.now_ms() + ttl_s * 1000
@@ -110,15 +119,24 @@ class MemoryStore:
         bucket[(row.slot_ms, row.entry, row.attempt)] = (row, self._expiry(max(1, ttl_s)))
 
     async def put_due_and_job(self, row: DueRow, ttl_s: int, job: JobRow) -> None:
-        await self._enter()
-        self._put_due(row, ttl_s)  # no await between the two: atomic
-        self.jobs[job.job_id] = (replace(job, ttl_s=0), self._expiry(job.ttl_s))
+        await self.put_dues_and_jobs([(row, ttl_s, job)])
 
     async def put_dues_and_jobs(self, rows: Sequence[tuple[DueRow, int, JobRow]]) -> None:
         await self._enter()
+        self._check_batch(rows)
+        for _row, ttl_s, job in rows:  # everything checked first: all or nothing
+            self._expiry(max(1, ttl_s))
+            self._expiry(job.ttl_s)
         for row, ttl_s, job in rows:  # no await in between: atomic
             self._put_due(row, ttl_s)
             self.jobs[job.job_id] = (replace(job, ttl_s=0), self._expiry(job.ttl_s))
+
+    def _check_batch(self, rows: Sequence[tuple[DueRow, int, JobRow | None]]) -> None:
+        size = sum(_rows_bytes(due, job) for due, _ttl, job in rows)
+        if size > self.batch_fail_bytes:
+            # Cassandra's own words, so that tests and reasons read the same on both stores.
+            raise StoreRefused(f"Batch too large ({size} bytes, batch_size_fail_threshold "
+                               f"{self.batch_fail_bytes})")
 
     async def delete_due(self, minute: int, shard: int, slot_ms: int, job_id: str,
                          attempt: int) -> None:
@@ -207,6 +225,11 @@ class MemoryStore:
     async def put_request(self, request: RequestRow,
                           dues: Sequence[tuple[DueRow, int]] = ()) -> None:
         await self._enter()
+        if dues:
+            self._check_batch([(row, ttl_s, None) for row, ttl_s in dues])
+        self._expiry(request.ttl_s)
+        for _row, ttl_s in dues:
+            self._expiry(max(1, ttl_s))
         for row, ttl_s in dues:  # no await in between: atomic
             self._put_due(row, ttl_s)
         self.requests[(request.shard, request.job_id, request.request_id)] = (
@@ -267,6 +290,16 @@ class MemoryStore:
     async def delete_calendar(self, name: str) -> None:
         await self._enter()
         self.calendars.pop(name, None)
+
+
+def _rows_bytes(due: DueRow, job: JobRow | None) -> int:
+    """What Cassandra would count for a due row and its jobs row in a batch (an estimate
+    that errs high, as `limits.job_rows_bytes`)."""
+    return limits.job_rows_bytes(
+        job_id=due.job_id, topic=due.topic, payload_len=len(due.payload),
+        spec_len=len(job.spec) if job is not None else 0,
+        recurring=False, headers=due.headers) \
+        + len(due.spec or b"")
 
 
 def _matches(row: JobRow, query: JobQuery) -> bool:
