@@ -80,6 +80,7 @@ _MAX_YEAR = 9999
 _MAX_EXPR_CHARS = 1024
 
 _EPOCH = datetime(1970, 1, 1)
+_FIRST_DAY = date(_MIN_YEAR + 1, 1, 1)
 _SEC = timedelta(seconds=1)
 
 # How a schedule maps wall times to instants (see the module docstring).
@@ -520,6 +521,30 @@ class Schedule:
     # Local dates (in `zone`) on which a cron schedule does not fire: the job's own
     # `exclude_dates` and the dates of its calendar (see `excluding`).
     exclude_dates: frozenset[date] = frozenset()
+    # The same dates as sorted runs of consecutive days, (first, last) as proleptic ordinals in
+    # two parallel tuples: the search passes a whole run in one step, found by bisection.
+    _run_firsts: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
+    _run_lasts: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        firsts: list[int] = []
+        lasts: list[int] = []
+        for day in sorted(d.toordinal() for d in self.exclude_dates):
+            if lasts and day == lasts[-1] + 1:
+                lasts[-1] = day
+            else:
+                firsts.append(day)
+                lasts.append(day)
+        object.__setattr__(self, "_run_firsts", tuple(firsts))
+        object.__setattr__(self, "_run_lasts", tuple(lasts))
+
+    def excluded_run(self, day: date) -> tuple[date, date] | None:
+        """The run of consecutive excluded dates that holds `day`, or None if it is allowed."""
+        o = day.toordinal()
+        i = bisect_right(self._run_firsts, o) - 1
+        if i < 0 or o > self._run_lasts[i]:
+            return None
+        return date.fromordinal(self._run_firsts[i]), date.fromordinal(self._run_lasts[i])
 
 
 @dataclass(frozen=True, slots=True)
@@ -670,7 +695,26 @@ def _transition(zone: ZoneInfo, lo: int, hi: int) -> int:
     return hi
 
 
-def _cron_next(s: Schedule, a: int) -> int | None:
+class _Budget:
+    """Candidate instants a search may still examine (see `limits.MAX_RECURRENCE_STEPS`)."""
+
+    __slots__ = ("left", "steps")
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.left = steps
+
+    def take(self) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise _Exhausted(self.steps)
+
+
+class _Exhausted(Exception):
+    """A search used up its budget (internal: next_after turns it into a ValidationError)."""
+
+
+def _cron_next(s: Schedule, a: int, budget: _Budget | None = None) -> int | None:
     """Smallest occurrence (epoch seconds) strictly after a, ignoring start/end."""
     f, zone, mode = s.fields, s.zone, s.mode
     assert f is not None
@@ -699,6 +743,8 @@ def _cron_next(s: Schedule, a: int) -> int | None:
                 return _wall_seconds(w) - o1
         start = end_b
     while True:
+        if budget is not None:
+            budget.take()
         w = f.next_match(start)
         if w is None:
             return None
@@ -756,11 +802,18 @@ def _cron_prev(s: Schedule, b: int) -> int | None:
 # Public queries
 
 
-def next_after(s: Schedule, after_ms: int, *, inclusive: bool = False) -> int | None:
+def next_after(
+    s: Schedule, after_ms: int, *, inclusive: bool = False, max_steps: int | None = None
+) -> int | None:
     """The next occurrence strictly after `after_ms` (at or after, if inclusive); None if none.
 
     O(1) for intervals; for cron, independent of how far `after_ms` is from the previous
-    occurrence (the search walks calendar months, never individual occurrences).
+    occurrence (the search walks calendar months, never individual occurrences) and of how
+    many consecutive dates are excluded (a run of them is one step).
+
+    With `max_steps`, a cron search that examines more candidate instants than that (an
+    occurrence on an excluded date, a wall time in a DST gap) raises ValidationError instead
+    of going on: what the parser uses to reject a schedule that would hold the event loop.
     """
     a = after_ms - 1 if inclusive else after_ms
     if s.start_ms is not None:
@@ -771,31 +824,47 @@ def next_after(s: Schedule, after_ms: int, *, inclusive: bool = False) -> int | 
     if s.every_ms is not None:
         anchor = s.start_ms if s.start_ms is not None else 0
         u: int | None = anchor + ((a - anchor) // s.every_ms + 1) * s.every_ms
-    else:
+    elif max_steps is None:
         sec = _cron_next_allowed(s, a // 1000)
+        u = None if sec is None else sec * 1000
+    else:
+        try:
+            sec = _cron_next_allowed(s, a // 1000, _Budget(max_steps))
+        except _Exhausted:
+            raise ValidationError(
+                "job.exclude_dates" if s.exclude_dates else "job.cron",
+                f"the next occurrence is not found within {max_steps} candidate instants "
+                "(limits.MAX_RECURRENCE_STEPS): the schedule falls on excluded dates or "
+                "skipped local times almost every time it matches",
+                s.cron,
+            ) from None
         u = None if sec is None else sec * 1000
     if u is None or u > MAX_MS or (s.end_ms is not None and u > s.end_ms):
         return None
     return u
 
 
-def _cron_next_allowed(s: Schedule, a: int) -> int | None:
-    """`_cron_next`, passing over occurrences on excluded dates a whole local day at a time.
+def _cron_next_allowed(s: Schedule, a: int, budget: _Budget | None = None) -> int | None:
+    """`_cron_next`, passing over occurrences on excluded dates a whole run of consecutive
+    excluded local days at a time (found by bisection, see `Schedule.excluded_run`).
 
-    Each round either leaves an excluded day or passes one occurrence (a day whose first
+    Each round either leaves a run of excluded days or passes one occurrence (a day whose first
     instant comes before an occurrence dated the day before, as when a clock falls back across
-    midnight), so the rounds are bounded by the excluded days plus such repeats.
+    midnight), so the rounds are bounded by the runs met plus such repeats.
     """
     while True:
-        sec = _cron_next(s, a)
+        sec = _cron_next(s, a, budget)
         if sec is None or not s.exclude_dates or sec > _MAX_SEC:
             return sec
-        day = datetime.fromtimestamp(sec, s.zone).date()
-        if day not in s.exclude_dates:
+        run = s.excluded_run(datetime.fromtimestamp(sec, s.zone).date())
+        if run is None:
             return sec
-        if day >= date(_MAX_YEAR, 12, 31):
+        last = run[1]
+        if last >= date(_MAX_YEAR, 12, 31):
             return None
-        a = max(sec, _day_start(s.zone, day + timedelta(days=1)) - 1)
+        if budget is not None:
+            budget.take()
+        a = max(sec, _day_start(s.zone, last + timedelta(days=1)) - 1)
 
 
 def _cron_prev_allowed(s: Schedule, b: int) -> int | None:
@@ -805,11 +874,15 @@ def _cron_prev_allowed(s: Schedule, b: int) -> int | None:
         if sec is None or not s.exclude_dates:
             return sec
         day = datetime.fromtimestamp(sec, s.zone).date()
-        if day not in s.exclude_dates:
+        run = s.excluded_run(day)
+        if run is None:
             return sec
-        if day <= date(_MIN_YEAR + 1, 1, 1):
+        # Near the epoch step one day at a time: the dates before 1970 are never excluded, and
+        # wall times of 1969 west of UTC are still instants of 1970.
+        first = run[0] if run[0] > _FIRST_DAY else day
+        if first <= _FIRST_DAY:
             return None
-        b = min(sec - 1, _day_start(s.zone, day) - 1)
+        b = min(sec - 1, _day_start(s.zone, first) - 1)
 
 
 def latest_at_or_before(s: Schedule, at_ms: int) -> int | None:
