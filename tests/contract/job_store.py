@@ -15,7 +15,8 @@ from datetime import date
 from typing import Any
 
 import pytest
-from chronowheel.core import wire
+from chronowheel.core import limits, wire
+from chronowheel.errors import StoreRefused
 from chronowheel.store.base import (
     Claim,
     DueRow,
@@ -184,6 +185,34 @@ class JobStoreContract:
             [row for row, _, _ in group if row.minute == m]
         assert [r for page in await read_all(store, n, ids.shard) for r in page] == \
             [row for row, _, _ in group if row.minute == n]
+
+    async def test_a_batch_over_cassandras_size_limit_is_refused_whole(
+            self, store: JobStore, ids: Ids) -> None:
+        # Cassandra's default batch_size_fail_threshold is 50 KiB: a 60 KB payload, stored in
+        # the due row and again in the spec, takes more than twice that.
+        m = T0 + 14 * MINUTE_MS
+        small = (due(ids, "small", m + 1), 3600,
+                 JobRow(ids.job("small"), ids.shard, b"{}", 1, "scheduled", m, m + 1))
+        big = (due(ids, "big", m + 2, payload=b"x" * 60_000), 3600,
+               JobRow(ids.job("big"), ids.shard, b"y" * 60_000, 1, "scheduled", m, m + 2))
+        with pytest.raises(StoreRefused, match="Batch too large"):
+            await store.put_dues_and_jobs([small, big])
+        with pytest.raises(StoreRefused, match="Batch too large"):
+            await store.put_due_and_job(*big)
+        assert await store.get_job(ids.job("small")) is None  # nothing of it was written
+        assert await read_all(store, m, ids.shard) == []
+        await store.put_dues_and_jobs([small])
+        assert await store.get_job(ids.job("small")) is not None
+
+    async def test_a_ttl_over_20_years_is_refused(self, store: JobStore, ids: Ids) -> None:
+        m = T0 + 15 * MINUTE_MS
+        with pytest.raises(StoreRefused, match="ttl is too large"):
+            await store.put_due(due(ids, "far", m), limits.CASSANDRA_MAX_TTL_S + 1)
+        with pytest.raises(StoreRefused, match="ttl is too large"):
+            await store.put_job(JobRow(ids.job("far"), ids.shard, b"{}", 1, "cancelled", None,
+                                       None, ttl_s=limits.CASSANDRA_MAX_TTL_S + 1))
+        await store.put_due(due(ids, "far", m), limits.CASSANDRA_MAX_TTL_S)  # the limit: fine
+        assert len(await read_all(store, m, ids.shard)) == 1
 
     # --- bucket counts ----------------------------------------------------------------
     async def test_counts_add_up_per_minute_and_ranges_include_both_ends_across_hours(
