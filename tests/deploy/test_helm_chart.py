@@ -1,6 +1,7 @@
 """The Helm chart: `helm lint` and `helm template` pass, and the rendered manifests have the
 kinds, hooks, probes, non-root security, resources and secret references the deployment needs;
-no credential can be given as a plain value."""
+no credential can be given as a plain value; the NetworkPolicy admits only the scrapers to the
+node and worker pods' HTTP port."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import dataclasses
 import re
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -58,7 +60,7 @@ def test_the_rendered_kinds_and_the_init_hook() -> None:
     kinds = sorted((d["kind"], d["metadata"]["name"]) for d in docs)
     assert kinds == [
         ("Deployment", "rel-chronowheel-console"), ("Deployment", "rel-chronowheel-worker"),
-        ("Job", "rel-chronowheel-init"),
+        ("Job", "rel-chronowheel-init"), ("NetworkPolicy", "rel-chronowheel-http"),
         ("PodDisruptionBudget", "rel-chronowheel-node"),
         ("PodDisruptionBudget", "rel-chronowheel-worker"),
         ("Service", "rel-chronowheel-node"), ("Service", "rel-chronowheel-worker"),
@@ -71,9 +73,10 @@ def test_the_rendered_kinds_and_the_init_hook() -> None:
                               "myapp.handlers:send"]
     [console] = [c for d, c in containers(docs) if c["name"] == "console"]
     assert console["args"] == ["console"]
-    # Without the optional parts: node, its service and budget, the hook, the monitor.
+    # Without the optional parts: node, its service and budget, the hook, the monitor, the
+    # network policy.
     assert {d["kind"] for d in render()} == {"StatefulSet", "Service", "PodDisruptionBudget",
-                                             "Job", "ServiceMonitor"}
+                                             "Job", "ServiceMonitor", "NetworkPolicy"}
 
 
 def test_probes_resources_and_non_root_everywhere() -> None:
@@ -141,3 +144,79 @@ def test_the_scrape_jobs_are_the_ones_the_alerts_and_dashboard_expect() -> None:
     dashboard = (DEPLOY / "grafana" / "chronowheel.json").read_text()
     assert 'job="chronowheel-node"' in rules
     assert all(job in dashboard for job in jobs)
+
+
+# --- the NetworkPolicy -----------------------------------------------------------------------
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Does a Kubernetes label selector (matchLabels, matchExpressions) select these labels?"""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expr in selector.get("matchExpressions", []):
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        if not {"In": key in labels and labels[key] in values,
+                "NotIn": labels.get(key) not in values,
+                "Exists": key in labels,
+                "DoesNotExist": key not in labels}[op]:
+            return False
+    return True
+
+
+def network_policy(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    [policy] = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    return policy
+
+
+def test_the_network_policy_admits_only_the_scrapers_to_the_http_port_of_node_and_worker(
+        ) -> None:
+    docs = render(*FULL)
+    policy = network_policy(docs)
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    # It selects the node and worker pods of this release, not the console or the init Job.
+    chosen = {c["name"] for d, c in containers(docs)
+              if selects(spec["podSelector"], d["spec"]["template"]["metadata"]["labels"])}
+    assert chosen == {"node", "worker"}
+    assert not selects(spec["podSelector"], {
+        "app.kubernetes.io/name": "chronowheel", "app.kubernetes.io/instance": "other",
+        "app.kubernetes.io/component": "node"})
+    # One rule: the HTTP port the containers listen on, from the default scrapers.
+    [rule] = spec["ingress"]
+    ports = {p["containerPort"] for d, c in containers(docs) if c["name"] in chosen
+             for p in c["ports"] if p["name"] == "http"}
+    assert rule["ports"] == [{"protocol": "TCP", "port": 8080}] and ports == {8080}
+    assert rule["from"] == [{"namespaceSelector": {},
+                             "podSelector": {"matchLabels": {
+                                 "app.kubernetes.io/name": "prometheus"}}}]
+    # The port follows httpPort.
+    [rule] = network_policy(render("--set", "httpPort=9100"))["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 9100}]
+
+
+def test_the_network_policy_scrapers_come_from_the_values(tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"networkPolicy": {"enabled": True, "scrapers": [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}},
+        {"podSelector": {"matchExpressions": [
+            {"key": "role", "operator": "In", "values": ["checker"]}]}},
+        {"ipBlock": {"cidr": "10.0.0.0/8"}}]}}))
+    [rule] = network_policy(render("-f", str(values)))["spec"]["ingress"]
+    assert rule["from"] == yaml.safe_load(values.read_text())["networkPolicy"]["scrapers"]
+    assert helm("lint", str(CHART), "--strict", "-f", str(values)).returncode == 0
+    # No scrapers: no rule at all (an empty `from` would admit everyone).
+    values.write_text(yaml.safe_dump({"networkPolicy": {"enabled": True, "scrapers": []}}))
+    spec = network_policy(render("-f", str(values)))["spec"]
+    assert spec["policyTypes"] == ["Ingress"] and spec["ingress"] == []
+    # Off: no policy.
+    assert not [d for d in render("--set", "networkPolicy.enabled=false")
+                if d["kind"] == "NetworkPolicy"]
+    # The schema refuses an empty peer and an unknown key.
+    bad_values: list[dict[str, Any]] = [
+        {"scrapers": [{}]}, {"scrapers": [{"podSelector": {"labels": {"a": "b"}}}]},
+        {"scrapers": [], "allowAll": True}]
+    for bad in bad_values:
+        values.write_text(yaml.safe_dump({"networkPolicy": {"enabled": True, **bad}}))
+        run = helm("template", "rel", str(CHART), "-f", str(values))
+        assert run.returncode != 0 and "values don't meet the specifications" in run.stderr, bad
