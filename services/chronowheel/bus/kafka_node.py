@@ -11,19 +11,28 @@ from collections.abc import Callable, Coroutine, Iterator, Mapping
 from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import (
     CommitFailedError,
+    CorruptRecordException,
     IllegalStateError,
     InvalidProducerEpoch,
     InvalidSessionTimeoutError,
+    InvalidTimestampError,
     KafkaError,
+    MessageSizeTooLargeError,
     ProducerFenced,
+    RecordListTooLargeError,
+    TopicAuthorizationFailedError,
     TransactionalIdAuthorizationFailed,
+    UnknownError,
+    UnknownTopicOrPartitionError,
 )
 
 from chronowheel.bus.kafka import (
     group_consumer,
     group_session_limits,
+    open_admin,
     reader,
     session_timeout_refusal,
     transactional_producer,
@@ -33,10 +42,13 @@ from chronowheel.bus.ports import (
     Fenced,
     Headers,
     Prepared,
+    RecordsRefused,
+    Refusal,
     ShardsChanged,
     SubmitRecord,
 )
-from chronowheel.errors import ConfigError
+from chronowheel.core import limits
+from chronowheel.errors import ChronowheelError, ConfigError
 from chronowheel.retry import with_retries
 from chronowheel.settings import Settings
 from chronowheel.timeouts import wait_event, within
@@ -45,7 +57,33 @@ log = logging.getLogger(__name__)
 
 _FENCED = (ProducerFenced, InvalidProducerEpoch, TransactionalIdAuthorizationFailed)
 PARTITIONS_LOOKUP_TIMEOUT_S = 10
+LIMIT_LOOKUP_TIMEOUT_S = 10
 T = TypeVar("T")
+
+# Errors of a produce request about the records of one batch (never retriable: the
+# transactional producer retries retriable ones itself), by the dead-letter reason they give
+# and whether they are about the whole topic (every record of the batch earns them) rather
+# than one record. Anything else is the node's problem (fencing, or a failed transaction).
+REFUSED_BATCH: Mapping[type[KafkaError], tuple[str, bool]] = {
+    MessageSizeTooLargeError: ("too_large", False),
+    RecordListTooLargeError: ("too_large", False),
+    TopicAuthorizationFailedError: ("refused", True),
+    UnknownTopicOrPartitionError: ("unknown_topic", True),
+    CorruptRecordException: ("invalid", False),
+    InvalidTimestampError: ("invalid", False),
+    # aiokafka has no class for INVALID_RECORD (87, e.g. a broker-side record validation) and
+    # reports it as UnknownError: it counts against a record only when refused alone.
+    UnknownError: ("invalid", False),
+}
+
+
+def refusal_of(exc: BaseException) -> tuple[str, bool] | None:
+    """(reason, whole topic) when `exc`, the failure of one batch, is permanent for its
+    records only; None when it is not about the records (see REFUSED_BATCH)."""
+    for cls, kind in REFUSED_BATCH.items():
+        if type(exc) is cls:
+            return kind
+    return None
 
 
 @contextlib.contextmanager
@@ -59,22 +97,47 @@ def _translated(what: str) -> Iterator[None]:
 
 
 class KafkaPrepared:
-    def __init__(self, producer: AIOKafkaProducer) -> None:
-        self._producer = producer
-        self.batches: list[tuple[str, int, Any]] = []  # in the order they filled
-        self._open: dict[tuple[str, int], Any] = {}
+    def __init__(self, producer: KafkaTxnProducer) -> None:
+        self._owner = producer
+        self._producer = producer.aiokafka
+        # In the order they filled: topic, partition, batch, indexes of its messages.
+        self.batches: list[tuple[str, int, Any, list[int]]] = []
+        self._open: dict[tuple[str, int], tuple[str, int, Any, list[int]]] = {}
         self._count = 0
 
+    def _new_batch(self, topic: str) -> Any:
+        batch = self._producer.create_batch()
+        # A broker refuses a batch over the topic's max.message.bytes as a whole: so that a
+        # small topic limit refuses only a message that is too large by itself (alone in its
+        # batch, as the first message always fits), batches never grow past it. aiokafka
+        # has no parameter for it per batch.
+        builder = getattr(batch, "_builder", None)
+        if builder is not None and hasattr(builder, "_batch_size"):
+            builder._batch_size = min(builder._batch_size, self._owner.known_limit(topic))
+        return batch
+
     def add(self, topic: str, partition: int, key: bytes | None, value: bytes,
-            headers: Headers) -> None:
-        batch = self._open.get((topic, partition))
-        if batch is None or batch.append(key=key, value=value, timestamp=None,
-                                         headers=headers) is None:
-            batch = self._producer.create_batch()
-            self._open[(topic, partition)] = batch
-            self.batches.append((topic, partition, batch))
-            if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
-                raise BusError(f"message for {topic} too large for one batch")
+            headers: Headers, *, alone: bool = False) -> None:
+        where = (topic, partition)
+        index = self._count
+        try:
+            entry = None if alone else self._open.get(where)
+            if entry is None or entry[2].append(key=key, value=value, timestamp=None,
+                                                headers=headers) is None:
+                batch = self._new_batch(topic)
+                if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+                    raise BusError(f"message for {topic} too large for one batch")
+                entry = (topic, partition, batch, [])
+                self.batches.append(entry)
+                if alone:
+                    self._open.pop(where, None)
+                else:
+                    self._open[where] = entry
+        except (TypeError, ValueError, AttributeError, OverflowError) as exc:
+            # Encoding writes the record apart and appends it only when complete: the batch
+            # is as it was.
+            raise BusError(f"message for {topic} cannot be encoded: {exc!r}") from exc
+        entry[3].append(index)
         self._count += 1
 
     def __len__(self) -> int:
@@ -89,6 +152,12 @@ class KafkaTransaction:
         self._submit_topic = submit_topic
         self._group_id = group_id
         self._batches: dict[tuple[str, int], Any] = {}
+        # Every batch sent, with where its messages came from (None: `publish`). aiokafka
+        # commits a transaction whose batch failed without that batch, so `commit` waits for
+        # each and refuses to commit past a failure.
+        self._sent: list[tuple[asyncio.Future[Any], KafkaPrepared | None, tuple[int, ...],
+                               str]] = []
+        self._refusals: list[Refusal] = []
 
     def append(self, topic: str, partition: int, key: bytes | None, value: bytes,
                headers: Headers) -> bool:
@@ -104,7 +173,8 @@ class KafkaTransaction:
             return
         with _translated(f"{self._id}: publishing to {topic}[{partition}]"):
             if batch is not None:
-                await self._producer.send_batch(batch, topic, partition=partition)  # full
+                self._sent.append((await self._producer.send_batch(  # full
+                    batch, topic, partition=partition), None, (), topic))
             batch = self._batches[(topic, partition)] = self._producer.create_batch()
         if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
             raise BusError(f"{self._id}: message for {topic} too large for one batch")
@@ -112,37 +182,98 @@ class KafkaTransaction:
     async def send(self, prepared: Prepared) -> None:
         assert isinstance(prepared, KafkaPrepared)
         with _translated(f"{self._id}: sending prepared batches"):
-            for topic, partition, batch in prepared.batches:
-                await self._producer.send_batch(batch, topic, partition=partition)
+            for topic, partition, batch, indexes in prepared.batches:
+                try:
+                    future = await self._producer.send_batch(batch, topic, partition=partition)
+                except (UnknownTopicOrPartitionError, TopicAuthorizationFailedError) as exc:
+                    # Raised by the metadata wait, before the batch joined the transaction.
+                    kind, whole = refusal_of(exc) or ("refused", True)
+                    self._refusals.append(Refusal(prepared, tuple(indexes), topic,
+                                                  _describe(exc), kind, whole))
+                    continue
+                self._sent.append((future, prepared, tuple(indexes), topic))
         prepared.batches.clear()
 
     async def commit(self, submit_offsets: Mapping[int, int]) -> None:
         with _translated(f"{self._id}: committing a transaction"):
             for (topic, part), batch in self._batches.items():
-                await self._producer.send_batch(batch, topic, partition=part)
+                self._sent.append((await self._producer.send_batch(batch, topic, partition=part),
+                                   None, (), topic))
             self._batches.clear()
             if submit_offsets:
                 await self._producer.send_offsets_to_transaction(
                     {TopicPartition(self._submit_topic, k): off
                      for k, off in submit_offsets.items()}, self._group_id)
+            await self._check_sent()
             await self._producer.commit_transaction()
+
+    async def _check_sent(self) -> None:
+        """Wait for every batch sent; raise what one of them failed with (nothing is committed
+        yet): Fenced first, then RecordsRefused for refusals of prepared messages, then any
+        other failure as the transaction's."""
+        sent, self._sent = self._sent, []
+        results = await asyncio.gather(*(f for f, *_ in sent), return_exceptions=True)
+        refusals, self._refusals = self._refusals, []
+        other: BaseException | None = None
+        for (_f, prepared, indexes, topic), result in zip(sent, results, strict=True):
+            if not isinstance(result, BaseException):
+                continue
+            if isinstance(result, _FENCED):
+                raise result
+            kind = refusal_of(result)
+            if kind is None or prepared is None:
+                other = other or result
+            else:
+                refusals.append(Refusal(prepared, indexes, topic, _describe(result), *kind))
+        if other is not None:
+            raise other
+        if refusals:
+            raise RecordsRefused(refusals)
 
     async def abort(self) -> None:
         self._batches.clear()
+        self._refusals.clear()
+        sent, self._sent = self._sent, []
+        for future, *_ in sent:  # their failures are known or moot: not "never retrieved"
+            if future.done() and not future.cancelled():
+                future.exception()
+            else:
+                future.add_done_callback(_ignore_result)
         with contextlib.suppress(Exception):
             await self._producer.abort_transaction()
 
 
+def _ignore_result(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 class KafkaTxnProducer:
     def __init__(self, settings: Settings, transactional_id: str, group_id: str) -> None:
+        self._settings = settings
         self._id = transactional_id
         self._group_id = group_id
         self._submit_topic = settings.submit_topic
         self._producer = transactional_producer(settings, transactional_id)
+        self._max_request = int(getattr(self._producer, "_max_request_size", 1 << 20))
+        # topic -> (largest record, monotonic time it was read)
+        self._limits: dict[str, tuple[int, float]] = {}
+        self._admin: AIOKafkaAdminClient | None = None
+        self._admin_lock = asyncio.Lock()
+        self._limits_unreadable_logged = False
 
     @property
     def transactional_id(self) -> str:
         return self._id
+
+    @property
+    def aiokafka(self) -> AIOKafkaProducer:
+        return self._producer
 
     async def start(self) -> None:
         # init_transactions bumps the epoch of this transactional.id: any other producer with
@@ -151,6 +282,10 @@ class KafkaTxnProducer:
             await with_retries(self._producer.start, f"{self._id}: init transactional producer")
 
     async def stop(self) -> None:
+        admin, self._admin = self._admin, None
+        if admin is not None:
+            with contextlib.suppress(Exception):
+                await admin.close()
         await self._producer.stop()
 
     async def begin(self) -> KafkaTransaction:
@@ -159,7 +294,55 @@ class KafkaTxnProducer:
         return KafkaTransaction(self._producer, self._id, self._submit_topic, self._group_id)
 
     def prepare(self) -> KafkaPrepared:
-        return KafkaPrepared(self._producer)
+        return KafkaPrepared(self)
+
+    def known_limit(self, topic: str) -> int:
+        """The topic's largest record as last read (Kafka's default before the first read)."""
+        known = self._limits.get(topic)
+        return known[0] if known is not None \
+            else limits.max_record_bytes(None, self._max_request)
+
+    async def max_record_bytes(self, topic: str) -> int:
+        known = self._limits.get(topic)
+        now = time.monotonic()
+        if known is not None and now - known[1] < limits.TOPIC_LIMIT_REFRESH_MS / 1000:
+            return known[0]
+        configured = await self._read_max_message_bytes(topic)
+        limit = limits.max_record_bytes(configured, self._max_request)
+        self._limits[topic] = (limit, now)
+        return limit
+
+    def forget_limit(self, topic: str) -> None:
+        self._limits.pop(topic, None)
+
+    async def _read_max_message_bytes(self, topic: str) -> int | None:
+        """The topic's `max.message.bytes` from the brokers; None when it cannot be read."""
+        from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+        try:
+            async with self._admin_lock:  # shards may ask at once: one admin client
+                if self._admin is None:
+                    self._admin = await within(open_admin(self._settings),
+                                               LIMIT_LOOKUP_TIMEOUT_S)
+                admin: AIOKafkaAdminClient = self._admin
+            responses = await within(admin.describe_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, topic, {"max.message.bytes": None})]),
+                LIMIT_LOOKUP_TIMEOUT_S)
+            for response in responses:
+                for error_code, message, _type, _name, entries in response.resources:
+                    if error_code:
+                        raise BusError(f"error {error_code}: {message}")
+                    for entry in entries:
+                        if entry[0] == "max.message.bytes":
+                            return int(entry[1])
+            raise BusError("max.message.bytes not in the answer")
+        except (TimeoutError, KafkaError, ChronowheelError, ValueError) as exc:
+            if not self._limits_unreadable_logged:
+                self._limits_unreadable_logged = True
+                log.warning("%s: cannot read max.message.bytes of topic %s (%r); assuming "
+                            "Kafka's default, %d", self._id, topic, exc,
+                            limits.KAFKA_MAX_MESSAGE_BYTES)
+            return None
 
     async def partition_count(self, topic: str) -> int | None:
         try:

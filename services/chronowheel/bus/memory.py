@@ -5,6 +5,10 @@ group offset) only on commit, so every log holds committed messages only, as a r
 consumer sees them; an open transaction is tracked by transactional id, so a settled read waits
 for it. Starting a producer fences the previous one with the same transactional id and aborts
 its open transaction, as `init_transactions` does. One event loop only.
+
+Like a broker, a topic may refuse records: over its `max.message.bytes` (`topic_limits`, the
+producer's batches never grow past it) or for everyone (`refused_topics`, as a missing ACL);
+a commit of a transaction with such a prepared record raises RecordsRefused naming it.
 """
 
 from __future__ import annotations
@@ -19,9 +23,12 @@ from chronowheel.bus.ports import (
     Fenced,
     Headers,
     Prepared,
+    RecordsRefused,
+    Refusal,
     ShardsChanged,
     SubmitRecord,
 )
+from chronowheel.core import limits
 from chronowheel.core.clock import Clock
 from chronowheel.settings import Settings
 from chronowheel.timeouts import wait_event, within
@@ -75,6 +82,15 @@ class MemoryBus:
         """group id -> members in the order they joined (see `MemorySubmitGroup.start`)."""
         self.starts: list[str] = []
         """Transactional ids in the order producers were started (initialised)."""
+        self.topic_limits: dict[str, int] = {}
+        """topic -> its `max.message.bytes` (Kafka's default for a topic not named)."""
+        self.refused_topics: set[str] = set()
+        """Topics that refuse every record (TopicAuthorizationFailed)."""
+        self.limits_readable = True
+        """False: producers cannot read topics' limits (no DescribeConfigs permission), so
+        they assume Kafka's default while the topics enforce their own."""
+        self.max_request_bytes = 4 << 20
+        """The producers' `max_request_size`."""
         self.commits = 0
         self.fail_commits = 0
         """Make this many next commits fail with BusError (after nothing was applied)."""
@@ -100,6 +116,14 @@ class MemoryBus:
         """Make commits of `transactional_id` wait (as a process stopped mid-commit, with its
         transaction open) until the returned event is set."""
         return self.held.setdefault(transactional_id, asyncio.Event())
+
+    def topic_limit(self, topic: str) -> int:
+        return self.topic_limits.get(topic, limits.KAFKA_MAX_MESSAGE_BYTES)
+
+    def producer_limit(self, topic: str) -> int:
+        """What a producer takes for the topic's largest record (see `limits_readable`)."""
+        known = self.topic_limits.get(topic) if self.limits_readable else None
+        return limits.max_record_bytes(known, self.max_request_bytes)
 
     def messages(self, topic: str) -> list[Message]:
         """Every message of `topic`, in the order they became visible."""
@@ -157,12 +181,31 @@ class MemoryPrepared:
     def __init__(self, bus: MemoryBus) -> None:
         self._bus = bus
         self.messages: list[_Pending] = []
+        self.batches: list[list[int]] = []
+        """Indexes into `messages`, as a producer would have batched them."""
+        self._open: dict[tuple[str, int], tuple[list[int], int]] = {}  # batch, its bytes
 
     def add(self, topic: str, partition: int, key: bytes | None, value: bytes,
-            headers: Headers) -> None:
+            headers: Headers, *, alone: bool = False) -> None:
         if len(value) > self._bus.max_message_bytes:
             raise BusError(f"message for {topic} too large for one batch")
-        self.messages.append(_Pending(topic, partition, key, value, list(headers)))
+        if not all(isinstance(v, bytes) for _, v in headers):
+            raise BusError(f"message for {topic}: a header value is not bytes")
+        pending = _Pending(topic, partition, key, value, list(headers))
+        size = limits.record_bytes(key, value, pending.headers)
+        index = len(self.messages)
+        self.messages.append(pending)
+        # As a producer's batches: at most batch_rows, never past the topic's largest message
+        # unless one message alone; `alone` closes the batch around the message.
+        where = (topic, partition)
+        batch, used = self._open.pop(where, ([], 0))
+        if not batch or len(batch) >= self._bus.batch_rows or alone \
+                or used + size > self._bus.producer_limit(topic):
+            batch, used = [], 0
+            self.batches.append(batch)
+        batch.append(index)
+        if not alone:
+            self._open[where] = (batch, used + size)
 
     def __len__(self) -> int:
         return len(self.messages)
@@ -174,6 +217,7 @@ class MemoryTransaction:
         self._bus = producer.bus
         self._pending: list[_Pending] = []
         self._open: dict[tuple[str, int], int] = {}  # messages in the current batch
+        self.refusals: list[Refusal] = []
         self.aborted = False
 
     def writes_to(self, topic: str, partition: int) -> bool:
@@ -206,9 +250,34 @@ class MemoryTransaction:
         self._producer.check_epoch()
         await asyncio.sleep(0)
         self._producer.check_epoch()
-        self._pending.extend(prepared.messages)
+        for batch in prepared.batches:
+            messages = [prepared.messages[i] for i in batch]
+            topic = messages[0].topic
+            refusal = self._refusal(prepared, tuple(batch), topic, messages)
+            if refusal is not None:  # as a produce response's error: the commit raises it
+                self.refusals.append(refusal)
+            else:
+                self._pending.extend(messages)
         self._open.clear()  # later messages start new batches
         prepared.messages = []
+        prepared.batches = []
+
+    def _refusal(self, prepared: Prepared, indexes: tuple[int, ...], topic: str,
+                 messages: list[_Pending]) -> Refusal | None:
+        bus = self._bus
+        if topic not in bus.topics:
+            return Refusal(prepared, indexes, topic, "UnknownTopicOrPartitionError",
+                           "unknown_topic", whole_topic=True)
+        if topic in bus.refused_topics:
+            return Refusal(prepared, indexes, topic, f"TopicAuthorizationFailedError: {topic}",
+                           "refused", whole_topic=True)
+        size = sum(limits.record_bytes(m.key, m.value, m.headers) for m in messages)
+        limit = bus.topic_limit(topic)
+        if size > limit:
+            return Refusal(prepared, indexes, topic,
+                           f"MessageSizeTooLargeError: a batch of {size} bytes, over "
+                           f"max.message.bytes {limit}", "too_large", whole_topic=False)
+        return None
 
     async def commit(self, submit_offsets: Mapping[int, int]) -> None:
         bus = self._bus
@@ -224,6 +293,8 @@ class MemoryTransaction:
         if bus.fail_commits:
             bus.fail_commits -= 1
             raise BusError("commit failed (injected)")
+        if self.refusals:
+            raise RecordsRefused(self.refusals)
         for p in self._pending:  # before anything is applied: all or nothing
             logs = bus.topics.get(p.topic)
             if logs is None or not 0 <= p.partition < len(logs):
@@ -240,6 +311,7 @@ class MemoryTransaction:
 
     def _end(self) -> None:
         self._pending.clear()
+        self.refusals.clear()
         producer = self._producer
         producer.in_transaction = False
         if self._bus.open_txns.get(producer.transactional_id) is self:
@@ -298,6 +370,13 @@ class MemoryTxnProducer:
         await asyncio.sleep(0)
         logs = self.bus.topics.get(topic)
         return len(logs) if logs else None
+
+    async def max_record_bytes(self, topic: str) -> int:
+        await asyncio.sleep(0)
+        return self.bus.producer_limit(topic)
+
+    def forget_limit(self, topic: str) -> None:
+        """Nothing is cached: every read asks the bus."""
 
 
 class MemorySubmitGroup:

@@ -9,6 +9,7 @@ Partitions of `<ns>.submit` and `<ns>.state` are shards: a shard is named by its
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from chronowheel.errors import ChronowheelError
@@ -22,6 +23,35 @@ class BusError(ChronowheelError):
 
 class Fenced(BusError):
     """A newer producer with the same transactional id exists: this one may not commit."""
+
+
+@dataclass(frozen=True, eq=False)
+class Refusal:
+    """The broker refused the records `indexes` (in the order they were added) of `prepared`:
+    sent together in one producer batch, which is all a refusal can name."""
+
+    prepared: Prepared
+    indexes: tuple[int, ...]
+    topic: str
+    reason: str
+    """What the broker said, e.g. `RecordTooLarge: ...` (for the dead letter's headers)."""
+    kind: str
+    """`too_large`, `refused` (not authorised), `unknown_topic` or `invalid`."""
+    whole_topic: bool
+    """The refusal is about the topic, so every record of the batch earns it (an
+    authorisation failure, a topic that does not exist); otherwise only a record refused
+    alone in its batch is known to be the culprit."""
+
+
+class RecordsRefused(BusError):
+    """The broker refused some records of a transaction for what they are or where they go,
+    not for anything about the producer: permanent for those records, never for the node. The
+    transaction must be aborted; the rest is published again without the culprits."""
+
+    def __init__(self, refusals: Sequence[Refusal]) -> None:
+        self.refusals = tuple(refusals)
+        super().__init__("; ".join(f"{r.topic}: {len(r.indexes)} record(s) refused: {r.reason}"
+                                   for r in self.refusals))
 
 
 class SubmitRecord(Protocol):
@@ -51,8 +81,11 @@ class Prepared(Protocol):
     next part while the node's current transaction commits); `Transaction.send` ships them."""
 
     def add(self, topic: str, partition: int, key: bytes | None, value: bytes,
-            headers: Headers) -> None:
-        """Encode a message (no await). Raises BusError when it does not fit an empty batch."""
+            headers: Headers, *, alone: bool = False) -> None:
+        """Encode a message (no await); `alone`: in a producer batch of its own, so that a
+        refusal names it alone. A batch never grows past the topic's largest message
+        (`TxnProducer.max_record_bytes`). Raises BusError when the message cannot be encoded
+        (nothing is added then)."""
         ...
 
     def __len__(self) -> int: ...
@@ -85,7 +118,9 @@ class Transaction(Protocol):
 
     async def commit(self, submit_offsets: Mapping[int, int]) -> None:
         """Send every buffered message and the given next `<ns>.submit` offsets (shard ->
-        offset) for the node group, then commit all of it atomically."""
+        offset) for the node group, then commit all of it atomically. Raises RecordsRefused
+        (before committing anything) when the broker refused records of prepared messages:
+        the caller aborts, and publishes again without them."""
         ...
 
     async def abort(self) -> None:
@@ -121,6 +156,18 @@ class TxnProducer(Protocol):
 
     async def partition_count(self, topic: str) -> int | None:
         """Partitions of `topic`; None when it does not exist or cannot be read within 10 s."""
+        ...
+
+    async def max_record_bytes(self, topic: str) -> int:
+        """The largest record `topic` takes from this producer, counted as
+        `limits.record_bytes` counts: the topic's `max.message.bytes`, read from the brokers
+        (refreshed now and then; `limits.KAFKA_MAX_MESSAGE_BYTES` when it cannot be read),
+        and never more than the producer's own largest request."""
+        ...
+
+    def forget_limit(self, topic: str) -> None:
+        """Read `topic`'s limit from the brokers again at its next use (a record under the
+        known limit was refused as too large: the topic's configuration changed)."""
         ...
 
 

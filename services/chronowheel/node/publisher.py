@@ -1,33 +1,52 @@
 """The shard's publisher: its part of the node transaction, one per dispatch step.
 
 A part carries the fired occurrences, ingest's outbox (forwarded and rejected commands), the
-dead-lettered occurrences of unknown topics, the shard's state record (its watermark and its
-owner, the node's transactional id) and the submit offset after the last fully applied ingest
-batch: all of it or none of it, in the same transaction as the other shards' parts
-(`node/transactions.py`).
+dead-lettered occurrences, the shard's state record (its watermark and its owner, the node's
+transactional id) and the submit offset after the last fully applied ingest batch: all of it or
+none of it, in the same transaction as the other shards' parts (`node/transactions.py`).
+
+An occurrence that cannot be published is dead-lettered to `<ns>.dead` instead, with
+`cw-reason` and `cw-error` saying why, and never holds its shard or the node back: its target
+topic does not exist, its record is larger than the topic takes (checked before producing,
+against the topic's `max.message.bytes` read from the brokers), it cannot be encoded, or the
+broker refused it in a transaction (`Republish`: the part is committed again without it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 from collections import Counter
 from collections.abc import Callable
 
 import orjson
 
-from chronowheel.bus.ports import Prepared, Transaction, TxnProducer
-from chronowheel.core import wire
+from chronowheel.bus.ports import BusError, Prepared, Refusal, Transaction, TxnProducer
+from chronowheel.core import limits, wire
 from chronowheel.core.clock import Clock
 from chronowheel.core.shard import shard_of
+from chronowheel.errors import ChronowheelError
 from chronowheel.node.metrics import NodeMetrics, observe_many
 from chronowheel.node.pending import Pending
 from chronowheel.node.state import Outgoing, ShardState
-from chronowheel.node.transactions import NodeTransactions
+from chronowheel.node.transactions import NodeTransactions, Republish
 from chronowheel.observe import tracing
 from chronowheel.settings import Settings
 
 log = logging.getLogger(__name__)
+
+# Times a part is committed again after refusals before its shard gives up and restarts (each
+# round sets aside at least one record of the transaction, so this is a safety net).
+MAX_REPUBLISH_ROUNDS = 20
+
+# Error types named in `cw-error`, by dead-letter reason.
+ERROR_NAMES = {"unknown_topic": "UnknownTopic", "too_large": "RecordTooLarge",
+               "refused": "TopicAuthorizationFailed", "invalid": "InvalidRecord",
+               "unencodable": "SerializationError"}
+
+Item = Pending | Outgoing
+"""What a part publishes: a fired occurrence, or a message of ingest's outbox."""
 
 
 def state_key(shard: int) -> bytes:
@@ -102,7 +121,8 @@ class Publisher:
     async def commit(self, fired: list[Pending], *, release: bool = False) -> None:
         """Publish `fired` with everything pending in the next node transaction; `release`
         (the last commit of a graceful stop) records the shard as owned by nobody, so the next
-        owner need not fence this node. Raises ShardLost when fenced, ChronowheelError on any
+        owner need not fence this node. An occurrence that cannot be published goes to
+        `<ns>.dead` in its place. Raises ShardLost when fenced, ChronowheelError on any
         other failure (the shard then restarts from its committed watermark and offset:
         crash-only recovery)."""
         state = self.state
@@ -112,9 +132,12 @@ class Publisher:
         # Ingest keeps appending while the transaction is open: take what is there now.
         outbox, state.outbox = state.outbox, []
         offset, state.offset_to_commit = state.offset_to_commit, None
+        items: list[Item] = [*fired, *outbox]
+        dead: list[tuple[Outgoing, str]] = []  # dead letters made here, and their reason
+        isolated: set[int] = set()  # id() of items to send in a producer batch of their own
         # Encoded here, while the node's current transaction commits; the transaction that
         # takes this part only ships the batches and adds the state record.
-        prepared = await self._prepare(fired, outbox)
+        prepared, sent = await self._prepare(items, dead, isolated)
         owner = None if release else self.transactions.transactional_id
         record = state_record(shard=self.shard, watermark=watermark, state=state,
                               node_id=self.node_id, owner=owner, at=started,
@@ -124,52 +147,143 @@ class Publisher:
             await txn.send(prepared)
             await txn.publish(self.settings.state_topic, self.shard, state_key(self.shard),
                               record, [])
-            return count + 1
+            return len(sent) + 1
 
-        count = len(prepared)
-        await self.transactions.commit(self.shard, self.session, fill, offset,
-                                       messages=count + 1)
+        for attempt in itertools.count(1):
+            try:
+                await self.transactions.commit(self.shard, self.session, fill, offset,
+                                               messages=len(sent) + 1)
+                break
+            except Republish as again:
+                # The transaction was aborted: nothing of this part is visible. Set the
+                # records the broker refused aside and commit the rest (the same watermark
+                # and offset) again.
+                if attempt >= MAX_REPUBLISH_ROUNDS:
+                    raise ChronowheelError(f"shard {self.shard}: still refused after "
+                                           f"{attempt} transactions: {again}") from again
+                self._set_aside([r for r in again.refusals if r.prepared is prepared], sent,
+                                items, dead, isolated)
+                prepared, sent = await self._prepare(items, dead, isolated)
         done = self.clock.now_ms()
-        per_slot = Counter(p.slot_ms for p in fired)
+        published = [p for p in items if isinstance(p, Pending)] if dead else fired
+        per_slot = Counter(p.slot_ms for p in published)
         lateness = self.metrics.lateness
         for slot_ms, n in per_slot.items():
             observe_many(lateness, max(0, done - slot_ms) / 1000, n)
-        self.metrics.fired.inc(len(fired))
+        self.metrics.fired.inc(len(published))
+        for reason, n in Counter(reason for _, reason in dead if reason).items():
+            self.metrics.dead_lettered.labels(reason).inc(n)
         if tracing.tracer() is not None:
-            for p in fired:
+            for p in published:
                 if p.user_headers:
                     tracing.record_fire(p.job_id, wire.occurrence_id(p.job_id, p.scheduled_ms),
                                         self.shard, p.user_headers, p.scheduled_ms, done)
         state.committed_watermark = watermark
         state.last_commit_ms = done
 
-    async def _prepare(self, fired: list[Pending], outbox: list[Outgoing]) -> Prepared:
+    async def _prepare(self, items: list[Item], dead: list[tuple[Outgoing, str]],
+                       isolated: set[int]) -> tuple[Prepared, list[Item]]:
+        """Encode `items` then `dead`; return the prepared messages and what each one is, in
+        order. A fired occurrence that cannot go to its topic is moved from `items` to
+        `dead` instead."""
         prepared = self.transactions.producer.prepare()
         fired_at = str(self.clock.now_ms()).encode()
-        dead: list[Outgoing] = []
+        sent: list[Item] = []
+        kept: list[Item] = []
+        outbox: list[Outgoing] = []
         known = self._partitions
+        largest: dict[str, int] = {}  # topic -> its largest record, read once per part
         add = prepared.add
         own, shards = self.shard, self.shards
-        for p in fired:
+        for p in items:
             # Hot path (a herd is thousands of messages): dict lookups and a batch append;
-            # awaits only for an unknown topic.
-            parts = known.get(p.topic) or await self._partition_count(p.topic)
-            if parts is None:
-                dead.append(self._undeliverable(p, fired_at))
+            # awaits only for a topic met for the first time in this part.
+            if not isinstance(p, Pending):
+                outbox.append(p)
                 continue
+            topic = p.topic
+            parts = known.get(topic) or await self._partition_count(topic)
+            if parts is None:
+                dead.append(self._dead_letter(p, fired_at, "unknown_topic",
+                                              f"target topic {topic} is unavailable"))
+                continue
+            limit = largest.get(topic) or await self._largest(topic, largest)
             key = p.key
+            headers = p.headers(key, (wire.FIRED_AT, fired_at))
+            size = limits.record_bytes(key, p.payload, headers)
+            if size > limit:
+                dead.append(self._dead_letter(
+                    p, fired_at, "too_large",
+                    f"the fired record is {size} bytes, over the {limit} bytes topic {topic} "
+                    f"takes (its max.message.bytes, within the producer's max_request_size)"))
+                continue
             # The partition Kafka's default partitioner gives the job id. A job lives in shard
             # shard_of(job_id, shards), so with as many partitions that is our own shard: no
             # murmur2 per message (it was a sixth of the node's time in a herd).
             partition = own if parts == shards else shard_of(p.job_id, parts)
-            add(p.topic, partition, key, p.payload, p.headers(key, (wire.FIRED_AT, fired_at)))
-        for out in (*outbox, *dead):
+            try:
+                add(topic, partition, key, p.payload, headers,
+                    alone=bool(isolated) and id(p) in isolated)
+            except BusError as exc:
+                dead.append(self._dead_letter(p, fired_at, "unencodable", str(exc)))
+                continue
+            kept.append(p)
+            sent.append(p)
+        if dead:
+            limit = largest.get(self.settings.dead_topic) \
+                or await self._largest(self.settings.dead_topic, largest)
+            dead[:] = [(_fit(out, limit), reason) for out, reason in dead]
+        for out in (*outbox, *(out for out, _ in dead)):
             target = out.partition
             if target is None:
                 n = await self._partition_count(out.topic) or 1
                 target = shard_of(out.key.decode("utf-8", "replace"), n) if out.key else 0
-            add(out.topic, target, out.key, out.value, out.headers)
-        return prepared
+            add(out.topic, target, out.key, out.value, out.headers,
+                alone=bool(isolated) and id(out) in isolated)
+            sent.append(out)
+        items[:] = [*kept, *outbox]
+        return prepared, sent
+
+    def _set_aside(self, refusals: list[Refusal], sent: list[Item], items: list[Item],
+                   dead: list[tuple[Outgoing, str]], isolated: set[int]) -> None:
+        """Take the records the broker refused out of `items` (a fired occurrence, or a
+        message of ingest's outbox, becomes a dead letter; a dead letter refused is lost, and
+        logged). A refusal of a batch of several records for what one of them may be sends
+        each alone next time, to find which."""
+        fired_at = str(self.clock.now_ms()).encode()
+        culprits: dict[int, tuple[Item, Refusal]] = {}
+        for r in refusals:
+            if r.kind == "too_large":  # the topic's limit may have changed: read it again
+                self.transactions.producer.forget_limit(r.topic)
+            if not r.whole_topic and len(r.indexes) > 1:
+                isolated.update(id(sent[i]) for i in r.indexes)
+                continue
+            for i in r.indexes:
+                culprits[id(sent[i])] = (sent[i], r)
+        if not culprits:
+            return
+        items[:] = [x for x in items if id(x) not in culprits]
+        kept_dead = []
+        for out, reason in dead:
+            hit = culprits.pop(id(out), None)
+            if hit is None:
+                kept_dead.append((out, reason))
+            else:
+                log.error("shard %d: a dead letter of %s was refused too, and is lost: %s",
+                          self.shard, out.key, hit[1].reason, extra={"shard": self.shard})
+        dead[:] = kept_dead
+        for item, r in culprits.values():
+            why = f"the broker refused the record: {r.reason}"
+            if isinstance(item, Pending):
+                dead.append(self._dead_letter(item, fired_at, r.kind, why))
+            else:
+                log.error("shard %d: a message for %s was refused (%s); dead-lettered",
+                          self.shard, item.topic, r.reason, extra={"shard": self.shard})
+                headers = [*item.headers, (wire.TARGET_TOPIC, item.topic.encode()),
+                           (wire.ERROR, _error(r.kind, why)),
+                           (wire.REASON, limits.cut_reason(f"{r.kind}: {why}").encode())]
+                dead.append((Outgoing(self.settings.dead_topic, None, item.key, item.value,
+                                      headers), ""))
 
     async def _partition_count(self, topic: str) -> int | None:
         n = self._partitions.get(topic)
@@ -180,15 +294,39 @@ class Publisher:
             self._partitions[topic] = n
         return n
 
-    def _undeliverable(self, p: Pending, fired_at: bytes) -> Outgoing:
-        log.error("shard %d: target topic %s unavailable; %s dead-lettered", self.shard,
-                  p.topic, p.job_id, extra={"shard": self.shard, "job_id": p.job_id,
-                                            "occurrence": f"{p.job_id}@{p.scheduled_ms}"})
+    async def _largest(self, topic: str, largest: dict[str, int]) -> int:
+        limit = largest[topic] = await self.transactions.producer.max_record_bytes(topic)
+        return limit
+
+    def _dead_letter(self, p: Pending, fired_at: bytes, reason: str,
+                     detail: str) -> tuple[Outgoing, str]:
+        log.error("shard %d: %s dead-lettered (%s): %s", self.shard, p.job_id, reason, detail,
+                  extra={"shard": self.shard, "job_id": p.job_id,
+                         "occurrence": f"{p.job_id}@{p.scheduled_ms}"})
         key = p.key
         return Outgoing(self.settings.dead_topic, None, key, p.payload,
                         p.headers(key, (wire.FIRED_AT, fired_at),
                                   (wire.TARGET_TOPIC, p.topic.encode()),
-                                  (wire.ERROR, f"target topic {p.topic} is unavailable".encode())))
+                                  (wire.ERROR, _error(reason, detail)),
+                                  (wire.REASON,
+                                   limits.cut_reason(f"{reason}: {detail}").encode()))), reason
+
+
+def _error(reason: str, detail: str) -> bytes:
+    return limits.cut_reason(f"{ERROR_NAMES.get(reason, reason)}: {detail}").encode()
+
+
+def _fit(out: Outgoing, limit: int) -> Outgoing:
+    """A dead letter within `<ns>.dead`'s largest record: its payload replaced by a note of
+    its size and SHA-256 if needed, then its headers cut to chronowheel's own."""
+    if limits.record_bytes(out.key, out.value, out.headers) <= limit:
+        return out
+    out = Outgoing(out.topic, out.partition, out.key, limits.oversize_note(out.value),
+                   out.headers)
+    if limits.record_bytes(out.key, out.value, out.headers) <= limit:
+        return out
+    return Outgoing(out.topic, out.partition, out.key, out.value,
+                    [(k, v) for k, v in out.headers if k.startswith("cw-")])
 
 
 async def stop_quietly(producer: TxnProducer | None) -> None:

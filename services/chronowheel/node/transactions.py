@@ -15,6 +15,12 @@ session in force before its claim began (`session`), so an actor whose shard may
 claimed by another node since can never publish again; the node re-takes its shards through a
 fresh takeover and claim (`node/service.py`).
 
+Refused records: a broker error about some records of a transaction (too large, a topic we
+may not write, a record it finds invalid: `RecordsRefused`) is about those records alone. The
+transaction is aborted and every part in it fails with `Republish`, naming the refusals: each
+shard's publisher takes its culprits out (to `<ns>.dead`) and queues its part again, so the
+other occurrences go in the next transaction, and a read_committed reader sees each once.
+
 Size: a transaction takes queued parts up to `max_messages` messages (at least one part; the
 rest wait for the next). Without that cap a herd (every shard's step full at once) made one
 transaction of ~100,000 messages per cycle, and a read_committed reader saw nothing of it
@@ -30,7 +36,14 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from chronowheel.bus.ports import BusError, Fenced, Transaction, TxnProducer
+from chronowheel.bus.ports import (
+    BusError,
+    Fenced,
+    RecordsRefused,
+    Refusal,
+    Transaction,
+    TxnProducer,
+)
 from chronowheel.core.clock import Clock
 from chronowheel.errors import ChronowheelError
 from chronowheel.node.metrics import NodeMetrics
@@ -52,6 +65,19 @@ class ShardLost(ChronowheelError):
 class NodeFenced(ShardLost):
     """The node's producer was fenced (or a part belongs to a session before a fence): its
     open transaction was aborted for every shard in it."""
+
+
+class Republish(ChronowheelError):
+    """The broker refused some records of the transaction this part was in, which was aborted:
+    nothing of it is visible. The part is to be committed again, without its records named in
+    `refusals` (those of other parts are theirs)."""
+
+    retriable = True
+
+    def __init__(self, refusals: tuple[Refusal, ...], shards: list[int]) -> None:
+        self.refusals = refusals
+        super().__init__(f"node transaction of shards {shards} aborted: "
+                         f"{RecordsRefused(refusals)}")
 
 
 def node_transactional_id(namespace: str, node_id: str) -> str:
@@ -233,6 +259,13 @@ class NodeTransactions:
                 raise
         except Fenced as exc:
             await self._fenced(parts, exc)
+            return
+        except RecordsRefused as exc:  # about some records only: every part goes again
+            shards = sorted({p.shard for p in parts})
+            log.warning("node transaction of shards %s aborted, to be committed again without "
+                        "what the broker refused: %s", shards, exc)
+            self.metrics.txn_refused.inc()
+            self._fail(parts, Republish(exc.refusals, shards))
             return
         except (BusError, ChronowheelError) as exc:
             self._fail(parts, ChronowheelError(
