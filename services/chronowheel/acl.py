@@ -4,20 +4,32 @@
 (CreateAcls, sent with aiokafka's connection: aiokafka has no ACL call of its own) and runs the
 CQL on Cassandra. Creating an ACL or a grant that exists is a no-op, so applying is idempotent.
 
-Who needs what (least privilege):
+Who needs what (least privilege), as the code uses it:
 
 - the **submitter** (any producer of jobs) may only write `<ns>.submit`;
 - a **worker** reads `<ns>.fired` and the target topics it handles, with its consumer group
-  (`<ns>-workers-*` by default), and writes `<ns>.submit` (retries) and `<ns>.dead`;
-- the **node** owns the internal topics (reads and writes `<ns>.submit` and `<ns>.state`, writes
-  `<ns>.fired`, `<ns>.rejected` and the target topics), its consumer group `<ns>-nodes` and the
-  transactional ids `<ns>-node-*` (its own and those it fences) and `<ns>-shard-*` (claims).
+  (`<ns>-workers-<topics>` by default), and writes `<ns>.submit` (retries) and `<ns>.dead`
+  (handler failures); in Cassandra it reads and writes its idempotency tables only;
+- the **node** reads and writes `<ns>.submit` (forwarded commands) and `<ns>.state` (shard
+  records, read back at a takeover), writes `<ns>.fired`, `<ns>.rejected`, `<ns>.dead`
+  (occurrences it cannot deliver) and the target topics, reads its consumer group `<ns>-nodes`
+  and writes the transactional ids `<ns>-node-<node id>` (its own and those it fences) and
+  `<ns>-shard-<k>` (claims); in Cassandra it reads and writes the scheduling tables.
+
+Names are exact (LITERAL) except where they cannot be known in advance: node ids, shard
+numbers, the default worker groups. Those are PREFIXED with `<ns>-node-`, `<ns>-shard-` and
+`<ns>-workers-`. Another namespace's names start with such a prefix only if that namespace is
+`<ns>-node` or starts with `<ns>-node-` (likewise `shard`, `workers`): a namespace one of
+whose `-`-separated parts after the first is `node`, `shard` or `workers`. `acl` refuses to
+secure such a namespace, and with `--apply` refuses to create prefixes that would cover a
+namespace already present on the cluster.
 
 `chronowheel init` (topic creation) is run by an administrator, not by these principals.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -90,24 +102,124 @@ def _principal(text: str, what: str) -> str:
 
 
 def _topic_patterns(topics: Iterable[str]) -> list[tuple[str, str]]:
-    """`name` is LITERAL, `prefix*` is PREFIXED."""
+    """`name` is LITERAL, `prefix*` is PREFIXED (a bare `*`, every topic, is refused)."""
     out = []
     for t in topics:
         t = t.strip()
         if not t:
             continue
+        if t == "*":
+            raise ConfigError("a topic prefix '*' would match every topic of every namespace: "
+                              "name the topics, or a prefix of them")
         out.append((t[:-1], "PREFIXED") if t.endswith("*") else (t, "LITERAL"))
     return out
+
+
+# The parts of a name after `<ns>-` that only a prefix can grant: node ids (`<ns>-node-<id>`),
+# shard claimers (`<ns>-shard-<k>`) and default worker groups (`<ns>-workers-<topics>`).
+PREFIX_WORDS = ("node", "shard", "workers")
+_NAMESPACE = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def check_namespace(namespace: str) -> str:
+    """The namespace, if `acl` can secure it: made of topic-name characters, and out of reach
+    of every other namespace's prefixes.
+
+    A prefix `<a>-node-` matches the names `<b>-node-…`, `<b>-shard-…`, `<b>-workers-…`,
+    `<b>-nodes` of a namespace b exactly when b is `<a>-node` or starts with `<a>-node-`, that
+    is when a `-`-separated part of b after the first is `node` (likewise `shard`, `workers`).
+    Refusing such names here means no namespace secured by `acl` can be covered by another's
+    prefixes, and a namespace's own prefixes cannot reach one secured by `acl` either."""
+    if not _NAMESPACE.fullmatch(namespace):
+        raise ConfigError(f"namespace {namespace!r}: only letters, digits, '.', '_' and '-' "
+                          f"(it names topics)")
+    parts = namespace.split("-")
+    reserved = sorted(set(parts[1:]) & set(PREFIX_WORDS))
+    if reserved:
+        owner = "-".join(parts[:parts.index(reserved[0], 1)])
+        raise ConfigError(
+            f"namespace {namespace!r}: its names would fall under the ACL prefix "
+            f"{owner}-{reserved[0]}- of namespace {owner!r} (a '-'-separated part "
+            f"{', '.join(repr(w) for w in reserved)}); choose a name without "
+            f"{', '.join('-' + w for w in PREFIX_WORDS)} as a part")
+    return namespace
+
+
+def namespace_resources(namespace: str, *, node_id: str = "host-1", shard: int = 0,
+                        worker_topics: Sequence[str] = ()) -> dict[str, set[str]]:
+    """Names a namespace's principals use, per Kafka resource type, made by the code that
+    uses them (one node id, one shard, the default worker group of `worker_topics`)."""
+    from chronowheel.cli._cluster import nodes_group
+    from chronowheel.core import wire
+    from chronowheel.node.publisher import legacy_transactional_id
+    from chronowheel.node.transactions import node_transactional_id
+    from chronowheel.worker.service import default_group_id
+
+    topics = [wire.fired_topic(namespace), *worker_topics]
+    return {
+        "TOPIC": {wire.submit_topic(namespace), wire.state_topic(namespace),
+                  wire.fired_topic(namespace), wire.rejected_topic(namespace),
+                  wire.dead_topic(namespace)},
+        "GROUP": {nodes_group(Settings(namespace=namespace)),
+                  default_group_id(namespace, topics)},
+        "TRANSACTIONAL_ID": {node_transactional_id(namespace, node_id),
+                             legacy_transactional_id(namespace, shard)},
+    }
+
+
+def _id_prefixes(namespace: str) -> dict[str, str]:
+    """The prefixes of the names only known at run time, from the code that makes them."""
+    from chronowheel.node.publisher import legacy_transactional_id
+    from chronowheel.node.transactions import node_transactional_id
+    from chronowheel.worker.service import default_group_id
+
+    out = {"node": node_transactional_id(namespace, ""),
+           "shard": legacy_transactional_id(namespace, 0).removesuffix("0"),
+           "workers": default_group_id(namespace, [])}
+    for word, prefix in out.items():  # `<ns>-<word>-`: what check_namespace relies on
+        if prefix != f"{namespace}-{word}-":
+            raise RuntimeError(f"the {word} names changed form ({prefix!r}): check_namespace "
+                               f"no longer keeps namespaces out of each other's prefixes")
+    return out
+
+
+def matches(acl: KafkaAcl, resource_type: str, name: str) -> bool:
+    """Whether the ACL's resource pattern covers the resource (as Kafka's authorizer does)."""
+    if acl.resource_type != resource_type:
+        return False
+    if acl.pattern == "PREFIXED":
+        return name.startswith(acl.resource_name)
+    return acl.resource_name == name
+
+
+def reached(acls: Sequence[KafkaAcl], namespaces: Iterable[str],
+            own: str) -> list[tuple[KafkaAcl, str]]:
+    """(ACL, name) for each PREFIXED ACL that covers a name of another of `namespaces`."""
+    out = []
+    for other in sorted(set(namespaces) - {own}):
+        for rtype, names in namespace_resources(other).items():
+            out += [(a, n) for a in acls if a.pattern == "PREFIXED"
+                    for n in sorted(names) if matches(a, rtype, n)]
+    return out
+
+
+def namespaces_of(topics: Iterable[str]) -> set[str]:
+    """The namespaces that have topics among `topics` (by their `<ns>.submit` topic)."""
+    suffix = ".submit"
+    return {t[:-len(suffix)] for t in topics if t.endswith(suffix) and len(t) > len(suffix)}
 
 
 def kafka_acls(settings: Settings, principals: Principals, *,
                target_topics: Sequence[str] = (), worker_topics: Sequence[str] = (),
                worker_group: str | None = None) -> list[KafkaAcl]:
     """Every ALLOW ACL the namespace's three principals need (nothing else is allowed)."""
-    ns = settings.namespace
+    from chronowheel.cli._cluster import nodes_group
+
+    ns = check_namespace(settings.namespace)
     sub = _principal(principals.submitter, "submitter principal")
     wrk = _principal(principals.worker, "worker principal")
     nod = _principal(principals.node, "node principal")
+    prefixes = _id_prefixes(ns)
     acls: list[KafkaAcl] = []
 
     def topic(role: str, who: str, name: str, ops: Sequence[str],
@@ -116,26 +228,29 @@ def kafka_acls(settings: Settings, principals: Principals, *,
 
     # submitter: write the submit topic, nothing else
     topic("submitter", sub, settings.submit_topic, ("WRITE", "DESCRIBE"))
-    # worker
+    # worker: consumes fired and its topics, retries into submit, dead-letters into dead
     topic("worker", wrk, settings.fired_topic, ("READ", "DESCRIBE"))
     for name, pattern in _topic_patterns(worker_topics):
         topic("worker", wrk, name, ("READ", "DESCRIBE"), pattern)
     topic("worker", wrk, settings.submit_topic, ("WRITE", "DESCRIBE"))
     topic("worker", wrk, settings.dead_topic, ("WRITE", "DESCRIBE"))
     group, group_pattern = ((worker_group, "LITERAL") if worker_group
-                            else (f"{ns}-workers-", "PREFIXED"))
+                            else (prefixes["workers"], "PREFIXED"))
     acls.append(KafkaAcl("worker", wrk, "GROUP", group, group_pattern, "READ"))
-    # node
+    # node: consumes submit (group <ns>-nodes, offsets committed in its transactions),
+    # forwards into submit, reads back and writes state, fires, rejects, dead-letters
+    # (target topic missing, occurrence too large) and writes the target topics
     topic("node", nod, settings.submit_topic, ("READ", "WRITE", "DESCRIBE"))
     topic("node", nod, settings.state_topic, ("READ", "WRITE", "DESCRIBE"))
     topic("node", nod, settings.fired_topic, ("WRITE", "DESCRIBE"))
     topic("node", nod, settings.rejected_topic, ("WRITE", "DESCRIBE"))
+    topic("node", nod, settings.dead_topic, ("WRITE", "DESCRIBE"))
     for name, pattern in _topic_patterns(target_topics):
         topic("node", nod, name, ("WRITE", "DESCRIBE"), pattern)
-    acls.append(KafkaAcl("node", nod, "GROUP", f"{ns}-nodes", "LITERAL", "READ"))
+    acls.append(KafkaAcl("node", nod, "GROUP", nodes_group(settings), "LITERAL", "READ"))
     # `<ns>-node-*`: each node's own producer, and the ones it starts to fence a previous
     # owner; `<ns>-shard-*`: the producer that commits a takeover's claim of a shard.
-    acls.extend(KafkaAcl("node", nod, "TRANSACTIONAL_ID", f"{ns}-{kind}-", "PREFIXED", op)
+    acls.extend(KafkaAcl("node", nod, "TRANSACTIONAL_ID", prefixes[kind], "PREFIXED", op)
                 for kind in ("node", "shard") for op in ("WRITE", "DESCRIBE"))
     return acls
 
@@ -157,17 +272,40 @@ def _role(name: str) -> str:
     return name
 
 
+# The tables each role's code touches (store/cassandra.py, store/cassandra_marks.py, admin.py)
+# and what it does there. A conditional (IF) write also needs SELECT.
+NODE_TABLES: dict[str, tuple[str, ...]] = {
+    "meta": ("SELECT",),  # the shard count recorded by init
+    "jobs": ("SELECT", "MODIFY"),
+    "due": ("SELECT", "MODIFY"),
+    "job_requests": ("SELECT", "MODIFY"),
+    "bucket_counts": ("SELECT", "MODIFY"),
+    "calendars": ("SELECT", "MODIFY"),
+}
+WORKER_TABLES: dict[str, tuple[str, ...]] = {
+    "processed": ("SELECT", "MODIFY"),  # per-occurrence claims (conditional writes)
+    "job_runs": ("SELECT", "MODIFY"),  # one run per job at a time (conditional writes)
+    "worker_leases": ("SELECT", "MODIFY"),  # per-partition leases (conditional writes)
+    "worker_marks": ("SELECT", "MODIFY"),  # done marks
+}
+
+
 def cassandra_grants(settings: Settings, roles: CassandraRoles) -> list[str]:
     """CQL: the roles (created without login if missing) and their permissions.
 
-    Node and worker read and write the namespace's keyspace; the ops role only reads it. Give
-    a login role one of these with `GRANT <role> TO <login>` (or name the login roles here).
+    Node and worker get SELECT/MODIFY on the tables they use, nothing keyspace-wide (the
+    keyspace-wide grants of earlier versions are revoked first); the ops role reads the whole
+    keyspace. Give a login role one of these with `GRANT <role> TO <login>` (or name the login
+    roles here). Table grants need the tables: run `chronowheel init` first.
     """
     ks = settings.keyspace
     node, worker, ops = _role(roles.node), _role(roles.worker), _role(roles.ops)
     out = [f"CREATE ROLE IF NOT EXISTS {r}" for r in dict.fromkeys((node, worker, ops))]
     for r in dict.fromkeys((node, worker)):
-        out += [f"GRANT SELECT ON KEYSPACE {ks} TO {r}", f"GRANT MODIFY ON KEYSPACE {ks} TO {r}"]
+        out += [f"REVOKE {perm} ON KEYSPACE {ks} FROM {r}" for perm in ("MODIFY", "SELECT")]
+    for r, tables in ((node, NODE_TABLES), (worker, WORKER_TABLES)):
+        out += [f"GRANT {perm} ON TABLE {ks}.{table} TO {r}"
+                for table, perms in tables.items() for perm in perms]
     out.append(f"GRANT SELECT ON KEYSPACE {ks} TO {ops}")
     return out
 
@@ -290,5 +428,13 @@ async def apply_kafka_acls(admin: Any, acls: Sequence[KafkaAcl]) -> None:
 
 
 def apply_cassandra_grants(session: Any, statements: Sequence[str]) -> None:
+    from cassandra import InvalidRequest
+
     for stmt in statements:
-        session.execute(stmt, timeout=30)
+        try:
+            session.execute(stmt, timeout=30)
+        except InvalidRequest as exc:
+            if "exist" not in str(exc):
+                raise
+            raise ConfigError(f"{stmt}: {exc} (table grants need the namespace's tables: "
+                              f"run `chronowheel init` for it first)") from exc

@@ -14,11 +14,18 @@ def register(sub: Any) -> None:
         "acl", help="print (and with --apply set) a namespace's Kafka ACLs and Cassandra grants",
         description="Print the Kafka ACLs of the namespace's three principals (a submitter may "
                     "only write <ns>.submit; a worker reads <ns>.fired and its target topics "
-                    "and writes <ns>.submit and <ns>.dead; the node owns the internal topics, "
-                    "its consumer group and the transactional ids <ns>-shard-*) and the "
-                    "Cassandra grants (node and worker read/write the keyspace, ops reads it). "
-                    "With --apply, create them: the Kafka ACLs through the admin API and the "
-                    "grants as CQL, connecting with the given (administrator's) credentials.")
+                    "with its group and writes <ns>.submit and <ns>.dead; the node reads and "
+                    "writes <ns>.submit and <ns>.state, writes <ns>.fired, <ns>.rejected, "
+                    "<ns>.dead and the target topics, reads its group <ns>-nodes and writes "
+                    "the transactional ids <ns>-node-* and <ns>-shard-*) and the Cassandra "
+                    "grants (node and worker read/write the tables they use, ops reads the "
+                    "keyspace). Names are exact except those prefixes and the default worker "
+                    "groups <ns>-workers-*; a namespace that another namespace's prefixes would "
+                    "cover (a '-'-separated part node, shard or workers after the first) is "
+                    "refused. With --apply, create them: the Kafka ACLs through the admin API "
+                    "(refused if a prefix would cover a namespace present on the cluster) and "
+                    "the grants as CQL, connecting with the given (administrator's) "
+                    "credentials.")
     add_settings_arguments(p, ("namespace", "kafka", "cassandra"))
     p.add_argument("--submitter-principal", default=None, metavar="User:NAME",
                    help="Kafka principal of job submitters (default User:<ns>-submitter)")
@@ -88,11 +95,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _apply_kafka(settings: Any, acls: Any) -> None:
-    from chronowheel.acl import apply_kafka_acls
+    from chronowheel.acl import apply_kafka_acls, namespaces_of, reached
     from chronowheel.bus.kafka import open_admin
+    from chronowheel.errors import ConfigError
 
     admin = await open_admin(settings)
     try:
+        # A prefix must not grant anything in a namespace already on the cluster.
+        exposed = reached(acls, namespaces_of(await admin.list_topics()), settings.namespace)
+        if exposed:
+            raise ConfigError("not applied: these prefixes would also cover another namespace's "
+                              "names: " + "; ".join(f"{a.describe()} covers {name}"
+                                                    for a, name in exposed))
         await apply_kafka_acls(admin, acls)
     finally:
         await admin.close()
