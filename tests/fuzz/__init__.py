@@ -7,7 +7,9 @@ every limit (payloads near and over `max_payload_bytes` and over Cassandra's 50 
 limit, JSON nested 60..2000 deep, ids and headers at their byte limits or with NUL, CR/LF and
 U+202E, far past and future instants, crons whose next run is decades away, `every: 1ms`,
 `* * * * * *`, 1,000 excluded dates, 10,000-date calendars, duplicate JSON keys, invalid
-UTF-8, gzip batches that expand past the limits, wrong keys and partitions), mixed with good
+UTF-8, gzip and zstd batches that expand past the limits (zstd through Kafka's Java client,
+`ZstdProduce.java`, where a JVM and the local stack's classpath are found; CHRONOWHEEL_FUZZ_ZSTD=0
+sends those as gzip), wrong keys and partitions), mixed with good
 one-shots due a few seconds ahead on the same shards. `commands.py` builds them from
 `random.Random(CHRONOWHEEL_FUZZ_SEED)` (default: a fresh seed, printed) and the schema's own
 limits. After the run it checks: the node is still running; every good job fired exactly once,

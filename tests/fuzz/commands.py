@@ -467,6 +467,19 @@ def compressed_expand(c: Ctx) -> Draft:
                  note=f"{n}-byte payload in a gzip batch of a few KB")
 
 
+def zstd_expand(c: Ctx) -> Draft:
+    d = compressed_expand(c)
+    return Draft(d.value, d.job_id, compression="zstd", note=d.note.replace("gzip", "zstd"))
+
+
+def good_zstd(c: Ctx) -> Draft:
+    # Further ahead than `good`: the zstd producer is a JVM started per chunk.
+    at = c.now_ms + c.rng.randint(12_000, 16_000)
+    jid = c.jid("goodzstd")
+    return Draft(upsert_bytes({"id": jid, "at": at, "payload": {"i": c.index}}), jid,
+                 at_ms=at, compression="zstd")
+
+
 def compressed_60k(c: Ctx) -> Draft:
     d = _payload(c, "zip60k", c.rng.randint(51_200, 61_440))
     return Draft(d.value, d.job_id, compression="gzip", note=d.note)
@@ -534,7 +547,7 @@ def schema_edges(schema: dict[str, Any]) -> list[tuple[str, Any, Expect]]:
         ("cron", "60 * * * *", Expect.REJECT), ("cron", "0 0 0 0 0", Expect.REJECT),
         ("window", "1d", Expect.EITHER), ("window", "86400001ms", Expect.REJECT),
         ("backoff", "1d", Expect.EITHER), ("backoff", "25h", Expect.REJECT),
-        ("start", "1970-01-01T00:00:00Z", Expect.EITHER), ("end", 0, Expect.REJECT),
+        ("start", "1970-01-01T00:00:00Z", Expect.EITHER), ("end", 0, Expect.EITHER),
         ("every", "1s", Expect.EITHER), ("payload", None, Expect.EITHER),
         ("payload", 2**64, Expect.EITHER), ("payload_b64", "", Expect.EITHER),
         ("topic", "fuzz.out", Expect.REJECT), ("calendar", "x" * 129, Expect.REJECT),
@@ -624,6 +637,8 @@ KINDS: tuple[Kind, ...] = (
     Kind("wrong_key", Expect.REJECT, wrong_key, ("id",)),
     Kind("no_key", Expect.EITHER, no_key, ("id",)),
     Kind("compressed_expand", Expect.REJECT, compressed_expand, ("payload",), cap=10),
+    Kind("zstd_expand", Expect.REJECT, zstd_expand, ("payload",), cap=5, misroute=0.0),
+    Kind("good_zstd", Expect.GOOD, good_zstd, weight=0.5, cap=20, misroute=0.0),
     Kind("compressed_60k", Expect.EITHER, compressed_60k, ("payload",), cap=200),
     Kind("bad_fields", Expect.REJECT, bad_fields, ("topic", "tenant")),
     Kind("schema_edge", Expect.EITHER, schema_edge, weight=6),

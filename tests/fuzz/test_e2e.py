@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import os
+import shutil
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable
@@ -37,6 +39,7 @@ CHUNK = 500
 """commands built and sent together (their instants are taken when the chunk is built)"""
 SHOWN = 40
 """violations listed in a failure message (all are in the report)"""
+ZSTD_PRODUCER = Path(__file__).with_name("ZstdProduce.java")
 ERROR_COUNTERS = ("quarantined", "error", "fail", "fenced", "abort")
 """/metrics counters an ERROR log line may be accounted for by"""
 
@@ -83,6 +86,40 @@ def _digest(value: bytes | None) -> str:
     return hashlib.sha256(value or b"").hexdigest()
 
 
+def _zstd_command(settings: Settings) -> list[str] | None:
+    """How to run ZstdProduce.java (Kafka's Java client from the local stack's classpath), or
+    None where there is no JVM, no classpath or a secured cluster, or CHRONOWHEEL_FUZZ_ZSTD=0
+    (to look past a zstd failure: those cases then go gzip)."""
+    if os.environ.get("CHRONOWHEEL_FUZZ_ZSTD", "1") == "0":
+        return None
+    if settings.kafka_security_protocol != "PLAINTEXT" or shutil.which("java") is None:
+        return None
+    cache = Path(os.environ.get("CHRONOWHEEL_CACHE_DIR")
+                 or Path.home() / ".cache" / "chronowheel")
+    found = sorted((cache / "classpath").glob("kafka-*.txt"))
+    if not found:
+        return None
+    return ["java", "-cp", found[-1].read_text().strip(), str(ZSTD_PRODUCER),
+            settings.kafka, settings.submit_topic]
+
+
+async def _send_zstd(command: list[str], cases: list[Case]) -> None:
+    def b64(data: bytes | None) -> str:
+        return "-" if data is None else base64.b64encode(data).decode()
+
+    lines = "".join(f"{c.partition}\t{b64(c.key)}\t{b64(c.value)}\n" for c in cases)
+    proc = await asyncio.create_subprocess_exec(
+        *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate(lines.encode())
+    if proc.returncode != 0:
+        raise AssertionError(f"ZstdProduce.java failed ({proc.returncode}): "
+                             f"{err.decode(errors='replace')[-2000:]}")
+    pairs = out.decode().split()
+    for k, c in enumerate(cases):
+        c.sent_partition, c.offset = int(pairs[2 * k]), int(pairs[2 * k + 1])
+
+
 async def _send(settings: Settings, gen: Generator, n: int, observed: Observed,
                 node: NodeProcess) -> list[Case]:
     producers = {
@@ -95,14 +132,24 @@ async def _send(settings: Settings, gen: Generator, n: int, observed: Observed,
     for p in producers.values():
         await p.start()
     cases: list[Case] = []
+    zstd = _zstd_command(settings)
     try:
         while len(cases) < n:
             chunk = list(gen.cases(min(CHUNK, n - len(cases)), now_ms))
+            if zstd is None:
+                for c in chunk:
+                    if c.compression == "zstd":
+                        c.compression = "gzip"
+                        c.note += " (no JVM for zstd: sent gzip)"
+            python = [c for c in chunk if c.compression != "zstd"]
             futs = [await producers[c.compression].send(
                 settings.submit_topic, c.value, key=c.key, partition=c.partition)
-                for c in chunk]
-            for c, meta in zip(chunk, await asyncio.gather(*futs), strict=True):
+                for c in python]
+            for c, meta in zip(python, await asyncio.gather(*futs), strict=True):
                 c.sent_partition, c.offset = meta.partition, meta.offset
+            java = [c for c in chunk if c.compression == "zstd"]
+            if java and zstd is not None:
+                await _send_zstd(zstd, java)
             cases += chunk
             if not node.alive():
                 break
