@@ -118,7 +118,7 @@ async def test_liveness_answers_200_while_readiness_says_503() -> None:
     try:
         async def get(path: str) -> tuple[int, bytes]:
             reader, writer = await asyncio.open_connection("127.0.0.1", endpoint.port)
-            writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
             await writer.drain()
             data = await reader.read()
             writer.close()

@@ -273,7 +273,7 @@ def test_bearer_check() -> None:
 
 async def _get(port: int, path: str, headers: str = "") -> tuple[int, bytes]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n{headers}\r\n".encode())
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}\r\n".encode())
     await writer.drain()
     data = await reader.read()
     writer.close()
