@@ -103,32 +103,29 @@ class KafkaPrepared:
         # In the order they filled: topic, partition, batch, indexes of its messages.
         self.batches: list[tuple[str, int, Any, list[int]]] = []
         self._open: dict[tuple[str, int], tuple[str, int, Any, list[int]]] = {}
+        self._used: dict[tuple[str, int], int] = {}  # bytes in the open batch
         self._count = 0
-
-    def _new_batch(self, topic: str) -> Any:
-        batch = self._producer.create_batch()
-        # A broker refuses a batch over the topic's max.message.bytes as a whole: so that a
-        # small topic limit refuses only a message that is too large by itself (alone in its
-        # batch, as the first message always fits), batches never grow past it. aiokafka
-        # has no parameter for it per batch.
-        builder = getattr(batch, "_builder", None)
-        if builder is not None and hasattr(builder, "_batch_size"):
-            builder._batch_size = min(builder._batch_size, self._owner.known_limit(topic))
-        return batch
 
     def add(self, topic: str, partition: int, key: bytes | None, value: bytes,
             headers: Headers, *, alone: bool = False) -> None:
         where = (topic, partition)
         index = self._count
+        # A broker refuses a batch over the topic's max.message.bytes as a whole: so that a
+        # small topic limit refuses only a message too large by itself (alone in its batch,
+        # as the first message always fits), a batch never grows past it (counted as
+        # `limits.record_bytes` counts, which errs high; aiokafka's batch size is fixed).
+        size = limits.record_bytes(key, value, headers)
         try:
             entry = None if alone else self._open.get(where)
-            if entry is None or entry[2].append(key=key, value=value, timestamp=None,
-                                                headers=headers) is None:
-                batch = self._new_batch(topic)
+            if entry is None or self._used[where] + size > self._owner.known_limit(topic) \
+                    or entry[2].append(key=key, value=value, timestamp=None,
+                                       headers=headers) is None:
+                batch = self._producer.create_batch()
                 if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
                     raise BusError(f"message for {topic} too large for one batch")
                 entry = (topic, partition, batch, [])
                 self.batches.append(entry)
+                self._used[where] = 0
                 if alone:
                     self._open.pop(where, None)
                 else:
@@ -137,6 +134,7 @@ class KafkaPrepared:
             # Encoding writes the record apart and appends it only when complete: the batch
             # is as it was.
             raise BusError(f"message for {topic} cannot be encoded: {exc!r}") from exc
+        self._used[where] += size
         entry[3].append(index)
         self._count += 1
 

@@ -30,7 +30,7 @@ from chronowheel.errors import ChronowheelError
 from chronowheel.node.metrics import NodeMetrics, observe_many
 from chronowheel.node.pending import Pending
 from chronowheel.node.state import Outgoing, ShardState
-from chronowheel.node.transactions import NodeTransactions, Republish
+from chronowheel.node.transactions import SET_ASIDE_SIZE, NodeTransactions, Republish
 from chronowheel.observe import tracing
 from chronowheel.settings import Settings
 
@@ -192,6 +192,7 @@ class Publisher:
         kept: list[Item] = []
         outbox: list[Outgoing] = []
         known = self._partitions
+        aside = self.transactions.set_aside
         largest: dict[str, int] = {}  # topic -> its largest record, read once per part
         add = prepared.add
         own, shards = self.shard, self.shards
@@ -209,6 +210,16 @@ class Publisher:
                 continue
             limit = largest.get(topic) or await self._largest(topic, largest)
             key = p.key
+            alone = False
+            if aside:  # refused before (node/transactions.py): dead-letter it, or alone
+                noted_key = (topic, key, p.scheduled_ms)
+                if noted_key in aside:
+                    noted = aside[noted_key]
+                    if noted is None:
+                        alone = True
+                    else:
+                        dead.append(self._dead_letter(p, fired_at, *noted))
+                        continue
             headers = p.headers(key, (wire.FIRED_AT, fired_at))
             size = limits.record_bytes(key, p.payload, headers)
             if size > limit:
@@ -223,7 +234,7 @@ class Publisher:
             partition = own if parts == shards else shard_of(p.job_id, parts)
             try:
                 add(topic, partition, key, p.payload, headers,
-                    alone=bool(isolated) and id(p) in isolated)
+                    alone=alone or (bool(isolated) and id(p) in isolated))
             except BusError as exc:
                 dead.append(self._dead_letter(p, fired_at, "unencodable", str(exc)))
                 continue
@@ -257,9 +268,12 @@ class Publisher:
                 self.transactions.producer.forget_limit(r.topic)
             if not r.whole_topic and len(r.indexes) > 1:
                 isolated.update(id(sent[i]) for i in r.indexes)
+                for i in r.indexes:
+                    self._note(sent[i], None)
                 continue
             for i in r.indexes:
                 culprits[id(sent[i])] = (sent[i], r)
+                self._note(sent[i], (r.kind, f"the broker refused the record: {r.reason}"))
         if not culprits:
             return
         items[:] = [x for x in items if id(x) not in culprits]
@@ -284,6 +298,16 @@ class Publisher:
                            (wire.REASON, limits.cut_reason(f"{r.kind}: {why}").encode())]
                 dead.append((Outgoing(self.settings.dead_topic, None, item.key, item.value,
                                       headers), ""))
+
+    def _note(self, item: Item, outcome: tuple[str, str] | None) -> None:
+        """Remember a refused occurrence for the node's next attempts (a refusal starts a
+        new session: the shard is claimed and published again, see node/transactions.py)."""
+        if not isinstance(item, Pending):
+            return
+        aside = self.transactions.set_aside
+        aside[(item.topic, item.key, item.scheduled_ms)] = outcome
+        while len(aside) > SET_ASIDE_SIZE:
+            aside.popitem(last=False)
 
     async def _partition_count(self, topic: str) -> int | None:
         n = self._partitions.get(topic)

@@ -18,8 +18,12 @@ fresh takeover and claim (`node/service.py`).
 Refused records: a broker error about some records of a transaction (too large, a topic we
 may not write, a record it finds invalid: `RecordsRefused`) is about those records alone. The
 transaction is aborted and every part in it fails with `Republish`, naming the refusals: each
-shard's publisher takes its culprits out (to `<ns>.dead`) and queues its part again, so the
-other occurrences go in the next transaction, and a read_committed reader sees each once.
+shard's publisher notes its culprits in `set_aside` (to go to `<ns>.dead` from then on; those
+refused in a batch with others, to go alone, to find which). aiokafka's producer cannot go on
+after a refused batch (its sequence numbers no longer match the broker's), and re-initialising
+it could undo a fence by another node, so the node recovers as from a fence: a new session,
+a new producer, every shard claimed again and published from its committed watermark, the
+culprits dead-lettered. Nothing is lost, a read_committed reader sees each occurrence once.
 
 Size: a transaction takes queued parts up to `max_messages` messages (at least one part; the
 rest wait for the next). Without that cap a herd (every shard's step full at once) made one
@@ -32,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -49,6 +53,9 @@ from chronowheel.errors import ChronowheelError
 from chronowheel.node.metrics import NodeMetrics
 
 log = logging.getLogger(__name__)
+
+# Refused occurrences remembered (see NodeTransactions.set_aside).
+SET_ASIDE_SIZE = 10_000
 
 # Event loop turns the loop lets pass before it takes the queue (see `run`).
 NEXT_PART_TURNS = 3
@@ -116,6 +123,12 @@ class NodeTransactions:
         self._kick = asyncio.Event()
         self._running = False
         self._once: dict[str, asyncio.Future[None]] = {}
+        self.set_aside: OrderedDict[tuple[str, bytes, int], tuple[str, str] | None] = \
+            OrderedDict()
+        """Occurrences (target topic, job id, scheduled instant) the broker refused: the
+        reason and detail to dead-letter them with, or None to publish them alone in their
+        producer batch. Kept across sessions (the shards' actors are not), the oldest
+        forgotten past SET_ASIDE_SIZE."""
 
     @property
     def transactional_id(self) -> str:
@@ -266,6 +279,7 @@ class NodeTransactions:
                         "what the broker refused: %s", shards, exc)
             self.metrics.txn_refused.inc()
             self._fail(parts, Republish(exc.refusals, shards))
+            await self._new_session(f"the broker refused records of a transaction ({exc})")
             return
         except (BusError, ChronowheelError) as exc:
             self._fail(parts, ChronowheelError(
@@ -298,6 +312,18 @@ class NodeTransactions:
         self._on_fenced(self.session)
         err = NodeFenced(f"the node's producer {self.transactional_id} was fenced: {exc}")
         self._fail(parts, err)
+        await self._renew(err)
+
+    async def _new_session(self, why: str) -> None:
+        """Start a new session and producer as after a fence (see the module's docstring)."""
+        self.session += 1
+        log.warning("node producer %s: %s; session %d begins, every shard is taken over "
+                    "again", self.transactional_id, why, self.session)
+        self._on_fenced(self.session)
+        await self._renew(NodeFenced(f"the node's producer {self.transactional_id} is "
+                                     f"re-initialised: {why}"))
+
+    async def _renew(self, err: NodeFenced) -> None:
         for p in self._queue:  # queued meanwhile by actors of the old session
             if p.session != self.session and not p.done.done():
                 p.done.set_exception(err)
