@@ -90,3 +90,11 @@ def test_an_install_outside_the_checkout_loads_the_schema_init_applies(
                                cwd=tmp_path, env=env, check=True, capture_output=True,
                                text=True, timeout=120).stdout
     assert "--shards" in help_text
+
+
+def test_every_kafka_compression_codec_can_be_read() -> None:
+    # A producer may compress with any codec Kafka knows; a node that cannot decompress one
+    # record stops reading its partition (and did: one zstd record stopped the node).
+    from aiokafka.codec import has_gzip, has_lz4, has_snappy, has_zstd
+
+    assert has_gzip() and has_snappy() and has_lz4() and has_zstd()
