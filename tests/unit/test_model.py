@@ -203,6 +203,7 @@ BOTH_REJECT: list[tuple[str, dict[str, Any]]] = [
     ("start on a one-shot", job(at=NOW, start=NOW)),
     ("catch_up on a one-shot", job(at=NOW, catch_up="all")),
     ("zero every", job(every="0s")),
+    ("every under the minimum period", job(every="0s999ms")),
     ("bad duration", job(every="1m1h")),
     ("empty id", job(id="")),
     ("reserved header", job(headers={"cw-job-id": "x"})),
@@ -235,6 +236,13 @@ def test_schema_and_parser_both_reject(why: str, doc: dict[str, Any]) -> None:
     error(doc)
 
 
+def _nested(levels: int) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
 # Each deliberate difference listed in schema/README.md, shown to be real: the schema lets it
 # through and the parser does not.
 SCHEMA_ONLY_PASSES: list[tuple[str, dict[str, Any], str]] = [
@@ -257,6 +265,9 @@ SCHEMA_ONLY_PASSES: list[tuple[str, dict[str, Any], str]] = [
     ("attempt within max_attempts", retry_doc(attempt=4, max_attempts=3), "attempt"),
     ("integer-valued float", job(max_attempts=3.0), "job.max_attempts"),
     ("trailing newline", job(every="15m\n"), "job.every"),
+    ("nesting depth", job(payload=_nested(63)), "$"),
+    ("stored size", job(payload="x" * 30_000), "job"),
+    ("TTL reach", job(cron="0 0 29 2 */7", exclude_dates=["2032-02-29"]), "job.cron"),
 ]
 
 
@@ -516,7 +527,8 @@ def test_unknown_time_zone_message() -> None:
 def test_every() -> None:
     s = spec(every="15m")
     assert (s.every_ms, s.cron, s.at_ms, s.tz) == (900_000, None, None, "UTC")
-    assert spec(every="1ms").every_ms == 1
+    assert spec(every="1s").every_ms == 1000  # the default minimum period
+    assert spec_of(job(every="1ms"), policy=ValidationPolicy(min_period_ms=1)).every_ms == 1
     for zero in ("0s", "0d0h", "0ms"):
         err = error(job(every=zero))
         assert (err.path, err.rule, err.value) == ("job.every", "must be greater than 0s", zero)
@@ -624,7 +636,9 @@ def test_payload_size_limits() -> None:
     err = error(job(payload_b64=base64.b64encode(b"x" * 11).decode()), policy=small)
     assert (err.path, err.value) == ("job.payload_b64", "11 bytes")
     big = "x" * (POLICY.max_payload_bytes - 2)
-    assert len(spec(payload=big).payload) == POLICY.max_payload_bytes
+    # Stored twice, the largest payload needs a batch limit raised to match (store size).
+    roomy = ValidationPolicy(max_stored_bytes=4 * POLICY.max_payload_bytes)
+    assert len(spec_of(job(payload=big), policy=roomy).payload) == POLICY.max_payload_bytes
     assert error(job(payload=big + "x")).path == "job.payload"
 
 
@@ -1040,7 +1054,7 @@ def valid_job(draw: st.DrawFn) -> dict[str, Any]:
         if draw(st.booleans()):
             job["dst"] = draw(st.sampled_from(["skip", "cron"]))
     else:
-        every_ms = draw(st.integers(1, 30 * DAY))
+        every_ms = draw(st.integers(POLICY.min_period_ms, 30 * DAY))
         job["every"] = format_duration(every_ms)
     if kind != "at":
         if draw(st.booleans()):

@@ -18,11 +18,12 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import orjson
 
-from chronowheel.core import wire
+from chronowheel.core import limits, wire
 from chronowheel.core.durations import format_duration, parse_duration
 from chronowheel.errors import ConfigError, ValidationError
 
 if TYPE_CHECKING:
+    from chronowheel.core.recurrence import Schedule
     from chronowheel.settings import Settings
 
 CatchUp = Literal["coalesce", "all", "skip"]
@@ -190,6 +191,7 @@ def routing_key(cmd: Command) -> str:
 # --------------------------------------------------------------------------------------------
 
 DAY_MS: Final = 86_400_000
+DEFAULT_RETENTION_MS: Final = 7 * DAY_MS
 MAX_EPOCH_MS: Final = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, the last RFC 3339 instant
 MAX_ATTEMPTS: Final = 100
 MAX_WINDOW_MS: Final = DAY_MS
@@ -232,6 +234,17 @@ class ValidationPolicy:
     max_max_catch_up: int = 10_000
     # Names plus values of a job's own headers, UTF-8: they ride on every fired message.
     max_headers_bytes: int = 16_384
+    # Shortest `every` and cron period (a cron's is counted within a day, see
+    # recurrence.cron_period_ms).
+    min_period_ms: int = limits.DEFAULT_MIN_PERIOD_MS
+    # Most bytes a job's due row and jobs row may count in their one logged batch
+    # (limits.job_rows_bytes): Cassandra's batch_size_fail_threshold.
+    max_stored_bytes: int = limits.CASSANDRA_BATCH_FAIL_BYTES
+    # How long fired due rows are kept (their TTL runs this long past the slot).
+    retention_ms: int = DEFAULT_RETENTION_MS
+    # Furthest ahead a recurring job's first occurrence may be; None: as far as a due row's
+    # TTL can reach (limits.max_ttl_reach_ms of retention_ms). max_horizon_ms is clamped to it.
+    max_reach_ms: int | None = None
     _allowed: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -244,9 +257,21 @@ class ValidationPolicy:
                 f"allowed topic pattern {self.allowed_topic_pattern!r}: not a regex ({exc})"
             ) from None
         object.__setattr__(self, "_allowed", allowed)
-        for name in ("max_id_bytes", "max_payload_bytes", "max_horizon_ms", "max_max_catch_up"):
+        for name in ("max_id_bytes", "max_payload_bytes", "max_horizon_ms", "max_max_catch_up",
+                     "min_period_ms", "max_stored_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not 0 <= self.retention_ms < limits.CASSANDRA_MAX_TTL_S * 1000:
+            raise ConfigError(
+                f"retention_ms must be between 0 and Cassandra's 20-year TTL limit "
+                f"({limits.CASSANDRA_MAX_TTL_S * 1000} ms), got {self.retention_ms}"
+            )
+        if self.max_reach_ms is not None and self.max_reach_ms < 1:
+            raise ConfigError(f"max_reach_ms must be at least 1, got {self.max_reach_ms}")
+        # A one-shot further ahead than the reach would need a due row whose TTL Cassandra
+        # refuses: the horizon never goes beyond it.
+        if self.max_horizon_ms > self.reach_ms:
+            object.__setattr__(self, "max_horizon_ms", self.reach_ms)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ValidationPolicy:
@@ -256,7 +281,17 @@ class ValidationPolicy:
             max_id_bytes=settings.max_id_bytes,
             max_payload_bytes=settings.max_payload_bytes,
             max_horizon_ms=settings.max_horizon_ms,
+            min_period_ms=settings.min_period_ms,
+            max_stored_bytes=settings.store_batch_fail_bytes,
+            retention_ms=settings.retention_ms,
         )
+
+    @property
+    def reach_ms(self) -> int:
+        """How far ahead of now a recurring job's first occurrence may be."""
+        if self.max_reach_ms is not None:
+            return self.max_reach_ms
+        return limits.max_ttl_reach_ms(self.retention_ms)
 
     @property
     def fired_topic(self) -> str:
@@ -333,7 +368,7 @@ def parse_command(
     `key` is the record key (None if the producer sent none); when present it must equal the
     UTF-8 job id. `now_ms` anchors the horizon checks. The first fault found is reported.
     """
-    doc = _load(raw)
+    doc = _load(raw, max_depth=limits.MAX_JSON_DEPTH)
     if not isinstance(doc, dict):
         raise ValidationError("$", "must be a JSON object", doc)
     version = doc.get("v", _MISSING)
@@ -368,19 +403,60 @@ def parse_command(
 
 def decode_stored_job(spec: bytes, *, policy: ValidationPolicy, now_ms: int) -> JobSpec:
     """A job as stored (`JobSpec.canonical`, the job object of its upsert) back to a JobSpec,
-    validated as on submit; raises ValidationError when the bytes are not a job."""
-    return _parse_job(_load(spec), None, policy, now_ms)
+    validated as on submit; raises ValidationError when the bytes are not a job.
+
+    The depth limit is not applied: the spec was accepted before, perhaps under a looser one.
+    """
+    return _parse_job(_load(spec, max_depth=None), None, policy, now_ms)
 
 
-def _load(raw: bytes) -> Any:
+# A JSON string literal, escapes included: what the depth scan skips.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_BRACKETS_TO_PARENS = bytes.maketrans(b"[{]}", b"(())")
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+
+
+def _too_deep(raw: bytes, limit: int) -> bool:
+    """Whether the JSON text nests arrays and objects more than `limit` deep, outside strings.
+
+    Cheap: with no more than `limit` opening brackets it cannot, and otherwise each of at most
+    `limit` passes removes the innermost (empty, once all else is gone) pairs, at C speed.
+    Text that is not JSON may get either answer; the parser rejects it anyway.
+    """
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    data = _JSON_STRING.sub(b"", raw) if b'"' in raw else raw
+    data = data.translate(_BRACKETS_TO_PARENS, _NOT_BRACKETS)
+    for _ in range(limit):
+        shorter = data.replace(b"()", b"")
+        if len(shorter) == len(data):
+            return False  # unbalanced: not JSON, which the parser reports
+        data = shorter
+        if not data:
+            return False
+    return True
+
+
+def _load(raw: bytes, *, max_depth: int | None) -> Any:
+    data = raw if isinstance(raw, bytes) else bytes(raw)
+    if max_depth is not None and _too_deep(data, max_depth):
+        raise ValidationError("$", f"nested deeper than {max_depth} levels", data)
     try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
+        return orjson.loads(data)
+    except (orjson.JSONDecodeError, ValueError, TypeError, RecursionError) as exc:
         try:
-            bytes(raw).decode("utf-8")
+            data.decode("utf-8")
         except UnicodeDecodeError:
-            raise ValidationError("$", "not valid UTF-8", bytes(raw)) from None
-        raise ValidationError("$", f"not valid JSON ({exc})", bytes(raw)) from None
+            raise ValidationError("$", "not valid UTF-8", data) from None
+        raise ValidationError("$", f"not valid JSON ({exc})", data) from None
+
+
+def _dumps(value: Any, path: str, option: int | None = None) -> bytes:
+    """orjson.dumps, its refusals (nesting beyond its own limit, say) as ValidationError."""
+    try:
+        return orjson.dumps(value, option=option)
+    except (orjson.JSONEncodeError, TypeError, ValueError, RecursionError) as exc:
+        raise ValidationError(path, f"cannot be serialised ({exc})") from None
 
 
 def _parse_job(job: object, key: bytes | None, policy: ValidationPolicy, now_ms: int) -> JobSpec:
@@ -421,6 +497,13 @@ def _parse_job(job: object, key: bytes | None, policy: ValidationPolicy, now_ms:
         every_ms = _duration(job["every"], "job.every")
         if every_ms == 0:
             raise ValidationError("job.every", "must be greater than 0s", job["every"])
+        if every_ms < policy.min_period_ms:
+            raise ValidationError(
+                "job.every",
+                f"must be at least {format_duration(policy.min_period_ms)} (the namespace's "
+                "min_period_ms)",
+                job["every"],
+            )
         if every_ms > policy.max_horizon_ms:
             raise ValidationError(
                 "job.every",
@@ -475,9 +558,10 @@ def _parse_job(job: object, key: bytes | None, policy: ValidationPolicy, now_ms:
         concurrency = _enum(job["concurrency"], "job.concurrency", wire.CONCURRENCY_POLICIES)
 
     if kind != "at":
-        _compile_recurrence(cron, every_ms, tz, start_ms, end_ms, dst, exclude_dates)
+        schedule = _compile_recurrence(cron, every_ms, tz, start_ms, end_ms, dst, exclude_dates)
+        _check_recurrence(schedule, policy, now_ms)
 
-    return JobSpec(
+    spec = JobSpec(
         id=job_id,
         topic=topic,
         payload=payload,
@@ -498,8 +582,59 @@ def _parse_job(job: object, key: bytes | None, policy: ValidationPolicy, now_ms:
         exclude_dates=exclude_dates,
         calendar=calendar,
         concurrency=concurrency,
-        canonical=kept(orjson.dumps(job, option=orjson.OPT_SORT_KEYS)),
+        canonical=kept(_dumps(job, "job", orjson.OPT_SORT_KEYS)),
     )
+    _check_stored_size(spec, policy)
+    return spec
+
+
+def _check_stored_size(spec: JobSpec, policy: ValidationPolicy) -> None:
+    """The job's due row and jobs row go in one logged batch: over Cassandra's
+    batch_size_fail_threshold the batch, and with it the shard's whole write, is refused."""
+    size = limits.job_rows_bytes(
+        job_id=spec.id, topic=spec.topic, payload_len=len(spec.payload),
+        spec_len=len(spec.canonical), recurring=spec.recurring,
+        headers=[(name, value.encode()) for name, value in spec.fired_headers],
+    )
+    if size > policy.max_stored_bytes:
+        twice = "the payload is stored twice, in the due row and in the spec"
+        if spec.recurring:
+            twice += ", and a recurring job's due row carries the spec too"
+        raise ValidationError(
+            "job",
+            f"its rows would take {size} bytes in one store batch, over the limit of "
+            f"{policy.max_stored_bytes} bytes (setting store_batch_fail_bytes, Cassandra's "
+            f"batch_size_fail_threshold): {twice}",
+            f"{size} bytes",
+        )
+
+
+def _check_recurrence(schedule: Schedule, policy: ValidationPolicy, now_ms: int) -> None:
+    """Minimum period, then the first occurrence after now: found within the step budget and
+    within the reach of a due row's TTL."""
+    from chronowheel.core.recurrence import cron_period_ms, next_after
+
+    period = cron_period_ms(schedule)
+    # A cron's period is counted within a day, so a daily one meets any minimum.
+    minimum = min(policy.min_period_ms, DAY_MS)
+    if period is not None and period < minimum:
+        raise ValidationError(
+            "job.cron",
+            f"fires as often as every {format_duration(period)}; must be at least "
+            f"{format_duration(minimum)} apart (the namespace's min_period_ms)",
+            schedule.cron,
+        )
+    first = next_after(schedule, now_ms, max_steps=limits.MAX_RECURRENCE_STEPS)
+    if first is not None and first - now_ms > policy.reach_ms:
+        when = datetime.fromtimestamp(first / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        raise ValidationError(
+            "job.cron" if schedule.cron is not None else "job.every",
+            f"its first occurrence after now is {when}, more than "
+            f"{format_duration(policy.reach_ms)} ahead: its due row would need a TTL beyond "
+            f"Cassandra's largest, 20 years ({limits.CASSANDRA_MAX_TTL_S} s), as the row is "
+            "kept retention_ms past its slot",
+            schedule.cron if schedule.cron is not None else schedule.every_ms,
+        )
 
 
 def _compile_recurrence(
@@ -510,13 +645,13 @@ def _compile_recurrence(
     end_ms: int | None,
     dst: DstPolicy,
     exclude_dates: frozenset[date],
-) -> None:
+) -> Schedule:
     # Imported here: recurrence may import this module's types, and a cycle at import time
     # would break whichever module loads first.
     from chronowheel.core.recurrence import compile_schedule
 
     try:
-        compile_schedule(
+        return compile_schedule(
             cron=cron, every_ms=every_ms, tz=tz, start_ms=start_ms, end_ms=end_ms, dst=dst,
             exclude_dates=exclude_dates,
         )
@@ -821,7 +956,7 @@ def _job_payload(job: dict[str, Any], policy: ValidationPolicy) -> bytes:
         return _base64(job["payload_b64"], "job.payload_b64", policy)
     if "payload" not in job:
         return b""
-    payload = kept(orjson.dumps(job["payload"]))
+    payload = kept(_dumps(job["payload"], "job.payload"))
     if len(payload) > policy.max_payload_bytes:
         raise ValidationError(
             "job.payload",

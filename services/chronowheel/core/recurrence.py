@@ -60,6 +60,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta
 from functools import lru_cache
+from itertools import pairwise
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -400,6 +401,23 @@ class _CronFields:
             return hs[i - 1], ms[-1], ss[-1]
         return None
 
+    def shortest_gap_s(self) -> int:
+        """The shortest wall-clock time between two consecutive matching times of day, in
+        seconds, the day's last time counted as followed by the next day's first (as if the
+        next day matched too): 1 for `* * * * * *`, 60 for `0,59 0,23 * * *` (23:59, 00:00),
+        86,400 for an expression that fires once a day or less often."""
+        ss, ms, hs = self.seconds, self.minutes, self.hours
+        first = hs[0] * 3600 + ms[0] * 60 + ss[0]
+        last = hs[-1] * 3600 + ms[-1] * 60 + ss[-1]
+        gaps = [86_400 - last + first]
+        gaps += [b - a for a, b in pairwise(ss)]
+        # From a minute's last second to the next matching minute's first second.
+        gaps += [(b - a) * 60 - (ss[-1] - ss[0]) for a, b in pairwise(ms)]
+        # From an hour's last time to the next matching hour's first.
+        span = ms[-1] * 60 + ss[-1] - (ms[0] * 60 + ss[0])
+        gaps += [(b - a) * 3600 - span for a, b in pairwise(hs)]
+        return min(gaps)
+
     def next_match(self, w: datetime) -> datetime | None:
         """First matching wall time at or after `w` (whole seconds), or None before year 10000.
 
@@ -629,6 +647,13 @@ def excluding(s: Schedule, dates: Iterable[date]) -> Schedule:
     if s.fields is None:
         raise ValueError("exclusion dates apply to cron schedules only")
     return replace(s, exclude_dates=s.exclude_dates | extra)
+
+
+def cron_period_ms(s: Schedule) -> int | None:
+    """The shortest time a cron schedule allows between two occurrences, read from its
+    seconds, minutes and hours fields in wall-clock time (`_CronFields.shortest_gap_s`); at
+    most a day. None for an interval."""
+    return None if s.fields is None else s.fields.shortest_gap_s() * 1000
 
 
 def is_excluded(s: Schedule, at_ms: int) -> bool:

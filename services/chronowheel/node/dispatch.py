@@ -38,7 +38,8 @@ def stored_policy(policy: ValidationPolicy) -> ValidationPolicy:
     return ValidationPolicy(
         namespace=policy.namespace, allowed_topic_pattern=".*",
         max_id_bytes=1 << 20, max_payload_bytes=1 << 30, max_horizon_ms=1 << 60,
-        max_max_catch_up=policy.max_max_catch_up, max_headers_bytes=1 << 30)
+        max_max_catch_up=policy.max_max_catch_up, max_headers_bytes=1 << 30,
+        min_period_ms=1, max_stored_bytes=1 << 60, max_reach_ms=1 << 60)
 
 
 class Dispatcher:
