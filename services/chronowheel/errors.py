@@ -34,7 +34,29 @@ class ValidationError(ChronowheelError):
         self.rule = rule
         self.value = value
         shown = "" if value is None else f" (got {_truncate(value)})"
-        super().__init__(f"{path}: {rule}{shown}")
+        # The path may hold a submitted field name: escaped, it cannot forge a log line or
+        # reorder the text around it.
+        super().__init__(f"{harmless(_truncate_text(path))}: {rule}{shown}")
+
+
+UNSAFE_CHARACTERS = frozenset(
+    [chr(c) for c in range(0x20)] + [chr(c) for c in range(0x7F, 0xA0)]
+    + ["\u061c", "\u200e", "\u200f", "\u2028", "\u2029"]
+    + [chr(c) for c in range(0x202A, 0x202F)] + [chr(c) for c in range(0x2066, 0x206A)])
+"""Control characters (C0, DEL, C1), line and paragraph separators and the bidirectional
+controls: refused in job ids and header names, escaped wherever input is quoted."""
+
+
+def harmless(text: str) -> str:
+    """`text` with every unsafe character written as an escape (`\\n`, `\\u202e`)."""
+    if not any(ch in UNSAFE_CHARACTERS for ch in text):
+        return text
+    return "".join(ch.encode("unicode_escape").decode("ascii") if ch in UNSAFE_CHARACTERS
+                   else ch for ch in text)
+
+
+def _truncate_text(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _truncate(value: object, limit: int = 80) -> str:

@@ -9,10 +9,12 @@ import base64
 import binascii
 import difflib
 import re
+from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta, timezone
 from functools import lru_cache
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any, Final, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -20,7 +22,7 @@ import orjson
 
 from chronowheel.core import limits, wire
 from chronowheel.core.durations import format_duration, parse_duration
-from chronowheel.errors import ConfigError, ValidationError
+from chronowheel.errors import UNSAFE_CHARACTERS, ConfigError, ValidationError
 
 if TYPE_CHECKING:
     from chronowheel.core.recurrence import Schedule
@@ -412,29 +414,30 @@ def decode_stored_job(spec: bytes, *, policy: ValidationPolicy, now_ms: int) -> 
 
 # A JSON string literal, escapes included: what the depth scan skips.
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
-_BRACKETS_TO_PARENS = bytes.maketrans(b"[{]}", b"(())")
+# Opening brackets to +1, closing ones to -1 (as signed bytes), everything else dropped.
+_BRACKET_STEPS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
 _NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+_DEPTH_CHUNK = 65_536
 
 
 def _too_deep(raw: bytes, limit: int) -> bool:
     """Whether the JSON text nests arrays and objects more than `limit` deep, outside strings.
 
-    Cheap: with no more than `limit` opening brackets it cannot, and otherwise each of at most
-    `limit` passes removes the innermost (empty, once all else is gone) pairs, at C speed.
-    Text that is not JSON may get either answer; the parser rejects it anyway.
+    Cheap: with no more than `limit` opening brackets it cannot; otherwise the running depth
+    is summed in C, a chunk at a time, stopping at the first chunk that goes too deep. Text
+    that is not JSON may get either answer; the parser rejects it anyway.
     """
     if raw.count(b"[") + raw.count(b"{") <= limit:
         return False
     data = _JSON_STRING.sub(b"", raw) if b'"' in raw else raw
-    data = data.translate(_BRACKETS_TO_PARENS, _NOT_BRACKETS)
-    for _ in range(limit):
-        shorter = data.replace(b"()", b"")
-        if len(shorter) == len(data):
-            return False  # unbalanced: not JSON, which the parser reports
-        data = shorter
-        if not data:
-            return False
-    return True
+    steps = data.translate(_BRACKET_STEPS, _NOT_BRACKETS)
+    depth = 0
+    for at in range(0, len(steps), _DEPTH_CHUNK):
+        running = list(accumulate(array("b", steps[at:at + _DEPTH_CHUNK]), initial=depth))
+        if max(running) > limit:
+            return True
+        depth = running[-1]
+    return False
 
 
 def _load(raw: bytes, *, max_depth: int | None) -> Any:
@@ -794,6 +797,10 @@ def _job_id(value: object, path: str, policy: ValidationPolicy) -> str:
         raise ValidationError(
             path, f"must be at most {policy.max_id_bytes} UTF-8 bytes (is {size})", value
         )
+    if not UNSAFE_CHARACTERS.isdisjoint(value):
+        raise ValidationError(
+            path, "must not contain control, line-separator or bidirectional-control "
+                  "characters", value)
     return value
 
 
@@ -992,6 +999,10 @@ def _headers(value: object, path: str, policy: ValidationPolicy) -> tuple[tuple[
         where = f"{path}.{name}"
         if name == "":
             raise ValidationError(where, "header names must not be empty", text)
+        if not UNSAFE_CHARACTERS.isdisjoint(name):
+            raise ValidationError(
+                where, "header names must not contain control, line-separator or "
+                       "bidirectional-control characters", name)
         if name[: len(RESERVED_HEADER_PREFIX)].lower() == RESERVED_HEADER_PREFIX:
             raise ValidationError(where, "names starting with 'cw-' are reserved", name)
         if not isinstance(text, str):
