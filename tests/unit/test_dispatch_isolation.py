@@ -154,6 +154,23 @@ async def test_a_topic_that_refuses_the_node_dead_letters_its_occurrences_only()
         await rig.stop_all()
 
 
+async def test_the_node_refused_its_own_fired_topic_stops_with_the_acl_named() -> None:
+    # Every job's default target: a missing or revoked ACL there concerns all the work, so
+    # the node stops and says who may not write what instead of dead-lettering everything.
+    rig = await make_rig()
+    try:
+        node = await rig.start()
+        rig.bus.refused_topics.add(rig.settings.fired_topic)
+        rig.upsert("plain", at=T0 + 500)
+        await rig.advance_to(T0 + 1_000, step_ms=5)
+        assert node.failure is not None
+        assert f"may not write topic {rig.settings.fired_topic}" in str(node.failure)
+        assert rig.bus.messages(rig.settings.dead_topic) == []
+        assert rig.fired() == []
+    finally:
+        await rig.stop_all()
+
+
 async def test_a_dead_letter_too_large_for_the_dead_topic_keeps_a_note_of_the_payload(
         ) -> None:
     rig = await make_rig()

@@ -144,11 +144,14 @@ class KafkaPrepared:
 
 class KafkaTransaction:
     def __init__(self, producer: AIOKafkaProducer, transactional_id: str, submit_topic: str,
-                 group_id: str) -> None:
+                 group_id: str, own_topics: frozenset[str] = frozenset()) -> None:
         self._producer = producer
         self._id = transactional_id
         self._submit_topic = submit_topic
         self._group_id = group_id
+        self._own_topics = own_topics
+        """The namespace's topics: the node may not lack the right to write one of them, so
+        a refusal by the authorizer there stops the node instead of dead-lettering."""
         self._batches: dict[tuple[str, int], Any] = {}
         # Every batch sent, with where its messages came from (None: `publish`). aiokafka
         # commits a transaction whose batch failed without that batch, so `commit` waits for
@@ -185,6 +188,7 @@ class KafkaTransaction:
                     future = await self._producer.send_batch(batch, topic, partition=partition)
                 except (UnknownTopicOrPartitionError, TopicAuthorizationFailedError) as exc:
                     # Raised by the metadata wait, before the batch joined the transaction.
+                    self._raise_if_about_the_node(exc, topic)
                     kind, whole = refusal_of(exc) or ("refused", True)
                     self._refusals.append(Refusal(prepared, tuple(indexes), topic,
                                                   _describe(exc), kind, whole))
@@ -218,6 +222,7 @@ class KafkaTransaction:
                 continue
             if isinstance(result, _FENCED):
                 raise result
+            self._raise_if_about_the_node(result, topic)
             kind = refusal_of(result)
             if kind is None or prepared is None:
                 other = other or result
@@ -227,6 +232,17 @@ class KafkaTransaction:
             raise other
         if refusals:
             raise RecordsRefused(refusals)
+
+    def _raise_if_about_the_node(self, exc: BaseException, topic: str) -> None:
+        """A refusal by the authorizer to write one of the namespace's own topics concerns
+        every job (a revoked or missing ACL): raised as the access error that says who may not
+        do what, which stops the node. On a job's own target topic it is that job's problem:
+        the caller dead-letters its occurrences."""
+        if isinstance(exc, TopicAuthorizationFailedError) and topic in self._own_topics:
+            refused = getattr(self._producer, "_refused", None)
+            if refused is not None:
+                raise refused(exc, topic) from None
+            raise BusError(f"{self._id}: may not write topic {topic} ({exc!r})") from None
 
     async def abort(self) -> None:
         self._batches.clear()
@@ -289,7 +305,10 @@ class KafkaTxnProducer:
     async def begin(self) -> KafkaTransaction:
         with _translated(f"{self._id}: begin transaction"):
             await self._producer.begin_transaction()
-        return KafkaTransaction(self._producer, self._id, self._submit_topic, self._group_id)
+        s = self._settings
+        return KafkaTransaction(self._producer, self._id, self._submit_topic, self._group_id,
+                                frozenset({s.submit_topic, s.state_topic, s.fired_topic,
+                                           s.rejected_topic, s.dead_topic}))
 
     def prepare(self) -> KafkaPrepared:
         return KafkaPrepared(self)

@@ -30,6 +30,7 @@ from chronowheel.bus.ports import (
 )
 from chronowheel.core import limits
 from chronowheel.core.clock import Clock
+from chronowheel.errors import ConfigError
 from chronowheel.settings import Settings
 from chronowheel.timeouts import wait_event, within
 
@@ -269,6 +270,12 @@ class MemoryTransaction:
             return Refusal(prepared, indexes, topic, "UnknownTopicOrPartitionError",
                            "unknown_topic", whole_topic=True)
         if topic in bus.refused_topics:
+            s = bus.settings
+            if topic in (s.submit_topic, s.state_topic, s.fired_topic, s.rejected_topic,
+                         s.dead_topic):
+                # As the Kafka bus: the namespace's own topic concerns every job.
+                raise ConfigError(f"this client may not write topic {topic} "
+                                       f"(TopicAuthorizationFailedError); see `chronowheel acl`")
             return Refusal(prepared, indexes, topic, f"TopicAuthorizationFailedError: {topic}",
                            "refused", whole_topic=True)
         size = sum(limits.record_bytes(m.key, m.value, m.headers) for m in messages)
