@@ -52,7 +52,7 @@ from chronowheel.settings import Settings
 RESOURCE_TYPES = {"TOPIC": 2, "GROUP": 3, "CLUSTER": 4, "TRANSACTIONAL_ID": 5}
 PATTERN_TYPES = {"LITERAL": 3, "PREFIXED": 4}
 OPERATIONS = {"READ": 3, "WRITE": 4, "CREATE": 5, "DELETE": 6, "ALTER": 7, "DESCRIBE": 8,
-              "IDEMPOTENT_WRITE": 12}
+              "DESCRIBE_CONFIGS": 10, "IDEMPOTENT_WRITE": 12}
 ALLOW = 3
 
 
@@ -239,14 +239,17 @@ def kafka_acls(settings: Settings, principals: Principals, *,
     acls.append(KafkaAcl("worker", wrk, "GROUP", group, group_pattern, "READ"))
     # node: consumes submit (group <ns>-nodes, offsets committed in its transactions),
     # forwards into submit, reads back and writes state, fires, rejects, dead-letters
-    # (target topic missing, occurrence too large) and writes the target topics
-    topic("node", nod, settings.submit_topic, ("READ", "WRITE", "DESCRIBE"))
+    # (target topic missing, occurrence too large) and writes the target topics; it reads
+    # the max.message.bytes of every topic it publishes to (DESCRIBE_CONFIGS), so that an
+    # occurrence too large for its topic is dead-lettered before it is sent
+    publish = ("WRITE", "DESCRIBE", "DESCRIBE_CONFIGS")
+    topic("node", nod, settings.submit_topic, ("READ", *publish))
     topic("node", nod, settings.state_topic, ("READ", "WRITE", "DESCRIBE"))
-    topic("node", nod, settings.fired_topic, ("WRITE", "DESCRIBE"))
-    topic("node", nod, settings.rejected_topic, ("WRITE", "DESCRIBE"))
-    topic("node", nod, settings.dead_topic, ("WRITE", "DESCRIBE"))
+    topic("node", nod, settings.fired_topic, publish)
+    topic("node", nod, settings.rejected_topic, publish)
+    topic("node", nod, settings.dead_topic, publish)
     for name, pattern in _topic_patterns(target_topics):
-        topic("node", nod, name, ("WRITE", "DESCRIBE"), pattern)
+        topic("node", nod, name, publish, pattern)
     acls.append(KafkaAcl("node", nod, "GROUP", nodes_group(settings), "LITERAL", "READ"))
     # `<ns>-node-*`: each node's own producer, and the ones it starts to fence a previous
     # owner; `<ns>-shard-*`: the producer that commits a takeover's claim of a shard.

@@ -70,7 +70,8 @@ def secured_ns(secured: Secured) -> Iterator[str]:
         "--node-principal", "User:node", "--cassandra-node-role", "node",
         "--cassandra-worker-role", "worker", "--cassandra-ops-role", "ops"], "admin", "admin")
     assert acl.returncode == 0, acl.stderr
-    assert "applied 26 Kafka ACLs" in acl.stdout  # incl. the node transactional ids, <ns>.dead
+    # incl. the node transactional ids, <ns>.dead, and DESCRIBE_CONFIGS on what the node publishes to
+    assert "applied 30 Kafka ACLs" in acl.stdout
     yield ns
     drop_namespace(secured, ns)
 

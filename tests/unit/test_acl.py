@@ -67,10 +67,12 @@ def test_the_worker_reads_fired_and_its_topics_and_writes_retries_and_dead_lette
 def test_the_node_owns_the_internal_topics_its_group_and_transactional_ids() -> None:
     got = allowed("User:nod", kafka_acls(S, P, target_topics=["emails.out"]))
     writes = {"WRITE", "DESCRIBE"}
+    # DESCRIBE_CONFIGS: the node reads max.message.bytes of every topic it publishes to.
+    publishes = {*writes, "DESCRIBE_CONFIGS"}
     assert got == {
-        *{("TOPIC", "acme.submit", "LITERAL", op) for op in ("READ", *writes)},
+        *{("TOPIC", "acme.submit", "LITERAL", op) for op in ("READ", *publishes)},
         *{("TOPIC", "acme.state", "LITERAL", op) for op in ("READ", *writes)},
-        *{("TOPIC", topic, "LITERAL", op) for op in writes
+        *{("TOPIC", topic, "LITERAL", op) for op in publishes
           for topic in ("acme.fired", "acme.rejected", "acme.dead", "emails.out")},
         ("GROUP", "acme-nodes", "LITERAL", "READ"),
         *{("TRANSACTIONAL_ID", prefix, "PREFIXED", op) for op in writes
@@ -159,7 +161,8 @@ def test_a_topic_prefix_covering_another_namespace_is_found() -> None:
     acls = kafka_acls(S, P, target_topics=["acme*"])
     assert [(a.operation, n) for a, n in reached(acls, {"acme", "acmecorp"}, "acme")
             if n == "acmecorp.submit"] == [("WRITE", "acmecorp.submit"),
-                                           ("DESCRIBE", "acmecorp.submit")]
+                                           ("DESCRIBE", "acmecorp.submit"),
+                                           ("DESCRIBE_CONFIGS", "acmecorp.submit")]
     with pytest.raises(ConfigError, match="every topic"):
         kafka_acls(S, P, worker_topics=["*"])
 
