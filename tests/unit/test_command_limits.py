@@ -255,3 +255,13 @@ def test_specs_already_stored_still_decode() -> None:
         else:
             spec = parse(raw, lax).job.canonical
         assert decode_stored_job(spec, policy=stored, now_ms=NOW).id == "j"
+
+
+def test_depth_built_of_short_runs_is_caught_and_width_is_not_depth() -> None:
+    # No run of opening brackets longer than 40, yet 3 x 39 levels deep.
+    comb = (b"[" * 40 + b"1],") * 3 + b"1" + b"]" * (3 * 39)
+    raw = (b'{"v":1,"op":"upsert","job":{"id":"j","at":1767225601000,"payload":' + comb
+           + b"}}")
+    assert rejection(raw).rule == f"nested deeper than {limits.MAX_JSON_DEPTH} levels"
+    wide = upsert(payload=[[[i]] for i in range(3000)])
+    assert isinstance(parse(wide, ValidationPolicy(max_stored_bytes=1 << 20)), Upsert)
