@@ -22,7 +22,7 @@ import orjson
 
 from chronowheel.core import limits, wire
 from chronowheel.core.durations import format_duration, parse_duration
-from chronowheel.errors import ConfigError, ValidationError
+from chronowheel.errors import UNSAFE_CHARACTERS, ConfigError, ValidationError
 
 if TYPE_CHECKING:
     from chronowheel.core.recurrence import Schedule
@@ -797,6 +797,10 @@ def _job_id(value: object, path: str, policy: ValidationPolicy) -> str:
         raise ValidationError(
             path, f"must be at most {policy.max_id_bytes} UTF-8 bytes (is {size})", value
         )
+    if not UNSAFE_CHARACTERS.isdisjoint(value):
+        raise ValidationError(
+            path, "must not contain control, line-separator or bidirectional-control "
+                  "characters", value)
     return value
 
 
@@ -995,6 +999,10 @@ def _headers(value: object, path: str, policy: ValidationPolicy) -> tuple[tuple[
         where = f"{path}.{name}"
         if name == "":
             raise ValidationError(where, "header names must not be empty", text)
+        if not UNSAFE_CHARACTERS.isdisjoint(name):
+            raise ValidationError(
+                where, "header names must not contain control, line-separator or "
+                       "bidirectional-control characters", name)
         if name[: len(RESERVED_HEADER_PREFIX)].lower() == RESERVED_HEADER_PREFIX:
             raise ValidationError(where, "names starting with 'cw-' are reserved", name)
         if not isinstance(text, str):
