@@ -10,6 +10,11 @@ Cassandra keyspace name and as a Kafka topic prefix.
 
 Only integration tests (tests/integration/, marked `integration`) request `stack`, so unit
 tests run without any server. A test that requests `stack` is marked `integration` here too.
+
+pytest-timeout's per-test limit (`timeout` in pyproject.toml) counts fixture setup and
+teardown: the first test to use a session fixture that starts servers (`stack`; `secured` in
+tests/security) gets the time those servers may take to start on top of its limit, and the
+last test of the session the time they may take to stop.
 """
 
 from __future__ import annotations
@@ -103,6 +108,47 @@ def _drop_namespace(stack: Stack, ns: str) -> None:
     from chronowheel.testing import drop_namespace_quietly
 
     drop_namespace_quietly(Settings(namespace=ns, cassandra=stack.cassandra, kafka=stack.kafka))
+
+
+# Session fixtures that may start servers: seconds their start (stack.py's readiness timeout
+# of 180 s, with margin) and their stop (45 s grace per server, two servers) may take.
+SERVER_FIXTURES = {"stack": (240, 120), "secured": (300, 120)}
+
+
+def timeout_of(item: pytest.Item) -> float:
+    """The pytest-timeout limit of a test: its `timeout` marker, else --timeout or the ini's."""
+    marker = item.get_closest_marker("timeout")
+    if marker is not None:
+        given = marker.args[0] if marker.args else marker.kwargs.get("timeout")
+        if given is not None:
+            return float(given)
+    value = item.config.getoption("timeout", None)
+    if value is None:
+        try:
+            value = item.config.getini("timeout")
+        except ValueError:  # pytest-timeout not installed
+            return 0.0
+    return float(value or 0)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Room in the time limit of the tests that start or stop the session's servers (the
+    items here are those left after deselection)."""
+    extra: dict[int, float] = {}
+    used: set[str] = set()
+    for i, item in enumerate(session.items):
+        for name, (start_s, _stop_s) in SERVER_FIXTURES.items():
+            if name in getattr(item, "fixturenames", ()) and name not in used:
+                used.add(name)
+                extra[i] = extra.get(i, 0) + start_s
+    if used and session.items:
+        last = len(session.items) - 1
+        extra[last] = extra.get(last, 0) + sum(SERVER_FIXTURES[n][1] for n in used)
+    for i, more in extra.items():
+        item = session.items[i]
+        base = timeout_of(item)
+        if base > 0:  # 0: no limit at all
+            item.add_marker(pytest.mark.timeout(base + more), append=False)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -22,6 +22,7 @@ import secrets
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 from chronowheel.admin import init_namespace
@@ -34,7 +35,21 @@ REPORT_ENV = "CHRONOWHEEL_CHAOS_REPORT"
 SHARDS = 6
 
 
+# pytest-timeout limits (the default, 300 s, is in pyproject.toml), at the default scale: a
+# cluster scenario may restart a server (RESTART_TIMEOUT_S) and its session may start the
+# cluster first. Larger sizes get proportionally longer.
+NODE_FAULT_TIMEOUT_S = 300.0
+CLUSTER_TIMEOUT_S = 2400.0
+SIZE = max(1.0, float(os.environ.get("CHRONOWHEEL_CHAOS_SCALE", "0.05")) / 0.05)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(here) and not item.get_closest_marker("timeout"):
+            limit = CLUSTER_TIMEOUT_S if "cluster" in getattr(item, "fixturenames", ()) \
+                else NODE_FAULT_TIMEOUT_S
+            item.add_marker(pytest.mark.timeout(limit * SIZE))
     if "chaos" in (config.option.markexpr or ""):
         return
     skip = pytest.mark.skip(reason="needs the cluster profile: `./run chaos` (pytest -m chaos)")
