@@ -269,6 +269,17 @@ class Settings:
         if self.gc_young_threshold < 0:
             raise ConfigError(f"gc_young_threshold: must be 0 (Python's default) or more, "
                               f"got {self.gc_young_threshold}")
+        reach_ms = limits.max_ttl_reach_ms(self.retention_ms)
+        if self.max_horizon_ms > reach_ms:
+            # A due row lives until its slot plus the retention period, within Cassandra's
+            # 20-year TTL: a job accepted further ahead could never be stored.
+            raise ConfigError(
+                f"max_horizon_ms + retention_ms: at most {limits.CASSANDRA_MAX_TTL_S * 1000} "
+                f"(Cassandra's largest TTL, 20 years), got {self.max_horizon_ms} + "
+                f"{self.retention_ms}")
+        if self.min_period_ms < 1 or self.store_batch_fail_bytes < 1:
+            raise ConfigError(f"min_period_ms and store_batch_fail_bytes: must be at least 1, "
+                              f"got {self.min_period_ms} and {self.store_batch_fail_bytes}")
         if isinstance(self.replication, int):  # Settings(replication=3) from Python code
             object.__setattr__(self, "replication", str(self.replication))
         self.cassandra_replication()  # fail at start, not at init

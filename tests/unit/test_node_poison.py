@@ -18,6 +18,7 @@ import pytest
 from chronowheel.core import limits
 from chronowheel.errors import ConfigError, StoreRefused
 from chronowheel.node.service import Node
+from chronowheel.settings import Settings
 from chronowheel.store.base import DueRow, JobRow
 from chronowheel.store.memory import MemoryStore
 
@@ -176,7 +177,8 @@ async def test_an_error_about_all_the_work_still_stops_the_shard() -> None:
 
 async def test_a_next_occurrence_beyond_the_ttl_pauses_its_job_at_dispatch() -> None:
     # A retention period of 20 years less 40 days leaves a due row 40 days of reach.
-    rig = NodeRig(shards=SHARDS, retention_ms=limits.CASSANDRA_MAX_TTL_S * 1000 - 40 * 86_400_000)
+    rig = NodeRig(shards=SHARDS, retention_ms=limits.CASSANDRA_MAX_TTL_S * 1000 - 40 * 86_400_000,
+                  max_horizon_ms=30 * 86_400_000)
     try:
         node = await rig.start()
         # T0 is 09:00 on 1 December 2026: fires at 10:00 and 10:01, then a year later.
@@ -243,3 +245,9 @@ async def test_an_id_with_unsafe_characters_is_refused_and_logged_harmlessly(
     assert not any(ch in reason for ch in ("\n", "\x00", "\u202e", "\x7f", "\u2028"))
     assert all("\n" not in r.getMessage() and "\u202e" not in r.getMessage()
                for r in caplog.records)
+
+
+def test_a_horizon_and_retention_beyond_cassandras_ttl_are_refused_at_start() -> None:
+    with pytest.raises(ConfigError, match="max_horizon_ms \\+ retention_ms"):
+        Settings(max_horizon_ms=limits.CASSANDRA_MAX_TTL_S * 1000, retention_ms=1)
+    Settings(max_horizon_ms=limits.CASSANDRA_MAX_TTL_S * 1000 - 1, retention_ms=1)  # the limit
