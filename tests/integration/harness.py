@@ -11,12 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from aiokafka import TopicPartition
 from chronowheel import testing
 from chronowheel.admin import init_namespace
-from chronowheel.bus.kafka import plain_producer
+from chronowheel.bus.kafka import open_admin, plain_producer, reader
+from chronowheel.bus.reading import TopicReader
 from chronowheel.core.clock import Clock
 from chronowheel.core.model import encode_cancel, encode_upsert
 from chronowheel.core.shard import shard_of
+from chronowheel.node.publisher import decode_watermark
 from chronowheel.node.service import Node
 from chronowheel.settings import Settings
 from chronowheel.testing import Collector, Fired, collecting, wait_owned
@@ -90,3 +93,87 @@ class NodeProcess(testing.NodeProcess):
 
 def fired_json(messages: list[Fired]) -> list[Any]:
     return [orjson.loads(m.value) for m in messages]
+
+
+# --- barriers: instead of sleeping until the nodes are probably done -------------------------
+
+
+async def applied(settings: Settings, timeout_s: float = 30) -> None:
+    """Return once the nodes have applied every command on <ns>.submit so far: no command
+    is left past the node group's committed offset of any partition (what lies there may be
+    transaction markers of commands a node forwarded). A node commits a command's offset in
+    the transaction that carries what the command published (rejections, forwards, the state
+    record), so those are visible to read_committed readers by then."""
+    tps = [TopicPartition(settings.submit_topic, k) for k in range(settings.shards)]
+    group = f"{settings.namespace}-nodes"
+    commands = reader(settings, fetch_max_wait_ms=20)
+    admin = await open_admin(settings)
+    await commands.start()
+    try:
+        commands.assign(tps)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ends = await commands.end_offsets(tps)
+            done = await admin.list_consumer_group_offsets(group, partitions=tps)
+            committed = {tp: done[tp].offset if tp in done and done[tp].offset >= 0 else 0
+                         for tp in tps}
+            past = {tp: (committed[tp], end) for tp, end in ends.items() if committed[tp] < end}
+            for tp, (at, _end) in past.items():
+                commands.seek(tp, at)
+            left: dict[int, int] = {}
+            while past:
+                batches = await commands.getmany(*past, timeout_ms=100)
+                for tp, records in batches.items():
+                    n = sum(1 for r in records if r.offset < past[tp][1])
+                    if n:
+                        left[tp.partition] = left.get(tp.partition, 0) + n
+                past = {tp: span for tp, span in past.items()
+                        if await commands.position(tp) < span[1]}
+            if not left:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"commands not applied after {timeout_s}s: partition -> "
+                                     f"commands past the committed offset {left}")
+            await asyncio.sleep(0.05)
+    finally:
+        await commands.stop()
+        await admin.close()
+
+
+async def committed_past(settings: Settings, t_ms: int, timeout_s: float = 30) -> dict[int, int]:
+    """Return once every shard's committed watermark (its last record in <ns>.state, read
+    read_committed) is at or past `t_ms` (the nodes' clock): every occurrence of every shard
+    due up to then has been published in a committed transaction, since a shard's state record
+    commits together with what it fired. Returns the watermarks, by shard."""
+    marks: dict[int, int] = {}
+    state = TopicReader(settings, (settings.state_topic,))
+    await state.start()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while len(marks) < settings.shards or min(marks.values()) < t_ms:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"watermarks not past {t_ms} after {timeout_s}s: {marks}")
+            for record in await state.fetch(100):
+                key = (record.key or b"").decode()
+                if key.startswith("shard-") and record.value:
+                    marks[int(key.removeprefix("shard-"))] = decode_watermark(record.value)
+        return marks
+    finally:
+        await state.stop()
+
+
+async def settled(settings: Settings, *collectors: Collector, clock: Clock | None = None,
+                  upto_ms: int | None = None, more_ms: int = 0, timeout_s: float = 30) -> None:
+    """Everything the nodes publish for the commands sent so far and for instants up to
+    `upto_ms` is in the collectors' messages: the commands applied, every shard's committed
+    watermark past that instant, each collector read to the end of its topics. What a check
+    of "nothing more arrives" waits for, exactly. `upto_ms` defaults to the moment the
+    commands are applied (by `clock`, else this machine's) plus the ingest slack (the
+    earliest slot a command applied then can take) plus `more_ms`."""
+    await applied(settings, timeout_s)
+    if upto_ms is None:
+        upto_ms = ((clock.now_ms() if clock is not None else now_ms())
+                   + settings.ingest_slack_ms + more_ms)
+    await committed_past(settings, upto_ms, timeout_s)
+    for c in collectors:
+        await c.read_to_end(timeout_s)

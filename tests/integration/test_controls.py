@@ -15,11 +15,13 @@ from chronowheel.core import wire
 
 from tests.integration.harness import (
     Collector,
+    applied,
     collecting,
     make_namespace,
     now_ms,
     produce,
     running_node,
+    settled,
     upsert,
 )
 
@@ -37,7 +39,8 @@ async def test_pause_resume_and_trigger_end_to_end(stack: Any, namespace: str) -
             running_node(settings), SchedulerClient(settings) as client:
         await client.every("tick", 1_000, {"n": 1}, catch_up="all", tenant="acme")
         await client.cron("nightly", "0 3 * * *", payload={"r": 1})
-        await client.schedule("later", now_ms() + 4_000, {"once": True})
+        later_at = now_ms() + 4_000
+        await client.schedule("later", later_at, {"once": True})
         await seen.wait_for(lambda ms: len(fired_of(seen, fired_topic, "tick")) >= 2, 30,
                             "two ticks")
         await client.pause("tick")
@@ -46,7 +49,9 @@ async def test_pause_resume_and_trigger_end_to_end(stack: Any, namespace: str) -
         await _wait_status(settings, "tick", "paused")
         await _wait_status(settings, "later", "paused")
         paused_at = len(fired_of(seen, fired_topic, "tick"))
-        await asyncio.sleep(5)  # the schedule passes five occurrences and `later`'s instant
+        # The schedule passes five occurrences and `later`'s instant, and every shard's
+        # watermark passes them: whatever the node would publish of them is visible here.
+        await settled(settings, seen, upto_ms=max(now_ms() + 5_000, later_at))
         # At most the occurrence that was being published when the pause arrived.
         assert len(fired_of(seen, fired_topic, "tick")) <= paused_at + 1
         assert fired_of(seen, fired_topic, "later") == []
@@ -59,10 +64,10 @@ async def test_pause_resume_and_trigger_end_to_end(stack: Any, namespace: str) -
         await seen.wait_for(lambda ms: len(fired_of(seen, fired_topic, "later")) == 1
                             and len(fired_of(seen, fired_topic, "nightly")) == 1, 30,
                             "the resumed one-shot and the trigger")
-        await asyncio.sleep(3)
+        await settled(settings, seen)
         await client.trigger("nightly", request_id="rerun-1")  # and again, later
         await client.flush()
-        await asyncio.sleep(2)
+        await settled(settings, seen)
 
     ticks = fired_of(seen, fired_topic, "tick")
     # catch_up=all: every occurrence the pause withheld was published on resume, each once,
@@ -91,7 +96,8 @@ async def test_backfill_publishes_each_occurrence_once_and_on_time_work_stays_on
             SchedulerClient(settings) as client:
         await client.every("report", "1m", {"kind": "report"}, start=start)
         await client.every("heartbeat", "1s")
-        await asyncio.sleep(1)
+        await client.flush()
+        await applied(settings)
         for _ in range(2):  # the same request twice
             await client.backfill("report", start, start + 3 * 3_600_000,
                                   request_id="fix-1234")
@@ -100,7 +106,8 @@ async def test_backfill_publishes_each_occurrence_once_and_on_time_work_stays_on
                             >= 180, 90, "180 backfilled occurrences")
         await client.backfill("report", start, start + 3 * 3_600_000, request_id="fix-1234")
         await client.flush()
-        await asyncio.sleep(3)
+        # A backfill run again would be out within four cycles (50 rows each, 100 ms apart).
+        await settled(settings, seen, more_ms=1_000)
 
     backfilled = [m for m in seen.on(fired_topic) if wire.BACKFILL in m.headers]
     assert Counter(m.scheduled_ms for m in backfilled) == Counter(
@@ -135,7 +142,7 @@ async def test_invalid_controls_reach_rejected_with_their_reason(
     async with collecting(settings, settings.rejected_topic) as seen, running_node(settings):
         await produce(settings, [upsert("once", at=now + 3_600_000),
                                  upsert("often", every="1s", start=now - 86_400_000)])
-        await asyncio.sleep(2)
+        await applied(settings)
         await produce(settings, [(key, value) for key, value, _ in bad])
         await seen.wait_for(lambda ms: len(ms) >= len(bad), 60, "every rejection")
     reasons = sorted(m.headers[wire.REASON] for m in seen.messages)
@@ -214,7 +221,7 @@ async def test_the_cli_controls_and_lists_jobs(stack: Any, namespace: str,
                                          "--from", "2026-11-01T00:00:00Z", "--to",
                                          "2999-01-01T00:00:00Z", connection=False)
         assert code != 0 and "to: must not be in the future" in err
-        await asyncio.sleep(1)
+        await settled(settings, seen)
     assert len(seen.messages) == 1
 
 
@@ -294,7 +301,7 @@ async def test_a_backfill_survives_kill_9_of_its_node_exactly_once(
                         nodes)
             await until(lambda: len(backfilled()) >= total, 180, "every backfilled occurrence",
                         nodes)
-            await asyncio.sleep(3)  # a late duplicate would show up here
+            await settled(settings, seen)  # a late duplicate would show up here
         counts = Counter(m.scheduled_ms for m in backfilled())
         assert counts == Counter(start + k * 1_000 for k in range(total)), \
             f"{at_kill} seen at the kill; duplicates {[s for s, n in counts.items() if n > 1][:5]}"

@@ -12,6 +12,7 @@ import pytest
 from chronowheel.core.clock import OffsetClock
 
 from tests.integration.harness import (
+    applied,
     cancel,
     collecting,
     make_namespace,
@@ -19,6 +20,7 @@ from tests.integration.harness import (
     now_ms,
     produce,
     running_node,
+    settled,
     upsert,
 )
 
@@ -63,13 +65,13 @@ async def test_catch_up_policies_after_the_node_was_down(stack: Any, namespace: 
             upsert(f"job-{policy}", every="1m", start=start, catch_up=policy, **extra)
             for policy, extra in jobs.items()
         ])
-        await asyncio.sleep(2)  # ingested well before the first occurrence at `start`
+        await applied(settings)  # ingested well before the first occurrence at `start`
     # The whole cluster is down for ten minutes: occurrences start .. start+9m are missed.
     clock.jump(10 * MINUTE)
     missed = [start + k * MINUTE for k in range(10)]
     async with collecting(settings) as fired, running_node(settings, clock=clock):
         await fired.wait_for(lambda ms: len(ms) >= 6, 30, "catch-up fires")
-        await asyncio.sleep(2)  # anything more that would (wrongly) fire
+        await settled(settings, fired, clock=clock)  # anything more that would (wrongly) fire
     got = {p: sorted(occurrences(fired.messages, f"job-{p}")) for p in jobs}
     assert got["coalesce"] == [missed[-1]]
     assert got["all"] == [*missed[:4], missed[-1]]  # max_catch_up 5: 4 oldest + the latest
@@ -93,12 +95,12 @@ async def test_cancel_edit_and_idempotent_resubmit(stack: Any, namespace: str) -
                              "once and edited")
         # identical re-submit after firing: a no-op
         await produce(settings, [upsert("once", at=t0 + 500, payload="same")])
-        await asyncio.sleep(3)
+        await settled(settings, fired)
         assert Counter(m.key for m in fired.messages) == {b"once": 1, b"edited": 1}
         # a changed spec re-arms (its instant is past, so it fires now)
         await produce(settings, [upsert("once", at=t0 + 500, payload="changed")])
         await fired.wait_for(lambda ms: len(occurrences(ms, "once")) == 2, 30, "re-armed job")
-        await asyncio.sleep(1)
+        await settled(settings, fired)
     by_key: dict[bytes | None, list[Any]] = {}
     for m in fired.messages:
         by_key.setdefault(m.key, []).append(m)
@@ -143,7 +145,7 @@ async def test_bad_input_goes_to_rejected_and_the_pipeline_keeps_firing(
             lambda ms: len([m for m in ms if m.topic == settings.rejected_topic]) >= len(bad)
             and len([m for m in ms if m.topic == settings.fired_topic]) >= len(good),
             30, "all rejects and all good jobs")
-        await asyncio.sleep(1)
+        await settled(settings, seen)
     rejected = {m.key: m for m in seen.on(settings.rejected_topic)}
     fired = seen.on(settings.fired_topic)
     assert sorted(m.key for m in fired) == sorted(k for k, _ in good)
@@ -164,7 +166,7 @@ async def test_mis_partitioned_submits_fire_exactly_once(stack: Any, namespace: 
     async with collecting(settings) as fired, running_node(settings) as node:
         await produce(settings, jobs, partition=misroute(settings.shards))
         await fired.wait_for(lambda ms: len(ms) >= len(jobs), 60, "all mis-partitioned jobs")
-        await asyncio.sleep(1.5)
+        await settled(settings, fired)
         forwarded = node.metrics.forwarded._value.get()
     assert Counter(m.key for m in fired.messages) == Counter(k for k, _ in jobs)
     assert forwarded == len(jobs)
@@ -188,7 +190,7 @@ async def test_a_herd_larger_than_max_batch_fires_once_each_across_transactions(
             assert now_ms() < at, "ingest did not finish before the herd's instant"
             await asyncio.sleep(0.05)
         await fired.wait_for(lambda ms: len(ms) >= 2000, 60, "herd and spread")
-        await asyncio.sleep(1)
+        await settled(settings, fired)
     assert Counter(m.key for m in fired.messages) == Counter(k for k, _ in herd + spread)
     assert all(m.fired_ms >= m.scheduled_ms for m in fired.messages)
     herd_fired = {m.fired_ms for m in fired.messages if m.key.startswith(b"herd-")}

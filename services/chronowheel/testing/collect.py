@@ -8,6 +8,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from aiokafka import TopicPartition
+
 from chronowheel.bus.reading import FetchedRecord, TopicReader
 from chronowheel.core import wire
 from chronowheel.settings import Settings
@@ -21,6 +23,24 @@ stamped only after all of it was decoded."""
 
 def wall_ms() -> float:
     return time.time_ns() / 1e6
+
+
+class _Reader(TopicReader):
+    """A TopicReader that also says where it stands: the end of each partition now (the last
+    stable offset when read_committed) and the offset it will read next."""
+
+    def _tps(self) -> list[TopicPartition]:
+        return [TopicPartition(t, p) for t, n in self.partitions.items() for p in range(n)]
+
+    async def end_offsets(self) -> dict[TopicPartition, int]:
+        assert self._consumer is not None, "start() first"
+        ends: dict[TopicPartition, int] = await self._consumer.end_offsets(self._tps())
+        return ends
+
+    async def behind(self, ends: dict[TopicPartition, int]) -> list[TopicPartition]:
+        """The partitions whose next offset to read is still before `ends`."""
+        assert self._consumer is not None, "start() first"
+        return [tp for tp, end in ends.items() if await self._consumer.position(tp) < end]
 
 
 @dataclass(slots=True)
@@ -81,13 +101,13 @@ class Collector:
     on_fired: Callable[[Fired], None] | None = None
     received: int = 0
     """messages read (and not skipped by key_prefix)"""
-    _reader: TopicReader | None = field(default=None, init=False, repr=False)
+    _reader: _Reader | None = field(default=None, init=False, repr=False)
     _task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     async def start(self) -> Collector:
         topics = self.topics or (self.settings.fired_topic,)
-        reader = TopicReader(self.settings, topics, isolation=self.isolation,
-                             from_end=self.from_end)
+        reader = _Reader(self.settings, topics, isolation=self.isolation,
+                         from_end=self.from_end)
         await reader.start()
         self._reader = reader
         self._task = asyncio.create_task(self._run(reader), name="collector")
@@ -132,6 +152,21 @@ class Collector:
         if self._reader is not None:
             await self._reader.stop()
             self._reader = None
+
+    async def read_to_end(self, timeout_s: float = 30) -> None:
+        """Return once every record its topics held when called is in `messages` (read_committed:
+        every transaction committed by then; control records and aborted ones count as read).
+        The background reader hands each fetch over whole before it awaits again, so a
+        position at the end means its records are kept."""
+        assert self._reader is not None, "start() first"
+        ends = await self._reader.end_offsets()
+        deadline = time.monotonic() + timeout_s
+        while behind := await self._reader.behind(ends):
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout_s}s reading to the end of "
+                                   f"{behind}; have {len(self.messages)} messages")
+            await asyncio.sleep(0.02)
 
     def on(self, topic: str) -> list[Fired]:
         return [m for m in self.messages if m.topic == topic]
