@@ -1,6 +1,7 @@
 """End-to-end fuzzing of a node against the real Cassandra and Kafka (marker `fuzz`).
 
-`test_e2e.py` starts a namespace of two shards and one node as a child process
+`test_e2e.py` (its `run_fuzz`, which tests/chaos/test_cluster_fuzz.py runs on the cluster
+profile too) starts a namespace of two shards and one node as a child process
 (`chronowheel node`), then sends CHRONOWHEEL_FUZZ_COMMANDS raw records (default
 300; 100000 for a results run) with aiokafka straight to `<ns>.submit`: commands at and past
 every limit (payloads near and over `max_payload_bytes` and over Cassandra's 50 KiB batch

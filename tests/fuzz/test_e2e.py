@@ -42,6 +42,9 @@ SHOWN = 40
 ZSTD_PRODUCER = Path(__file__).with_name("ZstdProduce.java")
 ERROR_COUNTERS = ("quarantined", "error", "fail", "fenced", "abort")
 """/metrics counters an ERROR log line may be accounted for by"""
+ISOLATION_COUNTERS = ("chronowheel_quarantined_total", "chronowheel_dead_lettered_total",
+                      "chronowheel_transaction_refused_total")
+"""/metrics counters of commands and occurrences set aside (reported, not judged)"""
 
 
 @dataclass
@@ -239,7 +242,18 @@ def _reason(headers: list[dict[str, str]]) -> str:
 
 async def test_fuzzed_commands_on_the_real_servers(
         stack: Any, namespace: str, tmp_path: Path, fuzz_commands: int, fuzz_seed: int) -> None:
-    settings = await make_namespace(stack, namespace, shards=SHARDS)
+    await run_fuzz(stack, namespace, tmp_path, fuzz_commands, fuzz_seed)
+
+
+async def run_fuzz(stack_like: Any, namespace: str, tmp_path: Path, commands: int, seed: int,
+                   **overrides: Any) -> dict[str, Any]:
+    """One fuzz run: `namespace` (SHARDS shards; `overrides` go to its Settings) initialised on
+    the servers of `stack_like` (any object with `cassandra` and `kafka` addresses), one node,
+    `commands` commands from `seed`; fails the calling test on any invariant violation, else
+    returns the report (also printed, and written to CHRONOWHEEL_FUZZ_REPORT when set).
+    Dropping the namespace is the caller's."""
+    t0 = time.monotonic()
+    settings = await make_namespace(stack_like, namespace, shards=SHARDS, **overrides)
     node = NodeProcess(settings, tmp_path / "node.log", name="node", cwd=REPO,
                        env={"CHRONOWHEEL_NODE_SESSION_TIMEOUT_MS": "6000"})
     observed = Observed(rejected_topic=settings.rejected_topic)
@@ -250,11 +264,11 @@ async def test_fuzzed_commands_on_the_real_servers(
         await node.wait_ready(120)
         before = node.metrics()
         await collector.start()
-        gen = Generator(fuzz_seed, namespace, SHARDS)
+        gen = Generator(seed, namespace, SHARDS)
         started = time.monotonic()
-        cases = await _send(settings, gen, fuzz_commands, observed, node)
+        cases = await _send(settings, gen, commands, observed, node)
         sent_s = time.monotonic() - started
-        stuck = await _settle(node, cases, observed, timeout_s=60 + fuzz_commands / 100)
+        stuck = await _settle(node, cases, observed, timeout_s=60 + commands / 100)
         await asyncio.sleep(1.0)  # a duplicate would come within the next transaction
         collector.check_alive()
         alive = node.alive()
@@ -296,38 +310,38 @@ async def test_fuzzed_commands_on_the_real_servers(
         if c.expect is Expect.GOOD:
             fires = observed.fired.get(c.job_id or "", [])
             if rej:
-                violations.append(f"{c.describe(fuzz_seed)}: a good command was rejected: "
+                violations.append(f"{c.describe(seed)}: a good command was rejected: "
                                   f"{_reason(rej)}")
             elif len(fires) != 1:
-                violations.append(f"{c.describe(fuzz_seed)}: expected to fire exactly once at "
+                violations.append(f"{c.describe(seed)}: expected to fire exactly once at "
                                   f"{c.at_ms}, fired {len(fires)} times "
                                   f"{[f.occurrence for f in fires][:5]}")
             else:
                 f = fires[0]
                 outcome = "fired"
                 if f.scheduled_ms != c.at_ms:
-                    violations.append(f"{c.describe(fuzz_seed)}: fired for {f.scheduled_ms}, "
+                    violations.append(f"{c.describe(seed)}: fired for {f.scheduled_ms}, "
                                       f"submitted at={c.at_ms}")
                 if f.fired_ms < f.scheduled_ms or f.received_ms < f.scheduled_ms:
-                    violations.append(f"{c.describe(fuzz_seed)}: fired early: scheduled "
+                    violations.append(f"{c.describe(seed)}: fired early: scheduled "
                                       f"{f.scheduled_ms}, cw-fired-at {f.fired_ms}, read at "
                                       f"{f.received_ms:.0f}")
         elif rej:
             missing_reason = [h for h in rej if not h.get(wire.REASON)]
             if missing_reason:
-                violations.append(f"{c.describe(fuzz_seed)}: rejected without a cw-reason "
+                violations.append(f"{c.describe(seed)}: rejected without a cw-reason "
                                   f"header: {missing_reason[0]}")
             if applied and c.job_id in jobs and c.expect is Expect.REJECT:
-                violations.append(f"{c.describe(fuzz_seed)}: rejected ({_reason(rej)}) and yet "
+                violations.append(f"{c.describe(seed)}: rejected ({_reason(rej)}) and yet "
                                   "its job row was stored")
             reasons[c.kind][_reason(rej)[:90]] += 1
         elif c.expect is Expect.REJECT:
-            violations.append(f"{c.describe(fuzz_seed)}: expected on {settings.rejected_topic} "
+            violations.append(f"{c.describe(seed)}: expected on {settings.rejected_topic} "
                               f"with a cw-reason; "
                               + ("was applied instead (its row exists)" if applied
                                  else "neither rejected nor applied (silently dropped)"))
         elif not applied:
-            violations.append(f"{c.describe(fuzz_seed)}: neither applied (no job or calendar "
+            violations.append(f"{c.describe(seed)}: neither applied (no job or calendar "
                               f"row) nor on {settings.rejected_topic}: silently dropped")
         outcomes[c.kind][outcome] += 1
 
@@ -346,6 +360,8 @@ async def test_fuzzed_commands_on_the_real_servers(
             if any(w in k.split("{")[0] for w in ERROR_COUNTERS)
             and not k.split("{")[0].endswith("_created")
             and after[k] > before.get(k, 0.0)}
+    set_aside = {k: after[k] - before.get(k, 0.0) for k in after
+                 if k.split("{")[0] in ISOLATION_COUNTERS and after[k] > before.get(k, 0.0)}
     if errors and not rose:
         violations.append(f"{len(errors)} ERROR lines in {node.log_path} and no error counter "
                           f"of /metrics rose; first: " + " | ".join(errors[:5]))
@@ -353,12 +369,14 @@ async def test_fuzzed_commands_on_the_real_servers(
     good = sorted(f.received_ms - f.scheduled_ms for c in cases if c.expect is Expect.GOOD
                   for f in observed.fired.get(c.job_id or "", [])[:1])
     report = {
-        "seed": fuzz_seed, "commands": len(cases), "send_seconds": round(sent_s, 1),
+        "seed": seed, "commands": len(cases), "send_seconds": round(sent_s, 1),
+        "total_seconds": round(time.monotonic() - t0, 1),
         "outcomes": {k: dict(v) for k, v in sorted(outcomes.items())},
         "reasons": {k: dict(v.most_common(5)) for k, v in sorted(reasons.items())},
         "good_lateness_ms": summarize(good), "early": observed.tally.early,
         "duplicates": observed.tally.duplicates, "error_log_lines": len(errors),
-        "error_counters_rose": rose, "violations": len(violations),
+        "error_counters_rose": rose, "set_aside_counters_rose": set_aside,
+        "violations": len(violations),
         "first_violations": violations[:SHOWN], "node_log": str(node.log_path),
         "fired_occurrences": observed.tally.distinct,
     }
@@ -369,6 +387,7 @@ async def test_fuzzed_commands_on_the_real_servers(
         Path(os.environ["CHRONOWHEEL_FUZZ_REPORT"]).write_text(text)
     if violations:
         by_kind = Counter(v.split("] ")[0].split(" ", 1)[-1] for v in violations)
-        pytest.fail(f"{len(violations)} invariant violations (seed {fuzz_seed}, "
+        pytest.fail(f"{len(violations)} invariant violations (seed {seed}, "
                     f"{len(cases)} commands; by kind {dict(by_kind)}):\n"
                     + "\n".join(f"- {v}" for v in violations[:SHOWN]), pytrace=False)
+    return report
