@@ -29,8 +29,9 @@ from chronowheel.core.model import ValidationPolicy, encode_upsert, parse_comman
 from chronowheel.errors import ChronowheelError, ValidationError
 from chronowheel.settings import Settings, add_settings_arguments, settings_from_args
 
+# The node's validation limits, so that what the CLI accepts the node accepts too.
 SUBMIT_SETTINGS = ("namespace", "kafka", "allowed_topics", "max_id_bytes", "max_payload_bytes",
-                   "max_horizon_ms")
+                   "max_horizon_ms", "min_period_ms", "store_batch_fail_bytes", "retention_ms")
 MAX_REPORTED_DEFAULT = 100
 PROGRESS_AFTER_S = 1.0  # files that finish sooner never draw a progress line
 
