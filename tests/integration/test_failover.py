@@ -44,8 +44,10 @@ from tests.integration.harness import (
     make_namespace,
     now_ms,
     produce,
+    settled,
     upsert,
 )
+from tests.integration.offset_node import offset_prefix
 
 pytestmark = pytest.mark.integration
 
@@ -70,8 +72,14 @@ class Nodes:
         self.log_dir = log_dir
         self.all: list[NodeProcess] = []
 
-    def start(self, settings: Settings, name: str, **env: str) -> NodeProcess:
+    def start(self, settings: Settings, name: str, *, clock_offset_ms: int = 0,
+              **env: str) -> NodeProcess:
+        """A node process; with `clock_offset_ms` its clock runs that far ahead of this one's
+        (offset_node.py; its clock-skew check is then relaxed)."""
         node = NodeProcess(settings, name, self.log_dir)
+        if clock_offset_ms:
+            node.args_prefix = offset_prefix(clock_offset_ms)
+            env.setdefault("CHRONOWHEEL_MAX_CLOCK_SKEW_MS", str(10**12))
         node.start(**env)
         self.all.append(node)
         return node
@@ -208,13 +216,15 @@ def assert_exactly_once(tap: Tap, jobs: dict[str, int]) -> None:
     assert not extra, f"{len(extra)} unexpected occurrences, e.g. {sorted(extra)[:5]}"
 
 
-def assert_never_early(tap: Tap) -> None:
+def assert_never_early(tap: Tap, clock_offset_ms: int = 0) -> None:
     """Judged three ways: the node's cw-fired-at, the record's timestamp (set when the node's
-    producer appended it, before the commit) and this process's clock at arrival."""
-    early = [(m.occurrence, m.fired_ms - m.scheduled_ms, ts - m.scheduled_ms,
-              recv - m.scheduled_ms)
+    producer appended it, before the commit) and this process's clock at arrival; the last
+    two on the node's clock when it runs `clock_offset_ms` ahead."""
+    off = clock_offset_ms
+    early = [(m.occurrence, m.fired_ms - m.scheduled_ms, ts + off - m.scheduled_ms,
+              recv + off - m.scheduled_ms)
              for m, ts, recv in zip(tap.messages, tap.record_ms, tap.received_ms, strict=True)
-             if min(m.fired_ms, ts, recv) < m.scheduled_ms]
+             if min(m.fired_ms, ts + off, recv + off) < m.scheduled_ms]
     assert not early, (f"{len(early)} occurrences published early (occurrence, fired-at, record "
                        f"timestamp, arrival, each minus scheduled ms): {early[:5]}")
 
@@ -228,9 +238,10 @@ def distribution(values: list[float]) -> str:
             f"max={s[-1]:.0f} (ms)")
 
 
-def lateness_report(tap: Tap, title: str, keep: Callable[[Fired], bool]) -> None:
+def lateness_report(tap: Tap, title: str, keep: Callable[[Fired], bool],
+                    clock_offset_ms: int = 0) -> None:
     fired = [float(m.fired_ms - m.scheduled_ms) for m in tap.messages if keep(m)]
-    seen = [float(recv - m.scheduled_ms)
+    seen = [float(recv + clock_offset_ms - m.scheduled_ms)
             for m, recv in zip(tap.messages, tap.received_ms, strict=True) if keep(m)]
     print(f"  lateness, {title}: cw-fired-at {distribution(fired)}")
     print(f"  lateness, {title}: arrival     {distribution(seen)}")
@@ -310,7 +321,7 @@ async def test_kill_9_during_a_burst_loses_and_duplicates_nothing(
             f"node b took {takeover_s:.1f} s to own and serve every shard{nodes.tails()}"
         all_s = await until(lambda: len(tap.occurrences()) >= n, 120,
                             f"all {n} occurrences published", nodes)
-        await asyncio.sleep(3)  # a late duplicate would show up here
+        await settled(settings, tap)  # a late duplicate would show up here
         last_victim = max(m.fired_ms for m in tap.messages if m.partition in a_shards)
         print(f"[kill -9] node b owned every shard {takeover_s:.1f} s after the kill; all "
               f"published {takeover_s + all_s:.1f} s after it; last of node a's shards fired "
@@ -395,9 +406,10 @@ async def test_a_node_paused_past_its_session_publishes_nothing_for_lost_shards(
         assert during > 0 and after > 0
 
         await until(lambda: len(tap.occurrences()) >= n, 60, f"all {n} occurrences", nodes)
-        await asyncio.sleep(max(3.0, (max(jobs.values()) - now_ms()) / 1000 + 3))
         # After the resume, node a either keeps running (and rejoins) or exits cleanly.
         outcome = await rejoins_or_exits(a, nodes)
+        # Anything due later than the last job, or a late duplicate, would show up here.
+        await settled(settings, tap, raw, upto_ms=max(max(jobs.values()), now_ms()))
         raw_dupes = sum(c - 1 for c in Counter(m.occurrence for m in raw.messages).values())
         print(f"[SIGSTOP] after SIGCONT node a {outcome}; read_uncommitted readers saw "
               f"{raw_dupes} duplicate records (writes of an aborted transaction)")
@@ -470,52 +482,68 @@ async def test_a_hot_bucket_is_prewarmed_before_its_minute_and_its_herd_fires_on
     # Cassandra while ingest adds the rest straight into the pre-warmed minute.
     hot = min(per_shard.values()) // 4
     lookahead_ms = 2_000
+    env = {"CHRONOWHEEL_LOOKAHEAD_MS": str(lookahead_ms),
+           "CHRONOWHEEL_PREWARM_MS": str(10 * MINUTE_MS),
+           "CHRONOWHEEL_HOT_BUCKET_ROWS": str(hot)}
     async with tapping(settings) as tap:
-        node = nodes.start(settings, "herd", CHRONOWHEEL_LOOKAHEAD_MS=str(lookahead_ms),
-                           CHRONOWHEEL_PREWARM_MS=str(10 * MINUTE_MS),
-                           CHRONOWHEEL_HOT_BUCKET_ROWS=str(hot))
-        await until(lambda: owned(node) == set(range(shards)), 60, "the node to own all shards",
-                    nodes)
-        rate = await calibrate(settings, nodes, node)
-        t_submit = now_ms()
+        # The ingest rate, measured by a node on this machine's clock, which then stops.
+        first = nodes.start(settings, "calibration", **env)
+        await until(lambda: owned(first) == set(range(shards)), 60,
+                    "the calibration node to own all shards", nodes)
+        rate = await calibrate(settings, nodes, first)
+        first.signal(signal.SIGTERM)
+        assert await asyncio.to_thread(first.wait, STOP_DEADLINE_S + 15) == 0, nodes.tails()
+
         # The midnight herd: every job at the first instant of one minute, after ingest. The
-        # loader reads whole minutes through now + lookahead, and only a minute beyond the next
-        # one to load is pre-warmed: the herd must turn hot while now + lookahead is still
-        # more than a minute before it.
-        budget = ingest_budget_ms(n, rate)
+        # herd must turn hot while now + lookahead is still before its minute (the loader reads
+        # whole minutes through now + lookahead; the pre-warm looks from the next minute to
+        # load on). The herd's node runs its clock `offset` ahead, so that a minute of its
+        # clock begins right when the plan needs it instead of up to a minute later.
+        t_submit = now_ms()
+        budget = ingest_budget_ms(n, rate) + 10_000  # + the node's start and takeover
         hot_by = t_submit + budget * 4 // 10
-        earliest = max(t_submit + budget, hot_by + lookahead_ms + MINUTE_MS + 5_000)
-        minute = -(-earliest // MINUTE_MS) * MINUTE_MS
+        earliest = max(t_submit + budget, hot_by + lookahead_ms + 10_000)
+        offset = -(-earliest // MINUTE_MS) * MINUTE_MS - earliest
+        minute = earliest + offset  # on the node's clock
+
+        def node_now() -> int:
+            return now_ms() + offset
+
+        node = nodes.start(settings, "herd", clock_offset_ms=offset, **env)
         jobs = dict.fromkeys(ids, minute)
         await submit(settings, jobs)
-        await until(lambda: ingested(node) >= n + 2_000,
-                    (minute - now_ms()) / 1000 + 120, f"{n} jobs ingested", nodes)
+        await until(lambda: owned(node) == set(range(shards)), 60, "the node to own all shards",
+                    nodes)
+        await until(lambda: ingested(node) >= n, (minute - node_now()) / 1000 + 120,
+                    f"{n} jobs ingested", nodes)
         ingest_s = (now_ms() - t_submit) / 1000
         print(f"\n[herd] calibration: {rate:.0f} jobs/s; ingest of {n} jobs by 1 node / "
-              f"{shards} shards took {ingest_s:.1f} s: {n / ingest_s:.0f} jobs/s; the herd's "
-              f"minute begins {(minute - now_ms()) / 1000:.1f} s after ingest finished")
+              f"{shards} shards took {ingest_s:.1f} s: {n / ingest_s:.0f} jobs/s (with the "
+              f"node's start); the herd's minute begins {(minute - node_now()) / 1000:.1f} s "
+              f"after ingest finished (node clock {offset} ms ahead)")
 
         # Watch the pre-warm gauge until the minute begins.
         prewarmed_seen: list[tuple[int, float]] = []
 
         def sample_until_minute() -> bool:
-            t = now_ms()
+            t = node_now()
             if t >= minute - 200:
                 return True
             v = metric_sum(node, "chronowheel_prewarmed_buckets")
-            if now_ms() < minute:
+            if node_now() < minute:
                 prewarmed_seen.append((t, v))
             return False
 
-        await until(sample_until_minute, (minute - now_ms()) / 1000 + 10,
+        await until(sample_until_minute, (minute - node_now()) / 1000 + 10,
                     "the herd's minute", nodes)
         await until(lambda: len(tap.occurrences()) >= n, 120, f"all {n} occurrences published",
                     nodes)
-        await asyncio.sleep(3)  # a late duplicate would show up here
+        # A late duplicate would show up here.
+        await settled(settings, tap, upto_ms=node_now() + settings.ingest_slack_ms)
         histogram = metric(node, "chronowheel_lateness_seconds_bucket")
 
     assert_exactly_once(tap, jobs)
-    assert_never_early(tap)
+    assert_never_early(tap, offset)
 
     # Pre-warmed before the minute began: per the log (every shard) and per /metrics.
     lines = {int(m.group(1)): m for m in _PREWARMED.finditer(node.log_text())
@@ -530,10 +558,10 @@ async def test_a_hot_bucket_is_prewarmed_before_its_minute_and_its_herd_fires_on
         f"chronowheel_prewarmed_buckets stayed 0 before the minute: {prewarmed_seen[-5:]}"
 
     last_fired = max(m.fired_ms for m in tap.messages)
-    last_seen = max(tap.received_ms)
+    last_seen = max(tap.received_ms) + offset
     print(f"[herd] minute start to last publish: {last_fired - minute} ms (cw-fired-at), "
           f"{last_seen - minute} ms (arrival here)")
-    lateness_report(tap, "herd", lambda m: True)
+    lateness_report(tap, "herd", lambda m: True, offset)
     cumulative = sorted((float(labels.split('"')[1]), v) for labels, v in histogram.items())
     p99 = next((le for le, v in cumulative if v >= 0.99 * cumulative[-1][1]), None)
     print(f"[herd] node's lateness histogram (slot to commit): 99% within {p99} s; "
@@ -592,7 +620,8 @@ async def test_sigterm_exits_0_in_time_and_the_other_node_takes_over_losing_noth
               f"({takeover_s:.1f} s after the exit)")
         await until(lambda: len(tap.occurrences()) >= len(jobs), 60,
                     f"all {len(jobs)} occurrences published", nodes)
-        await asyncio.sleep(max(3.0, (max(jobs.values()) - now_ms()) / 1000 + 3))
+        # Anything due later than the last job, or a late duplicate, would show up here.
+        await settled(settings, tap, upto_ms=max(max(jobs.values()), now_ms()))
         lateness_report(tap, "node a's shards", lambda m: m.partition in a_shards)
         assert alive(b), f"node b died{nodes.tails()}"
 
