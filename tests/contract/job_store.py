@@ -204,6 +204,31 @@ class JobStoreContract:
         await store.put_dues_and_jobs([small])
         assert await store.get_job(ids.job("small")) is not None
 
+    async def test_a_new_due_row_replaces_the_old_one_in_the_same_batch(
+            self, store: JobStore, ids: Ids) -> None:
+        m = T0 + 16 * MINUTE_MS
+        old = due(ids, "a", m + 1)
+        job = JobRow(ids.job("a"), ids.shard, b"{}", 1, "scheduled", m, m + 1)
+        await store.put_due_and_job(old, 3600, job)
+        new = due(ids, "a", m + 2, version=2)
+        await store.put_due_and_job(new, 3600, JobRow(ids.job("a"), ids.shard, b"{}", 2,
+                                                      "scheduled", m, m + 2), old.key)
+        assert await read_all(store, m, ids.shard) == [[new]]
+        # Replacing a row by one with the same key keeps the new one (no delete wins).
+        same = due(ids, "a", m + 2, version=3)
+        await store.put_due_and_job(same, 3600, JobRow(ids.job("a"), ids.shard, b"{}", 3,
+                                                       "scheduled", m, m + 2), new.key)
+        assert await read_all(store, m, ids.shard) == [[same]]
+        # A replacement the store refuses leaves the old row and the old jobs row as they were.
+        big = due(ids, "a", m + 3, version=4, payload=b"x" * 60_000)
+        with pytest.raises(StoreRefused):
+            await store.put_due_and_job(big, 3600, JobRow(ids.job("a"), ids.shard,
+                                                          b"y" * 60_000, 4, "scheduled", m,
+                                                          m + 3), same.key)
+        assert await read_all(store, m, ids.shard) == [[same]]
+        stored = await store.get_job(ids.job("a"))
+        assert stored is not None and stored.version == 3
+
     async def test_a_ttl_over_20_years_is_refused(self, store: JobStore, ids: Ids) -> None:
         m = T0 + 15 * MINUTE_MS
         with pytest.raises(StoreRefused, match="ttl is too large"):

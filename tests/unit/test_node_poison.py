@@ -19,7 +19,7 @@ from chronowheel.core import limits
 from chronowheel.errors import ConfigError, StoreRefused
 from chronowheel.node.service import Node
 from chronowheel.settings import Settings
-from chronowheel.store.base import DueRow, JobRow
+from chronowheel.store.base import DueKey, DueRow, JobRow
 from chronowheel.store.memory import MemoryStore
 
 from tests.unit.node_rig import T0, NodeRig, scheduled_at
@@ -106,10 +106,11 @@ class RefusingStore(MemoryStore):
             raise self.error
         await super().put_dues_and_jobs(rows)
 
-    async def put_due_and_job(self, row: DueRow, ttl_s: int, job: JobRow) -> None:
+    async def put_due_and_job(self, row: DueRow, ttl_s: int, job: JobRow,
+                              replaces: DueKey | None = None) -> None:
         if row.job_id == self.poison:
             raise self.error
-        await super().put_due_and_job(row, ttl_s, job)
+        await super().put_due_and_job(row, ttl_s, job, replaces)
 
 
 def refusing_rig(error: Exception, *, grouped: bool = True, **settings: object) -> NodeRig:
@@ -145,20 +146,23 @@ async def test_a_bug_on_one_commands_path_quarantines_that_command_alone() -> No
     rig = refusing_rig(KeyError("a bug"), grouped=False)
     try:
         node = await rig.start()
-        # An edit of a scheduled job goes one command at a time (put_due_and_job).
-        rig.upsert("poison", at=T0 + 60_000)
+        # An edit of a scheduled job goes one command at a time (put_due_and_job). Its first
+        # version is due beyond the loaded horizon: only its due row stands for it.
+        first = T0 + rig.settings.lookahead_ms + 600_000
+        rig.upsert("poison", at=first)
         await rig.settle()
         ats = good_jobs(rig, "before", 3, T0 + 2_000)
-        rig.upsert("poison", at=T0 + 61_000)
+        rig.upsert("poison", at=first + 1_000)
         ats |= good_jobs(rig, "after", 3, T0 + 3_000)
         await rig.advance_to(T0 + 4_000)
         assert running(node)
         fired_once_on_time(rig, ats)
         assert b"internal error while applying: KeyError" in rejected(rig)["poison"]
         assert node.metrics.quarantined.labels("ingest", "internal")._value.get() == 1
-        # The refused edit changed nothing: the first version still fires.
-        await rig.advance_to(T0 + 61_000, step_ms=1_000)
-        assert [scheduled_at(m) for m in rig.fired("poison")] == [T0 + 60_000]
+        # The refused edit changed nothing (its delete of the old row went in the batch the
+        # store refused): the first version still fires, loaded from its due row.
+        await rig.advance_to(first + 1_000, step_ms=2_000)
+        assert [scheduled_at(m) for m in rig.fired("poison")] == [first]
     finally:
         await rig.stop_all()
 
@@ -251,3 +255,14 @@ def test_a_horizon_and_retention_beyond_cassandras_ttl_are_refused_at_start() ->
     with pytest.raises(ConfigError, match="max_horizon_ms \\+ retention_ms"):
         Settings(max_horizon_ms=limits.CASSANDRA_MAX_TTL_S * 1000, retention_ms=1)
     Settings(max_horizon_ms=limits.CASSANDRA_MAX_TTL_S * 1000 - 1, retention_ms=1)  # the limit
+
+
+@pytest.mark.parametrize("exc", [MemoryError(), ConnectionResetError(104, "reset"),
+                                 OSError(28, "No space left on device")])
+def test_the_process_or_machine_failing_concerns_the_node_not_the_command(
+        exc: Exception) -> None:
+    from chronowheel.node.failures import concerns_the_node
+
+    assert concerns_the_node(exc)
+    assert not concerns_the_node(KeyError("a bug")) and not concerns_the_node(
+        StoreRefused("Batch too large"))

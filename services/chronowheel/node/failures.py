@@ -33,6 +33,10 @@ def concerns_the_node(exc: BaseException) -> bool:
         return True
     if isinstance(exc, ConfigError | ShardLost | BusError):
         return True
+    # The process's or the machine's trouble, which no command caused: out of memory, a
+    # socket or file that failed, the interpreter itself.
+    if isinstance(exc, MemoryError | OSError | SystemError):
+        return True
     # A driver's error that the store or the bus did not translate (a missing table, a
     # protocol error) is about the server or the schema, which every command needs.
     return type(exc).__module__.split(".")[0] in _DRIVER_PACKAGES

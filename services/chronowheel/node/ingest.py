@@ -50,7 +50,7 @@ from chronowheel.node.state import Outgoing, ShardState
 from chronowheel.node.writes import RowWriter, schedule_of
 from chronowheel.observe import tracing
 from chronowheel.settings import Settings
-from chronowheel.store.base import DueRow, JobRow, JobStore, RequestRow
+from chronowheel.store.base import DueKey, DueRow, JobRow, JobStore, RequestRow
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +264,9 @@ class Ingest:
         """Write a group's rows in one logged batch. A job over a limit is rejected before
         the write; when the store still refuses the batch, the group is split in halves and
         each written again, so one bad job among n costs O(log n) extra writes and only it
-        is quarantined."""
+        is quarantined. Only the checks and the store's answer are about single commands:
+        what follows a write that succeeded (the wheel, the counters) is not, and an error
+        there stops the shard rather than reject a command that was applied."""
         state = self.state
         written: list[tuple[_NewJob, tuple[DueRow, int, JobRow]]] = []
         refused: Exception | None = None
@@ -276,8 +278,12 @@ class Ingest:
             try:
                 for new in group:
                     try:
-                        rows = self._rows(new, now)
-                        claimed.append(rows[0].slot_ms)
+                        rows = self._rows(new, now)  # claims a slot, or raises having none
+                    except Exception as exc:
+                        self._quarantine(new.cmd, exc)
+                        continue
+                    claimed.append(rows[0].slot_ms)
+                    try:
                         self.writer.check(rows[0], now, rows[2])
                     except Exception as exc:
                         self._quarantine(new.cmd, exc)
@@ -285,29 +291,29 @@ class Ingest:
                     written.append((new, rows))
                 if written:
                     try:
-                        await self._put_group(written)
+                        await self._put_rows([r for _new, r in written])
                     except Exception as exc:
-                        if failures.concerns_the_node(exc) or len(written) == 1:
+                        if failures.concerns_the_node(exc):
                             raise
-                        refused = exc
-            except Exception as exc:
-                if failures.concerns_the_node(exc):
-                    raise
-                self._quarantine(written[0][0].cmd, exc)  # the group was that job alone
+                        refused = exc  # a refused batch is atomic: nothing of it was written
+                    else:
+                        self._applied(written)
             finally:
                 for slot in claimed:
                     state.release_slot(slot)
-        if refused is not None:
-            log.info("shard %d: the store refused a group of %d new jobs (%s); writing it in "
-                     "halves to find the job it refuses", self.shard, len(written), refused)
-            news = [new for new, _rows in written]
-            half = len(news) // 2
-            await self._write_group(news[:half], sem)
-            await self._write_group(news[half:], sem)
+        if refused is None:
+            return
+        if len(written) == 1:
+            self._quarantine(written[0][0].cmd, refused)
+            return
+        log.info("shard %d: the store refused a group of %d new jobs (%s); writing it in "
+                 "halves to find the job it refuses", self.shard, len(written), refused)
+        news = [new for new, _rows in written]
+        half = len(news) // 2
+        await self._write_group(news[:half], sem)
+        await self._write_group(news[half:], sem)
 
-    async def _put_group(self, written: list[tuple[_NewJob, tuple[DueRow, int, JobRow]]]) -> None:
-        state = self.state
-        rows = [r for _new, r in written]
+    async def _put_rows(self, rows: list[tuple[DueRow, int, JobRow]]) -> None:
         # Bucket counts first or together (see RowWriter.write_due): a row must never exist
         # uncounted when its wheel decision is made.
         uncounted: dict[int, int] = defaultdict(int)
@@ -317,6 +323,10 @@ class Ingest:
         await asyncio.gather(self.store.put_dues_and_jobs(rows),
                              *([self.store.add_bucket_counts(self.shard, uncounted)]
                                if uncounted else []))
+
+    def _applied(self, written: list[tuple[_NewJob, tuple[DueRow, int, JobRow]]]) -> None:
+        """The wheel and the counters after a group's rows were written."""
+        state = self.state
         stored = self.metrics.ingested.labels("upsert", STORED)
         for new, (due, _ttl, _job) in written:
             # Only an occurrence the wheel takes now is encoded; the loader encodes the others
@@ -332,6 +342,14 @@ class Ingest:
         """The due row (with its TTL) and the jobs row of a new version, its slot claimed."""
         job = new.cmd.job
         slot = self.state.claim_slot(slot_for(job.id, new.first, job.window_ms), now)
+        try:
+            return self._rows_at(new, slot, now)
+        except BaseException:
+            self.state.release_slot(slot)
+            raise
+
+    def _rows_at(self, new: _NewJob, slot: int, now: int) -> tuple[DueRow, int, JobRow]:
+        job = new.cmd.job
         due = DueRow(minute_of(slot), self.shard, slot, job.id, 1, new.first, new.version,
                      job.topic, job.payload, job.fired_headers,
                      job.canonical if job.recurring else None, job.max_attempts,
@@ -485,23 +503,36 @@ class Ingest:
             ttl = 0 if job.recurring else self.writer.ttl_s(slot, now)
             job_row = JobRow(job.id, self.shard, job.canonical, version, "scheduled", first,
                              slot, ttl, job.tenant)
-            # Before anything is written: an edit over a limit leaves the old version as it is.
+            # Before anything is written: an edit over a limit leaves the old version as it is;
+            # and the old due row is deleted in the batch that writes the new one, so an edit
+            # the store refuses leaves it as it was too.
             self.writer.check(row, now, job_row)
-            old_key = await self._remove_pending(existing)
-            await self.writer.write_due(row, now, job_row, counted=row.minute in self.counted)
+            old_key, replaces = self._pending_of(existing)
+            await self.writer.write_due(row, now, job_row, counted=row.minute in self.counted,
+                                        replaces=replaces)
             state.apply_job_change(job.id, old_key, pending_from_row(row))
         finally:
             state.release_slot(slot)
         return True
 
-    async def _remove_pending(self, existing: JobRow | None) -> OccurrenceKey | None:
+    def _pending_of(self, existing: JobRow | None) -> tuple[OccurrenceKey | None,
+                                                            DueKey | None]:
+        """The wheel key of the job's scheduled occurrence, and the key of its due row when
+        that row is not published yet (a new version must delete it)."""
         if existing is None or existing.status != "scheduled" or existing.slot_ms is None \
                 or existing.scheduled_ms is None:
-            return None
-        if existing.slot_ms > self.state.watermark:  # not published yet: delete the row
-            await self.store.delete_due(minute_of(existing.slot_ms), self.shard,
-                                        existing.slot_ms, existing.job_id, 1)
-        return (existing.job_id, existing.scheduled_ms, 1)
+            return None, None
+        row_key = None
+        if existing.slot_ms > self.state.watermark:  # not published yet
+            row_key = (minute_of(existing.slot_ms), self.shard, existing.slot_ms,
+                       existing.job_id, 1)
+        return (existing.job_id, existing.scheduled_ms, 1), row_key
+
+    async def _remove_pending(self, existing: JobRow | None) -> OccurrenceKey | None:
+        old_key, row_key = self._pending_of(existing)
+        if row_key is not None:
+            await self.store.delete_due(*row_key)
+        return old_key
 
     async def _cancel(self, job_id: str, existing: JobRow | None) -> bool:
         if existing is None or existing.status not in ("scheduled", "paused"):

@@ -10,7 +10,7 @@ from chronowheel.core import limits
 from chronowheel.core.model import JobSpec
 from chronowheel.core.recurrence import Schedule, compile_schedule
 from chronowheel.errors import ValidationError
-from chronowheel.store.base import DueRow, JobRow, JobStore
+from chronowheel.store.base import DueKey, DueRow, JobRow, JobStore
 
 
 def schedule_of(job: JobSpec) -> Schedule:
@@ -66,7 +66,7 @@ class RowWriter:
                       self.retention_s, tenant)
 
     async def write_due(self, row: DueRow, now: int, job: JobRow | None = None, *,
-                        counted: bool = False) -> None:
+                        counted: bool = False, replaces: DueKey | None = None) -> None:
         """Write a due row (with its jobs row, when given) and count it in its bucket."""
         # The bucket count is written before the row's wheel decision: the loader skips
         # minutes whose count is zero, so a row must never exist uncounted at that point.
@@ -75,7 +75,7 @@ class RowWriter:
         self.check(row, now, job)
         ttl = self.ttl_s(row.slot_ms, now)
         write = (self.store.put_due(row, ttl) if job is None
-                 else self.store.put_due_and_job(row, ttl, job))
+                 else self.store.put_due_and_job(row, ttl, job, replaces))
         if counted:
             await write
         else:

@@ -26,6 +26,10 @@ class JobRow:
     """The job's `tenant`, copied out of the spec so that jobs can be listed by it."""
 
 
+DueKey = tuple[int, int, int, str, int]
+"""The primary key of a due row: (minute, shard, slot_ms, entry, attempt)."""
+
+
 @dataclass(frozen=True, slots=True)
 class DueRow:
     """One pending occurrence, with everything needed to publish it."""
@@ -58,6 +62,11 @@ class DueRow:
             return self.job_id
         return wire.requested_occurrence_id(self.job_id, self.scheduled_ms, self.origin,
                                             self.request_id)
+
+    @property
+    def key(self) -> DueKey:
+        """This row's primary key."""
+        return (self.minute, self.shard, self.slot_ms, self.entry, self.attempt)
 
 
 def job_id_of_entry(entry: str, scheduled_ms: int, origin: str, request_id: str) -> str:
@@ -192,8 +201,11 @@ class JobStore(Protocol):
         expiring after `ttl_s` seconds (at least 1)."""
         ...
 
-    async def put_due_and_job(self, row: DueRow, ttl_s: int, job: JobRow) -> None:
-        """Both rows, atomically (a logged batch): never one without the other."""
+    async def put_due_and_job(self, row: DueRow, ttl_s: int, job: JobRow,
+                              replaces: DueKey | None = None) -> None:
+        """Both rows, atomically (a logged batch): never one without the other. `replaces`,
+        the key of the job's previous due row, is deleted in the same batch (unless it is the
+        new row's own key), so a write the store refuses leaves the previous row as it was."""
         ...
 
     async def put_dues_and_jobs(self, rows: Sequence[tuple[DueRow, int, JobRow]]) -> None:

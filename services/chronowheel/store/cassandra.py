@@ -53,6 +53,7 @@ from chronowheel.settings import Settings
 from chronowheel.store.base import (
     LIST_SCAN_ROWS,
     Claim,
+    DueKey,
     DueRow,
     JobPage,
     JobQuery,
@@ -484,10 +485,15 @@ class CassandraStore:
                 row.max_attempts, row.backoff_ms,
                 row.origin or UNSET_VALUE, row.request_id or UNSET_VALUE, max(1, ttl_s))
 
-    async def put_due_and_job(self, row: DueRow, ttl_s: int, job: JobRow) -> None:
+    async def put_due_and_job(self, row: DueRow, ttl_s: int, job: JobRow,
+                              replaces: DueKey | None = None) -> None:
         batch = BatchStatement(batch_type=BatchType.LOGGED)
         batch.add(self._put_due, self._due_params(row, ttl_s))
         batch.add(self._put_job, self._job_params(job))
+        if replaces is not None and replaces != row.key:
+            # Not the same key: in one batch a delete and an insert share a timestamp, and the
+            # delete would win.
+            batch.add(self._del_due, replaces)
         await self._run_batch(batch, "write due and job rows")
 
     async def put_dues_and_jobs(self, rows: Sequence[tuple[DueRow, int, JobRow]]) -> None:

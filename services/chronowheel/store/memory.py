@@ -21,6 +21,7 @@ from chronowheel.errors import StoreRefused
 from chronowheel.store.base import (
     LIST_SCAN_ROWS,
     Claim,
+    DueKey,
     DueRow,
     JobPage,
     JobQuery,
@@ -118,8 +119,21 @@ class MemoryStore:
         bucket = self.due.setdefault((row.minute, row.shard), {})
         bucket[(row.slot_ms, row.entry, row.attempt)] = (row, self._expiry(max(1, ttl_s)))
 
-    async def put_due_and_job(self, row: DueRow, ttl_s: int, job: JobRow) -> None:
-        await self.put_dues_and_jobs([(row, ttl_s, job)])
+    async def put_due_and_job(self, row: DueRow, ttl_s: int, job: JobRow,
+                              replaces: DueKey | None = None) -> None:
+        if replaces is None or replaces == row.key:
+            await self.put_dues_and_jobs([(row, ttl_s, job)])
+            return
+        await self._enter()
+        self._check_batch([(row, ttl_s, job)])
+        self._expiry(max(1, ttl_s))
+        self._expiry(job.ttl_s)
+        minute, shard, slot_ms, entry, attempt = replaces  # no await from here: atomic
+        bucket = self.due.get((minute, shard))
+        if bucket is not None:
+            bucket.pop((slot_ms, entry, attempt), None)
+        self._put_due(row, ttl_s)
+        self.jobs[job.job_id] = (replace(job, ttl_s=0), self._expiry(job.ttl_s))
 
     async def put_dues_and_jobs(self, rows: Sequence[tuple[DueRow, int, JobRow]]) -> None:
         await self._enter()
