@@ -14,7 +14,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import (
     CommitFailedError,
-    CorruptRecordException,
     IllegalStateError,
     InvalidProducerEpoch,
     InvalidSessionTimeoutError,
@@ -25,7 +24,6 @@ from aiokafka.errors import (
     RecordListTooLargeError,
     TopicAuthorizationFailedError,
     TransactionalIdAuthorizationFailed,
-    UnknownError,
     UnknownTopicOrPartitionError,
 )
 
@@ -69,11 +67,11 @@ REFUSED_BATCH: Mapping[type[KafkaError], tuple[str, bool]] = {
     RecordListTooLargeError: ("too_large", False),
     TopicAuthorizationFailedError: ("refused", True),
     UnknownTopicOrPartitionError: ("unknown_topic", True),
-    CorruptRecordException: ("invalid", False),
     InvalidTimestampError: ("invalid", False),
-    # aiokafka has no class for INVALID_RECORD (87, e.g. a broker-side record validation) and
-    # reports it as UnknownError: it counts against a record only when refused alone.
-    UnknownError: ("invalid", False),
+    # Not here: UnknownError (UNKNOWN_SERVER_ERROR, which is also how aiokafka reports
+    # INVALID_RECORD) and CorruptRecordException can be the broker's or the network's trouble,
+    # not the record's: dead-lettering on them would condemn good occurrences on a passing
+    # fault, so they fail the transaction like any other broker error.
 }
 
 
@@ -211,8 +209,9 @@ class KafkaTransaction:
 
     async def _check_sent(self) -> None:
         """Wait for every batch sent; raise what one of them failed with (nothing is committed
-        yet): Fenced first, then RecordsRefused for refusals of prepared messages, then any
-        other failure as the transaction's."""
+        yet): Fenced first, then RecordsRefused for refusals of prepared messages (other
+        failures beside them are their knock-on effects), then any other failure as the
+        transaction's."""
         sent, self._sent = self._sent, []
         results = await asyncio.gather(*(f for f, *_ in sent), return_exceptions=True)
         refusals, self._refusals = self._refusals, []
@@ -228,10 +227,17 @@ class KafkaTransaction:
                 other = other or result
             else:
                 refusals.append(Refusal(prepared, indexes, topic, _describe(result), *kind))
+        if refusals:
+            # A refused batch breaks the idempotent producer's sequence on its partition, so
+            # the batches after it there fail too (OutOfOrderSequenceNumber): knock-on errors
+            # of the refusal, which is what to act on. The new session that follows starts
+            # from a fresh producer state, and everything not refused is published again.
+            if other is not None:
+                log.info("%s: besides the refused records, a batch failed with %s (taken "
+                         "as a consequence of the refusal)", self._id, _describe(other))
+            raise RecordsRefused(refusals)
         if other is not None:
             raise other
-        if refusals:
-            raise RecordsRefused(refusals)
 
     def _raise_if_about_the_node(self, exc: BaseException, topic: str) -> None:
         """A refusal by the authorizer to write one of the namespace's own topics concerns

@@ -91,12 +91,13 @@ class NodeMetrics:
             "due occurrences the node published to <ns>.dead instead of their topic, by "
             "reason: unknown_topic (the topic does not exist), too_large (over the topic's "
             "max.message.bytes or the producer's largest request), refused (the broker's "
-            "authorizer), invalid (the broker found the record invalid), unencodable",
+            "authorizer), invalid (the broker found its timestamp invalid), unencodable",
             ["reason"], registry=r)
         self.txn_refused = Counter(
             "chronowheel_transaction_refused_total",
             "node transactions aborted because the broker refused some of their records "
-            "(their other records were committed again, without them)", registry=r)
+            "(the node then starts a new session: its shards are claimed and published "
+            "again, the refused occurrences dead-lettered)", registry=r)
         self.fenced = Counter("chronowheel_node_fenced_total",
                               "times the node's producer was found fenced", registry=r)
         self.clock_skew = Gauge("chronowheel_clock_skew_seconds",

@@ -9,13 +9,18 @@ An occurrence that cannot be published is dead-lettered to `<ns>.dead` instead, 
 `cw-reason` and `cw-error` saying why, and never holds its shard or the node back: its target
 topic does not exist, its record is larger than the topic takes (checked before producing,
 against the topic's `max.message.bytes` read from the brokers), it cannot be encoded, or the
-broker refused it in a transaction (`Republish`: the part is committed again without it).
+broker refused it in a transaction. A refusal aborts the node's transaction and starts a new
+session (`node/transactions.py`): this part is not committed; what the broker refused is
+remembered in the node's `set_aside`, and when the shard is claimed again the occurrence is
+dead-lettered before it is produced (or, refused among others for what one of them may be,
+sent alone to find which). A message of ingest's outbox or a dead letter refused by one of the
+namespace's own topics concerns all the work (their limits and rights are the operator's): the
+node stops, saying so.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -26,7 +31,7 @@ from chronowheel.bus.ports import BusError, Prepared, Refusal, Transaction, TxnP
 from chronowheel.core import limits, wire
 from chronowheel.core.clock import Clock
 from chronowheel.core.shard import shard_of
-from chronowheel.errors import ChronowheelError
+from chronowheel.errors import ConfigError
 from chronowheel.node.metrics import NodeMetrics, observe_many
 from chronowheel.node.pending import Pending
 from chronowheel.node.state import Outgoing, ShardState
@@ -38,7 +43,6 @@ log = logging.getLogger(__name__)
 
 # Times a part is committed again after refusals before its shard gives up and restarts (each
 # round sets aside at least one record of the transaction, so this is a safety net).
-MAX_REPUBLISH_ROUNDS = 20
 
 # Error types named in `cw-error`, by dead-letter reason.
 ERROR_NAMES = {"unknown_topic": "UnknownTopic", "too_large": "RecordTooLarge",
@@ -134,10 +138,9 @@ class Publisher:
         offset, state.offset_to_commit = state.offset_to_commit, None
         items: list[Item] = [*fired, *outbox]
         dead: list[tuple[Outgoing, str]] = []  # dead letters made here, and their reason
-        isolated: set[int] = set()  # id() of items to send in a producer batch of their own
         # Encoded here, while the node's current transaction commits; the transaction that
         # takes this part only ships the batches and adds the state record.
-        prepared, sent = await self._prepare(items, dead, isolated)
+        prepared, sent = await self._prepare(items, dead)
         owner = None if release else self.transactions.transactional_id
         record = state_record(shard=self.shard, watermark=watermark, state=state,
                               node_id=self.node_id, owner=owner, at=started,
@@ -149,21 +152,15 @@ class Publisher:
                               record, [])
             return len(sent) + 1
 
-        for attempt in itertools.count(1):
-            try:
-                await self.transactions.commit(self.shard, self.session, fill, offset,
-                                               messages=len(sent) + 1)
-                break
-            except Republish as again:
-                # The transaction was aborted: nothing of this part is visible. Set the
-                # records the broker refused aside and commit the rest (the same watermark
-                # and offset) again.
-                if attempt >= MAX_REPUBLISH_ROUNDS:
-                    raise ChronowheelError(f"shard {self.shard}: still refused after "
-                                           f"{attempt} transactions: {again}") from again
-                self._set_aside([r for r in again.refusals if r.prepared is prepared], sent,
-                                items, dead, isolated)
-                prepared, sent = await self._prepare(items, dead, isolated)
+        try:
+            await self.transactions.commit(self.shard, self.session, fill, offset,
+                                           messages=len(sent) + 1)
+        except Republish as again:
+            # The transaction was aborted (nothing of this part is visible) and the node
+            # starts a new session, which ends this actor: remember what the broker refused,
+            # for the shard's next claim to dead-letter or isolate it.
+            self._remember([r for r in again.refusals if r.prepared is prepared], sent)
+            raise
         done = self.clock.now_ms()
         published = [p for p in items if isinstance(p, Pending)] if dead else fired
         per_slot = Counter(p.slot_ms for p in published)
@@ -181,8 +178,8 @@ class Publisher:
         state.committed_watermark = watermark
         state.last_commit_ms = done
 
-    async def _prepare(self, items: list[Item], dead: list[tuple[Outgoing, str]],
-                       isolated: set[int]) -> tuple[Prepared, list[Item]]:
+    async def _prepare(self, items: list[Item],
+                       dead: list[tuple[Outgoing, str]]) -> tuple[Prepared, list[Item]]:
         """Encode `items` then `dead`; return the prepared messages and what each one is, in
         order. A fired occurrence that cannot go to its topic is moved from `items` to
         `dead` instead."""
@@ -233,8 +230,7 @@ class Publisher:
             # murmur2 per message (it was a sixth of the node's time in a herd).
             partition = own if parts == shards else shard_of(p.job_id, parts)
             try:
-                add(topic, partition, key, p.payload, headers,
-                    alone=alone or (bool(isolated) and id(p) in isolated))
+                add(topic, partition, key, p.payload, headers, alone=alone)
             except BusError as exc:
                 dead.append(self._dead_letter(p, fired_at, "unencodable", str(exc)))
                 continue
@@ -249,55 +245,31 @@ class Publisher:
             if target is None:
                 n = await self._partition_count(out.topic) or 1
                 target = shard_of(out.key.decode("utf-8", "replace"), n) if out.key else 0
-            add(out.topic, target, out.key, out.value, out.headers,
-                alone=bool(isolated) and id(out) in isolated)
+            add(out.topic, target, out.key, out.value, out.headers, alone=False)
             sent.append(out)
         items[:] = [*kept, *outbox]
         return prepared, sent
 
-    def _set_aside(self, refusals: list[Refusal], sent: list[Item], items: list[Item],
-                   dead: list[tuple[Outgoing, str]], isolated: set[int]) -> None:
-        """Take the records the broker refused out of `items` (a fired occurrence, or a
-        message of ingest's outbox, becomes a dead letter; a dead letter refused is lost, and
-        logged). A refusal of a batch of several records for what one of them may be sends
-        each alone next time, to find which."""
-        fired_at = str(self.clock.now_ms()).encode()
-        culprits: dict[int, tuple[Item, Refusal]] = {}
+    def _remember(self, refusals: list[Refusal], sent: list[Item]) -> None:
+        """Note each refused occurrence for the shard's next claim: dead-letter it with the
+        broker's reason, or, refused in a batch of several for what one of them may be, send
+        each alone to find which. A refused message for one of the namespace's own topics
+        (a rejection, a forward, a dead letter) is no job's fault: raised as a ConfigError."""
         for r in refusals:
             if r.kind == "too_large":  # the topic's limit may have changed: read it again
                 self.transactions.producer.forget_limit(r.topic)
-            if not r.whole_topic and len(r.indexes) > 1:
-                isolated.update(id(sent[i]) for i in r.indexes)
-                for i in r.indexes:
-                    self._note(sent[i], None)
-                continue
             for i in r.indexes:
-                culprits[id(sent[i])] = (sent[i], r)
-                self._note(sent[i], (r.kind, f"the broker refused the record: {r.reason}"))
-        if not culprits:
-            return
-        items[:] = [x for x in items if id(x) not in culprits]
-        kept_dead = []
-        for out, reason in dead:
-            hit = culprits.pop(id(out), None)
-            if hit is None:
-                kept_dead.append((out, reason))
-            else:
-                log.error("shard %d: a dead letter of %s was refused too, and is lost: %s",
-                          self.shard, out.key, hit[1].reason, extra={"shard": self.shard})
-        dead[:] = kept_dead
-        for item, r in culprits.values():
-            why = f"the broker refused the record: {r.reason}"
-            if isinstance(item, Pending):
-                dead.append(self._dead_letter(item, fired_at, r.kind, why))
-            else:
-                log.error("shard %d: a message for %s was refused (%s); dead-lettered",
-                          self.shard, item.topic, r.reason, extra={"shard": self.shard})
-                headers = [*item.headers, (wire.TARGET_TOPIC, item.topic.encode()),
-                           (wire.ERROR, _error(r.kind, why)),
-                           (wire.REASON, limits.cut_reason(f"{r.kind}: {why}").encode())]
-                dead.append((Outgoing(self.settings.dead_topic, None, item.key, item.value,
-                                      headers), ""))
+                item = sent[i]
+                if not isinstance(item, Pending):
+                    raise ConfigError(
+                        f"shard {self.shard}: the broker refused a message for {item.topic}, "
+                        f"one of the namespace's own topics ({r.kind}: {r.reason}); its "
+                        f"max.message.bytes must be at least Kafka's default "
+                        f"({limits.KAFKA_MAX_MESSAGE_BYTES}) and the node must be allowed to "
+                        f"write it (`chronowheel acl`)")
+                multiple = not r.whole_topic and len(r.indexes) > 1
+                self._note(item, None if multiple
+                           else (r.kind, f"the broker refused the record: {r.reason}"))
 
     def _note(self, item: Item, outcome: tuple[str, str] | None) -> None:
         """Remember a refused occurrence for the node's next attempts (a refusal starts a

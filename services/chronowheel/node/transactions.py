@@ -76,8 +76,8 @@ class NodeFenced(ShardLost):
 
 class Republish(ChronowheelError):
     """The broker refused some records of the transaction this part was in, which was aborted:
-    nothing of it is visible. The part is to be committed again, without its records named in
-    `refusals` (those of other parts are theirs)."""
+    nothing of it is visible. The node starts a new session; the part's publisher notes its
+    records named in `refusals` (those of other parts are theirs) for the shard's next claim."""
 
     retriable = True
 
