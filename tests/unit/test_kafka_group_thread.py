@@ -278,6 +278,28 @@ async def test_fetched_records_are_handed_over_in_order_and_a_seek_drops_older_o
             await asyncio.sleep(0.005)
 
 
+async def test_records_read_after_a_seek_wait_for_the_shard_to_take_them() -> None:
+    # The seek happens on the group thread; records it reads next, if handed to the node's
+    # pump before the shard's actor is ready, were dropped there and never read again (a
+    # whole shard's commands went unapplied). Now they wait for deliver().
+    fake = FakeConsumer()
+    async with _running(fake) as group:
+        await _assign(group, 0, 1)
+        tp0, tp1 = TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)
+        await group.seek(1, 7)
+        fake.queued[tp1] = [Rec(1, 7), Rec(1, 8)]
+        fake.queued[tp0] = [Rec(0, 0)]
+        got: dict[int, list[Any]] = {}
+        while not got.get(0):
+            for k, recs in (await group.fetch(1_000, 100)).items():
+                got.setdefault(k, []).extend(recs)
+        while 1 not in group._ready:
+            await asyncio.sleep(0.005)
+        assert 1 not in got and await group.fetch(0, 100) == {}  # read, not handed over
+        group.deliver(1)
+        assert [r.offset for r in (await group.fetch(0, 100))[1]] == [7, 8]
+
+
 async def test_a_revoked_shards_unread_records_are_dropped() -> None:
     fake = FakeConsumer()
     async with _running(fake) as group:

@@ -481,6 +481,8 @@ class KafkaSubmitGroup:
         self._lock = threading.Lock()  # guards the fields shared by both threads below
         self._ready: dict[int, list[SubmitRecord]] = {}  # fetched, not yet taken by the node
         self._paused_by_node: set[int] = set()
+        # Sought shards whose actor does not take records yet: fetch leaves them in _ready.
+        self._withheld: set[int] = set()
         self._assigned: set[int] = set()
         self._partitions: int | None = None
         self._failure: BaseException | None = None
@@ -538,6 +540,7 @@ class KafkaSubmitGroup:
             # As in aiokafka, a shard assigned again starts unpaused: the node forgets its
             # pauses of shards it no longer owns and would never resume this one.
             self._paused_by_node.difference_update(shards)
+            self._withheld.difference_update(shards)  # an actor taking it over seeks again
             for k in shards:  # fetched for the old assignment: never handed over now
                 self._ready.pop(k, None)
         await self._on_node(self._on_revoked, shards)
@@ -692,7 +695,7 @@ class KafkaSubmitGroup:
         assert arrived is not None, "start() first"
         arrived.clear()  # before looking: a hand-over from now on sets it again
         with self._lock:
-            empty = not self._ready
+            empty = not any(k not in self._withheld for k in self._ready)
         if empty:
             await wait_event(arrived, timeout_ms / 1000)
             self._raise_failure()
@@ -702,6 +705,8 @@ class KafkaSubmitGroup:
             for shard in list(self._ready):
                 if taken >= max_records:
                     break
+                if shard in self._withheld:
+                    continue
                 out[shard] = records = self._ready.pop(shard)
                 taken += len(records)
         return out
@@ -755,7 +760,18 @@ class KafkaSubmitGroup:
         return offset
 
     async def seek(self, shard: int, offset: int | None) -> None:
+        # Withheld from now: records read after the group thread's seek, but taken by the
+        # node's pump before the actor is ready, were dropped and never read again.
+        with self._lock:
+            self._withheld.add(shard)
         await self._on_group(self._seek_on_group(shard, offset))
+
+    def deliver(self, shard: int) -> None:
+        with self._lock:
+            self._withheld.discard(shard)
+            waiting = shard in self._ready
+        if waiting and self._arrived is not None:
+            self._arrived.set()
 
     async def _seek_on_group(self, shard: int, offset: int | None) -> None:
         assert self._consumer is not None

@@ -401,6 +401,7 @@ class MemorySubmitGroup:
         self.stale = False
         """Set by a test: this member's generation is over (its session expired)."""
         self._paused: set[int] = set()
+        self._withheld: set[int] = set()  # sought, not delivered yet (SubmitPositions.seek)
         self._position: dict[int, int] = {}
 
     async def start(self) -> None:
@@ -425,6 +426,7 @@ class MemorySubmitGroup:
     async def revoke(self, shards: list[int]) -> None:
         await self._on_revoked(shards)
         self._assigned.difference_update(shards)
+        self._withheld.difference_update(shards)
 
     def partition_count(self) -> int | None:
         logs = self.bus.topics.get(self.topic)
@@ -442,7 +444,7 @@ class MemorySubmitGroup:
     def _take(self, max_records: int) -> dict[int, list[SubmitRecord]]:
         out: dict[int, list[SubmitRecord]] = {}
         logs = self.bus.topics.get(self.topic, [])
-        for k in sorted(self._assigned - self._paused):
+        for k in sorted(self._assigned - self._paused - self._withheld):
             start = self._position.get(k, 0)
             records = logs[k][start:start + max_records]
             if records:
@@ -470,4 +472,9 @@ class MemorySubmitGroup:
         return self.bus.group_offsets.get((self.group_id, self.topic, shard))
 
     async def seek(self, shard: int, offset: int | None) -> None:
+        self._withheld.add(shard)
         self._position[shard] = offset or 0
+
+    def deliver(self, shard: int) -> None:
+        self._withheld.discard(shard)
+        self.bus._arrived.set()

@@ -179,7 +179,16 @@ class SubmitPositions(Protocol):
         ...
 
     async def seek(self, shard: int, offset: int | None) -> None:
-        """Read the shard's partition from `offset` next (None: from its beginning)."""
+        """Read the shard's partition from `offset` next (None: from its beginning). From the
+        call on, `fetch` hands over none of the shard's records until `deliver(shard)`: the
+        ones read before the seek are dropped, the ones read after it are kept for then."""
+        ...
+
+    def deliver(self, shard: int) -> None:
+        """Hand over the shard's records again, starting with those read since its last
+        seek. The shard's actor calls it once it takes records: anything `fetch` handed over
+        between a seek and this moment would otherwise be dropped as meant for an actor not
+        ready yet, and never read again."""
         ...
 
 

@@ -165,6 +165,7 @@ class ShardActor:
         state.last_commit_ms = self.clock.now_ms()
         self.ingest.reset(resume.submit_offset)
         self.ready = True
+        self.submit.deliver(self.shard)  # records read since the seek: ours from now
         log.info("shard %d: taken over (watermark %d, submit offset %s)", self.shard,
                  resume.watermark, resume.submit_offset,
                  extra={"shard": self.shard, "node": self.node_id})
