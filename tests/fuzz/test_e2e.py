@@ -30,7 +30,7 @@ from chronowheel.testing import (
 )
 
 from tests.fuzz.commands import Case, Expect, Generator
-from tests.integration.harness import REPO, make_namespace, now_ms
+from tests.integration.harness import REPO, make_namespace, now_ms, settled
 
 pytestmark = [pytest.mark.fuzz, pytest.mark.integration]
 
@@ -269,7 +269,11 @@ async def run_fuzz(stack_like: Any, namespace: str, tmp_path: Path, commands: in
         cases = await _send(settings, gen, commands, observed, node)
         sent_s = time.monotonic() - started
         stuck = await _settle(node, cases, observed, timeout_s=60 + commands / 100)
-        await asyncio.sleep(1.0)  # a duplicate would come within the next transaction
+        if node.alive():
+            # A duplicate would have to come from something already published: every
+            # command applied, every shard's watermark committed past now, the collector
+            # read to the end of its topics.
+            await settled(settings, collector, timeout_s=60 + commands / 100)
         collector.check_alive()
         alive = node.alive()
         try:

@@ -4,7 +4,6 @@ same shard and instant fire on time, once."""
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from typing import Any
 
@@ -20,6 +19,7 @@ from tests.integration.harness import (
     now_ms,
     produce,
     running_node,
+    settled,
     upsert,
 )
 
@@ -59,7 +59,9 @@ async def test_an_occurrence_over_the_topics_max_message_bytes_is_dead_lettered(
                                         payload="later")])
         await seen.wait_for(lambda ms: any(m.key == later.encode() for m in ms), 30,
                             "a job submitted after the dead letter")
-        await asyncio.sleep(1)
+        # Nothing more of these instants can come: every command applied, every shard's
+        # watermark committed past the last instant, the collector read to the end.
+        await settled(settings, seen)
         dead_total = node.metrics.registry.get_sample_value(
             "chronowheel_dead_lettered_total", {"reason": "too_large"})
     fired = [m for m in seen.on(target) if m.key != later.encode()]
