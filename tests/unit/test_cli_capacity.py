@@ -9,18 +9,23 @@ from typing import Any
 import orjson
 import pytest
 from chronowheel import cli
+from chronowheel.cli import capacity
 from chronowheel.cli.capacity import (
     DUE_ROW_FIXED_BYTES,
     MEASURED_KEYS,
+    MEASURED_RELATIVE,
+    PACKAGED_SOURCE,
     Measured,
     Workload,
     find_measured,
     load_measured,
+    packaged_measured,
     plan,
     size,
 )
 from chronowheel.errors import ConfigError, ValidationError
 
+REPO = Path(__file__).resolve().parents[2]
 M = Measured(fires_per_s_per_node=10_000, ingest_jobs_per_s_per_node=1_000,
              wheel_bytes_per_entry=1_000, measured_on="test", command="test", source="test")
 
@@ -168,6 +173,24 @@ def test_memory_per_entry_may_come_from_a_run_of_its_own(
 def test_the_repository_has_a_measured_file_with_the_keys() -> None:
     m = load_measured(find_measured(None))
     assert m.measured_on and m.command
+    assert m.source == PACKAGED_SOURCE
+
+
+def test_the_package_ships_the_benchmarks_measured_figures_unchanged() -> None:
+    """The default figures are package data (an installed wheel has no loadtest/ folder), a
+    copy of what the benchmark last wrote: after a benchmark run, copy the file over."""
+    shipped = packaged_measured()
+    assert shipped.parent == Path(capacity.__file__).parent
+    assert find_measured(None) == shipped
+    assert shipped.read_bytes() == (REPO / MEASURED_RELATIVE).read_bytes(), (
+        f"{shipped} differs from {MEASURED_RELATIVE}: "
+        f"cp {MEASURED_RELATIVE} {shipped.relative_to(REPO)}")
+
+
+def test_a_missing_file_is_named_with_where_figures_come_from(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"cannot read measured figures .*missing\.json.*"
+                                          r"shipped with the package"):
+        load_measured(tmp_path / "missing.json")
 
 
 def test_cli_text_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

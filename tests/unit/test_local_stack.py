@@ -12,6 +12,7 @@ from types import ModuleType
 
 import pytest
 from chronowheel.cli import stack as stack_cli
+from chronowheel.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL = REPO / "deploy" / "local"
@@ -132,6 +133,24 @@ def test_cli_state_dir_comes_from_the_environment(
     assert cmd[2:] == ["--state-dir", str(tmp_path / "elsewhere"), "--json", "down"]
     cmd = stack_cli.stack_command(parse(["stack", "logs", "cassandra", "-n", "5", "-f"]))
     assert cmd[4:] == ["logs", "cassandra", "--lines", "5", "--follow"]
+
+
+def test_cli_finds_the_script_of_the_checkout_it_runs_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(stack_cli.SCRIPT_ENV, raising=False)
+    assert stack_cli.stack_script(REPO / "services" / "chronowheel") == LOCAL / "stack.py"
+    # Outside a checkout (an installed wheel): a clear refusal, not a guess.
+    with pytest.raises(ConfigError, match=r"not inside one.*`./run stack`"):
+        stack_cli.stack_script(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="installed package does not include the local stack"):
+        stack_cli.stack_command(parse(["stack", "status"]))
+    monkeypatch.setenv(stack_cli.SCRIPT_ENV, str(LOCAL / "stack.py"))
+    assert Path(stack_cli.stack_command(parse(["stack", "status"]))[1]) == LOCAL / "stack.py"
+    monkeypatch.setenv(stack_cli.SCRIPT_ENV, str(tmp_path / "none.py"))
+    with pytest.raises(ConfigError, match="no file at"):
+        stack_cli.stack_script()
 
 
 def pom_property(pom: Path, name: str) -> str:

@@ -1,8 +1,10 @@
 """`chronowheel capacity`: size shards, scheduler nodes, Cassandra and Kafka for a workload.
 
-Per-node throughput and memory per wheel entry come from measurements, read from
-`loadtest/results/measured.json` (written by the benchmark; `loadtest/measure_quick.py`
-writes the same format to measured-quick.json; `--measured PATH` picks a file):
+Per-node throughput and memory per wheel entry come from measurements: by default
+`measured.json` beside this module, package data that is a copy of the benchmark's
+`loadtest/results/measured.json` (tests/unit/test_cli_capacity.py keeps the two the same), so
+the command works from an installed wheel; `--measured PATH` picks another file in the same
+format (e.g. the measured-quick.json `loadtest/measure_quick.py` writes):
 
     {"fires_per_s_per_node": int,          occurrences one node process publishes per second
      "ingest_jobs_per_s_per_node": int,    submit commands one node process applies per second
@@ -24,6 +26,7 @@ import argparse
 import math
 import os
 from dataclasses import asdict, dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,10 @@ from chronowheel.errors import ConfigError, ValidationError
 DAY_S = 86_400
 GIB = 1 << 30
 MEASURED_RELATIVE = Path("loadtest") / "results" / "measured.json"
+"""Where the benchmark writes the figures in a source checkout."""
+MEASURED_RESOURCE = "measured.json"
+"""The copy of MEASURED_RELATIVE shipped in this package (beside this module)."""
+PACKAGED_SOURCE = f"{MEASURED_RELATIVE}, as shipped with chronowheel"
 MEASURED_KEYS = ("fires_per_s_per_node", "ingest_jobs_per_s_per_node", "wheel_bytes_per_entry")
 MAX_SHARDS = 4096  # what `chronowheel init` accepts
 
@@ -79,26 +86,34 @@ class Measured:
                    str(doc.get("wheel_bytes_command") or command))
 
 
+def packaged_measured() -> Path:
+    """The measured figures shipped in the package (a copy of loadtest/results/measured.json)."""
+    return Path(str(resources.files("chronowheel.cli") / MEASURED_RESOURCE))
+
+
 def find_measured(explicit: str | None) -> Path:
-    if explicit:
-        return Path(explicit)
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        if (parent / MEASURED_RELATIVE).is_file():
-            return parent / MEASURED_RELATIVE
-    return Path.cwd() / MEASURED_RELATIVE
+    """`--measured PATH` when given, else the figures shipped in the package."""
+    return Path(explicit) if explicit else packaged_measured()
 
 
 def load_measured(path: Path) -> Measured:
+    packaged = path == packaged_measured()
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise ConfigError(f"cannot read measured figures {path}: {exc.strerror} (produce "
-                          f"them with loadtest/measure_quick.py or the benchmark)") from None
+        if packaged:  # a broken install: package data left out
+            raise ConfigError(f"the measured figures are missing from the installed package "
+                              f"({path}): give a file with --measured PATH") from None
+        raise ConfigError(f"cannot read measured figures {path}: {exc.strerror} (in a source "
+                          f"checkout, loadtest/measure_quick.py or the benchmark writes them; "
+                          f"without --measured the figures shipped with the package are used)"
+                          ) from None
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise ConfigError(f"{path}: not JSON ({exc})") from None
+    if packaged:
+        return Measured.from_doc(doc, PACKAGED_SOURCE)
     shown = os.path.relpath(path)  # the short name when run from the repository
     return Measured.from_doc(doc, str(path) if shown.startswith("..") else shown)
 
@@ -417,7 +432,9 @@ def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "capacity", help="size shards, nodes, Cassandra and Kafka for a workload",
         description="Capacity model (deploy/runbooks/capacity.md). Per-node throughput and "
-                    "bytes per wheel entry are read from loadtest/results/measured.json.")
+                    "bytes per wheel entry are the benchmark's (loadtest/results/measured.json "
+                    "of the source, shipped with the package); --measured PATH reads another "
+                    "file.")
     d = Workload(jobs_per_day=1)
     p.add_argument("--jobs-per-day", type=_number, required=True, metavar="N",
                    help="occurrences fired per day (1e9 is fine)")
@@ -469,7 +486,8 @@ def register(sub: Any) -> None:
     p.add_argument("--kafka-broker-disk-gb", type=_number, default=2000, metavar="GB",
                    help="assumed usable disk per Kafka broker (2000)")
     p.add_argument("--measured", metavar="PATH",
-                   help="measured figures (default loadtest/results/measured.json)")
+                   help="measured figures (default: the package's copy of "
+                        "loadtest/results/measured.json)")
     p.add_argument("--json", action="store_true", help="the whole model as JSON")
     p.set_defaults(func=run)
 

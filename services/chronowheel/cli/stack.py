@@ -1,7 +1,11 @@
 """`chronowheel stack install|up|down|status|logs`: the local Cassandra + Kafka.
 
-A thin wrapper around deploy/local/stack.py in the source checkout, which does the work; it
-is run with this interpreter so that its readiness checks find the project's drivers.
+A thin wrapper around deploy/local/stack.py of a source checkout, which does the work; it is
+run with this interpreter so that its readiness checks find the project's drivers. The local
+stack is a development tool and is not part of the package: the command finds the script in
+the checkout it is run from (the current folder or one above it), or where
+CHRONOWHEEL_STACK_SCRIPT says, and otherwise says so (in a checkout, `./run stack` does the
+same).
 """
 
 from __future__ import annotations
@@ -13,27 +17,35 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import chronowheel
 from chronowheel.errors import ConfigError
 from chronowheel.settings import add_settings_arguments, settings_from_args
 
 SCRIPT_ENV = "CHRONOWHEEL_STACK_SCRIPT"
 
 
-def stack_script() -> Path:
-    """deploy/local/stack.py of the checkout this package is installed from (editable)."""
+SCRIPT_IN_CHECKOUT = Path("deploy") / "local" / "stack.py"
+
+
+def stack_script(cwd: Path | None = None) -> Path:
+    """deploy/local/stack.py of the source checkout `cwd` (default: the current folder) is in,
+    or the script CHRONOWHEEL_STACK_SCRIPT names."""
     override = os.environ.get(SCRIPT_ENV)
     if override:
         script = Path(override).expanduser()
-    else:
-        # services/chronowheel/__init__.py -> the repository root is two folders above.
-        script = Path(chronowheel.__file__).resolve().parents[2] / "deploy" / "local" / "stack.py"
-    if not script.is_file():
-        raise ConfigError(
-            f"the local stack script is not at {script}: `chronowheel stack` works from a "
-            f"source checkout installed with `pip install -e .` (or set {SCRIPT_ENV})"
-        )
-    return script
+        if not script.is_file():
+            raise ConfigError(f"{SCRIPT_ENV}: no file at {script}")
+        return script
+    here = (cwd or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        script = folder / SCRIPT_IN_CHECKOUT
+        if script.is_file() and (folder / "pyproject.toml").is_file():
+            return script
+    raise ConfigError(
+        f"`chronowheel stack` runs the local Cassandra + Kafka of a chronowheel source "
+        f"checkout ({SCRIPT_IN_CHECKOUT}), and {here} is not inside one: the installed package "
+        f"does not include the local stack. Run it from a checkout (where `./run stack` does "
+        f"the same), or set {SCRIPT_ENV} to a checkout's {SCRIPT_IN_CHECKOUT}"
+    )
 
 
 PROFILE_ENV = "CHRONOWHEEL_STACK_PROFILE"
@@ -70,12 +82,15 @@ def run(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     parser: argparse.ArgumentParser = sub.add_parser(
         "stack",
-        help="run a real Cassandra and Kafka on 127.0.0.1 for development and tests",
+        help="run a real Cassandra and Kafka on 127.0.0.1 for development and tests (in a "
+             "source checkout only)",
         description=(
             "Local Apache Cassandra 5.0 (127.0.0.1:9042) and Apache Kafka 4 "
             "(127.0.0.1:9092) from pinned Maven Central artifacts on Java 17. "
             "Data and logs live in the state folder; the Maven cache in "
-            "$CHRONOWHEEL_CACHE_DIR (default ~/.cache/chronowheel)."
+            "$CHRONOWHEEL_CACHE_DIR (default ~/.cache/chronowheel). Works inside a "
+            "source checkout only (its deploy/local/stack.py; `./run stack` there does the "
+            f"same), or with {SCRIPT_ENV} naming that script."
         ),
     )
     actions = parser.add_subparsers(dest="stack_command", metavar="ACTION", required=True)
