@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 
 CatchUp = Literal["coalesce", "all", "skip"]
 DstPolicy = Literal["skip", "cron"]
+JobStatus = Literal["scheduled", "paused", "finished", "cancelled"]
+"""The state of a job as its jobs row stores it: `scheduled` (an occurrence is pending),
+`paused` (its next occurrence is held back until a resume), `finished` (nothing left to fire),
+`cancelled`."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,8 @@ that finds an on-time occurrence waiting in the wheel (due but not yet dispatche
 loaded horizon behind now: a backfill never delays on-time firing by more than one chunk.
 """
 
+# mypy: strict-equality
+# (a job status compared with a string no JobStatus can be is an error)
 from __future__ import annotations
 
 import logging

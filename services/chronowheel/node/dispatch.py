@@ -6,6 +6,8 @@ makes a recurring job's next occurrence durable, and commits one transaction. Wi
 to publish it still commits an advancing watermark now and then, so a takeover reloads little.
 """
 
+# mypy: strict-equality
+# (a job status compared with a string no JobStatus can be is an error)
 from __future__ import annotations
 
 import asyncio

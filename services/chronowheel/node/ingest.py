@@ -6,6 +6,8 @@ only then are the batch's outbox and next offset handed to the publisher: the of
 the transaction that follows the writes.
 """
 
+# mypy: strict-equality
+# (a job status compared with a string no JobStatus can be is an error)
 from __future__ import annotations
 
 import asyncio

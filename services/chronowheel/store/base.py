@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from chronowheel.core import wire
+
+if TYPE_CHECKING:
+    from chronowheel.core.model import JobStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,7 +19,7 @@ class JobRow:
     shard: int
     spec: bytes
     version: int
-    status: str
+    status: JobStatus
     scheduled_ms: int | None
     slot_ms: int | None
     # Seconds until the row expires (0 = never): finished one-shots and cancelled jobs are
@@ -107,7 +110,7 @@ LIST_SCAN_ROWS = 5_000
 """A listing page stops after reading this many rows (a `prefix` filter is applied to what
 the store reads: a rare prefix must not make one page read the whole table)."""
 MAX_LIST_LIMIT = 1_000
-JOB_STATUSES: tuple[str, ...] = ("scheduled", "paused", "finished", "cancelled")
+JOB_STATUSES: tuple[JobStatus, ...] = ("scheduled", "paused", "finished", "cancelled")
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import date
-from typing import Any
+from typing import Any, cast
 
 from cassandra import (
     AuthenticationFailed,
@@ -46,6 +46,7 @@ from cassandra.query import (
 )
 
 from chronowheel.core import wire
+from chronowheel.core.model import JobStatus
 from chronowheel.errors import ConfigError, RetriableError, StoreRefused
 from chronowheel.retry import STORE_POLICY, with_retries
 from chronowheel.security import quiet_loggers, speaks_tls, ssl_context, tls_failure
@@ -433,8 +434,8 @@ class CassandraStore:
         if row is None:
             return None
         job, shard, spec, version, status, scheduled_ms, slot_ms, tenant = row
-        return JobRow(job, shard, spec or b"", version or 0, status or "", scheduled_ms,
-                      slot_ms, 0, tenant)
+        return JobRow(job, shard, spec or b"", version or 0, cast(JobStatus, status or ""),
+                      scheduled_ms, slot_ms, 0, tenant)
 
     async def get_jobs(self, job_ids: Sequence[str]) -> dict[str, JobRow]:
         # A few dozen partition keys per request: one request (and one answer to settle)
@@ -448,8 +449,9 @@ class CassandraStore:
         for rs in results:
             for job, shard, spec, version, status, scheduled_ms, slot_ms, tenant \
                     in rs.current_rows:
-                out[job] = JobRow(job, shard, spec or b"", version or 0, status or "",
-                                  scheduled_ms, slot_ms, 0, tenant)
+                out[job] = JobRow(job, shard, spec or b"", version or 0,
+                                  cast(JobStatus, status or ""), scheduled_ms, slot_ms, 0,
+                                  tenant)
         return out
 
     async def put_job(self, row: JobRow) -> None:
