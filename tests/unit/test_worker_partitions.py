@@ -4,15 +4,13 @@ starts anything, marks past the starting offset are known to the next holder."""
 from __future__ import annotations
 
 import pytest
-from chronowheel.worker.memory import MemoryMarks
+from chronowheel.store.base import BLOCK_BITS, Mark, block_of
+from chronowheel.store.memory_worker import MemoryMarks
 from chronowheel.worker.partitions import (
-    BLOCK_BITS,
     MARK_DONE,
     MARK_FAILED,
     LeaseLost,
-    Mark,
     PartitionGuard,
-    block_of,
     split_by_block,
     window_bounds,
 )

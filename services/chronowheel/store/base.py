@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from chronowheel.core import wire
 
@@ -310,3 +310,104 @@ class JobStore(Protocol):
     async def delete_calendar(self, name: str) -> None:
         """Delete the named calendar; deleting one that does not exist is fine."""
         ...
+
+# --- the worker's storage --------------------------------------------------------------------
+# What the worker library (`worker/`) keeps: per-partition leases and outcome marks (MarkStore),
+# per-occurrence claims of retries (ClaimStore) and per-job run leases of the overlap policy
+# (RunStore). Implementations: `store/cassandra_marks.py` and `store/cassandra.py` (Cassandra),
+# `store/memory_worker.py` and `store/memory.py` (memory); one contract suite
+# (tests/contract/worker_store.py) runs against both.
+
+BLOCK_BITS = 16
+"""Marks are stored in blocks of 2**16 offsets (one Cassandra partition each)."""
+
+
+class Mark(NamedTuple):
+    """The outcome of one handled record: `state` is "done", "failed", "skipped" or "dead";
+    `occurrence` is its `cw-occurrence` (or `topic:partition@offset` for a malformed record)."""
+
+    offset: int
+    state: str
+    occurrence: str
+
+
+def block_of(offset: int) -> int:
+    """The block (stored row group) of an offset's mark."""
+    return offset >> BLOCK_BITS
+
+
+class MarkStore(Protocol):
+    """Where a worker's partition leases and outcome marks live.
+
+    A lease is a TTL'd compare-and-set register per (scope, topic, partition) naming its
+    owner; marks are plain writes, read back by offset range.
+    """
+
+    async def acquire_lease(self, scope: str, topic: str, partition: int, owner: str,
+                            ttl_s: int) -> str | None:
+        """Take the lease if nobody holds it. None when taken, else the current owner."""
+        ...
+
+    async def renew_lease(self, scope: str, topic: str, partition: int, owner: str,
+                          ttl_s: int) -> str | None:
+        """Extend a lease `owner` holds. None when extended, else the current owner ("" = none)."""
+        ...
+
+    async def release_lease(self, scope: str, topic: str, partition: int, owner: str) -> None:
+        """Drop the lease if `owner` still holds it."""
+        ...
+
+    async def write_marks(self, scope: str, topic: str, partition: int, marks: Sequence[Mark],
+                          ttl_s: int) -> None:
+        """Store `marks` (ascending offsets, all in one block) durably for `ttl_s` seconds."""
+        ...
+
+    async def read_marks(self, scope: str, topic: str, partition: int, from_offset: int,
+                         to_offset: int) -> list[Mark]:
+        """Every stored mark with offset >= from_offset, in any order. `to_offset` is the end
+        of the partition as the caller knows it; marks past it must be returned too (up to
+        the first whole block without marks)."""
+        ...
+
+
+class ClaimStore(Protocol):
+    """The per-occurrence ledger of retries (table `processed`); see `JobStore.swap_claim`."""
+
+    async def swap_claim(self, consumer: str, occurrence: str, expected: Claim | None,
+                         new: Claim, worker: str, ttl_s: int) -> tuple[bool, Claim | None]:
+        """Compare-and-set the claim of (consumer, occurrence): when the stored claim equals
+        `expected` (None: there is none) store `new` for `ttl_s` seconds and return
+        (True, None); otherwise change nothing and return (False, the stored claim or None)."""
+        ...
+
+    async def release_claim(self, consumer: str, occurrence: str, owner: str) -> None:
+        """Delete the claim when it is a "running" lease held by `owner`; else do nothing."""
+        ...
+
+
+class RunStore(Protocol):
+    """The running occurrence of each job under an overlap policy (table `job_runs`)."""
+
+    async def swap_run(self, scope: str, job_id: str, expected: RunLease | None,
+                       new: RunLease, ttl_s: int) -> tuple[bool, RunLease | None]:
+        """Compare-and-set the running lease of (scope, job): when the stored lease equals
+        `expected` (None: there is none) store `new` for `ttl_s` seconds and return (True,
+        None); otherwise change nothing and return (False, the stored lease or None)."""
+        ...
+
+    async def end_run(self, scope: str, job_id: str, owner: str) -> None:
+        """Delete the running lease of (scope, job) when `owner` holds it; else nothing."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStores:
+    """Everything a worker with idempotency keeps, named explicitly (no capability guessing).
+
+    `runs` None: the store keeps no run leases, so the overlap policy (`concurrency` forbid or
+    replace) is not enforced; the worker logs that and runs such occurrences.
+    """
+
+    marks: MarkStore
+    claims: ClaimStore
+    runs: RunStore | None

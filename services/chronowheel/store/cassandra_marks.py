@@ -1,5 +1,7 @@
-"""Cassandra side of the worker's per-partition idempotency (`worker/partitions.py`): leases in
-`worker_leases` (LWT), outcome marks in `worker_marks` (plain writes, one row per flush)."""
+"""The worker's storage (`store/base.py`, "the worker's storage") over Cassandra: the MarkStore of
+its per-partition idempotency (`worker/partitions.py`), leases in `worker_leases` (LWT) and
+outcome marks in `worker_marks` (plain writes, one row per flush); claims and run leases are
+`CassandraStore`'s."""
 
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ from cassandra.protocol import InvalidRequest
 from cassandra.query import PreparedStatement
 
 from chronowheel.errors import ConfigError
-from chronowheel.store.cassandra import TUPLES, execute
-from chronowheel.worker.partitions import BLOCK_BITS, Mark, block_of
+from chronowheel.settings import Settings
+from chronowheel.store.base import BLOCK_BITS, Mark, WorkerStores, block_of
+from chronowheel.store.cassandra import TUPLES, CassandraStore, execute
 
 
 class CassandraMarks:
@@ -95,3 +98,20 @@ class CassandraMarks:
             if block >= block_of(max(from_offset, to_offset)) and not found:
                 return out
             block += 1
+
+
+class CassandraWorkerStores:
+    """A worker's marks, claims and run leases over one Cassandra session (blocking: open it
+    in a thread)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.store = CassandraStore.open(settings)
+        try:
+            marks = CassandraMarks(self.store.session, settings.keyspace)
+        except BaseException:
+            self.store.close()
+            raise
+        self.stores = WorkerStores(marks=marks, claims=self.store, runs=self.store)
+
+    def close(self) -> None:
+        self.store.close()

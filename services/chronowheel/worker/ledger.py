@@ -30,22 +30,14 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from enum import Enum
-from typing import Protocol
 
-from chronowheel.store.base import Claim
+from chronowheel.store.base import Claim, ClaimStore
 
 log = logging.getLogger(__name__)
 
 RUNNING, FAILED, DONE = "running", "failed", "done"
 DEFAULT_LEASE_S = 15
 DEFAULT_KEEP_S = 7 * 86_400
-
-
-class ClaimStore(Protocol):
-    async def swap_claim(self, consumer: str, occurrence: str, expected: Claim | None,
-                         new: Claim, worker: str, ttl_s: int) -> tuple[bool, Claim | None]: ...
-
-    async def release_claim(self, consumer: str, occurrence: str, owner: str) -> None: ...
 
 
 class Verdict(Enum):

@@ -33,24 +33,16 @@ import logging
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Protocol
 
 from chronowheel.core import wire
 from chronowheel.core.clock import Clock
-from chronowheel.store.base import RunLease
+from chronowheel.store.base import RunLease, RunStore
 from chronowheel.worker.occurrence import Occurrence
 
 log = logging.getLogger(__name__)
 
 DEFAULT_POLL_S = 1.0
 DEFAULT_REPLACE_WAIT_S = 30.0
-
-
-class RunStore(Protocol):
-    async def swap_run(self, scope: str, job_id: str, expected: RunLease | None,
-                       new: RunLease, ttl_s: int) -> tuple[bool, RunLease | None]: ...
-
-    async def end_run(self, scope: str, job_id: str, owner: str) -> None: ...
 
 
 @dataclass(frozen=True)

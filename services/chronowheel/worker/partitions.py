@@ -24,7 +24,7 @@ instead, and outcomes are plain writes grouped per partition:
 - **Idle release.** A lease whose partition saw no record for a whole renewal period is released
   rather than renewed, so groups sharing one scope take turns instead of one starving the other.
 
-Pure logic over a `MarkStore`; no driver here.
+Pure logic over a `MarkStore` (`store/base.py`); no driver here.
 """
 
 from __future__ import annotations
@@ -35,54 +35,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+
+from chronowheel.store.base import Mark, MarkStore, block_of
 
 log = logging.getLogger(__name__)
 
 MARK_DONE, MARK_FAILED, MARK_SKIPPED, MARK_DEAD = "done", "failed", "skipped", "dead"
-BLOCK_BITS = 16
-"""Marks are stored in blocks of 2**16 offsets (one Cassandra partition each)."""
 RECENT_OCCURRENCES = 20_000
 """Occurrences remembered per partition to recognise copies outside the window."""
-
-
-class Mark(NamedTuple):
-    offset: int
-    state: str
-    occurrence: str
-
-
-class MarkStore(Protocol):
-    """Where leases and marks live (Cassandra in production, a dict in unit tests)."""
-
-    async def acquire_lease(self, scope: str, topic: str, partition: int, owner: str,
-                            ttl_s: int) -> str | None:
-        """Take the lease if nobody holds it. None when taken, else the current owner."""
-        ...
-
-    async def renew_lease(self, scope: str, topic: str, partition: int, owner: str,
-                          ttl_s: int) -> str | None:
-        """Extend a lease `owner` holds. None when extended, else the current owner ("" = none)."""
-        ...
-
-    async def release_lease(self, scope: str, topic: str, partition: int, owner: str) -> None:
-        """Drop the lease if `owner` still holds it."""
-        ...
-
-    async def write_marks(self, scope: str, topic: str, partition: int, marks: Sequence[Mark],
-                          ttl_s: int) -> None:
-        """Store `marks` (ascending offsets, all in one block) durably."""
-        ...
-
-    async def read_marks(self, scope: str, topic: str, partition: int, from_offset: int,
-                         to_offset: int) -> list[Mark]:
-        """Every stored mark with offset >= from_offset, in any order. `to_offset` is the end
-        of the partition as the caller knows it; marks past it must be returned too."""
-        ...
-
-
-def block_of(offset: int) -> int:
-    return offset >> BLOCK_BITS
 
 
 def split_by_block(marks: Sequence[Mark]) -> list[list[Mark]]:
