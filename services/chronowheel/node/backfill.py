@@ -133,9 +133,9 @@ class Backfiller:
         now = self.clock.now_ms()
         slot = state.claim_slot(now, now)
         try:
-            rows = [DueRow(minute_of(slot), self.shard, slot, job.id, 1, at, 0, job.topic,
-                           job.payload, job.headers, None, job.max_attempts, job.backoff_ms,
-                           wire.BACKFILL_ORIGIN, request.request_id) for at in instants]
+            rows = [DueRow.for_request(job, shard=self.shard, slot_ms=slot, scheduled_ms=at,
+                                       version=0, origin=wire.BACKFILL_ORIGIN,
+                                       request_id=request.request_id) for at in instants]
             advanced = replace(request, next_ms=following, handed=request.handed + len(rows),
                                ttl_s=self.writer.retention_s)
             ttl = self.writer.ttl_s(slot, now)

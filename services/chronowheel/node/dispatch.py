@@ -15,7 +15,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 
-from chronowheel.core.buckets import minute_of, slot_for
+from chronowheel.core.buckets import slot_for
 from chronowheel.core.clock import Clock, sleep_until_or_event
 from chronowheel.core.model import JobSpec, ValidationPolicy, decode_stored_job
 from chronowheel.core.recurrence import Schedule, catch_up, is_excluded, next_after
@@ -174,8 +174,8 @@ class Dispatcher:
             state.touch(p.job_id)
             return
         slot = max(slot_for(p.job_id, nxt, job.window_ms), state.watermark + 1)
-        row = DueRow(minute_of(slot), self.shard, slot, p.job_id, 1, nxt, rec.version, p.topic,
-                     p.payload, job.fired_headers, rec.spec, job.max_attempts, job.backoff_ms)
+        row = DueRow.for_job(job, shard=self.shard, slot_ms=slot, scheduled_ms=nxt,
+                             version=rec.version, spec=rec.spec)
         try:
             await self.writer.write_due(row, now, JobRow(p.job_id, self.shard, rec.spec,
                                                          rec.version, "scheduled", nxt, slot, 0,

@@ -352,10 +352,8 @@ class Ingest:
 
     def _rows_at(self, new: _NewJob, slot: int, now: int) -> tuple[DueRow, int, JobRow]:
         job = new.cmd.job
-        due = DueRow(minute_of(slot), self.shard, slot, job.id, 1, new.first, new.version,
-                     job.topic, job.payload, job.fired_headers,
-                     job.canonical if job.recurring else None, job.max_attempts,
-                     job.backoff_ms)
+        due = DueRow.for_job(job, shard=self.shard, slot_ms=slot, scheduled_ms=new.first,
+                             version=new.version)
         # A one-shot's jobs row outlives its occurrence by the retention period (so an
         # identical re-submit stays a no-op that long); a recurring one lives until changed.
         ttl = 0 if job.recurring else self.writer.ttl_s(slot, now)
@@ -496,10 +494,8 @@ class Ingest:
         state = self.state
         slot = state.claim_slot(slot_for(job.id, first, job.window_ms), self.clock.now_ms())
         try:
-            row = DueRow(minute_of(slot), self.shard, slot, job.id, 1, first, version,
-                         job.topic, job.payload, job.fired_headers,
-                         job.canonical if job.recurring else None, job.max_attempts,
-                         job.backoff_ms)
+            row = DueRow.for_job(job, shard=self.shard, slot_ms=slot, scheduled_ms=first,
+                                 version=version)
             # A one-shot's jobs row outlives its occurrence by the retention period (so an
             # identical re-submit stays a no-op that long); a recurring one lives until changed.
             ttl = 0 if job.recurring else self.writer.ttl_s(slot, now)
@@ -604,10 +600,8 @@ class Ingest:
         # from its own slot and applies the job's catch-up policy (`Dispatcher`).
         slot = state.claim_slot(slot_for(job.id, first, job.window_ms), self.clock.now_ms())
         try:
-            due = DueRow(minute_of(slot), self.shard, slot, job.id, 1, first, version,
-                         job.topic, job.payload, job.fired_headers,
-                         job.canonical if job.recurring else None, job.max_attempts,
-                         job.backoff_ms)
+            due = DueRow.for_job(job, shard=self.shard, slot_ms=slot, scheduled_ms=first,
+                                 version=version)
             ttl = 0 if job.recurring else self.writer.ttl_s(slot, now)
             await self.writer.write_due(due, now, JobRow(job.id, self.shard, job.canonical,
                                                          version, "scheduled", first, slot, ttl,
@@ -627,9 +621,9 @@ class Ingest:
         state = self.state
         slot = state.claim_slot(now, self.clock.now_ms())
         try:
-            due = DueRow(minute_of(slot), self.shard, slot, job.id, 1, now, row.version,
-                         job.topic, job.payload, job.headers, None, job.max_attempts,
-                         job.backoff_ms, wire.TRIGGER_ORIGIN, cmd.request_id)
+            due = DueRow.for_request(job, shard=self.shard, slot_ms=slot, scheduled_ms=now,
+                                     version=row.version, origin=wire.TRIGGER_ORIGIN,
+                                     request_id=cmd.request_id)
             request = RequestRow(self.shard, job.id, cmd.request_id, wire.TRIGGER_ORIGIN, now,
                                  now, None, 1, 1, row.spec, self.writer.retention_s)
             self.writer.check(due, now)
@@ -677,12 +671,7 @@ class Ingest:
         state = self.state
         slot = state.claim_slot(cmd.at_ms, self.clock.now_ms())
         try:
-            row = DueRow(minute_of(slot), self.shard, slot, cmd.id, cmd.attempt,
-                         cmd.scheduled_ms, 0, cmd.topic, cmd.payload, cmd.headers, None,
-                         cmd.max_attempts if cmd.max_attempts is not None
-                         else wire.DEFAULT_MAX_ATTEMPTS,
-                         cmd.backoff_ms if cmd.backoff_ms is not None else wire.DEFAULT_BACKOFF_MS,
-                         cmd.origin, cmd.request_id)
+            row = DueRow.for_retry(cmd, shard=self.shard, slot_ms=slot)
             await self.writer.write_due(row, now, counted=row.minute in self.counted)
             p = pending_from_row(row)
             if state.insert_bound(slot):

@@ -8,9 +8,10 @@ from datetime import date
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from chronowheel.core import wire
+from chronowheel.core.buckets import minute_of
 
 if TYPE_CHECKING:
-    from chronowheel.core.model import JobStatus
+    from chronowheel.core.model import JobSpec, JobStatus, Retry
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,36 @@ class DueRow:
     def key(self) -> DueKey:
         """This row's primary key."""
         return (self.minute, self.shard, self.slot_ms, self.entry, self.attempt)
+
+    @classmethod
+    def for_job(cls, job: JobSpec, *, shard: int, slot_ms: int, scheduled_ms: int,
+                version: int, spec: bytes | None = None) -> DueRow:
+        """One of the job's own occurrences (its first delivery), published at `slot_ms`: with
+        the headers every occurrence carries (`JobSpec.fired_headers`) and, for a recurring
+        job, the spec its next occurrence is computed from (`spec`, the stored bytes, when the
+        caller has them; else the job's canonical JSON)."""
+        spec = (job.canonical if spec is None else spec) if job.recurring else None
+        return cls(minute_of(slot_ms), shard, slot_ms, job.id, 1, scheduled_ms, version,
+                   job.topic, job.payload, job.fired_headers, spec, job.max_attempts,
+                   job.backoff_ms)
+
+    @classmethod
+    def for_request(cls, job: JobSpec, *, shard: int, slot_ms: int, scheduled_ms: int,
+                    version: int, origin: str, request_id: str) -> DueRow:
+        """An occurrence a trigger or a backfill asked for (`origin`, `request_id`): the job's
+        own headers, and no spec (nothing is scheduled after it)."""
+        return cls(minute_of(slot_ms), shard, slot_ms, job.id, 1, scheduled_ms, version,
+                   job.topic, job.payload, job.headers, None, job.max_attempts,
+                   job.backoff_ms, origin, request_id)
+
+    @classmethod
+    def for_retry(cls, cmd: Retry, *, shard: int, slot_ms: int) -> DueRow:
+        """The delivery a worker's retry command asks for, published at `slot_ms`."""
+        return cls(minute_of(slot_ms), shard, slot_ms, cmd.id, cmd.attempt, cmd.scheduled_ms,
+                   0, cmd.topic, cmd.payload, cmd.headers, None,
+                   wire.DEFAULT_MAX_ATTEMPTS if cmd.max_attempts is None else cmd.max_attempts,
+                   wire.DEFAULT_BACKOFF_MS if cmd.backoff_ms is None else cmd.backoff_ms,
+                   cmd.origin, cmd.request_id)
 
 
 def job_id_of_entry(entry: str, scheduled_ms: int, origin: str, request_id: str) -> str:
