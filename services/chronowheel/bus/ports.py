@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from chronowheel.errors import ChronowheelError
 
@@ -259,4 +259,90 @@ class NodeBus(Protocol):
 
     async def close(self) -> None:
         """Release what the bus keeps between calls (e.g. started readers)."""
+        ...
+
+
+# --- the worker's bus ------------------------------------------------------------------------
+# What a worker (`worker/`) needs from Kafka: a member of its consumer group over the topics it
+# handles, and a plain producer for retry commands and dead letters. `bus/kafka_worker.py`
+# implements them over aiokafka, `bus/memory_worker.py` in memory.
+
+
+class TopicPartition(NamedTuple):
+    """One partition of a topic (equal to aiokafka's TopicPartition of the same values)."""
+
+    topic: str
+    partition: int
+
+
+PartitionsChanged = Callable[[list[TopicPartition]], Awaitable[None]]
+
+
+class WorkerConsumer(Protocol):
+    """A worker's member of its consumer group: read_committed, offsets committed only by
+    `commit`, a partition the group never committed read from its beginning.
+
+    `on_assigned` / `on_revoked` (given when it is made) run inside `start`, `fetch` and `stop`
+    whenever the assignment changes. `on_revoked` of a partition completes before any other
+    member is given it, so a commit made in it is what the next owner starts from.
+    """
+
+    async def start(self) -> None:
+        """Join the group (the first assignment may arrive before this returns)."""
+        ...
+
+    async def stop(self) -> None:
+        """Leave the group: its partitions move to the other members at once."""
+        ...
+
+    async def fetch(self, timeout_ms: int, max_records: int,
+                    ) -> dict[TopicPartition, list[SubmitRecord]]:
+        """At most `max_records` committed records of assigned partitions, in offset order per
+        partition; waits up to `timeout_ms` when there are none."""
+        ...
+
+    async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """Commit the next offset to read of each partition for the group. Raises BusError
+        when the group does not take it (a rebalance went on without this member)."""
+        ...
+
+    def assignment(self) -> set[TopicPartition]:
+        """Partitions currently assigned to this member."""
+        ...
+
+    def end_offset(self, tp: TopicPartition) -> int | None:
+        """The partition's high watermark as last seen by a fetch (None: not fetched yet)."""
+        ...
+
+    async def unfetched(self, tp: TopicPartition) -> int | None:
+        """Records of an assigned partition not fetched yet, up to its last stable offset
+        (None when that is not known yet, e.g. its position is being reset)."""
+        ...
+
+
+class WorkerProducer(Protocol):
+    """A plain (not transactional) idempotent producer, acks from every in-sync replica."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def send(self, topic: str, key: bytes | None, value: bytes,
+                   headers: Headers = ()) -> None:
+        """Publish one message, returning once it is acknowledged; the partition is chosen by
+        the key as Kafka's default partitioner does. Raises BusError when it is not."""
+        ...
+
+
+class WorkerBus(Protocol):
+    """Everything a worker needs from Kafka."""
+
+    def consumer(self, *, group_id: str, topics: Sequence[str], session_timeout_ms: int,
+                 on_assigned: PartitionsChanged,
+                 on_revoked: PartitionsChanged) -> WorkerConsumer:
+        """A (not yet started) member of `group_id` subscribed to `topics`."""
+        ...
+
+    def producer(self) -> WorkerProducer:
+        """A (not yet started) producer."""
         ...
