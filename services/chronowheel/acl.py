@@ -151,7 +151,6 @@ def namespace_resources(namespace: str, *, node_id: str = "host-1", shard: int =
     uses them (one node id, one shard, the default worker group of `worker_topics`)."""
     from chronowheel.cli._cluster import nodes_group
     from chronowheel.core import wire
-    from chronowheel.node.publisher import legacy_transactional_id
     from chronowheel.node.transactions import node_transactional_id
     from chronowheel.worker.service import default_group_id
 
@@ -163,18 +162,18 @@ def namespace_resources(namespace: str, *, node_id: str = "host-1", shard: int =
         "GROUP": {nodes_group(Settings(namespace=namespace)),
                   default_group_id(namespace, topics)},
         "TRANSACTIONAL_ID": {node_transactional_id(namespace, node_id),
-                             legacy_transactional_id(namespace, shard)},
+                             wire.claimer_transactional_id(namespace, shard)},
     }
 
 
 def _id_prefixes(namespace: str) -> dict[str, str]:
     """The prefixes of the names only known at run time, from the code that makes them."""
-    from chronowheel.node.publisher import legacy_transactional_id
+    from chronowheel.core import wire
     from chronowheel.node.transactions import node_transactional_id
     from chronowheel.worker.service import default_group_id
 
     out = {"node": node_transactional_id(namespace, ""),
-           "shard": legacy_transactional_id(namespace, 0).removesuffix("0"),
+           "shard": wire.claimer_transactional_id(namespace, 0).removesuffix("0"),
            "workers": default_group_id(namespace, [])}
     for word, prefix in out.items():  # `<ns>-<word>-`: what check_namespace relies on
         if prefix != f"{namespace}-{word}-":

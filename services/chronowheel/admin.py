@@ -11,7 +11,6 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
-import orjson
 from aiokafka import TopicPartition
 from cassandra import InvalidRequest
 from cassandra.cluster import Cluster, Session
@@ -24,6 +23,7 @@ from chronowheel.bus.kafka import (
     plain_producer,
     reader,
 )
+from chronowheel.core.wire import StateRecord
 from chronowheel.errors import ConfigError, RetriableError
 from chronowheel.schema import cql_statements
 from chronowheel.settings import Settings
@@ -174,7 +174,8 @@ async def init_namespace(settings: Settings) -> InitReport:
 
 
 async def seed_watermarks(settings: Settings, shards: int) -> int:
-    """Write watermark = now for every shard whose state partition is still empty."""
+    """Write watermark = now for every shard whose state partition is still empty (owner: none
+    yet, so the first takeover fences nobody)."""
     tps = [TopicPartition(settings.state_topic, k) for k in range(shards)]
     consumer = reader(settings)
     await consumer.start()
@@ -190,9 +191,9 @@ async def seed_watermarks(settings: Settings, shards: int) -> int:
     try:
         now = int(time.time() * 1000)
         for k in empty:
-            await producer.send_and_wait(
-                settings.state_topic, partition=k, key=f"shard-{k}".encode(),
-                value=orjson.dumps({"shard": k, "watermark": now, "node": "init", "at": now}))
+            record = StateRecord(shard=k, watermark=now, owner=None, node="init", at=now)
+            await producer.send_and_wait(settings.state_topic, partition=k,
+                                         key=StateRecord.key(k), value=record.encode())
     finally:
         await producer.stop()
     return len(empty)

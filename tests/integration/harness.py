@@ -19,7 +19,7 @@ from chronowheel.bus.reading import TopicReader
 from chronowheel.core.clock import Clock
 from chronowheel.core.model import encode_cancel, encode_upsert
 from chronowheel.core.shard import shard_of
-from chronowheel.node.publisher import decode_watermark
+from chronowheel.core.wire import StateRecord
 from chronowheel.node.service import Node
 from chronowheel.settings import Settings
 from chronowheel.testing import Collector, Fired, collecting, wait_owned
@@ -154,9 +154,9 @@ async def committed_past(settings: Settings, t_ms: int, timeout_s: float = 30) -
             if time.monotonic() > deadline:
                 raise AssertionError(f"watermarks not past {t_ms} after {timeout_s}s: {marks}")
             for record in await state.fetch(100):
-                key = (record.key or b"").decode()
-                if key.startswith("shard-") and record.value:
-                    marks[int(key.removeprefix("shard-"))] = decode_watermark(record.value)
+                shard = StateRecord.shard_of_key(record.key)
+                if shard is not None and record.value:
+                    marks[shard] = StateRecord.parse(record.value, shard=shard).watermark
         return marks
     finally:
         await state.stop()

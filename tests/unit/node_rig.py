@@ -10,12 +10,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import orjson
 from chronowheel.bus.memory import MemoryBus, Message
 from chronowheel.core.clock import ManualClock
 from chronowheel.core.model import encode_cancel, encode_upsert
 from chronowheel.core.shard import shard_of
-from chronowheel.node.publisher import state_key
+from chronowheel.core.wire import StateRecord
 from chronowheel.node.service import Node
 from chronowheel.settings import Settings
 from chronowheel.store.memory import MemoryStore
@@ -34,8 +33,8 @@ class NodeRig:
         self.bus = MemoryBus(self.settings, self.clock)
         self.bus.create_namespace(shards)
         for k in range(shards):  # what `chronowheel init` does: nothing before now is pending
-            self.bus.produce(self.settings.state_topic, k, state_key(k),
-                             orjson.dumps({"shard": k, "watermark": T0, "node": "init"}))
+            self.bus.produce(self.settings.state_topic, k, StateRecord.key(k),
+                             StateRecord(shard=k, watermark=T0, node="init").encode())
         self.nodes: list[Node] = []
 
     def new_node(self, node_id: str = "unit-node") -> Node:

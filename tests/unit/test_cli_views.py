@@ -7,8 +7,9 @@ import pytest
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 from chronowheel import cli
 from chronowheel.cli import job, status, tail
-from chronowheel.cli._cluster import StateRecord, decode_assignment
+from chronowheel.cli._cluster import decode_assignment
 from chronowheel.cli._format import count, human_ms, relative, rfc3339, table
+from chronowheel.core.wire import StateRecord
 from chronowheel.store.base import JobRow
 
 T = 1_796_115_600_000  # 2026-12-01T09:00:00Z
@@ -73,11 +74,11 @@ def test_job_render_of_a_cancelled_job() -> None:
 def record(**kw: object) -> StateRecord:
     doc = {"shard": 2, "watermark": T, "horizon": T + 120_000, "wheel": 7, "node": "n1",
            "at": T} | kw
-    return StateRecord.parse(2, orjson.dumps(doc), 41)
+    return StateRecord.parse(orjson.dumps(doc), shard=2)
 
 
 def test_state_record_parse_tolerates_the_seed_record() -> None:
-    seed = StateRecord.parse(0, b'{"shard":0,"watermark":5,"node":"init","at":5}', 0)
+    seed = StateRecord.parse(b'{"shard":0,"watermark":5,"node":"init","at":5}', shard=0)
     assert (seed.watermark, seed.horizon, seed.wheel, seed.node) == (5, None, None, "init")
     assert record().horizon == T + 120_000
 

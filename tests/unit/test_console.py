@@ -8,14 +8,15 @@ from typing import Any
 
 import orjson
 import pytest
-from chronowheel.cli._cluster import StateRecord
 from chronowheel.console.actions import JOB_ACTIONS
 from chronowheel.console.app import Guard, check_bind, is_loopback
 from chronowheel.console.pages import confirm_page, heat_page, job_page, tail_page
 from chronowheel.console.sources import HeatMap, JobView, make_cursor, parse_cursor
 from chronowheel.core.buckets import MINUTE_MS
+from chronowheel.core.wire import StateRecord
 from chronowheel.errors import ConfigError
 from chronowheel.node.publisher import state_record
+from chronowheel.node.state import ShardState
 from chronowheel.settings import Secret, Settings
 from chronowheel.store.base import DueRow, JobRow
 
@@ -100,11 +101,13 @@ def test_cursor_round_trip_keeps_ids_with_colons() -> None:
 
 
 def test_state_record_carries_the_node_clock_and_parses_back() -> None:
-    raw = state_record(shard=2, watermark=T0, state=None, node_id="n1", owner="o", at=T0 + 1,
+    state = ShardState(shard=2, start_ms=T0, tick_ms=100, ingest_slack_ms=0)
+    raw = state_record(shard=2, watermark=T0, state=state, node_id="n1", owner="o", at=T0 + 1,
                        clock=(-7, False))
-    rec = StateRecord.parse(2, raw, 10)
+    rec = StateRecord.parse(raw, shard=2)
     assert (rec.skew_ms, rec.blocked, rec.node, rec.at) == (-7, False, "n1", T0 + 1)
-    old = StateRecord.parse(2, orjson.dumps({"watermark": T0}), 11)
+    assert (rec.owner, rec.wheel) == ("o", 0)
+    old = StateRecord.parse(orjson.dumps({"watermark": T0}), shard=2)
     assert (old.skew_ms, old.blocked) == (None, None)
 
 

@@ -14,7 +14,7 @@ import pytest
 from chronowheel.bus.memory import Message
 from chronowheel.bus.ports import Fenced
 from chronowheel.core.shard import shard_of
-from chronowheel.node.publisher import state_key
+from chronowheel.core.wire import StateRecord
 
 from tests.unit.node_rig import T0, NodeRig, scheduled_at
 
@@ -34,7 +34,7 @@ def node_id(name: str) -> str:
 
 def state_records(rig: NodeRig, shard: int) -> list[dict[str, object]]:
     return [orjson.loads(m.value or b"{}") for m in rig.bus.messages(rig.settings.state_topic)
-            if m.partition == shard and m.key == state_key(shard)]
+            if m.partition == shard and m.key == StateRecord.key(shard)]
 
 
 def assert_claim_before_publish(rig: NodeRig) -> None:
@@ -61,7 +61,7 @@ def assert_claim_before_publish(rig: NodeRig) -> None:
 
 async def test_a_takeover_fences_the_recorded_owner_then_claims(rig: NodeRig) -> None:
     # Shard 0 was last written by another node's producer, which may have an open transaction.
-    rig.bus.produce(rig.settings.state_topic, 0, state_key(0), orjson.dumps(
+    rig.bus.produce(rig.settings.state_topic, 0, StateRecord.key(0), orjson.dumps(
         {"shard": 0, "watermark": T0, "owner": node_id("gone")}))
     zombie = rig.bus.producer(node_id("gone"), "unit-nodes")
     await zombie.start()
@@ -89,7 +89,7 @@ async def test_records_without_owner_are_fenced_through_the_shard_id_and_upgrade
     await legacy.start()
     txn = await legacy.begin()
     await txn.publish(rig.settings.fired_topic, 1, b"old", b"late", [])
-    await txn.publish(rig.settings.state_topic, 1, state_key(1),
+    await txn.publish(rig.settings.state_topic, 1, StateRecord.key(1),
                       orjson.dumps({"shard": 1, "watermark": T0 + 5_000}), [])
     node = await rig.start("me")
     with pytest.raises(Fenced):

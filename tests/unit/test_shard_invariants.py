@@ -28,9 +28,10 @@ from chronowheel.bus.memory import MemoryBus
 from chronowheel.core.clock import ManualClock
 from chronowheel.core.model import ValidationPolicy, encode_cancel, encode_retry, encode_upsert
 from chronowheel.core.wheel import TimingWheel
+from chronowheel.core.wire import StateRecord
 from chronowheel.node.metrics import NodeMetrics
 from chronowheel.node.pending import OccurrenceKey, Pending, WheelKey
-from chronowheel.node.publisher import Publisher, state_key
+from chronowheel.node.publisher import Publisher
 from chronowheel.node.shard import ShardActor
 from chronowheel.node.transactions import NodeTransactions
 from chronowheel.settings import Settings
@@ -64,7 +65,7 @@ class ShardMachine(RuleBasedStateMachine):
         self.store = MemoryStore(pause=_yield)
         self.bus = MemoryBus(s, self.clock)
         self.bus.create_namespace(1)
-        self.bus.produce(s.state_topic, 0, state_key(0), orjson.dumps({"watermark": T0}))
+        self.bus.produce(s.state_topic, 0, StateRecord.key(0), orjson.dumps({"watermark": T0}))
         group = self.bus.submit_group(group_id="sm-nodes", client_id="sm",
                                       session_timeout_ms=10_000, on_assigned=_nothing,
                                       on_revoked=_nothing)

@@ -9,12 +9,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 
 from chronowheel.bus.kafka import reader
+from chronowheel.core.wire import StateRecord
 from chronowheel.errors import ChronowheelError, ConfigError
 from chronowheel.settings import Settings
 from chronowheel.store.cassandra import CassandraStore
@@ -51,38 +51,6 @@ class Group:
     state: str  # Stable, PreparingRebalance, CompletingRebalance, Empty, Dead
     members: tuple[Member, ...]
     owners: dict[int, Member]  # partition of <ns>.submit -> member holding it
-
-
-@dataclass(frozen=True)
-class StateRecord:
-    """The last watermark a shard committed, as the node writes it.
-
-    Format: docs/design.md, section "The state record".
-    """
-
-    shard: int
-    watermark: int
-    horizon: int | None  # absent in the record init seeds
-    wheel: int | None
-    node: str | None
-    at: int | None
-    offset: int
-    skew_ms: int | None = None    # the writing node's clock minus Cassandra's
-    blocked: bool | None = None   # whether that node had dispatch stopped by the skew
-
-    @classmethod
-    def parse(cls, shard: int, value: bytes, offset: int) -> StateRecord:
-        doc = orjson.loads(value)
-
-        def opt_int(name: str) -> int | None:
-            v = doc.get(name)
-            return v if type(v) is int else None
-
-        node = doc.get("node")
-        blocked = doc.get("blocked")
-        return cls(shard, int(doc["watermark"]), opt_int("horizon"), opt_int("wheel"),
-                   node if isinstance(node, str) else None, opt_int("at"), offset,
-                   opt_int("skew"), blocked if isinstance(blocked, bool) else None)
 
 
 async def recorded_shards(store: CassandraStore, settings: Settings) -> int:
@@ -142,7 +110,14 @@ async def describe_group(admin: AIOKafkaAdminClient, group_id: str, topic: str) 
 
 async def read_state_records(settings: Settings, shards: int,
                              timeout_s: float = 15.0) -> dict[int, StateRecord]:
-    """The newest committed (read_committed) watermark record of each shard that has one."""
+    """The newest committed (read_committed) state record of each shard that has one."""
+    found = await read_state_positions(settings, shards, timeout_s)
+    return {k: record for k, (_, record) in found.items()}
+
+
+async def read_state_positions(settings: Settings, shards: int, timeout_s: float = 15.0
+                               ) -> dict[int, tuple[int, StateRecord]]:
+    """(offset, record) of the newest committed state record of each shard that has one."""
     tps = [TopicPartition(settings.state_topic, k) for k in range(shards)]
     consumer = reader(settings)
     await consumer.start()
@@ -150,7 +125,7 @@ async def read_state_records(settings: Settings, shards: int,
         consumer.assign(tps)
         begins = await consumer.beginning_offsets(tps)
         ends = await consumer.end_offsets(tps)
-        found: dict[int, StateRecord] = {}
+        found: dict[int, tuple[int, StateRecord]] = {}
         for window in (STATE_TAIL_WINDOW, None):
             todo = [tp for tp in tps if tp.partition not in found and ends[tp] > begins[tp]]
             if not todo:
@@ -165,7 +140,7 @@ async def read_state_records(settings: Settings, shards: int,
 
 
 async def _read_until(consumer: Any, tps: list[TopicPartition], ends: dict[TopicPartition, int],
-                      found: dict[int, StateRecord], timeout_s: float) -> None:
+                      found: dict[int, tuple[int, StateRecord]], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     remaining = set(tps)
     while remaining:
@@ -174,8 +149,9 @@ async def _read_until(consumer: Any, tps: list[TopicPartition], ends: dict[Topic
         batches = await consumer.getmany(*remaining, timeout_ms=200)
         for tp, msgs in batches.items():
             for m in msgs:
-                if m.key == f"shard-{tp.partition}".encode() and m.value:
-                    found[tp.partition] = StateRecord.parse(tp.partition, m.value, m.offset)
+                if m.key == StateRecord.key(tp.partition) and m.value:
+                    found[tp.partition] = (m.offset, StateRecord.parse(m.value,
+                                                                       shard=tp.partition))
         for tp in list(remaining):
             if await consumer.position(tp) >= ends[tp]:
                 remaining.discard(tp)

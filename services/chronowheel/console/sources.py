@@ -25,10 +25,9 @@ from aiokafka import TopicPartition
 from chronowheel.bus.kafka import open_admin, partition_counts, reader
 from chronowheel.cli._cluster import (
     Group,
-    StateRecord,
     describe_group,
     nodes_group,
-    read_state_records,
+    read_state_positions,
 )
 from chronowheel.cli.status import BEHIND_MS_DEFAULT, ShardStatus, shard_status
 from chronowheel.cli.tail import TailMessage, message_json
@@ -37,6 +36,7 @@ from chronowheel.core.buckets import MINUTE_MS, minute_of
 from chronowheel.core.model import ValidationPolicy, decode_stored_job
 from chronowheel.core.recurrence import compile_schedule, latest_at_or_before, occurrences
 from chronowheel.core.shard import shard_of
+from chronowheel.core.wire import StateRecord
 from chronowheel.errors import ChronowheelError
 from chronowheel.settings import Settings
 from chronowheel.store.base import DueRow, JobRow
@@ -181,6 +181,7 @@ class StateFollower:
     settings: Settings
     shards: int
     records: dict[int, StateRecord] = field(default_factory=dict)
+    offsets: dict[int, int] = field(default_factory=dict)  # of each shard's record in `records`
     _task: asyncio.Task[None] | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -202,7 +203,7 @@ class StateFollower:
                 consumer.assign(tps)
                 # Where the snapshot ends: follow from there (a record read twice is harmless).
                 ends = await consumer.end_offsets(tps)
-                self._merge(await read_state_records(self.settings, self.shards))
+                self._merge(await read_state_positions(self.settings, self.shards))
                 for tp in tps:
                     consumer.seek(tp, ends[tp])
                 self.ready.set()
@@ -210,9 +211,9 @@ class StateFollower:
                     batches = await consumer.getmany(timeout_ms=1_000)
                     for tp, msgs in batches.items():
                         for m in msgs:
-                            if m.key == f"shard-{tp.partition}".encode() and m.value:
-                                self._merge({tp.partition: StateRecord.parse(
-                                    tp.partition, m.value, m.offset)})
+                            if m.key == StateRecord.key(tp.partition) and m.value:
+                                self._merge({tp.partition: (m.offset, StateRecord.parse(
+                                    m.value, shard=tp.partition))})
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Kafka away for a while: show stale data, retry
@@ -224,11 +225,11 @@ class StateFollower:
                 with contextlib.suppress(Exception):
                     await consumer.stop()
 
-    def _merge(self, found: dict[int, StateRecord]) -> None:
-        for shard, rec in found.items():
-            old = self.records.get(shard)
-            if old is None or rec.offset >= old.offset:
-                self.records[shard] = rec
+    def _merge(self, found: dict[int, tuple[int, StateRecord]]) -> None:
+        for shard, (offset, rec) in found.items():
+            old = self.offsets.get(shard)
+            if old is None or offset >= old:
+                self.records[shard], self.offsets[shard] = rec, offset
 
 
 class Sources:

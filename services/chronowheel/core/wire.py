@@ -8,7 +8,10 @@ Pure: no driver imports.
 
 from __future__ import annotations
 
-from typing import Final
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
 
 # --- topics of a namespace -----------------------------------------------------------------
 
@@ -20,7 +23,7 @@ def submit_topic(namespace: str) -> str:
 
 
 def state_topic(namespace: str) -> str:
-    """Compacted; one record per shard with its watermark (internal)."""
+    """Compacted; one record per shard with its watermark and owner (internal): StateRecord."""
     return f"{namespace}.state"
 
 
@@ -145,3 +148,131 @@ def requested_occurrence_id(job_id: str, scheduled_ms: int, origin: str, request
     own occurrence at that instant (a backfill re-runs work a worker may have done already) and
     from that of another request, while a re-submitted request maps to the same keys."""
     return f"{job_id}@{scheduled_ms}/{origin}/{request_id}"
+
+
+# --- the state record (`<ns>.state`) ----------------------------------------------------------
+
+
+def claimer_transactional_id(namespace: str, shard: int) -> str:
+    """The shard's own transactional id, `<ns>-shard-<k>`: the producer a takeover commits its
+    claim of the shard with (which serialises claims of the shard). Before node transactions
+    it also published the shard's records, so a state record without `owner` names it."""
+    return f"{namespace}-shard-{shard}"
+
+
+class StateRecordError(ValueError):
+    """A value in `<ns>.state` that is not a state record."""
+
+
+_STATE_KEY_PREFIX: Final = "shard-"
+
+
+def _opt_int(doc: dict[str, Any], name: str) -> int | None:
+    v = doc.get(name)
+    return v if type(v) is int else None
+
+
+@dataclass(frozen=True)
+class StateRecord:
+    """A shard's record in the compacted `<ns>.state` topic: key `shard-<k>` on partition k, a
+    JSON object as value (docs/design.md, "The state record").
+
+    Written by a node inside the transaction that publishes the shard's occurrences (and by a
+    takeover's claim, and once by `init`); read back by the next owner (watermark, whom to
+    fence) and by the status views (the diagnostics).
+    """
+
+    shard: int
+    watermark: int
+    """everything due up to this instant (epoch ms) is published"""
+    owner: str | None = None
+    """the transactional id that may publish for the shard from this record on; None: released
+    by a graceful stop, or never owned"""
+    node: str | None = None
+    """id of the node that wrote it (`init` for the first record)"""
+    at: int | None = None
+    """when it was written, epoch ms by the writer's clock"""
+    horizon: int | None = None
+    """how far ahead the writer's wheel was loaded, epoch ms"""
+    wheel: int | None = None
+    """entries in the writer's wheel"""
+    skew_ms: int | None = None
+    """the writer's last measured clock skew to Cassandra (`skew`), None when unknown"""
+    blocked: bool | None = None
+    """whether that skew stopped the writer's dispatch; None: the record says nothing of the
+    clock (then `skew` is absent too)"""
+    claim: bool = False
+    """a takeover's claim: only the owner changes, the watermark is the one it read"""
+    without_owner: bool = False
+    """the old form, with no `owner` field: written by the per-shard producer of versions from
+    before node transactions, which may still publish with the shard's claimer id"""
+
+    @staticmethod
+    def key(shard: int) -> bytes:
+        """Key of shard k's record (its partition is k)."""
+        return f"{_STATE_KEY_PREFIX}{shard}".encode()
+
+    @staticmethod
+    def shard_of_key(key: bytes | None) -> int | None:
+        """The shard a key is the state record key of; None for any other key."""
+        if key is None or not key.startswith(_STATE_KEY_PREFIX.encode()):
+            return None
+        digits = key[len(_STATE_KEY_PREFIX):]
+        return int(digits) if digits.isdigit() and digits.isascii() else None
+
+    def encode(self) -> bytes:
+        doc: dict[str, object] = {"shard": self.shard, "watermark": self.watermark,
+                                  "node": self.node}
+        if not self.without_owner:
+            doc["owner"] = self.owner
+        doc["at"] = self.at
+        if self.horizon is not None:
+            doc["horizon"] = self.horizon
+        if self.wheel is not None:
+            doc["wheel"] = self.wheel
+        if self.blocked is not None:
+            doc["skew"], doc["blocked"] = self.skew_ms, self.blocked
+        if self.claim:
+            doc["claim"] = True
+        return orjson.dumps(doc)
+
+    @classmethod
+    def parse(cls, value: bytes, *, shard: int) -> StateRecord:
+        """The record read for `shard` (its partition and key say which shard, not the value).
+        The watermark is required; a diagnostic field of another type reads as absent.
+        Raises StateRecordError when the value is not a JSON object with a watermark."""
+        try:
+            doc = orjson.loads(value)
+        except orjson.JSONDecodeError as exc:
+            raise StateRecordError(f"state record of shard {shard} is not JSON: "
+                                   f"{value[:200]!r}") from exc
+        if not isinstance(doc, dict):
+            raise StateRecordError(f"state record of shard {shard} is not a JSON object: "
+                                   f"{value[:200]!r}")
+        raw = doc.get("watermark")
+        if isinstance(raw, bool) or not isinstance(raw, int | float | str):
+            raise StateRecordError(f"state record of shard {shard} has no watermark: "
+                                   f"{value[:200]!r}")
+        try:
+            watermark = int(raw)
+        except (ValueError, OverflowError) as exc:
+            raise StateRecordError(f"state record of shard {shard} has no watermark: "
+                                   f"{value[:200]!r}") from exc
+        owner = doc.get("owner")
+        node = doc.get("node")
+        blocked = doc.get("blocked")
+        return cls(shard=shard, watermark=watermark,
+                   owner=None if owner is None else str(owner),
+                   node=node if isinstance(node, str) else None,
+                   at=_opt_int(doc, "at"), horizon=_opt_int(doc, "horizon"),
+                   wheel=_opt_int(doc, "wheel"), skew_ms=_opt_int(doc, "skew"),
+                   blocked=blocked if isinstance(blocked, bool) else None,
+                   claim=doc.get("claim") is True, without_owner="owner" not in doc)
+
+    def publisher(self, namespace: str) -> str | None:
+        """The transactional id that may still publish for the shard according to this record
+        (when it is the last committed one): its owner; for the old form, the shard's claimer
+        id; None when the shard was released or never owned."""
+        if self.without_owner:
+            return claimer_transactional_id(namespace, self.shard)
+        return self.owner

@@ -25,8 +25,6 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 
-import orjson
-
 from chronowheel.bus.ports import BusError, Prepared, Refusal, Transaction, TxnProducer
 from chronowheel.core import limits, wire
 from chronowheel.core.clock import Clock
@@ -53,50 +51,17 @@ Item = Pending | Outgoing
 """What a part publishes: a fired occurrence, or a message of ingest's outbox."""
 
 
-def state_key(shard: int) -> bytes:
-    """Key of a shard's record in the compacted `<ns>.state` topic."""
-    return f"shard-{shard}".encode()
-
-
-def decode_watermark(value: bytes) -> int:
-    return int(orjson.loads(value)["watermark"])
-
-
-def legacy_transactional_id(namespace: str, shard: int) -> str:
-    """The per-shard transactional id: the producer that wrote a shard's records before the
-    node-level transactions, and the one a takeover's claim is committed with now."""
-    return f"{namespace}-shard-{shard}"
-
-
-def recorded_owner(value: bytes | None, namespace: str, shard: int) -> str | None:
-    """The transactional id that may still publish for the shard according to its last
-    committed state record: its `owner`; a record without one was written by a per-shard
-    producer (before node transactions); None when the shard was released or never owned."""
-    if value is None:
-        return None
-    record = orjson.loads(value)
-    if "owner" not in record:
-        return legacy_transactional_id(namespace, shard)
-    owner = record["owner"]
-    return None if owner is None else str(owner)
-
-
-def state_record(*, shard: int, watermark: int, state: ShardState | None, node_id: str,
-                 owner: str | None, at: int, claim: bool = False,
+def state_record(*, shard: int, watermark: int, state: ShardState, node_id: str,
+                 owner: str | None, at: int,
                  clock: tuple[int | None, bool] | None = None) -> bytes:
-    """A shard's record in `<ns>.state`: its committed watermark and its owner (the
-    transactional id that may publish for it from this record on; None: released).
-    `clock` is the node's last measured skew to Cassandra and whether it blocks dispatch."""
-    record: dict[str, object] = {"shard": shard, "watermark": watermark, "node": node_id,
-                                 "owner": owner, "at": at}
-    if state is not None:
-        record["horizon"] = state.horizon_ms
-        record["wheel"] = len(state.wheel)
-    if clock is not None:
-        record["skew"], record["blocked"] = clock
-    if claim:
-        record["claim"] = True
-    return orjson.dumps(record)
+    """The shard's record in `<ns>.state` for a commit of this part: its watermark and its
+    owner (the transactional id that may publish for it from this record on; None: released),
+    with the wheel's horizon and size. `clock` is the node's last measured skew to Cassandra and
+    whether it blocks dispatch."""
+    skew, blocked = (None, None) if clock is None else clock
+    return wire.StateRecord(shard=shard, watermark=watermark, owner=owner, node=node_id, at=at,
+                            horizon=state.horizon_ms, wheel=len(state.wheel), skew_ms=skew,
+                            blocked=blocked).encode()
 
 
 class Publisher:
@@ -148,8 +113,8 @@ class Publisher:
 
         async def fill(txn: Transaction) -> int:
             await txn.send(prepared)
-            await txn.publish(self.settings.state_topic, self.shard, state_key(self.shard),
-                              record, [])
+            await txn.publish(self.settings.state_topic, self.shard,
+                              wire.StateRecord.key(self.shard), record, [])
             return len(sent) + 1
 
         try:

@@ -30,7 +30,7 @@ from chronowheel.node.dispatch import Dispatcher
 from chronowheel.node.ingest import Ingest
 from chronowheel.node.loader import Loader
 from chronowheel.node.metrics import NodeMetrics
-from chronowheel.node.publisher import Publisher, state_key
+from chronowheel.node.publisher import Publisher
 from chronowheel.node.state import ShardState
 from chronowheel.node.takeover import take_over
 from chronowheel.node.transactions import NodeTransactions, ShardLost
@@ -38,7 +38,7 @@ from chronowheel.node.writes import RowWriter
 from chronowheel.settings import Settings
 from chronowheel.store.base import JobStore
 
-__all__ = ["ShardActor", "ShardLost", "state_key"]
+__all__ = ["ShardActor", "ShardLost"]
 
 log = logging.getLogger(__name__)
 

@@ -28,19 +28,11 @@ import functools
 import logging
 from dataclasses import dataclass, field
 
-import orjson
-
 from chronowheel.bus.ports import BusError, Fenced, NodeBus, SubmitPositions
 from chronowheel.core.clock import Clock
+from chronowheel.core.wire import StateRecord, StateRecordError, claimer_transactional_id
 from chronowheel.errors import ChronowheelError
-from chronowheel.node.publisher import (
-    decode_watermark,
-    legacy_transactional_id,
-    recorded_owner,
-    state_key,
-    state_record,
-    stop_quietly,
-)
+from chronowheel.node.publisher import stop_quietly
 from chronowheel.node.transactions import NodeTransactions, ShardLost
 from chronowheel.settings import Settings
 from chronowheel.timeouts import within
@@ -98,7 +90,7 @@ async def take_over(*, shard: int, transactions: NodeTransactions, bus: NodeBus,
     await transactions.settle(shard)
     phases.done("settle")
     me = transactions.transactional_id
-    claimer = bus.producer(legacy_transactional_id(settings.namespace, shard), group_id)
+    claimer = bus.producer(claimer_transactional_id(settings.namespace, shard), group_id)
     try:
         # The first read only names whom to fence; every decision rests on the settled read,
         # which follows the claimer's start. So both may run at once.
@@ -112,7 +104,7 @@ async def take_over(*, shard: int, transactions: NodeTransactions, bus: NodeBus,
         phases.done("claimer init + state read")
         fenced: set[str] = set()
         for _ in range(MAX_FENCE_ROUNDS):
-            owner = recorded_owner(value, settings.namespace, shard)
+            owner = _publisher(value, shard, settings)
             if owner is not None and owner not in (me, claimer.transactional_id, *fenced):
                 # Shards of one previous owner are taken over together: one fence serves them.
                 await transactions.once(f"fence {owner}",
@@ -121,7 +113,7 @@ async def take_over(*, shard: int, transactions: NodeTransactions, bus: NodeBus,
                 phases.done("fence")
             settled = await _read(bus, settings, shard, settled=True)
             phases.done("settled read")
-            if recorded_owner(settled, settings.namespace, shard) == owner:
+            if _publisher(settled, shard, settings) == owner:
                 value = settled
                 break
             value = settled
@@ -131,10 +123,10 @@ async def take_over(*, shard: int, transactions: NodeTransactions, bus: NodeBus,
         watermark = _watermark(value, shard, settings, clock)
         txn = await claimer.begin()
         try:
-            await txn.publish(settings.state_topic, shard, state_key(shard),
-                              state_record(shard=shard, watermark=watermark, state=None,
-                                           node_id=node_id, owner=me, at=clock.now_ms(),
-                                           claim=True), [])
+            claim = StateRecord(shard=shard, watermark=watermark, owner=me, node=node_id,
+                                at=clock.now_ms(), claim=True)
+            await txn.publish(settings.state_topic, shard, StateRecord.key(shard),
+                              claim.encode(), [])
             await txn.commit({})
         except BaseException:
             await txn.abort()
@@ -177,18 +169,28 @@ async def fence(bus: NodeBus, transactional_id: str, group_id: str, shard: int) 
 
 
 async def _read(bus: NodeBus, settings: Settings, shard: int, *, settled: bool) -> bytes | None:
-    return await bus.read_last(settings.state_topic, shard, state_key(shard),
+    return await bus.read_last(settings.state_topic, shard, StateRecord.key(shard),
                                SETTLED_READ_TIMEOUT_MS if settled else STATE_READ_TIMEOUT_MS,
                                settled=settled)
 
 
+def _parse(value: bytes, shard: int, settings: Settings) -> StateRecord:
+    try:
+        return StateRecord.parse(value, shard=shard)
+    except StateRecordError as exc:
+        raise ChronowheelError(f"shard {shard}: unreadable record in "
+                               f"{settings.state_topic}: {value[:200]!r}") from exc
+
+
+def _publisher(value: bytes | None, shard: int, settings: Settings) -> str | None:
+    """Whom the shard's last committed record says may still publish for it."""
+    return None if value is None else _parse(value, shard, settings).publisher(
+        settings.namespace)
+
+
 def _watermark(value: bytes | None, shard: int, settings: Settings, clock: Clock) -> int:
     if value is not None:
-        try:
-            return decode_watermark(value)
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise ChronowheelError(f"shard {shard}: unreadable record in "
-                                   f"{settings.state_topic}: {value[:200]!r}") from exc
+        return _parse(value, shard, settings).watermark
     # Never initialised, or the state topic lost it: reload a fixed period back.
     lookback = settings.missing_watermark_lookback_ms
     found = clock.now_ms() - lookback
