@@ -31,8 +31,11 @@ from statistics import mean
 from chronowheel.admin import init_namespace
 from chronowheel.settings import Settings
 from chronowheel.testing import drop_namespace, require_loopback
-from chronowheel.testing.chaos import SoakSample, run_soak
-from chronowheel.testing.cluster import LocalCluster
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's testkit/
+
+from testkit.chaos import SoakSample, run_soak
+from testkit.cluster import LocalCluster
 
 
 def quarter_means(samples: list[SoakSample]) -> tuple[float, float, float, float]:

@@ -36,8 +36,10 @@ from chronowheel.admin import init_namespace
 from chronowheel.core.shard import shard_of
 from chronowheel.settings import Settings
 from chronowheel.testing import drop_namespace, require_loopback
-from chronowheel.testing.faults import (
-    Fleet,
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's testkit/
+
+from testkit.faults import (
     Tally,
     first_fire_after,
     judge,
@@ -45,6 +47,7 @@ from chronowheel.testing.faults import (
     submit_jobs,
     takeover_log,
 )
+from testkit.fleet import Fleet
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "loadtest" / "results" / "takeover.jsonl"

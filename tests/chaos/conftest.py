@@ -8,7 +8,7 @@ hint.
 `cluster` (session): the cluster profile, started unless it is up and stopped at the session's
 end if this session started it. `chaos_settings` (module): one namespace of six shards,
 replication 3, on the cluster; dropped at the end. Sizes scale with CHRONOWHEEL_CHAOS_SCALE
-(chronowheel.testing.chaos: 1 is the full size, 0.05 the default); each scenario's result is
+(testkit.chaos: 1 is the full size, 0.05 the default); each scenario's result is
 printed, and appended as a JSON line to the file named by CHRONOWHEEL_CHAOS_REPORT when that
 is set.
 """
@@ -28,8 +28,9 @@ import pytest
 from chronowheel.admin import init_namespace
 from chronowheel.settings import Settings
 from chronowheel.testing import drop_namespace
-from chronowheel.testing.chaos import RESTART_TIMEOUT_S, ScenarioResult
-from chronowheel.testing.cluster import LocalCluster
+
+from testkit.chaos import RESTART_TIMEOUT_S, ScenarioResult
+from testkit.cluster import LocalCluster
 
 REPORT_ENV = "CHRONOWHEEL_CHAOS_REPORT"
 SHARDS = 6

@@ -2,7 +2,7 @@
 nodes, replication 3, min.insync.replicas 2), with three chronowheel nodes, a steady load, a
 herd due during the fault, and a read_committed checker. Every scenario asserts that nothing
 accepted is lost, nothing arrives early and nothing arrives twice, and reports lateness and the
-recovery time (see chronowheel.testing.chaos).
+recovery time (see testkit/chaos.py).
 
 1. kill -9 of one Cassandra node, restarted after the herd;
 2. kill -9 of the Kafka broker leading the most submit and fired partitions, restarted;
@@ -28,9 +28,9 @@ from chronowheel.core import wire
 from chronowheel.core.model import ValidationPolicy
 from chronowheel.settings import Settings
 from chronowheel.testing import Collector, Fired, wall_ms
-from chronowheel.testing.chaos import (
+
+from testkit.chaos import (
     Load,
-    ScenarioResult,
     Workload,
     active_controller,
     bad_commands,
@@ -41,20 +41,13 @@ from chronowheel.testing.chaos import (
     run_scenario,
     scaled,
 )
-from chronowheel.testing.cluster import LocalCluster
-
+from testkit.cluster import LocalCluster
+from testkit.verdict import assert_clean
 from tests.chaos.conftest import report
 
 pytestmark = pytest.mark.chaos
 
 SCALE = chaos_scale()
-
-
-def assert_clean(result: ScenarioResult) -> None:
-    """0 lost, 0 early, 0 duplicate, and every chronowheel node still running."""
-    problems = result.problems()
-    assert not problems, "; ".join(problems) + "".join(result.notes)
-    assert not any(n.startswith("nodes exited") for n in result.notes), "".join(result.notes)
 
 
 # --- 1. a Cassandra node -----------------------------------------------------------------------

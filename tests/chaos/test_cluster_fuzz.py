@@ -21,9 +21,9 @@ from types import SimpleNamespace
 import pytest
 from chronowheel.settings import Settings
 from chronowheel.testing import drop_namespace
-from chronowheel.testing.chaos import ScenarioResult, chaos_scale, scaled
-from chronowheel.testing.cluster import LocalCluster
 
+from testkit.chaos import ScenarioResult, chaos_scale, scaled
+from testkit.cluster import LocalCluster
 from tests.chaos.conftest import report
 from tests.fuzz.test_e2e import run_fuzz
 

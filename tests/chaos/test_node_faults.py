@@ -42,8 +42,10 @@ from chronowheel.admin import init_namespace
 from chronowheel.bus.kafka import group_session_limits
 from chronowheel.core.shard import shard_of
 from chronowheel.settings import Settings
-from chronowheel.testing.faults import (
-    Fleet,
+from chronowheel.testing.node_process import NodeProcess
+
+from testkit import REPO
+from testkit.faults import (
     IsolatedNode,
     Outcome,
     Tally,
@@ -52,11 +54,11 @@ from chronowheel.testing.faults import (
     now_ms,
     submit_jobs,
 )
-from chronowheel.testing.node_process import NodeProcess
+from testkit.fleet import Fleet
+from testkit.verdict import assert_clean
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 
-REPO = Path(__file__).resolve().parents[2]
 SCALE = float(os.environ.get("CHRONOWHEEL_CHAOS_SCALE", "0.05"))
 # Planned ingest rate of three nodes (jobs/s), low on purpose: due times are set after it.
 PLANNED_INGEST_RATE = 600
@@ -76,14 +78,6 @@ def row(scenario: str, load: str, outcome: Outcome, recovery_s: float | None,
     print(f"\n| {scenario} | {load} | {outcome.lost} | {outcome.early} | {outcome.duplicates} "
           f"| {worst} (p99 {'-' if p99 is None else f'{p99 / 1000:.1f} s'}) | {rec} "
           f"| `{command}` |")
-
-
-def assert_clean(outcome: Outcome, fleet: Fleet | None = None) -> None:
-    tails = fleet.tails() if fleet is not None else ""
-    assert outcome.lost == 0, f"{outcome.summary()}{tails}"
-    assert outcome.early == 0, f"{outcome.summary()}{tails}"
-    assert outcome.duplicates == 0, f"{outcome.summary()}{tails}"
-    assert outcome.unexpected == 0, f"{outcome.summary()}{tails}"
 
 
 @pytest.fixture
@@ -414,7 +408,8 @@ async def test_a_full_disk_stops_the_node_cleanly_and_loses_no_accepted_job(
     from chronowheel.node.service import Node
     from chronowheel.store.cassandra import CassandraStore
     from chronowheel.testing import wait_owned
-    from chronowheel.testing.faults import FullDiskBus, FullDiskStore
+
+    from testkit.faults import FullDiskBus, FullDiskStore
 
     shards, full_s = 4, 5.0
     settings = Settings(namespace=namespace, cassandra=stack.cassandra, kafka=stack.kafka,
@@ -482,7 +477,8 @@ async def test_a_node_clock_stepping_forward_and_back_fires_nothing_early(
         stack: Any, namespace: str, session_ms: int) -> None:
     from chronowheel.node.service import Node
     from chronowheel.testing import wait_owned
-    from chronowheel.testing.faults import SteppingClock
+
+    from testkit.faults import SteppingClock
 
     shards, step_ms, hold_s = 4, 10_000, 4.0
     # The periodic skew check stays at its default (5 s): the guard must not wait for it.
@@ -583,7 +579,7 @@ async def in_process_node(stack: Any, namespace: str, fleets: list[Fleet], tmp_p
 async def test_a_node_whose_loop_is_busy_past_its_session_keeps_its_shards(
         stack: Any, namespace: str, fleets: list[Fleet], tmp_path: Path,
         session_ms: int) -> None:
-    from chronowheel.testing.faults import hold_event_loop
+    from testkit.faults import hold_event_loop
 
     shards, busy_s = 4, 5.0
     assert busy_s * 1000 > session_ms, "the busy section must outlast the session timeout"
@@ -632,7 +628,8 @@ async def test_a_node_whose_loop_hangs_past_the_stall_limit_loses_its_shards(
         stack: Any, namespace: str, fleets: list[Fleet], tmp_path: Path,
         session_ms: int) -> None:
     from chronowheel.bus.kafka_node import LoopLiveness
-    from chronowheel.testing.faults import hold_event_loop
+
+    from testkit.faults import hold_event_loop
 
     shards, limit_ms, hang_s = 4, max(4_000, session_ms + 1_000), 15.0
     fleet, settings, node, running, tally = await in_process_node(

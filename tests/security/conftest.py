@@ -23,9 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.security.support import REPO, Secured, chronowheel_cli, drop_namespace
-
-STACK_SCRIPT = REPO / "deploy" / "local" / "stack.py"
+from testkit import STACK_SCRIPT
+from tests.security.support import Secured, chronowheel_cli, drop_namespace
 
 
 def _stack(*args: str) -> subprocess.CompletedProcess[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from chronowheel.settings import Settings
 
-REPO = Path(__file__).resolve().parents[2]
+from testkit import REPO
 
 
 @dataclass(frozen=True)

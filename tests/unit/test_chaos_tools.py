@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from chronowheel.core import wire
@@ -12,7 +13,8 @@ from chronowheel.core.model import ValidationPolicy, parse_command
 from chronowheel.errors import ValidationError
 from chronowheel.settings import Settings
 from chronowheel.testing import Fired
-from chronowheel.testing.chaos import (
+
+from testkit.chaos import (
     Checker,
     Load,
     ScenarioResult,
@@ -20,7 +22,10 @@ from chronowheel.testing.chaos import (
     chaos_scale,
     new_controller,
 )
-from chronowheel.testing.cluster import ClusterError, LocalCluster, Member
+from testkit.cluster import ClusterError, LocalCluster, Member
+from testkit.faults import Outcome, judge
+from testkit.fleet import Fleet, until
+from testkit.verdict import Verdict, assert_clean
 
 
 def test_the_scale_defaults_to_a_twentieth_and_rejects_nonsense() -> None:
@@ -159,3 +164,66 @@ async def test_no_new_controller_in_time_names_the_old_one_and_the_last_seen(
     cluster = Election(tmp_path, [None])
     with pytest.raises(AssertionError, match="after kafka-1 died \\(last known: none\\)"):
         await new_controller(cluster, "kafka-1", timeout_s=0, poll_s=0)
+
+
+# --- the shared fleet, poller and verdict ----------------------------------------------------
+
+
+def test_one_assert_clean_judges_a_run_of_jobs_and_a_scenario_alike() -> None:
+    ran = judge([], {"a": 1, "b": 2})
+    assert isinstance(ran, Verdict) and ran.problems() == ["2 accepted occurrences never arrived"]
+    with pytest.raises(AssertionError, match=r"2 accepted occurrences never arrived\n2 expected"):
+        assert_clean(ran)
+    assert_clean(Outcome(expected=2))
+    with pytest.raises(AssertionError, match="3 occurrences of no job of the run"):
+        assert_clean(Outcome(expected=2, unexpected=3))
+    assert_clean(ScenarioResult("s", "load", accepted=10))
+    exited = ScenarioResult("s", "load", accepted=10, exited=["node-2"])
+    with pytest.raises(AssertionError, match=r"nodes exited: \['node-2'\].*\n\[chaos\]"):
+        assert_clean(exited, Fleet(Settings(namespace="x", shards=2), Path("logs")))
+
+
+class FakeNode:
+    def __init__(self, name: str, shards: list[int] | None, alive: bool = True) -> None:
+        self.name, self.shards, self._alive = name, shards, alive
+
+    def alive(self) -> bool:
+        return self._alive
+
+    def health(self) -> dict[str, Any] | None:
+        return None if self.shards is None else {"ok": True, "shards": self.shards}
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return f"{self.name} says hello"
+
+
+def fleet_of(*nodes: FakeNode, shards: int = 4) -> Fleet:
+    fleet = Fleet(Settings(namespace="x", shards=shards), Path("logs"))
+    fleet.nodes = list(nodes)  # type: ignore[arg-type]
+    return fleet
+
+
+def test_a_fleet_shares_the_shards_when_each_is_owned_once() -> None:
+    a, b = FakeNode("a", [0, 1]), FakeNode("b", [2, 3])
+    assert fleet_of(a, b).sharing()
+    assert not fleet_of(a, FakeNode("b", [1, 2, 3])).sharing()  # shard 1 twice
+    assert not fleet_of(a, FakeNode("b", [2])).sharing()  # shard 3 nobody's
+    assert not fleet_of(a, b, FakeNode("c", [])).sharing()  # c owns nothing
+    assert not fleet_of(a, FakeNode("b", [2, 3], alive=False)).sharing()
+    assert fleet_of(a, b, FakeNode("c", None, alive=False)).dead() == ["c"]
+
+
+async def test_the_poller_returns_when_true_and_fails_with_the_nodes_logs() -> None:
+    seen = iter([False, False, True])
+    assert await until(lambda: next(seen), 5, "three looks", poll_s=0) >= 0
+    fleet = fleet_of(FakeNode("a", None))
+    with pytest.raises(AssertionError, match=r"waiting for never(.|\n)*a says hello"):
+        await until(lambda: False, 0, "never", fleet, poll_s=0)
+    with pytest.raises(AssertionError, match="waiting for never"):
+        await fleet.until(lambda: False, 0, "never")  # the condition runs in a thread
+
+
+async def test_waiting_for_the_fleet_to_share_fails_at_once_when_a_node_exited() -> None:
+    fleet = fleet_of(FakeNode("a", [0, 1]), FakeNode("b", None, alive=False))
+    with pytest.raises(AssertionError, match=r"nodes exited while waiting.*\['b'\]"):
+        await fleet.wait_sharing(timeout_s=60)

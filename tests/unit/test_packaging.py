@@ -1,4 +1,6 @@
-"""The built wheel is self-contained: installed outside the checkout, `init` finds its schema.
+"""The built wheel is self-contained: installed outside the checkout, `init` finds its schema,
+`capacity` its measured figures, and nothing in the package looks for the checkout around it
+(the fault harness and the local stack stay in the checkout: testkit/, deploy/local/).
 
 The wheel is built from a copy of the sources (so no stale `build/` directory of the checkout
 can leak into it), installed without dependencies into a new virtualenv in a temporary
@@ -11,6 +13,7 @@ wheel. Building fetches the build backend (setuptools) from the package index, a
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -23,7 +26,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "services" / "chronowheel"
 CQL_IN_PACKAGE = "chronowheel/schema/cassandra.cql"
+MEASURED_IN_PACKAGE = "chronowheel/cli/measured.json"
+# Only in a checkout: the fault harness, the local stack, the load tools and the tests.
+CHECKOUT_ONLY = ("testkit", "deploy", "loadtest", "tests")
 CORE_TABLES = {"meta", "jobs", "due", "bucket_counts"}
 
 
@@ -49,9 +56,60 @@ def test_the_wheel_carries_the_schema_unchanged(wheel: Path) -> None:
     assert shipped == (REPO / "services" / CQL_IN_PACKAGE).read_text(encoding="utf-8")
 
 
-def test_an_install_outside_the_checkout_loads_the_schema_init_applies(
-        wheel: Path, tmp_path: Path) -> None:
-    venv = tmp_path / "venv"
+def test_the_wheel_holds_the_package_and_its_data_but_no_fault_harness(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        assert zf.read(MEASURED_IN_PACKAGE) == (REPO / "loadtest" / "results" /
+                                                "measured.json").read_bytes()
+    tops = {n.split("/", 1)[0] for n in names}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"chronowheel"}, tops
+    testing = sorted(n.removeprefix("chronowheel/testing/") for n in names
+                     if n.startswith("chronowheel/testing/"))
+    assert testing == ["__init__.py", "collect.py", "entry_memory.py", "lateness.py",
+                       "local.py", "node_process.py"], testing
+
+
+def _code_strings(tree: ast.AST) -> list[ast.Constant]:
+    """String constants of a module other than its docstrings."""
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef
+                          | ast.AsyncFunctionDef)
+            and node.body and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)}
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Constant)
+            and isinstance(n.value, str) and id(n) not in docs]
+
+
+def test_no_module_of_the_package_looks_for_the_checkout_around_it() -> None:
+    """Nothing finds files relative to where the package is installed (`__file__` and its
+    parents), and nothing imports the checkout's harness. The two commands that name a
+    checkout's folders do so as text only: `stack` looks in the folder it is run in and says
+    clearly when that is no checkout, `capacity` names where its shipped figures came from."""
+    named_checkout: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = str(path.relative_to(PACKAGE.parent))
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source, rel)
+        assert "__file__" not in {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}, rel
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                modules = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                           else [node.module or ""])
+                assert not any(m.split(".")[0] in CHECKOUT_ONLY for m in modules), (rel, modules)
+        for const in _code_strings(tree):
+            first = const.value.strip("`'\" ").split("/", 1)[0]
+            if first in CHECKOUT_ONLY and (
+                    "/" in const.value or const.value in CHECKOUT_ONLY):
+                named_checkout.setdefault(rel, []).append(const.value)
+    assert set(named_checkout) <= {"chronowheel/cli/stack.py", "chronowheel/cli/capacity.py"}, \
+        named_checkout
+
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory
+              ) -> tuple[Path, dict[str, str]]:
+    """(the venv, the environment to run it in) of the wheel installed outside the checkout."""
+    venv = tmp_path_factory.mktemp("installed") / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
                    timeout=120)
     python = venv / "bin" / "python"
@@ -63,6 +121,15 @@ def test_an_install_outside_the_checkout_loads_the_schema_init_applies(
                           check=True, capture_output=True, text=True).stdout.strip()
     borrowed = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
     (Path(site) / "borrowed_dependencies.pth").write_text("\n".join(sorted(borrowed)) + "\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONHOME") and not k.startswith("CHRONOWHEEL_")}
+    return venv, env
+
+
+def test_an_install_outside_the_checkout_loads_the_schema_init_applies(
+        installed: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    venv, env = installed
+    python = venv / "bin" / "python"
 
     # The function object `chronowheel init` (admin.init_namespace) applies, not a copy of it.
     probe = (
@@ -70,7 +137,6 @@ def test_an_install_outside_the_checkout_loads_the_schema_init_applies(
         "print(json.dumps({'package': chronowheel.__file__,\n"
         "                  'statements': admin.cql_statements('cw_pkg', 3)}))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     result = subprocess.run([str(python), "-c", probe], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -90,6 +156,29 @@ def test_an_install_outside_the_checkout_loads_the_schema_init_applies(
                                cwd=tmp_path, env=env, check=True, capture_output=True,
                                text=True, timeout=120).stdout
     assert "--shards" in help_text
+
+
+def test_an_install_outside_the_checkout_plans_capacity_and_refuses_the_local_stack(
+        installed: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    venv, env = installed
+    cli = str(venv / "bin" / "chronowheel")
+    plan = subprocess.run([cli, "capacity", "--jobs-per-day", "1e6", "--json"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert plan.returncode == 0, plan.stderr
+    measured = json.loads(plan.stdout)["measured"]
+    assert measured["source"] == "loadtest/results/measured.json, as shipped with chronowheel"
+    stack = subprocess.run([cli, "stack", "status"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert stack.returncode != 0
+    assert "installed package does not include the local stack" in stack.stderr
+    assert "./run stack" in stack.stderr
+    # The public test tools import without the checkout's harness.
+    probe = subprocess.run([str(venv / "bin" / "python"), "-c",
+                            "import chronowheel.testing as t, chronowheel.testing.entry_memory;"
+                            " print(t.__file__)"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert probe.returncode == 0, probe.stderr
+    assert Path(probe.stdout.strip()).is_relative_to(venv)
 
 
 def test_every_kafka_compression_codec_can_be_read() -> None:

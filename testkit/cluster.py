@@ -1,4 +1,4 @@
-"""Control of the local stack's cluster profile (`chronowheel stack up --profile cluster`) for
+"""Control of the local stack's cluster profile (`./run stack up --profile cluster`) for
 fault tests: which server is which, kill -9 one of them, start it again, find the Kafka broker
 leading the most partitions of some topics and the active KRaft controller.
 
@@ -25,6 +25,8 @@ from typing import Any
 
 from chronowheel.bus.kafka import open_admin
 from chronowheel.settings import Settings
+
+from testkit import STACK_SCRIPT
 
 STATE_DIR_ENV = "CHRONOWHEEL_CLUSTER_STATE_DIR"
 """The cluster profile's state folder (default: the plain stack's folder + `-cluster`)."""
@@ -63,10 +65,8 @@ class LocalCluster:
     """The cluster profile of the local stack in `state_dir`."""
 
     def __init__(self, state_dir: Path | None = None, script: Path | None = None) -> None:
-        from chronowheel.cli.stack import stack_script
-
         self.state_dir = (state_dir or default_state_dir()).resolve()
-        self.script = script or stack_script()
+        self.script = script or STACK_SCRIPT
 
     def _stack(self, *args: str, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -92,7 +92,7 @@ class LocalCluster:
         if down:
             raise ClusterError(
                 f"the cluster profile is not fully up ({', '.join(down)} down, state "
-                f"{self.state_dir}): start it with `chronowheel stack up --profile cluster`")
+                f"{self.state_dir}): start it with `./run stack up --profile cluster`")
         return members
 
     def addresses(self) -> tuple[str, str]:

@@ -23,17 +23,18 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-
 from chronowheel.bus.kafka import plain_producer
 from chronowheel.core import wire
 from chronowheel.core.model import ValidationPolicy, encode_upsert, parse_command
 from chronowheel.errors import ValidationError
 from chronowheel.settings import Settings
-from chronowheel.testing.cluster import LocalCluster
 from chronowheel.testing.collect import Collector, Fired, wall_ms
 from chronowheel.testing.lateness import LatenessTally, percentile
-from chronowheel.testing.node_process import NodeProcess
 from chronowheel.timeouts import wait_event
+
+from testkit.cluster import LocalCluster
+from testkit.fleet import Fleet, until
+from testkit.verdict import Verdict
 
 SCALE_ENV = "CHRONOWHEEL_CHAOS_SCALE"
 DEFAULT_SCALE = 0.05
@@ -91,14 +92,14 @@ class Load:
         return f"{self.rate}/s steady + {self.herd:,} herd"
 
 
-@dataclass
-class ScenarioResult:
-    scenario: str
-    load: str
+@dataclass(kw_only=True)
+class ScenarioResult(Verdict):
+    """A scenario's verdict: besides lost, early and duplicate occurrences, a scenario that
+    accepted nothing measured nothing, and a chronowheel node that exited is a failure."""
+
+    scenario: str = field(kw_only=False)
+    load: str = field(kw_only=False)
     accepted: int = 0
-    lost: int = 0
-    early: int = 0
-    duplicates: int = 0
     before_p99_ms: float | None = None
     """steady load due before the fault"""
     steady_p99_ms: float | None = None
@@ -108,8 +109,9 @@ class ScenarioResult:
     recovery_s: float | None = None
     restart_s: float | None = None
     victim: str = ""
+    exited: list[str] = field(default_factory=list)
+    """chronowheel nodes that were no longer running at the end"""
     notes: list[str] = field(default_factory=list)
-    lost_examples: list[str] = field(default_factory=list)
 
     def row(self) -> str:
         def ms(v: float | None) -> str:
@@ -131,13 +133,9 @@ class ScenarioResult:
         out = []
         if self.accepted == 0:
             out.append("no job was accepted: the scenario measured nothing")
-        if self.lost:
-            out.append(f"{self.lost} accepted occurrences never arrived, e.g. "
-                       f"{self.lost_examples[:5]}")
-        if self.early:
-            out.append(f"{self.early} deliveries before their scheduled instant")
-        if self.duplicates:
-            out.append(f"{self.duplicates} duplicate deliveries to a read_committed reader")
+        out += super().problems()
+        if self.exited:
+            out.append(f"chronowheel nodes exited: {self.exited}")
         return out
 
 
@@ -240,70 +238,10 @@ class Workload:
         await self.flush()
 
 
-class NodeGroup:
-    """`chronowheel node` processes of one namespace; whatever still runs at the end is
-    killed."""
-
-    def __init__(self, settings: Settings, log_dir: Path, count: int = 3,
-                 env: dict[str, str] | None = None) -> None:
-        self.settings = settings
-        self.nodes = [NodeProcess(settings, log_dir / f"node-{i + 1}.log", name=f"node-{i + 1}",
-                                  env=env) for i in range(count)]
-
-    def start(self) -> None:
-        for n in self.nodes:
-            n.start()
-
-    def owned(self) -> list[list[int] | None]:
-        out: list[list[int] | None] = []
-        for n in self.nodes:
-            h = n.health() if n.alive() else None
-            out.append(None if h is None or not h.get("ok") else list(h.get("shards", [])))
-        return out
-
-    async def wait_sharing(self, timeout_s: float = 120) -> float:
-        """Until every node is healthy and they own all shards between them, each once."""
-        t0 = time.monotonic()
-        want = list(range(self.settings.shards))
-        while True:
-            owned = await asyncio.to_thread(self.owned)
-            if all(o for o in owned) and sorted(s for o in owned for s in o or []) == want:
-                return time.monotonic() - t0
-            dead = self.dead()
-            if dead or time.monotonic() - t0 > timeout_s:
-                raise AssertionError(f"nodes not sharing the shards ({owned}; dead: {dead})"
-                                     f"{self.tails()}")
-            await asyncio.sleep(0.5)
-
-    def dead(self) -> list[str]:
-        return [n.name for n in self.nodes if not n.alive()]
-
-    def tails(self, chars: int = 2_000) -> str:
-        return "".join(f"\n--- {n.name} log tail ---\n{n.log_tail(chars)}" for n in self.nodes)
-
-    def stop(self) -> None:
-        for n in self.nodes:
-            if n.proc is not None and n.alive():
-                n.signal(15)
-        for n in self.nodes:
-            n.stop(30)
-
-
 Fault = Callable[[], Awaitable[str]]
 """Injects a fault; returns what it hit (e.g. the server killed)."""
 Heal = Callable[[], Awaitable[float]]
 """Undoes it; returns the seconds until the server was serving again."""
-
-
-async def until(cond: Callable[[], bool], timeout_s: float, what: str,
-                nodes: NodeGroup | None = None) -> float:
-    t0 = time.monotonic()
-    while not cond():
-        if time.monotonic() - t0 > timeout_s:
-            tails = nodes.tails() if nodes is not None else ""
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}{tails}")
-        await asyncio.sleep(0.1)
-    return time.monotonic() - t0
 
 
 async def run_scenario(name: str, settings: Settings, load: Load, log_dir: Path, *,
@@ -316,14 +254,14 @@ async def run_scenario(name: str, settings: Settings, load: Load, log_dir: Path,
     bad commands) instead of, or besides, a fault."""
     prefix = f"{name[:12]}-"
     checker = await Checker(settings, f"{prefix}h").start()
-    nodes = NodeGroup(settings, log_dir)
+    nodes = Fleet(settings, log_dir)
     workload = await Workload(settings, prefix).start()
     result = ScenarioResult(name, load.describe())
     stop = asyncio.Event()
     steady: asyncio.Task[None] | None = None
     beside: asyncio.Task[None] | None = None
     try:
-        nodes.start()
+        nodes.start_many(3)
         took = await nodes.wait_sharing()
         say(f"[chaos] {name}: three nodes share {settings.shards} shards after {took:.1f}s")
         steady = asyncio.create_task(workload.steady(load.rate, load.lead_ms, stop))
@@ -362,6 +300,7 @@ async def run_scenario(name: str, settings: Settings, load: Load, log_dir: Path,
             await until(all_seen, drain_timeout_s, "every accepted occurrence", nodes)
         await asyncio.sleep(3)  # a late duplicate would arrive here
         dead = nodes.dead()
+        result.exited = dead
         if dead:
             result.notes.append(f"nodes exited: {dead}")
         tally = checker.tally
@@ -486,7 +425,7 @@ async def run_soak(settings: Settings, cluster: LocalCluster, log_dir: Path, *, 
     turn; each restarted after `down_s`), with RSS and dispatch lag sampled."""
     prefix = "soak-"
     checker = await Checker(settings, f"{prefix}h").start()
-    nodes = NodeGroup(settings, log_dir)
+    nodes = Fleet(settings, log_dir)
     workload = await Workload(settings, prefix).start()
     makers = [lambda: cassandra_node(cluster, settings, "cassandra-2"),
               lambda: busiest_kafka_leader(cluster, settings),
@@ -497,7 +436,7 @@ async def run_soak(settings: Settings, cluster: LocalCluster, log_dir: Path, *, 
     stop = asyncio.Event()
     steady: asyncio.Task[None] | None = None
     try:
-        nodes.start()
+        nodes.start_many(3)
         await nodes.wait_sharing()
         t0 = time.monotonic()
         steady = asyncio.create_task(workload.steady(rate, lead_ms, stop))
@@ -544,6 +483,7 @@ async def run_soak(settings: Settings, cluster: LocalCluster, log_dir: Path, *, 
         result.steady_p99_ms = tally.percentile(99, STEADY)
         result.max_lateness_ms = max(every) if every else None
         dead = nodes.dead()
+        result.exited = dead
         if dead:
             result.notes.append(f"nodes exited: {dead}{nodes.tails()}")
         return result, samples
@@ -558,7 +498,7 @@ async def run_soak(settings: Settings, cluster: LocalCluster, log_dir: Path, *, 
         await checker.stop()
 
 
-def _sample(nodes: NodeGroup, at_s: float, delivered: int) -> SoakSample:
+def _sample(nodes: Fleet, at_s: float, delivered: int) -> SoakSample:
     rss, lag = [], 0.0
     for n in nodes.nodes:
         r = n.rss_bytes() if n.alive() else None

@@ -1,7 +1,8 @@
-"""Faults for chaos tests and failover measurements: a fleet of node processes that can be
-killed, paused and restarted, a TCP proxy whose connections can be cut and restored, a run of
-jobs submitted and checked (lost, early, duplicate, lateness) and the takeover phases a node
-logs.
+"""Faults for chaos tests and failover measurements: node processes paused and resumed (a
+`testkit.fleet.Fleet` starts, kills and restarts them), a TCP proxy whose connections can be
+cut and restored, a node in a network namespace of its own, a stepped clock, a held event loop,
+a full disk, a run of jobs submitted and checked (lost, early, duplicate, lateness) and the
+takeover phases a node logs.
 
 Everything here works against whatever Cassandra and Kafka the settings name: the single-node
 local stack or a cluster.
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,79 +31,12 @@ from chronowheel.core.shard import shard_of
 from chronowheel.settings import Settings
 from chronowheel.testing.collect import Collector, Fired, wall_ms
 from chronowheel.testing.lateness import percentile
-from chronowheel.testing.node_process import NodeProcess, NodeProcessError, metric_sum
+from chronowheel.testing.node_process import NodeProcess
 
-# --- node processes --------------------------------------------------------------------------
+from testkit import REPO
+from testkit.verdict import Verdict
 
-
-class Fleet:
-    """The node processes of one run; whatever still runs at `close()` is killed."""
-
-    def __init__(self, settings: Settings, log_dir: Path, *,
-                 env: Mapping[str, str] | None = None, cwd: Path | None = None) -> None:
-        self.settings = settings
-        self.log_dir = log_dir
-        self.env = dict(env or {})
-        self.cwd = cwd
-        self.nodes: list[NodeProcess] = []
-
-    def start(self, name: str, **env: str) -> NodeProcess:
-        node = NodeProcess(self.settings, self.log_dir / f"{name}.log", name=name,
-                           env=self.env, cwd=self.cwd)
-        node.start(**env)
-        self.nodes.append(node)
-        return node
-
-    def restart(self, node: NodeProcess, **env: str) -> None:
-        node.start(**env)
-
-    def tails(self, chars: int = 2_500) -> str:
-        return "".join(f"\n--- {n.name} log tail ---\n{n.log_tail(chars)}" for n in self.nodes)
-
-    def close(self) -> None:
-        for n in self.nodes:
-            if n.alive():
-                n.kill()
-            elif n.proc is not None:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    n.wait(30)
-
-    def owned(self, node: NodeProcess) -> set[int] | None:
-        """The shards a live, healthy node owns (each taken over), else None."""
-        if not node.alive():
-            return None
-        h = node.health()
-        if h is None or not h.get("ok"):
-            return None
-        return set(h.get("shards", []))
-
-    def sharing(self, *members: NodeProcess) -> bool:
-        """Every member healthy and owning some shard; together every shard, each once."""
-        union: set[int] = set()
-        for m in members:
-            mine = self.owned(m)
-            if not mine or union & mine:
-                return False
-            union |= mine
-        return union == set(range(self.settings.shards))
-
-    def ingested(self, *members: NodeProcess) -> float:
-        total = 0.0
-        for m in members or tuple(self.nodes):
-            if m.alive() and m.http_port() is not None:
-                with contextlib.suppress(OSError):
-                    total += metric_sum(m.metrics(timeout_s=5), "chronowheel_ingested_total")
-        return total
-
-    async def until(self, cond: Callable[[], bool], timeout_s: float, what: str) -> float:
-        """Poll `cond` (in a thread: it may do HTTP) until true; the seconds it took."""
-        t0 = time.monotonic()
-        while not await asyncio.to_thread(cond):
-            if time.monotonic() - t0 > timeout_s:
-                raise NodeProcessError(f"timed out after {timeout_s:.0f} s waiting for "
-                                       f"{what}{self.tails()}")
-            await asyncio.sleep(0.1)
-        return time.monotonic() - t0
+# --- node processes (testkit.fleet.Fleet runs them) -------------------------------------
 
 
 def pause(node: NodeProcess) -> None:
@@ -277,11 +211,14 @@ class IsolatedNode(NodeProcess):
 
     def start(self, **env_overrides: str) -> None:
         forwards = [f"{h}:{p}={self.sockets / f'{h}_{p}.sock'}" for h, p in self.addresses]
-        wrapper = ["unshare", "--net", sys.executable, "-m", "chronowheel.testing.faults",
+        wrapper = ["unshare", "--net", sys.executable, "-m", "testkit.faults",
                    *(a for f in forwards for a in ("--forward", f)),
                    "--expose", f"127.0.0.1:{self.HTTP_PORT}={self.sockets / 'http.sock'}",
                    "--"]
         self.args_prefix = wrapper
+        # The wrapper is this module: the checkout's root goes on its path.
+        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+        env_overrides.setdefault("PYTHONPATH", path)
         super().start(CHRONOWHEEL_HTTP_PORT=str(self.HTTP_PORT), **env_overrides)
 
 
@@ -324,7 +261,7 @@ async def _relay_main(forwards: list[str], exposes: list[str], parent: int) -> N
 
 
 def _isolate(argv: list[str]) -> None:
-    """`python -m chronowheel.testing.faults --forward H:P=SOCK... --expose H:P=SOCK... --
+    """`python -m testkit.faults --forward H:P=SOCK... --expose H:P=SOCK... --
     COMMAND...`, run by `unshare --net`: bring up loopback, fork the relay, exec COMMAND (so
     the process keeps its pid: signals reach the node itself)."""
     split = argv.index("--")
@@ -447,7 +384,6 @@ class FullDiskBus:
 
     def _refusal(self) -> BaseException:
         from aiokafka.errors import KafkaStorageError, NotEnoughReplicasError
-
         from chronowheel.bus.ports import BusError
 
         self.refused += 1
@@ -485,17 +421,21 @@ class _FullDiskTransaction:
 # --- a run of jobs ---------------------------------------------------------------------------
 
 
-@dataclass
-class Outcome:
-    """What a read_committed reader saw of the jobs of a run."""
+@dataclass(kw_only=True)
+class Outcome(Verdict):
+    """What a read_committed reader saw of the jobs of a run; occurrences of no job of the run
+    (`unexpected`) make it unclean too."""
 
     expected: int
-    lost: int
-    early: int
-    duplicates: int
-    unexpected: int
+    unexpected: int = 0
     lateness_ms: list[float] = field(default_factory=list)
     """per expected occurrence seen: cw-fired-at minus the scheduled instant"""
+
+    def problems(self) -> list[str]:
+        out = super().problems()
+        if self.unexpected:
+            out.append(f"{self.unexpected} occurrences of no job of the run")
+        return out
 
     def p(self, q: float) -> float | None:
         return percentile(sorted(self.lateness_ms), q)
