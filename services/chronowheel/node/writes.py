@@ -61,6 +61,18 @@ class RowWriter:
         """A due row lives until its slot, then the retention period."""
         return max(1, (max(0, slot - now) + self.retention_ms) // 1000)
 
+    def scheduled(self, job: JobSpec, *, slot: int, first: int, version: int,
+                  now: int) -> tuple[DueRow, JobRow]:
+        """A version of the job scheduled at `first` (published at `slot`): its due row, and
+        its jobs row saying so."""
+        due = DueRow.for_job(job, shard=self.shard, slot_ms=slot, scheduled_ms=first,
+                             version=version)
+        # A one-shot's jobs row outlives its occurrence by the retention period (so an
+        # identical re-submit stays a no-op that long); a recurring one lives until changed.
+        ttl = 0 if job.recurring else self.ttl_s(slot, now)
+        return due, JobRow(job.id, self.shard, job.canonical, version, "scheduled", first, slot,
+                           ttl, job.tenant)
+
     def finished(self, job_id: str, spec: bytes, version: int, tenant: str | None) -> JobRow:
         return JobRow(job_id, self.shard, spec, version, "finished", None, None,
                       self.retention_s, tenant)
