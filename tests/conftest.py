@@ -6,7 +6,10 @@ CHRONOWHEEL_CASSANDRA / CHRONOWHEEL_KAFKA when set; otherwise the local stack
 stopped at its end (a stack that was already up is left running).
 
 `namespace` (function): a fresh namespace per test, `t` + 10 hex digits, valid both as a
-Cassandra keyspace name and as a Kafka topic prefix.
+Cassandra keyspace name and as a Kafka topic prefix. For a test that also uses `stack`, its
+keyspace's tables are prepared ahead on a thread of its own and dropped after the test
+(tests/namespace_pool.py); the test's `chronowheel init` still records the shard count and
+creates the topics. The unit tests run first, while the first namespaces are prepared.
 
 Only integration tests (tests/integration/, marked `integration`) request `stack`, so unit
 tests run without any server. A test that requests `stack` is marked `integration` here too.
@@ -21,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -29,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.namespace_pool import NamespacePool, new_name
 
 REPO = Path(__file__).resolve().parents[1]
 STACK_SCRIPT = REPO / "deploy" / "local" / "stack.py"
@@ -69,7 +73,11 @@ def stack() -> Iterator[Stack]:
     kafka = os.environ.get("CHRONOWHEEL_KAFKA", "").strip()
     missing = [name for name, given in (("cassandra", cassandra), ("kafka", kafka)) if not given]
     if not missing:
-        yield Stack(cassandra=cassandra, kafka=kafka)
+        _start_pool(cassandra, kafka)
+        try:
+            yield Stack(cassandra=cassandra, kafka=kafka)
+        finally:
+            _close_pool()
         return
 
     up = _stack_script("up", *missing)
@@ -80,6 +88,7 @@ def stack() -> Iterator[Stack]:
         )
     info = json.loads(up.stdout)
     started = tuple(info["started"])
+    _start_pool(cassandra or info["cassandra"], kafka or info["kafka"])
     try:
         yield Stack(
             cassandra=cassandra or info["cassandra"],
@@ -87,6 +96,7 @@ def stack() -> Iterator[Stack]:
             started=started,
         )
     finally:
+        _close_pool()  # its drops need the servers
         if started:
             down = _stack_script("down", *started)
             if down.returncode != 0:
@@ -95,19 +105,64 @@ def stack() -> Iterator[Stack]:
 
 @pytest.fixture
 def namespace(request: pytest.FixtureRequest) -> Iterator[str]:
-    ns = "t" + secrets.token_hex(5)
+    if "stack" not in request.fixturenames:
+        yield new_name()
+        return
+    request.getfixturevalue("stack")  # starts the pool when nothing did before
+    assert _POOL is not None
+    ns = _POOL.take()
     yield ns
-    if "stack" in request.fixturenames:
-        # A keyspace of five tables per test adds up in a small Cassandra heap: drop it.
-        _drop_namespace(request.getfixturevalue("stack"), ns)
+    # A keyspace of ten tables per test adds up in a small Cassandra heap: drop it (and the
+    # namespace's topics), on the pool's thread.
+    _POOL.give_back(ns)
 
 
-def _drop_namespace(stack: Stack, ns: str) -> None:
-    """Best effort: drop the test's keyspace and its `<ns>.*` topics."""
-    from chronowheel.settings import Settings
-    from chronowheel.testing import drop_namespace_quietly
+@pytest.fixture
+def bare_namespace(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh name like `namespace`'s with nothing made for it, for a test that creates the
+    keyspace or topics itself; whatever it made is dropped after the test."""
+    ns = new_name()
+    yield ns
+    if "stack" in request.fixturenames and _POOL is not None:
+        _POOL.give_back(ns)
 
-    drop_namespace_quietly(Settings(namespace=ns, cassandra=stack.cassandra, kafka=stack.kafka))
+
+# The session's namespace pool, and how many tests will ask it for a namespace.
+_POOL: NamespacePool | None = None
+_POOL_DEMAND = 0
+
+
+def _start_pool(cassandra: str, kafka: str) -> None:
+    global _POOL
+    if _POOL is None:
+        # CHRONOWHEEL_TEST_NAMESPACE_POOL=0: no work ahead; each namespace is prepared when
+        # its test asks (to compare, or to rule the pool out).
+        ahead = os.environ.get("CHRONOWHEEL_TEST_NAMESPACE_POOL", "1").strip() != "0"
+        _POOL = NamespacePool(cassandra, kafka, demand=_POOL_DEMAND,
+                              ahead=3 if ahead else 0, warm_ahead=12 if ahead else 0)
+
+
+def _close_pool() -> None:
+    global _POOL
+    if _POOL is not None:
+        pool, _POOL = _POOL, None
+        pool.close()
+
+
+def _servers_already_up() -> tuple[str, str] | None:
+    """The servers' addresses when they answer now (given, or the local stack already up)."""
+    cassandra = os.environ.get("CHRONOWHEEL_CASSANDRA", "").strip()
+    kafka = os.environ.get("CHRONOWHEEL_KAFKA", "").strip()
+    if cassandra and kafka:
+        return cassandra, kafka
+    status = _stack_script("status")
+    if status.returncode != 0:
+        return None
+    try:
+        info = json.loads(status.stdout)
+        return (cassandra or info["cassandra"]["address"], kafka or info["kafka"]["address"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 # Session fixtures that may start servers: seconds their start (stack.py's readiness timeout
@@ -133,7 +188,15 @@ def timeout_of(item: pytest.Item) -> float:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Room in the time limit of the tests that start or stop the session's servers (the
-    items here are those left after deselection)."""
+    items here are those left after deselection); the namespace pool's demand, and its start
+    when the servers already answer."""
+    global _POOL_DEMAND
+    _POOL_DEMAND = sum(1 for item in session.items
+                       if {"stack", "namespace"} <= set(getattr(item, "fixturenames", ())))
+    if _POOL_DEMAND and not session.config.option.collectonly:
+        up = _servers_already_up()
+        if up is not None:
+            _start_pool(*up)
     extra: dict[int, float] = {}
     used: set[str] = set()
     for i, item in enumerate(session.items):
@@ -152,8 +215,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Tests that need no server first: the namespace pool prepares keyspaces meanwhile.
+    items.sort(key=lambda item: "stack" in getattr(item, "fixturenames", ()))
     for item in items:
         if "stack" in getattr(item, "fixturenames", ()) and not item.get_closest_marker(
             "integration"
         ):
             item.add_marker(pytest.mark.integration)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _close_pool()  # when the `stack` fixture never ran its teardown

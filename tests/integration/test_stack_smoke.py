@@ -41,8 +41,8 @@ def cql(stack: Stack) -> Iterator[Session]:
         cluster.shutdown()
 
 
-def test_cassandra_prepared_write_and_read(cql: Session, namespace: str) -> None:
-    ks = namespace
+def test_cassandra_prepared_write_and_read(cql: Session, bare_namespace: str) -> None:
+    ks = bare_namespace
     cql.execute(
         f"CREATE KEYSPACE {ks} WITH replication = "
         "{'class': 'SimpleStrategy', 'replication_factor': 1}"
@@ -71,9 +71,9 @@ def test_cassandra_prepared_write_and_read(cql: Session, namespace: str) -> None
 
 
 @pytest.fixture
-async def topics(stack: Stack, namespace: str) -> AsyncIterator[list[str]]:
+async def topics(stack: Stack, bare_namespace: str) -> AsyncIterator[list[str]]:
     """Two one-partition topics of this test's namespace, deleted afterwards."""
-    names = [f"{namespace}.in", f"{namespace}.out"]
+    names = [f"{bare_namespace}.in", f"{bare_namespace}.out"]
     admin = AIOKafkaAdminClient(bootstrap_servers=stack.kafka)
     await admin.start()
     try:
@@ -119,10 +119,11 @@ async def read_all(
 
 
 async def test_kafka_transaction_commit_visible_abort_invisible(
-    stack: Stack, topics: list[str], namespace: str
+    stack: Stack, topics: list[str], bare_namespace: str
 ) -> None:
     out = topics[1]
-    producer = AIOKafkaProducer(bootstrap_servers=stack.kafka, transactional_id=f"{namespace}-tx")
+    producer = AIOKafkaProducer(bootstrap_servers=stack.kafka,
+                                transactional_id=f"{bare_namespace}-tx")
     await producer.start()
     try:
         async with producer.transaction():
@@ -156,12 +157,12 @@ async def committed_offset(consumer: AIOKafkaConsumer, tp: TopicPartition, want:
 
 
 async def test_kafka_offsets_commit_with_the_transaction(
-    stack: Stack, topics: list[str], namespace: str
+    stack: Stack, topics: list[str], bare_namespace: str
 ) -> None:
     """Consume-transform-produce: consumed offsets are committed by the transaction, and an
     aborted transaction commits neither its output nor its offsets."""
     src, out = topics
-    group = f"{namespace}-group"
+    group = f"{bare_namespace}-group"
     tp_in = TopicPartition(src, 0)
 
     seed = AIOKafkaProducer(bootstrap_servers=stack.kafka)
@@ -180,7 +181,8 @@ async def test_kafka_offsets_commit_with_the_transaction(
         auto_offset_reset="earliest",
         isolation_level="read_committed",
     )
-    producer = AIOKafkaProducer(bootstrap_servers=stack.kafka, transactional_id=f"{namespace}-ctp")
+    producer = AIOKafkaProducer(bootstrap_servers=stack.kafka,
+                                transactional_id=f"{bare_namespace}-ctp")
     await consumer.start()
     await producer.start()
     try:
@@ -217,11 +219,11 @@ async def test_kafka_offsets_commit_with_the_transaction(
 
 
 async def test_kafka_new_producer_fences_the_old_one(
-    stack: Stack, topics: list[str], namespace: str
+    stack: Stack, topics: list[str], bare_namespace: str
 ) -> None:
     """Starting a producer with the same transactional.id fences the previous owner."""
     out = topics[1]
-    tid = f"{namespace}-shard-0"
+    tid = f"{bare_namespace}-shard-0"
     old = AIOKafkaProducer(bootstrap_servers=stack.kafka, transactional_id=tid)
     new = AIOKafkaProducer(bootstrap_servers=stack.kafka, transactional_id=tid)
     await old.start()
