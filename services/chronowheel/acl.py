@@ -149,9 +149,9 @@ def namespace_resources(namespace: str, *, node_id: str = "host-1", shard: int =
                         worker_topics: Sequence[str] = ()) -> dict[str, set[str]]:
     """Names a namespace's principals use, per Kafka resource type, made by the code that
     uses them (one node id, one shard, the default worker group of `worker_topics`)."""
-    from chronowheel.cli._cluster import nodes_group
     from chronowheel.core import wire
     from chronowheel.node.transactions import node_transactional_id
+    from chronowheel.ops.cluster import nodes_group
     from chronowheel.worker.service import default_group_id
 
     topics = [wire.fired_topic(namespace), *worker_topics]
@@ -212,7 +212,7 @@ def kafka_acls(settings: Settings, principals: Principals, *,
                target_topics: Sequence[str] = (), worker_topics: Sequence[str] = (),
                worker_group: str | None = None) -> list[KafkaAcl]:
     """Every ALLOW ACL the namespace's three principals need (nothing else is allowed)."""
-    from chronowheel.cli._cluster import nodes_group
+    from chronowheel.ops.cluster import nodes_group
 
     ns = check_namespace(settings.namespace)
     sub = _principal(principals.submitter, "submitter principal")

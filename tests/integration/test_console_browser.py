@@ -278,6 +278,6 @@ async def wait_counted(page: Any, url: str, minute: int, rows: int,
 
 
 def _rfc3339(ms: int) -> str:
-    from chronowheel.cli._format import rfc3339
+    from chronowheel.ops.format import rfc3339
 
     return rfc3339(ms)

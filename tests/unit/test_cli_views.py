@@ -7,9 +7,11 @@ import pytest
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 from chronowheel import cli
 from chronowheel.cli import job, status, tail
-from chronowheel.cli._cluster import decode_assignment
-from chronowheel.cli._format import count, human_ms, relative, rfc3339, table
 from chronowheel.core.wire import StateRecord
+from chronowheel.ops import status as ops_status
+from chronowheel.ops import tail as ops_tail
+from chronowheel.ops.cluster import decode_assignment
+from chronowheel.ops.format import count, human_ms, relative, rfc3339, table
 from chronowheel.store.base import JobRow
 
 T = 1_796_115_600_000  # 2026-12-01T09:00:00Z
@@ -84,17 +86,17 @@ def test_state_record_parse_tolerates_the_seed_record() -> None:
 
 
 def test_shard_status_lag_only_when_behind() -> None:
-    ok = status.shard_status(2, "c@h", record(), 12, now_ms=T + 1_500, behind_ms=5_000)
+    ok = ops_status.shard_status(2, "c@h", record(), 12, now_ms=T + 1_500, behind_ms=5_000)
     assert (ok.watermark_age_ms, ok.lag_ms, ok.horizon_ahead_ms) == (1_500, None, 118_500)
-    late = status.shard_status(2, None, record(), 0, now_ms=T + 60_000, behind_ms=5_000)
+    late = ops_status.shard_status(2, None, record(), 0, now_ms=T + 60_000, behind_ms=5_000)
     assert late.lag_ms == 60_000 and late.horizon_ahead_ms == 60_000
-    none = status.shard_status(5, None, None, 3, now_ms=T, behind_ms=5_000)
+    none = ops_status.shard_status(5, None, None, 3, now_ms=T, behind_ms=5_000)
     assert none.watermark_ms is None and none.due_rows == 3
 
 
 def test_status_render() -> None:
-    rows = [status.shard_status(0, "aiokafka@10.0.0.1", record(), 1234, T + 1_000, 5_000),
-            status.shard_status(1, None, record(), 0, T + 90_000, 5_000)]
+    rows = [ops_status.shard_status(0, "aiokafka@10.0.0.1", record(), 1234, T + 1_000, 5_000),
+            ops_status.shard_status(1, None, record(), 0, T + 90_000, 5_000)]
     text = status.render(rows, group_state="Stable", members=1, minutes=10, now_ms=T,
                          behind_ms=5_000)
     lines = text.splitlines()
@@ -117,16 +119,16 @@ def test_decode_assignment() -> None:
 
 # --- tail ---------------------------------------------------------------------------------
 
-def fired(value: bytes | None, **headers: str) -> tail.TailMessage:
-    return tail.TailMessage("ns.fired", 3, 17, T + 4, b"r1", value,
+def fired(value: bytes | None, **headers: str) -> ops_tail.TailMessage:
+    return ops_tail.TailMessage("ns.fired", 3, 17, T + 4, b"r1", value,
                             tuple((k, v.encode()) for k, v in headers.items()))
 
 
 def test_payload_view() -> None:
-    assert tail.payload_view(b'{"a": 1}') == ("payload", {"a": 1})
-    assert tail.payload_view(b"hello") == ("payload_text", "hello")
-    assert tail.payload_view(b"\xff\x00") == ("payload_b64", "/wA=")
-    assert tail.payload_view(b"") == ("payload", None)
+    assert ops_tail.payload_view(b'{"a": 1}') == ("payload", {"a": 1})
+    assert ops_tail.payload_view(b"hello") == ("payload_text", "hello")
+    assert ops_tail.payload_view(b"\xff\x00") == ("payload_b64", "/wA=")
+    assert ops_tail.payload_view(b"") == ("payload", None)
 
 
 def test_format_fired_message() -> None:
@@ -149,7 +151,7 @@ def test_format_other_messages() -> None:
 
 
 def test_message_json() -> None:
-    doc = tail.message_json(fired(b"[1,2]", **{"cw-attempt": "2"}))
+    doc = ops_tail.message_json(fired(b"[1,2]", **{"cw-attempt": "2"}))
     assert doc == {"topic": "ns.fired", "partition": 3, "offset": 17, "timestamp_ms": T + 4,
                    "key": "r1", "headers": {"cw-attempt": "2"}, "payload": [1, 2]}
-    assert tail.message_json(fired(b"\xff"))["payload_b64"] == "/w=="
+    assert ops_tail.message_json(fired(b"\xff"))["payload_b64"] == "/w=="

@@ -74,7 +74,7 @@ def read_dates(args: list[str], path: str | None) -> list[str]:
 
 
 def run_put(args: argparse.Namespace) -> int:
-    from chronowheel.cli._cluster import quiet_kafka_logs
+    from chronowheel.ops.cluster import quiet_kafka_logs
 
     quiet_kafka_logs()
     settings = settings_from_args(args)
@@ -83,7 +83,7 @@ def run_put(args: argparse.Namespace) -> int:
 
 
 def run_delete(args: argparse.Namespace) -> int:
-    from chronowheel.cli._cluster import quiet_kafka_logs
+    from chronowheel.ops.cluster import quiet_kafka_logs
 
     quiet_kafka_logs()
     settings = settings_from_args(args)
@@ -109,7 +109,7 @@ async def _send(settings: Settings, name: str, dates: list[str] | None,
 
 async def _wait_for(settings: Settings, name: str, want: frozenset[date] | None,
                     wait_s: float) -> int:
-    from chronowheel.cli._cluster import open_store
+    from chronowheel.ops.cluster import open_store
 
     store = await open_store(settings)
     try:
@@ -127,7 +127,7 @@ async def _wait_for(settings: Settings, name: str, want: frozenset[date] | None,
 
 
 def run_get(args: argparse.Namespace) -> int:
-    from chronowheel.cli._cluster import quiet_kafka_logs
+    from chronowheel.ops.cluster import quiet_kafka_logs
 
     quiet_kafka_logs()
     settings = settings_from_args(args)
@@ -135,7 +135,7 @@ def run_get(args: argparse.Namespace) -> int:
 
 
 async def _get(settings: Settings, name: str, as_json: bool) -> int:
-    from chronowheel.cli._cluster import open_store
+    from chronowheel.ops.cluster import open_store
 
     if not name:
         raise ValidationError("NAME", "must not be empty", name)

@@ -32,9 +32,9 @@ from typing import Any
 
 import orjson
 
-from chronowheel.cli._format import count
 from chronowheel.core.durations import parse_duration
 from chronowheel.errors import ConfigError, ValidationError
+from chronowheel.ops.format import count
 
 DAY_S = 86_400
 GIB = 1 << 30

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 from typing import Any
 
-from chronowheel.cli.status import BEHIND_MS_DEFAULT
+from chronowheel.ops.status import BEHIND_MS_DEFAULT
 from chronowheel.settings import (
     CONNECTION_SETTINGS,
     add_secret_notes,
@@ -43,8 +43,8 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from chronowheel.cli._cluster import quiet_kafka_logs
     from chronowheel.console.app import check_bind, serve
+    from chronowheel.ops.cluster import quiet_kafka_logs
     from chronowheel.supervise import install_stop_signals
 
     quiet_kafka_logs()

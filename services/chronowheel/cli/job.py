@@ -11,9 +11,9 @@ from typing import Any
 
 import orjson
 
-from chronowheel.cli._format import relative, rfc3339
 from chronowheel.core.shard import shard_of
 from chronowheel.errors import ChronowheelError
+from chronowheel.ops.format import relative, rfc3339
 from chronowheel.settings import (
     CONNECTION_SETTINGS,
     Settings,
@@ -149,7 +149,7 @@ def render(view: dict[str, Any], now_ms: int) -> str:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    from chronowheel.cli._cluster import quiet_kafka_logs
+    from chronowheel.ops.cluster import quiet_kafka_logs
 
     quiet_kafka_logs()
     settings = settings_from_args(args)
@@ -157,7 +157,7 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 async def _show(settings: Settings, job_id: str, as_json: bool) -> int:
-    from chronowheel.cli._cluster import open_store, read_state_records, recorded_shards
+    from chronowheel.ops.cluster import open_store, read_state_records, recorded_shards
 
     store = await open_store(settings)
     try:
@@ -184,7 +184,7 @@ async def _show(settings: Settings, job_id: str, as_json: bool) -> int:
 # --- cancel ------------------------------------------------------------------------------
 
 def run_cancel(args: argparse.Namespace) -> int:
-    from chronowheel.cli._cluster import quiet_kafka_logs
+    from chronowheel.ops.cluster import quiet_kafka_logs
 
     quiet_kafka_logs()
     settings = settings_from_args(args)
@@ -204,7 +204,7 @@ async def _cancel(settings: Settings, job_id: str, wait_s: float | None) -> int:
 
 
 async def _wait_cancelled(settings: Settings, job_id: str, wait_s: float) -> int:
-    from chronowheel.cli._cluster import open_store
+    from chronowheel.ops.cluster import open_store
 
     store = await open_store(settings)
     try:
@@ -231,14 +231,14 @@ def wire_time(text: str) -> str | int:
 
 
 def run_control(args: argparse.Namespace) -> int:
-    from chronowheel.cli._cluster import quiet_kafka_logs
+    from chronowheel.ops.cluster import quiet_kafka_logs
 
     quiet_kafka_logs()
     return asyncio.run(_send(settings_from_args(args), args.op, args.id, None, None, None))
 
 
 def run_trigger(args: argparse.Namespace) -> int:
-    from chronowheel.cli._cluster import quiet_kafka_logs
+    from chronowheel.ops.cluster import quiet_kafka_logs
 
     quiet_kafka_logs()
     request_id = args.request_id or uuid.uuid4().hex
@@ -247,7 +247,7 @@ def run_trigger(args: argparse.Namespace) -> int:
 
 
 def run_backfill(args: argparse.Namespace) -> int:
-    from chronowheel.cli._cluster import quiet_kafka_logs
+    from chronowheel.ops.cluster import quiet_kafka_logs
 
     quiet_kafka_logs()
     request_id = args.request_id or uuid.uuid4().hex

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from chronowheel.cli._format import relative, rfc3339, table
+from chronowheel.ops.format import relative, rfc3339, table
 from chronowheel.settings import (
     CONNECTION_SETTINGS,
     Settings,
@@ -70,7 +70,7 @@ def render(page: JobPage, now_ms: int) -> str:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from chronowheel.cli._cluster import quiet_kafka_logs
+    from chronowheel.ops.cluster import quiet_kafka_logs
 
     quiet_kafka_logs()
     settings = settings_from_args(args)
@@ -82,8 +82,8 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 async def _list(settings: Settings, filters: dict[str, Any], as_json: bool) -> int:
-    from chronowheel.cli._cluster import open_store
     from chronowheel.client.scheduler import job_query
+    from chronowheel.ops.cluster import open_store
 
     query = job_query(**filters)  # a bad filter fails before anything is opened
     store = await open_store(settings)

@@ -1,60 +1,25 @@
 """`chronowheel status`: per shard, who owns it and how far its dispatch has come.
 
-Sources: the `<ns>-nodes` consumer group (owner = the member assigned the shard's `<ns>.submit`
-partition), the shard's newest watermark record in `<ns>.state` (read_committed), and the
-`bucket_counts` table for the coming minutes.
+What it reads and how the sources combine: `ops/status.py`. Here: the arguments and the table.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import orjson
 
-from chronowheel.cli._format import count, human_ms, rfc3339, table
-from chronowheel.core.buckets import MINUTE_MS, minute_of
+from chronowheel.ops.format import count, human_ms, rfc3339, table
+from chronowheel.ops.status import BEHIND_MS_DEFAULT, ShardStatus
 from chronowheel.settings import (
     CONNECTION_SETTINGS,
     Settings,
     add_settings_arguments,
     settings_from_args,
 )
-
-# A healthy node commits its watermark at least every 2 s when idle (more often when busy);
-# /healthz calls a shard unhealthy beyond 5 s of dispatch lag. Same default here.
-BEHIND_MS_DEFAULT = 5_000
-
-
-@dataclass
-class ShardStatus:
-    shard: int
-    owner: str | None          # client_id@host of the group member holding the shard
-    writer: str | None         # node id in the newest watermark record
-    watermark_ms: int | None
-    watermark_age_ms: int | None
-    lag_ms: int | None         # now - watermark when behind, else None
-    horizon_ms: int | None
-    horizon_ahead_ms: int | None
-    wheel: int | None
-    due_rows: int              # bucket_counts rows over the next N minutes
-
-
-def shard_status(shard: int, owner: str | None, record: Any | None, due_rows: int,
-                 now_ms: int, behind_ms: int) -> ShardStatus:
-    """Combine the sources for one shard (pure: unit-tested). `record` is a StateRecord."""
-    if record is None:
-        return ShardStatus(shard, owner, None, None, None, None, None, None, None, due_rows)
-    age = now_ms - record.watermark
-    return ShardStatus(
-        shard=shard, owner=owner, writer=record.node, watermark_ms=record.watermark,
-        watermark_age_ms=age, lag_ms=age if age > behind_ms else None,
-        horizon_ms=record.horizon,
-        horizon_ahead_ms=None if record.horizon is None else record.horizon - now_ms,
-        wheel=record.wheel, due_rows=due_rows)
 
 
 def render(rows: list[ShardStatus], *, group_state: str, members: int, minutes: int,
@@ -109,7 +74,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from chronowheel.cli._cluster import quiet_kafka_logs
+    from chronowheel.ops.cluster import quiet_kafka_logs
 
     quiet_kafka_logs()
     settings = settings_from_args(args)
@@ -117,44 +82,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _status(settings: Settings, args: argparse.Namespace) -> int:
-    from chronowheel.bus.kafka import open_admin
-    from chronowheel.cli._cluster import (
-        describe_group,
-        nodes_group,
-        open_store,
-        read_state_records,
-        recorded_shards,
-    )
+    from chronowheel.ops.status import read_status
 
-    minutes = max(1, args.minutes)
-    store = await open_store(settings)
-    try:
-        shards = await recorded_shards(store, settings)
-        admin = await open_admin(settings)
-        try:
-            group = await describe_group(admin, nodes_group(settings), settings.submit_topic)
-        finally:
-            await admin.close()
-        records = await read_state_records(settings, shards)
-        now = time.time_ns() // 1_000_000
-        first = minute_of(now)
-        last = first + (minutes - 1) * MINUTE_MS
-        counts = await asyncio.gather(*(store.bucket_counts(k, first, last)
-                                        for k in range(shards)))
-    finally:
-        await asyncio.to_thread(store.close)
-    rows = [shard_status(k, group.owners[k].label if k in group.owners else None,
-                         records.get(k), sum(counts[k].values()), now, args.behind_ms)
-            for k in range(shards)]
+    status = await read_status(settings, minutes=args.minutes, behind_ms=args.behind_ms)
+    group = status.group
     if args.json:
         print(orjson.dumps({
-            "namespace": settings.namespace, "now_ms": now, "shards": shards,
-            "group": {"id": nodes_group(settings), "state": group.state,
+            "namespace": settings.namespace, "now_ms": status.now_ms, "shards": status.shards,
+            "group": {"id": status.group_id, "state": group.state,
                       "members": [asdict(m) for m in group.members]},
-            "due_minutes": minutes, "behind_ms": args.behind_ms,
-            "rows": [asdict(r) for r in rows],
+            "due_minutes": status.minutes, "behind_ms": status.behind_ms,
+            "rows": [asdict(r) for r in status.rows],
         }).decode())
     else:
-        print(render(rows, group_state=group.state, members=len(group.members),
-                     minutes=minutes, now_ms=now, behind_ms=args.behind_ms))
+        print(render(status.rows, group_state=group.state, members=len(group.members),
+                     minutes=status.minutes, now_ms=status.now_ms, behind_ms=status.behind_ms))
     return 0

@@ -23,10 +23,10 @@ from typing import IO, Any
 
 import orjson
 
-from chronowheel.cli._format import count, human_ms
 from chronowheel.core.durations import parse_duration
 from chronowheel.core.model import ValidationPolicy, encode_upsert, parse_command
 from chronowheel.errors import ChronowheelError, ValidationError
+from chronowheel.ops.format import count, human_ms
 from chronowheel.settings import Settings, add_settings_arguments, settings_from_args
 
 # The node's validation limits, so that what the CLI accepts the node accepts too.
@@ -243,7 +243,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from chronowheel.cli._cluster import quiet_kafka_logs
+    from chronowheel.ops.cluster import quiet_kafka_logs
 
     quiet_kafka_logs()
     settings = settings_from_args(args)

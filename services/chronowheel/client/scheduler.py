@@ -293,7 +293,7 @@ class SchedulerClient:
         query = job_query(tenant=tenant, status=status, prefix=prefix, due_before=due_before,
                           limit=limit, page_token=page_token)
         if self._store is None:
-            from chronowheel.cli._cluster import open_store
+            from chronowheel.ops.cluster import open_store
 
             self._store = await open_store(self.settings)
         try:

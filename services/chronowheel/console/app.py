@@ -328,7 +328,7 @@ def _int_param(raw: str | None, name: str) -> int:
 async def serve(settings: Settings, *, host: str, port: int, behind_ms: int,
                 stop: asyncio.Event, started: Callable[[int], None] | None = None) -> None:
     """Run the console until `stop` is set; `started` gets the bound port."""
-    from chronowheel.cli._cluster import open_store, recorded_shards
+    from chronowheel.ops.cluster import open_store, recorded_shards
 
     token = settings.console_token
     check_bind(host, token)

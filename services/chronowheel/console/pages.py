@@ -16,11 +16,11 @@ from zoneinfo import ZoneInfo
 
 import orjson
 
-from chronowheel.cli._format import count, human_ms, relative, rfc3339
 from chronowheel.console.actions import JobAction
 from chronowheel.console.sources import ClusterView, DuePage, HeatMap, JobView
 from chronowheel.core import wire
 from chronowheel.core.buckets import MINUTE_MS
+from chronowheel.ops.format import count, human_ms, relative, rfc3339
 
 NAV = (("cluster", "/", "Cluster"), ("upcoming", "/upcoming", "Upcoming load"),
        ("jobs", "/jobs", "Jobs"), ("rejected", "/rejected", "Rejected"),

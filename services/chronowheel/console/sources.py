@@ -1,8 +1,8 @@
 """What the console reads, and how it keeps the cheap parts warm.
 
-The shard owners, the state records and the shard count come from the helpers of the ops
-commands (`cli/_cluster.py`), a shard's row of the overview from `cli/status.py`, the decoding
-of a message from `cli/tail.py`: one reading of each source for the CLI and the console.
+The shard owners, the state records and the shard count come from the read model of the
+namespace (`ops/cluster.py`), a shard's row of the overview from `ops/status.py`, the decoding
+of a message from `ops/tail.py`: one reading of each source for the CLI and the console.
 
 Two things run in the background so that the overview costs no Kafka round trip per request:
 a read_committed reader that follows `<ns>.state` (the newest record of every shard, as the
@@ -23,14 +23,6 @@ import orjson
 from aiokafka import TopicPartition
 
 from chronowheel.bus.kafka import open_admin, partition_counts, reader
-from chronowheel.cli._cluster import (
-    Group,
-    describe_group,
-    nodes_group,
-    read_state_positions,
-)
-from chronowheel.cli.status import BEHIND_MS_DEFAULT, ShardStatus, shard_status
-from chronowheel.cli.tail import TailMessage, message_json
 from chronowheel.core import wire
 from chronowheel.core.buckets import MINUTE_MS, minute_of
 from chronowheel.core.model import ValidationPolicy, decode_stored_job
@@ -38,6 +30,14 @@ from chronowheel.core.recurrence import compile_schedule, latest_at_or_before, o
 from chronowheel.core.shard import shard_of
 from chronowheel.core.wire import StateRecord
 from chronowheel.errors import ChronowheelError
+from chronowheel.ops.cluster import (
+    Group,
+    describe_group,
+    nodes_group,
+    read_state_positions,
+)
+from chronowheel.ops.status import BEHIND_MS_DEFAULT, ShardStatus, shard_status
+from chronowheel.ops.tail import TailMessage, decimal, message_json
 from chronowheel.settings import Settings
 from chronowheel.store.base import DueRow, JobRow
 from chronowheel.store.cassandra import HOUR_MS, CassandraStore
@@ -442,8 +442,8 @@ class Sources:
             if m.key != key:
                 continue
             headers = {k: v.decode("utf-8", "replace") for k, v in m.headers}
-            found.append(FiredOccurrence(_int(headers.get(wire.SCHEDULED_AT)),
-                                         _int(headers.get(wire.FIRED_AT)),
+            found.append(FiredOccurrence(decimal(headers.get(wire.SCHEDULED_AT)),
+                                         decimal(headers.get(wire.FIRED_AT)),
                                          headers.get(wire.ATTEMPT), m.partition, m.offset))
         found.sort(key=lambda f: f.offset, reverse=True)
         return found[:20], len(msgs)
@@ -502,8 +502,3 @@ def parse_cursor(text: str) -> tuple[int, int, str, int]:
     shard, slot, attempt, job_id = text.split(":", 3)
     return int(shard), int(slot), job_id, int(attempt)
 
-
-def _int(text: str | None) -> int | None:
-    if text is None or not text.isascii() or not text.isdigit():
-        return None
-    return int(text)

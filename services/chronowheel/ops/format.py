@@ -1,4 +1,5 @@
-"""Text formatting shared by the ops commands: instants, durations, counts, aligned tables."""
+"""Text formatting shared by the CLI and the console: instants, durations, counts, aligned
+tables."""
 
 from __future__ import annotations
 

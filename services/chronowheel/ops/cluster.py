@@ -1,5 +1,5 @@
-"""Read-only views of a running namespace for the ops commands: shard count, shard owners (the
-`<ns>-nodes` consumer group), each shard's last watermark record (`<ns>.state`)."""
+"""Read-only views of a running namespace: the store, the shard count, the shard owners (the
+`<ns>-nodes` consumer group), each shard's newest state record (`<ns>.state`)."""
 
 from __future__ import annotations
 
