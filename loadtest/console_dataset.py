@@ -29,9 +29,9 @@ from collections import Counter
 
 import orjson
 from chronowheel.admin import init_namespace
-from chronowheel.cli._format import rfc3339
 from chronowheel.core.buckets import minute_of
 from chronowheel.core.shard import shard_of
+from chronowheel.ops.format import rfc3339
 from chronowheel.settings import Settings
 from chronowheel.store.base import DueRow, JobRow
 from chronowheel.store.cassandra import CassandraStore
