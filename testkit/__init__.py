@@ -9,6 +9,8 @@ out of the `chronowheel` package (an installed wheel has no local stack to drive
   and its `Outcome`, the takeover phases a node logs;
 - `chaos`: scenarios on the local stack's cluster profile and their `ScenarioResult`;
 - `cluster`: `LocalCluster`, the cluster profile of deploy/local/stack.py;
+- `containers`: CHRONOWHEEL_SERVERS=containers, the servers in containers (testcontainers)
+  with the local stack's versions and settings (a pytest plugin).
 
 Importable where the checkout's root is on the path: pytest (`pythonpath` in pyproject.toml)
 and the scripts under loadtest/. What users' tests may use ships in `chronowheel.testing`.
