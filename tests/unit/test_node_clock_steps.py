@@ -73,7 +73,7 @@ async def test_a_clock_stepped_forward_between_skew_checks_fires_nothing_early()
     assert not rig.fired()
 
     clock.step(-20_000)  # corrected: the next skew check agrees again
-    node._skew_recheck.set()
+    node.clock_guard.recheck.set()
     await rig.settle()
     await rig.advance(500)
     assert not node.blocked
@@ -96,7 +96,7 @@ async def test_a_clock_stepped_back_stops_dispatch_until_it_agrees_again() -> No
     await rig.settle()
     assert node.blocked
     clock.step(30_000)
-    node._skew_recheck.set()
+    node.clock_guard.recheck.set()
     await rig.settle()
     await rig.advance_to(T0 + 5_500)
     assert not node.blocked

@@ -1,0 +1,208 @@
+"""The node's shard registry: which shards this node owns, and their actors.
+
+Shard ownership is the group assignment (no membership protocol of our own): the group's
+callbacks start an actor per assigned shard (`node/shard.py`, which claims it: see
+`node/takeover.py`) and stop those revoked. When the node's producer is fenced, every actor of
+an older session is stopped and, if the node is still a member of the group, its shards are
+taken over again (`recover`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from chronowheel.bus.ports import NodeBus, SubmitGroup
+from chronowheel.core.clock import Clock
+from chronowheel.core.model import ValidationPolicy
+from chronowheel.errors import ChronowheelError
+from chronowheel.node.metrics import NodeMetrics
+from chronowheel.node.shard import ShardActor
+from chronowheel.node.transactions import NodeTransactions, ShardLost
+from chronowheel.settings import Settings
+from chronowheel.store.base import JobStore
+from chronowheel.supervise import Supervisor
+
+log = logging.getLogger(__name__)
+
+# Attempts to ask the group coordinator whether we are still a member, after a fence.
+MEMBERSHIP_CHECKS = 5
+
+
+@dataclass
+class Owned:
+    actor: ShardActor
+    task: asyncio.Task[None]
+
+
+class ShardRegistry:
+    def __init__(self, *, settings: Settings, clock: Clock, metrics: NodeMetrics,
+                 policy: ValidationPolicy, group_id: str, node_id: str, supervisor: Supervisor,
+                 dispatch_blocked: Callable[[], bool],
+                 clock_state: Callable[[], tuple[int | None, bool]]) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.metrics = metrics
+        self.policy = policy
+        self.group_id = group_id
+        self.node_id = node_id
+        self.supervisor = supervisor
+        self.dispatch_blocked = dispatch_blocked
+        self.clock_state = clock_state
+        self.owned: dict[int, Owned] = {}
+        # Set by the node once it has them (`attach`), before the group can assign anything.
+        self.shards = 0
+        self.store: JobStore | None = None
+        self.bus: NodeBus | None = None
+        self.transactions: NodeTransactions | None = None
+        self.group: SubmitGroup | None = None
+        self._recovering: asyncio.Task[None] | None = None
+
+    def attach(self, *, shards: int, store: JobStore, bus: NodeBus,
+               transactions: NodeTransactions, group: SubmitGroup | None) -> None:
+        self.shards = shards
+        self.store = store
+        self.bus = bus
+        self.transactions = transactions
+        self.group = group
+
+    def wake_all(self) -> None:
+        """Wake every actor's dispatch (the clock guard let dispatch run again)."""
+        for o in self.owned.values():
+            o.actor.wake.set()
+
+    async def stop_recovery(self) -> None:
+        """On the node's shutdown: end a fence recovery under way (it would take shards)."""
+        if self._recovering is not None:
+            await self.supervisor.cancel_and_wait([self._recovering])
+
+    # --- supervision ----------------------------------------------------------------------
+    def shard_ended(self, task: asyncio.Task[Any], exc: BaseException | None) -> bool:
+        """Whether a shard actor's end is no failure: it was stopped on purpose (revoked or
+        shut down: `stop_shards` delists it first) or lost to a newer owner (fenced)."""
+        shard = next((k for k, o in self.owned.items() if o.task is task), None)
+        if shard is None:
+            return True
+        if isinstance(exc, ShardLost):
+            log.warning("%s", exc)
+            # Not ours any more (the group will revoke it too), or the node's producer was
+            # fenced: then `recover` takes it again if the group still gives it to us.
+            del self.owned[shard]
+            self.metrics.owned_shards.set(len(self.owned))
+            return True
+        return False
+
+    # --- fencing of the node's producer ---------------------------------------------------
+    def on_fenced(self, session: int) -> None:
+        """The coordinator found our producer fenced: every actor of an older session can no
+        longer commit. Take the shards again (or not) in one recovery at a time."""
+        if self._recovering is None or self._recovering.done():
+            self._recovering = self.supervisor.job(self.recover(), "fence-recovery")
+
+    async def recover(self) -> None:
+        """Stop every shard claimed before the fence; then, if this process is still a
+        current member of the group (a paused process whose session expired is not, and must
+        not take anything again by itself), take over again the shards the group gives it.
+        Shards that moved are dropped; the group's callbacks bring new ones as usual."""
+        assert self.transactions is not None and self.group is not None
+        while True:
+            session = self.transactions.session
+            stale = [k for k, o in self.owned.items()
+                     if o.actor.session is None or o.actor.session < session]
+            log.warning("node %s: producer fenced; stopping shards %s to take them over again",
+                        self.node_id, sorted(stale))
+            await self.abort_shards(stale)
+            member = await self._check_membership()
+            if self.transactions.session != session:
+                continue  # fenced again meanwhile: stop what was claimed since, check again
+            if not member:
+                log.warning("node %s: no longer a current member of group %s: taking "
+                            "nothing again until the group assigns shards", self.node_id,
+                            self.group_id)
+                return
+            again = sorted(self.group.assigned() - set(self.owned))
+            log.warning("node %s: still a member of group %s; taking shards %s over again",
+                        self.node_id, self.group_id, again)
+            await self.start_shards(again)
+            return
+
+    async def _check_membership(self) -> bool:
+        """Ask the group coordinator, retrying a few times: a node that cannot tell must not
+        sit on shards it may still be assigned without serving them, so it fails loudly."""
+        assert self.group is not None
+        for attempt in range(1, MEMBERSHIP_CHECKS + 1):
+            try:
+                return await self.group.check_membership()
+            except ChronowheelError as exc:
+                log.warning("node %s: group membership check %d of %d failed: %s",
+                            self.node_id, attempt, MEMBERSHIP_CHECKS, exc)
+                await asyncio.sleep(attempt)
+        raise ChronowheelError(f"node {self.node_id}: its producer was fenced and group "
+                               f"{self.group_id} could not tell whether it is still a member "
+                               f"({MEMBERSHIP_CHECKS} attempts)")
+
+    async def abort_shards(self, shards: list[int]) -> None:
+        """Stop actors that cannot commit anything any more: no drain (it would only fail)."""
+        owned = [self.owned.pop(k) for k in shards if k in self.owned]
+        for o in owned:
+            o.task.cancel()
+        for o in owned:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await o.task
+        self.metrics.owned_shards.set(len(self.owned))
+
+    # --- shards ---------------------------------------------------------------------------
+    async def start_shards(self, partitions: list[int]) -> None:
+        assert self.group is not None and self.bus is not None and self.store is not None
+        for k in partitions:
+            if k in self.owned:
+                continue
+            assert self.transactions is not None
+            actor = ShardActor(
+                shard=k, shards=self.shards, settings=self.settings, store=self.store,
+                bus=self.bus, transactions=self.transactions, submit=self.group,
+                clock=self.clock, metrics=self.metrics,
+                policy=self.policy, group_id=self.group_id, node_id=self.node_id,
+                dispatch_blocked=self.dispatch_blocked, clock_state=self.clock_state)
+            task = self.supervisor.spawn(actor.run(), f"shard-{k}", expected=self.shard_ended)
+            self.owned[k] = Owned(actor, task)
+        self.metrics.owned_shards.set(len(self.owned))
+        log.info("node %s owns shards %s", self.node_id, sorted(self.owned))
+
+    async def stop_shards(self, partitions: list[int]) -> None:
+        # Delisted first: their ends are then expected (`shard_ended`), not failures.
+        owned = [self.owned.pop(k) for k in partitions if k in self.owned]
+        stops = [asyncio.ensure_future(o.actor.stop()) for o in owned]
+        if stops:
+            await asyncio.wait(stops, timeout=self.settings.stop_deadline_ms / 1000)
+            for o in owned:
+                if not o.task.done():
+                    o.task.cancel()  # past the deadline: abort (its transaction aborts too)
+            # Not bounded like the side loops (Supervisor.cancel_and_wait), on purpose: an actor
+            # still running could still publish for its shard, and the group must not hand the
+            # shard on (nor this node start a new actor for it) before the old one has ended.
+            for o in owned:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await o.task
+        self.metrics.owned_shards.set(len(self.owned))
+
+    # --- group assignment -----------------------------------------------------------------
+    # The Kafka client logs and swallows a rebalance callback's exception; a node that silently
+    # owns nothing would be worse than one that stops, so failures here stop the node loudly.
+    async def on_revoked(self, shards: list[int]) -> None:
+        log.info("node %s: group revoked shards %s", self.node_id, sorted(shards))
+        try:
+            await self.stop_shards(shards)
+        except Exception as exc:
+            self.supervisor.fail("revoking shards", exc)
+
+    async def on_assigned(self, shards: list[int]) -> None:
+        log.info("node %s: group assigned shards %s", self.node_id, sorted(shards))
+        try:
+            await self.start_shards(shards)
+        except Exception as exc:
+            self.supervisor.fail("taking over shards", exc)
