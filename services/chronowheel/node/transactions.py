@@ -13,7 +13,7 @@ coordinator then sees `Fenced`, starts a new *session* and re-initialises the pr
 part of an older session is refused with `NodeFenced`: a shard actor binds itself to the
 session in force before its claim began (`session`), so an actor whose shard may have been
 claimed by another node since can never publish again; the node re-takes its shards through a
-fresh takeover and claim (`node/service.py`).
+fresh takeover and claim (`node/registry.py`).
 
 Refused records: a broker error about some records of a transaction (too large, a topic we
 may not write, a record it finds invalid: `RecordsRefused`) is about those records alone. The
