@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chronowheel.errors import ConfigError
 from chronowheel.settings import CONNECTION_SETTINGS, add_settings_arguments, settings_from_args
+
+if TYPE_CHECKING:
+    from chronowheel.worker import WorkerSettings
 
 
 def register(sub: Any) -> None:
@@ -91,26 +94,34 @@ def handler_map(topics: list[str], specs: list[str]) -> dict[str, Any]:
     return out
 
 
-def run(args: argparse.Namespace) -> int:
-    from chronowheel.worker import Worker, install_signal_handlers
+def worker_settings(args: argparse.Namespace, http_port: int | None) -> WorkerSettings:
+    """The worker's options from the command line (ConfigError for a value out of range)."""
+    from chronowheel.worker import WorkerSettings
 
-    settings = settings_from_args(args)
-    topics = list(dict.fromkeys(args.topic))
-    handlers = handler_map(topics, args.handler)
     if args.concurrency < 1:
         raise ConfigError("--concurrency must be at least 1")
     if args.lease_s < 1:
         raise ConfigError("--lease-s must be at least 1")
     if args.prefetch is not None and args.prefetch < 1:
         raise ConfigError("--prefetch must be at least 1")
+    return WorkerSettings(group_id=args.group, concurrency=args.concurrency,
+                          idempotency=args.idempotency,
+                          idempotency_scope=args.idempotency_scope, lease_s=args.lease_s,
+                          shutdown_deadline_s=args.shutdown_deadline_s,
+                          prefetch=args.prefetch, session_timeout_ms=args.session_timeout_ms,
+                          http_port=http_port)
+
+
+def run(args: argparse.Namespace) -> int:
+    from chronowheel.worker import Worker, install_signal_handlers
+
+    settings = settings_from_args(args)
+    topics = list(dict.fromkeys(args.topic))
+    handlers = handler_map(topics, args.handler)
+    options = worker_settings(args, settings.http_port)
 
     async def main() -> None:
-        worker = Worker(settings, handlers=handlers, group_id=args.group,
-                        concurrency=args.concurrency, idempotency=args.idempotency,
-                        idempotency_scope=args.idempotency_scope, lease_s=args.lease_s,
-                        shutdown_deadline_s=args.shutdown_deadline_s, prefetch=args.prefetch,
-                        session_timeout_ms=args.session_timeout_ms,
-                        http_port=settings.http_port)
+        worker = Worker(settings, handlers=handlers, options=options)
         install_signal_handlers(worker)
         await worker.run()
 

@@ -19,8 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from aiokafka import AIOKafkaProducer
-
+from chronowheel.bus.ports import WorkerProducer
 from chronowheel.core import wire
 from chronowheel.core.clock import Clock
 from chronowheel.settings import Settings
@@ -37,6 +36,7 @@ from chronowheel.worker.partitions import (
     PartitionGuard,
 )
 from chronowheel.worker.policy import dead_headers, error_text, gives_up, retry_command
+from chronowheel.worker.timing import Timer
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +70,8 @@ class WorkerStats:
 
 class Slots:
     def __init__(self, intake: Intake, handlers: Mapping[str, Handler], *, concurrency: int,
-                 settings: Settings, clock: Clock, ledger: Ledger | None,
-                 producer: AIOKafkaProducer, executor: concurrent.futures.Executor,
+                 settings: Settings, clock: Clock, timer: Timer, ledger: Ledger | None,
+                 producer: WorkerProducer, executor: concurrent.futures.Executor,
                  stats: WorkerStats, fail: Callable[[str, BaseException], None],
                  overlap: Overlap | None = None) -> None:
         self.intake = intake
@@ -80,6 +80,7 @@ class Slots:
         self.concurrency = concurrency
         self.settings = settings
         self.clock = clock
+        self.timer = timer
         self.ledger = ledger
         self.producer = producer
         self.executor = executor
@@ -118,11 +119,11 @@ class Slots:
             if item is None:
                 return
             self.current[me] = [item]
-            item[0].running += 1
+            item.part.running += 1
             try:
                 await self._one(item)
             finally:
-                item[0].running -= 1
+                item.part.running -= 1
                 self.current[me] = []
             since_yield += 1
             if since_yield >= YIELD_EVERY:
@@ -139,27 +140,27 @@ class Slots:
             item = await ready.next()
             if item is None:
                 return
-            chunk = [item]
-            want = min(MAX_CHUNK, len(ready.ready) // self.concurrency)
-            while want > 0 and ready.ready:
-                chunk.append(ready.ready.popleft())
-                want -= 1
+            chunk = [item, *ready.take_more(self.concurrency, MAX_CHUNK)]
             self.current[me] = chunk
             for it in chunk:
-                it[0].running += 1
+                it.part.running += 1
             try:
                 await self._chunk(chunk)
             finally:
                 for it in chunk:
-                    it[0].running -= 1
+                    it.part.running -= 1
                 self.current[me] = []
+
+    def close(self) -> None:
+        """Shutdown: a slot ending from now on is no failure."""
+        self.closed = True
 
     async def drain(self, deadline_s: float) -> None:
         """Shutdown: let the slots finish their records for up to `deadline_s`, then cancel."""
         tasks = list(self.current)
         if not tasks:
             return
-        _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline_s))
+        _, pending = await self.timer.wait(tasks, deadline_s)
         if pending:
             running = [t for t in pending if self.current.get(t)]
             if running:
@@ -176,15 +177,15 @@ class Slots:
         those slots (their records stay uncommitted) and start fresh ones instead."""
         gone = {id(p) for p in parts}
         busy = {t: items for t, items in self.current.items()
-                if any(id(it[0]) in gone for it in items)}
+                if any(id(it.part) in gone for it in items)}
         if not busy:
             return
-        loop = asyncio.get_running_loop()
-        end = loop.time() + max(0.0, deadline_s)
-        while loop.time() < end:
+        timer = self.timer
+        end = timer.monotonic() + max(0.0, deadline_s)
+        while timer.monotonic() < end:
             if all(self.current.get(t) is not items for t, items in busy.items()):
                 return
-            await asyncio.sleep(0.02)
+            await timer.sleep(0.02)
         stuck = [t for t, items in busy.items() if self.current.get(t) is items]
         if not stuck:
             return
@@ -280,12 +281,12 @@ class Slots:
         loop = asyncio.get_running_loop()
         call = loop.run_in_executor(self.executor, functools.partial(
             _run_sync_chunk, [self.handlers[o.topic] for _, o in runnable],
-            [o for _, o in runnable], [item[0].guard for item, _ in runnable]))
+            [o for _, o in runnable], [item.part.guard for item, _ in runnable]))
         try:
             results = await asyncio.shield(call)
         except asyncio.CancelledError:
             for item, occ in runnable:
-                self.intake.release_running(item[0], occ.occurrence)
+                self.intake.release_running(item.part, occ.occurrence)
             raise
         for (item, occ), result in zip(runnable, results, strict=True):
             part, rec, ticket = item
@@ -358,7 +359,7 @@ class Slots:
                                    occ.topic, occ.partition, occ.offset)
         else:
             key, value = retry_command(occ, self.clock.now_ms())
-            await self.producer.send_and_wait(self.settings.submit_topic, value, key=key)
+            await self.producer.send(self.settings.submit_topic, key, value)
             self.stats.retried += 1
             log.info("%s attempt %d/%d failed, retry submitted: %s", occ.occurrence,
                      occ.attempt, occ.max_attempts, error_text(error, 300))
@@ -377,9 +378,9 @@ class Slots:
     async def dead_letter(self, key: bytes | None, value: bytes,
                           headers: tuple[tuple[str, bytes], ...], error: BaseException,
                           topic: str, partition: int, offset: int) -> None:
-        await self.producer.send_and_wait(
-            self.settings.dead_topic, value, key=key,
-            headers=dead_headers(headers, error, self.clock.now_ms(), topic, partition, offset))
+        await self.producer.send(
+            self.settings.dead_topic, key, value,
+            dead_headers(headers, error, self.clock.now_ms(), topic, partition, offset))
         self.stats.dead += 1
 
     async def _call(self, occ: Occurrence, lease: Lease | None,
@@ -406,8 +407,10 @@ class Slots:
             run.start(stop)
         try:
             while True:
-                done, _ = await asyncio.wait(
-                    {call}, timeout=None if lease is None else lease.ledger.renew_every_s)
+                if lease is None:
+                    await asyncio.wait({call})
+                    break
+                done, _ = await self.timer.wait({call}, lease.ledger.renew_every_s)
                 if done:
                     break
                 assert lease is not None

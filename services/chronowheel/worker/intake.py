@@ -18,12 +18,13 @@ import logging
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
-from aiokafka import TopicPartition
-
+from chronowheel.bus.ports import SubmitRecord, TopicPartition
+from chronowheel.store.base import MarkStore
 from chronowheel.worker.offsets import OffsetTracker, Ticket
-from chronowheel.worker.partitions import LeaseLost, MarkStore, PartitionGuard, window_bounds
+from chronowheel.worker.partitions import LeaseLost, PartitionGuard, window_bounds
+from chronowheel.worker.timing import Timer
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +53,12 @@ class Part:
         return self.guard is None or self.guard.holds()
 
 
-Item = tuple[Part, Any, Ticket[TopicPartition]]
-"""(partition, the ConsumerRecord, its offset ticket)"""
+class Item(NamedTuple):
+    """One received record on its way through the worker."""
+
+    part: Part
+    record: SubmitRecord
+    ticket: Ticket[TopicPartition]
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[None]"]
 
@@ -61,7 +66,8 @@ Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[None]"]
 class Intake:
     def __init__(self, tracker: OffsetTracker[TopicPartition], marks: MarkStore | None, *,
                  scope: str, worker_id: str, lease_s: int, keep_s: int, poll_s: float,
-                 spawn: Spawn, end_offset: Callable[[TopicPartition], int | None]) -> None:
+                 spawn: Spawn, end_offset: Callable[[TopicPartition], int | None],
+                 timer: Timer) -> None:
         self.tracker = tracker
         self.marks = marks
         self.scope = scope
@@ -71,6 +77,7 @@ class Intake:
         self.poll_s = poll_s
         self._spawn = spawn
         self._end_offset = end_offset
+        self.timer = timer
         self.parts: dict[TopicPartition, Part] = {}
         self.ready: deque[Item] = deque()
         self.work = asyncio.Event()
@@ -82,18 +89,18 @@ class Intake:
         self.draining = False
 
     # --- in ---------------------------------------------------------------------------------
-    def receive(self, tp: TopicPartition, records: list[Any]) -> None:
+    def receive(self, tp: TopicPartition, records: list[SubmitRecord]) -> None:
         part = self.parts.get(tp)
         if part is None:
             guard = None
             if self.marks is not None:
                 guard = PartitionGuard(self.marks, self.scope, tp.topic, tp.partition,
                                        self.worker_id, lease_s=self.lease_s,
-                                       keep_s=self.keep_s)
+                                       keep_s=self.keep_s, monotonic=self.timer.monotonic)
             part = self.parts[tp] = Part(tp, guard)
         if part.guard is not None:
             part.guard.touched = True
-        items = [(part, rec, self.tracker.begin(tp, rec.offset)) for rec in records]
+        items = [Item(part, rec, self.tracker.begin(tp, rec.offset)) for rec in records]
         self.holding += len(items)
         if part.ready and not part.held:
             self.ready.extend(items)
@@ -115,14 +122,44 @@ class Intake:
             await self.work.wait()
         return None if self.draining else self.ready.popleft()
 
+    def take_more(self, share: int, most: int) -> list[Item]:
+        """Up to `most` more ready records for a slot, at most its fair share of those
+        waiting (one in `share`), without waiting for any."""
+        want = min(most, len(self.ready) // share)
+        return [self.ready.popleft() for _ in range(min(want, len(self.ready)))]
+
     def hold_again(self, item: Item) -> None:
         """A record that may not start yet after all (its lease is no longer valid)."""
-        part = item[0]
+        part = item.part
         part.held.appendleft(item)
         self.need_lease(part)
 
     def defer(self, item: Item, occurrence: str) -> None:
-        item[0].deferred.setdefault(occurrence, []).append(item)
+        item.part.deferred.setdefault(occurrence, []).append(item)
+
+    def stop(self) -> None:
+        """Shutdown: nothing more starts; records not begun stay uncommitted (fetched again by
+        whoever owns their partitions next); idle slots wake up and end."""
+        self.draining = True
+        self.ready.clear()
+        self.work.set()
+
+    def stop_acquiring(self) -> list[Part]:
+        """Shutdown, once the slots are done: cancel lease acquisitions under way; returns
+        every partition, for the last marks, commit and release."""
+        parts = list(self.parts.values())
+        for part in parts:
+            if part.acquiring is not None:
+                part.acquiring.cancel()
+        return parts
+
+    def committed(self, points: dict[TopicPartition, int]) -> None:
+        """Offsets were committed: what lies below them is not delivered again in this
+        holding, so their known outcomes can be forgotten."""
+        for tp, offset in points.items():
+            part = self.parts.get(tp)
+            if part is not None and part.guard is not None:
+                part.guard.prune(offset)
 
     def release_running(self, part: Part, occurrence: str) -> None:
         """A handling of `occurrence` ended: its copies that waited are decided now."""
@@ -155,13 +192,13 @@ class Intake:
                     log.info("%s[%d]: waiting for the lease held by %s", part.tp.topic,
                              part.tp.partition, holder or "nobody (it is expiring)")
                     waited_for = holder
-                await asyncio.sleep(self.poll_s)
+                await self.timer.sleep(self.poll_s)
             if part.gone:
                 await guard.release()
                 return
             guard.forget_window()
             if part.held:
-                low, high = window_bounds((rec.offset for _, rec, _ in part.held),
+                low, high = window_bounds((item.record.offset for item in part.held),
                                           self._end_offset(part.tp))
                 found = await guard.load_window(low, high)
                 if found:
@@ -263,7 +300,7 @@ class Intake:
                 part.acquiring.cancel()
             part.held.clear()
             part.deferred.clear()
-        self.ready = deque(it for it in self.ready if it[0].tp not in gone)
+        self.ready = deque(it for it in self.ready if it.part.tp not in gone)
         return parts
 
     def forget(self, parts: list[Part]) -> None:

@@ -25,105 +25,75 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-import os
-import socket
 from collections.abc import Mapping
-from typing import Any, cast
+from dataclasses import replace
+from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
-
-from chronowheel.bus.kafka import group_consumer, plain_producer
+from chronowheel.bus.ports import (
+    BusError,
+    TopicPartition,
+    WorkerBus,
+    WorkerConsumer,
+    WorkerProducer,
+)
 from chronowheel.core.clock import Clock, SystemClock
 from chronowheel.errors import ChronowheelError
 from chronowheel.observe.http import HttpEndpoint
 from chronowheel.settings import Settings
+from chronowheel.store.base import WorkerStores
 from chronowheel.supervise import Supervisor, install_stop_signals
-from chronowheel.timeouts import wait_event, within
 from chronowheel.worker.handling import Handler, Slots, WorkerStats
 from chronowheel.worker.intake import Intake
-from chronowheel.worker.ledger import DEFAULT_KEEP_S, DEFAULT_LEASE_S, ClaimStore, Ledger
+from chronowheel.worker.ledger import Ledger
 from chronowheel.worker.metrics import WorkerMetrics, observed
 from chronowheel.worker.offsets import OffsetTracker
-from chronowheel.worker.overlap import DEFAULT_POLL_S, DEFAULT_REPLACE_WAIT_S, Overlap, RunStore
-from chronowheel.worker.partitions import MarkStore
+from chronowheel.worker.options import WorkerSettings, default_group_id
+from chronowheel.worker.overlap import Overlap
+from chronowheel.worker.timing import RealTimer, Timer
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Handler", "Worker", "WorkerError", "WorkerStats", "default_group_id",
-           "install_signal_handlers"]
+__all__ = ["Handler", "Worker", "WorkerError", "WorkerSettings", "WorkerStats",
+           "default_group_id", "install_signal_handlers"]
 
 
 class WorkerError(ChronowheelError):
     """The worker stopped because of a failure outside a handler."""
 
 
-def default_group_id(namespace: str, topics: list[str]) -> str:
-    return f"{namespace}-workers-{'+'.join(sorted(topics))}"
-
-
 class Worker:
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        handlers: Mapping[str, Handler],
-        group_id: str | None = None,
-        concurrency: int = 16,
-        idempotency: bool = True,
-        idempotency_scope: str | None = None,
-        clock: Clock | None = None,
-        lease_s: int = DEFAULT_LEASE_S,
-        keep_s: int = DEFAULT_KEEP_S,
-        shutdown_deadline_s: float = 30.0,
-        commit_interval_s: float = 0.5,
-        session_timeout_ms: int = 10_000,
-        prefetch: int | None = None,
-        store: ClaimStore | None = None,
-        marks: MarkStore | None = None,
-        worker_id: str | None = None,
-        overlap_poll_s: float = DEFAULT_POLL_S,
-        replace_wait_s: float = DEFAULT_REPLACE_WAIT_S,
-        http_port: int | None = None,
-    ) -> None:
+    """Runs `handlers` (topic -> handler) for the occurrences fired to their topics.
+
+    `options` (a `WorkerSettings`) says how; its fields may also be given as keywords
+    (`Worker(settings, handlers=h, concurrency=32)`), which override those of `options`.
+    Without `bus` the worker uses Kafka (`settings.kafka`); without `stores` and with
+    idempotency it opens Cassandra (`settings.cassandra`). `timer` measures durations (leases,
+    polls, deadlines), the real monotonic time unless a test injects its clock's.
+    """
+
+    def __init__(self, settings: Settings, *, handlers: Mapping[str, Handler],
+                 options: WorkerSettings | None = None, clock: Clock | None = None,
+                 bus: WorkerBus | None = None, stores: WorkerStores | None = None,
+                 timer: Timer | None = None, **overrides: Any) -> None:
         if not handlers:
             raise ValueError("handlers: give at least one topic -> handler")
-        if concurrency < 1:
-            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
-        if lease_s < 1:
-            raise ValueError(f"lease_s must be at least 1, got {lease_s}")
         self.settings = settings
         self.handlers = dict(handlers)
         self.topics = sorted(self.handlers)
-        self.group_id = group_id or default_group_id(settings.namespace, self.topics)
-        self.concurrency = concurrency
-        self.idempotency = idempotency
-        self.idempotency_scope = idempotency_scope or self.group_id
+        self.options = replace(options or WorkerSettings(), **overrides).resolved(
+            settings.namespace, self.topics)
         self.clock = clock or SystemClock()
-        self.lease_s = lease_s
-        self.keep_s = keep_s
-        self.shutdown_deadline_s = shutdown_deadline_s
-        self.commit_interval_s = commit_interval_s
-        self.session_timeout_ms = session_timeout_ms
-        self.prefetch = prefetch or max(1000, 8 * concurrency)
-        """Most records received and not yet handled, over all partitions. Handled records
-        waiting for their marks to be written do not count (up to 8 x prefetch of them), so
-        the write latency of the marks does not throttle fetching."""
-        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.timer = timer or RealTimer()
         self.stats = WorkerStats()
-        self.overlap_poll_s = overlap_poll_s
-        self.replace_wait_s = replace_wait_s
-        self._overlap: Overlap | None = None
         self.metrics = WorkerMetrics(self.stats)
-        self.http_port = http_port
-        """Serve /metrics and /healthz on this port (settings.http_host); None: no endpoint."""
         self.http: HttpEndpoint | None = None
-        self._store = store
-        self._marks = marks
-        self._own_store: Any = None
+        self._bus = bus
+        self._stores = stores
+        self._own_stores: Any = None
         self._ledger: Ledger | None = None
-        self._consumer: AIOKafkaConsumer | None = None
-        self._producer: AIOKafkaProducer | None = None
+        self._overlap: Overlap | None = None
+        self._consumer: WorkerConsumer | None = None
+        self._producer: WorkerProducer | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._tracker: OffsetTracker[TopicPartition] = OffsetTracker()
         self._intake: Intake | None = None
@@ -134,50 +104,80 @@ class Worker:
         self._started = False
         self._closed = False
 
+    # --- what it was told, resolved -------------------------------------------------------
+    @property
+    def group_id(self) -> str:
+        assert self.options.group_id is not None
+        return self.options.group_id
+
+    @property
+    def idempotency_scope(self) -> str:
+        assert self.options.idempotency_scope is not None
+        return self.options.idempotency_scope
+
+    @property
+    def worker_id(self) -> str:
+        assert self.options.worker_id is not None
+        return self.options.worker_id
+
+    @property
+    def prefetch(self) -> int:
+        assert self.options.prefetch is not None
+        return self.options.prefetch
+
+    @property
+    def shutdown_deadline_s(self) -> float:
+        return self.options.shutdown_deadline_s
+
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         """Connect, join the group and start handling in the background."""
         if self._started:
             raise RuntimeError("a Worker starts once")
         self._started = True
-        if self.http_port is not None:
-            self.http = HttpEndpoint(self.metrics.registry, self.health, self.http_port,
+        o = self.options
+        if o.http_port is not None:
+            self.http = HttpEndpoint(self.metrics.registry, self.health, o.http_port,
                                      self.settings.http_host, token=self.settings.http_token)
             await self.http.start()
-        if self.idempotency:
-            if self._store is None or self._marks is None:
-                from chronowheel.store.cassandra import CassandraStore
-                from chronowheel.store.cassandra_marks import CassandraMarks
+        if o.idempotency:
+            stores = self._stores
+            if stores is None:
+                from chronowheel.store.cassandra_marks import CassandraWorkerStores
 
-                self._own_store = await asyncio.to_thread(CassandraStore.open, self.settings)
-                self._store = self._store or self._own_store
-                self._marks = self._marks or await asyncio.to_thread(
-                    CassandraMarks, self._own_store.session, self.settings.keyspace)
-            assert self._store is not None
-            self._ledger = Ledger(self._store, self.idempotency_scope, self.worker_id,
-                                  lease_s=self.lease_s, keep_s=self.keep_s)
-            if hasattr(self._store, "swap_run"):  # a JobStore, not a bare claim store
-                self._overlap = Overlap(cast(RunStore, self._store), self.idempotency_scope,
-                                        self.worker_id, lease_s=self.lease_s,
-                                        clock=self.clock, poll_s=self.overlap_poll_s,
-                                        replace_wait_s=self.replace_wait_s)
+                self._own_stores = await asyncio.to_thread(CassandraWorkerStores, self.settings)
+                stores = self._own_stores.stores
+            assert stores is not None
+            self._ledger = Ledger(stores.claims, self.idempotency_scope, self.worker_id,
+                                  lease_s=o.lease_s, keep_s=o.keep_s, sleep=self.timer.sleep)
+            if stores.runs is not None:
+                self._overlap = Overlap(stores.runs, self.idempotency_scope, self.worker_id,
+                                        lease_s=o.lease_s, clock=self.clock,
+                                        poll_s=o.overlap_poll_s,
+                                        replace_wait_s=o.replace_wait_s)
+        if self._bus is None:
+            from chronowheel.bus.kafka_worker import KafkaWorkerBus
+
+            self._bus = KafkaWorkerBus(self.settings)
         self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=self.concurrency, thread_name_prefix="chronowheel-handler")
-        self._producer = plain_producer(self.settings)
+            max_workers=o.concurrency, thread_name_prefix="chronowheel-handler")
+        self._producer = self._bus.producer()
         await self._producer.start()
-        consumer = group_consumer(self.settings, self.group_id, session_timeout_ms=
-                                  self.session_timeout_ms, max_partition_fetch_bytes=4 << 20)
+        consumer = self._bus.consumer(group_id=self.group_id, topics=self.topics,
+                                      session_timeout_ms=o.session_timeout_ms,
+                                      on_assigned=self.partitions_assigned,
+                                      on_revoked=self.partitions_revoked)
         self._intake = Intake(
-            self._tracker, self._marks if self.idempotency else None,
-            scope=self.idempotency_scope, worker_id=self.worker_id, lease_s=self.lease_s,
-            keep_s=self.keep_s, poll_s=self._ledger.poll_s if self._ledger else 1.0,
-            spawn=self._sup.job, end_offset=consumer.highwater)
+            self._tracker, stores.marks if o.idempotency and stores is not None else None,
+            scope=self.idempotency_scope, worker_id=self.worker_id, lease_s=o.lease_s,
+            keep_s=o.keep_s, poll_s=self._ledger.poll_s if self._ledger else 1.0,
+            spawn=self._sup.job, end_offset=consumer.end_offset, timer=self.timer)
         handlers = {t: observed(h, t, self.metrics) for t, h in self.handlers.items()}
-        self._slots = Slots(self._intake, handlers, concurrency=self.concurrency,
-                            settings=self.settings, clock=self.clock, ledger=self._ledger,
-                            producer=self._producer, executor=self._executor, stats=self.stats,
-                            fail=self._sup.fail, overlap=self._overlap)
-        consumer.subscribe(self.topics, listener=_Rebalance(self))
+        self._slots = Slots(self._intake, handlers, concurrency=o.concurrency,
+                            settings=self.settings, clock=self.clock, timer=self.timer,
+                            ledger=self._ledger, producer=self._producer,
+                            executor=self._executor, stats=self.stats, fail=self._sup.fail,
+                            overlap=self._overlap)
         self._consumer = consumer  # before start(): an assignment can arrive during it
         await consumer.start()
         self._loops = [self._sup.spawn(self._fetch_loop(), "worker-fetch"),
@@ -186,8 +186,8 @@ class Worker:
             self._loops.append(self._sup.spawn(self._lease_loop(), "worker-leases"))
         self._slots.start()
         log.info("worker %s started: group %s, topics %s, concurrency %d, idempotency %s",
-                 self.worker_id, self.group_id, ", ".join(self.topics), self.concurrency,
-                 self.idempotency_scope if self.idempotency else "off")
+                 self.worker_id, self.group_id, ", ".join(self.topics), o.concurrency,
+                 self.idempotency_scope if o.idempotency else "off")
 
     def request_stop(self) -> None:
         self._sup.request_stop()
@@ -205,23 +205,17 @@ class Worker:
             return
         self._closed = True
         self._sup.begin_shutdown()
-        deadline = self.shutdown_deadline_s if deadline_s is None else deadline_s
+        deadline = self.options.shutdown_deadline_s if deadline_s is None else deadline_s
         for task in self._loops:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         intake, slots = self._intake, self._slots
         if intake is not None and slots is not None:
-            # Records not begun stay uncommitted: fetched again by whoever owns them next.
-            slots.closed = True
-            intake.draining = True
-            intake.ready.clear()
-            intake.work.set()  # idle slots wake up and end
+            slots.close()
+            intake.stop()
             await slots.drain(deadline)
-            parts = list(intake.parts.values())
-            for part in parts:
-                if part.acquiring is not None:
-                    part.acquiring.cancel()
+            parts = intake.stop_acquiring()
             with contextlib.suppress(Exception):
                 await intake.settle_marks(parts)
             if self._consumer is not None:
@@ -241,9 +235,9 @@ class Worker:
             # A sync handler cannot be interrupted: its thread is left to finish on its own.
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
-        if self._own_store is not None:
-            await asyncio.to_thread(self._own_store.close)
-            self._own_store = None
+        if self._own_stores is not None:
+            await asyncio.to_thread(self._own_stores.close)
+            self._own_stores = None
         if self.http is not None:
             await self.http.stop()
             self.http = None
@@ -269,6 +263,10 @@ class Worker:
                 out[tp] = offset
         return out
 
+    def assignment(self) -> set[TopicPartition]:
+        """Partitions the group assigned to this worker now."""
+        return set() if self._consumer is None else self._consumer.assignment()
+
     def health(self) -> tuple[bool, dict[str, object]]:
         """Ready while running: started, not stopping, nothing failed outside a handler."""
         consumer = self._consumer
@@ -288,20 +286,14 @@ class Worker:
         metrics.assigned_partitions.set(len(assigned))
         metrics.holding.set(self.holding())
         for tp in assigned:
-            end = consumer.last_stable_offset(tp)
-            if end is None or end < 0:
-                end = consumer.highwater(tp)
-            if end is None:
-                continue  # nothing fetched from it yet
-            try:  # bounded: a position being reset must not hold up the commit loop
-                fetched_to = await within(consumer.position(tp), 0.1)
-            except Exception:
-                continue  # revoked meanwhile, or its position is not known yet
+            unfetched = await consumer.unfetched(tp)
+            if unfetched is None:
+                continue
             # Not yet fetched plus fetched and not yet handled. Measured from the position,
             # not the committed offset: the commit markers of the node's transactions take
             # offsets too, so end - committed never reaches 0 on a transactional topic.
             metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(
-                max(0, end - fetched_to) + self._tracker.in_flight(tp))
+                unfetched + self._tracker.in_flight(tp))
 
     def holding(self) -> int:
         """Records received and not yet fully handled (waiting, running or being marked)."""
@@ -311,18 +303,19 @@ class Worker:
     async def _fetch_loop(self) -> None:
         consumer, intake = self._consumer, self._intake
         assert consumer is not None and intake is not None
+        prefetch = self.prefetch
         while not self._sup.stopping:
-            room = min(self.prefetch - intake.unhandled(), 8 * self.prefetch - intake.holding)
+            room = min(prefetch - intake.unhandled(), 8 * prefetch - intake.holding)
             if room <= 0:
-                # Wake as soon as handlers free room. The short getmany(timeout 0) on a timeout
-                # keeps aiokafka counting this consumer as polling (max_poll_interval).
+                # Wake as soon as handlers free room. The short fetch (timeout 0) on a timeout
+                # keeps the consumer counted as polling (Kafka's max_poll_interval).
                 intake.room.clear()
-                if await wait_event(intake.room, 1.0):
+                if await self.timer.wait_event(intake.room, 1.0):
                     continue
                 room = 1
-                batches = await consumer.getmany(timeout_ms=0, max_records=room)
+                batches = await consumer.fetch(timeout_ms=0, max_records=room)
             else:
-                batches = await consumer.getmany(timeout_ms=500, max_records=room)
+                batches = await consumer.fetch(timeout_ms=500, max_records=room)
             if self._sup.stopping:
                 return  # records not begun are not committed: fetched again next time
             for tp, records in batches.items():
@@ -331,12 +324,12 @@ class Worker:
     async def _lease_loop(self) -> None:
         assert self._ledger is not None and self._intake is not None
         while True:
-            await asyncio.sleep(self._ledger.renew_every_s)
+            await self.timer.sleep(self._ledger.renew_every_s)
             await self._intake.renew_leases()
 
     async def _commit_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.commit_interval_s)
+            await self.timer.sleep(self.options.commit_interval_s)
             await self._commit()
             await self._update_gauges()
 
@@ -352,49 +345,41 @@ class Worker:
                 return
             try:
                 await consumer.commit(points)
-            except KafkaError as exc:
+            except BusError as exc:
                 # A rebalance raced us: the new owner redelivers, which the marks make harmless.
                 log.warning("offset commit failed (will be redelivered): %r", exc)
                 return
             self._tracker.committed(points)
             if self._intake is not None:
-                for tp, offset in points.items():
-                    part = self._intake.parts.get(tp)
-                    if part is not None and part.guard is not None:
-                        part.guard.prune(offset)
+                self._intake.committed(points)
 
-    async def _revoked(self, revoked: list[TopicPartition]) -> None:
+    # --- the group's rebalances (the bus calls these) -----------------------------------------
+    async def partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        log.info("worker %s assigned %s", self.worker_id,
+                 sorted((tp.topic, tp.partition) for tp in assigned))
+
+    async def partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         """Let the partitions' running handlers finish (bounded), write their marks, commit,
-        release the leases, forget the partitions."""
+        release the leases, forget the partitions. A failure here stops the worker loudly (a
+        worker that silently stopped committing would be worse)."""
+        try:
+            await self._revoke(revoked)
+        except Exception as exc:
+            self._sup.fail("revoking partitions", exc)
+
+    async def _revoke(self, revoked: list[TopicPartition]) -> None:
         intake, slots = self._intake, self._slots
         if intake is None or slots is None:
             return
         gone = set(revoked)
         parts = intake.take(gone)
-        await slots.finish_partitions(parts, self.shutdown_deadline_s)
+        await slots.finish_partitions(parts, self.options.shutdown_deadline_s)
         await intake.settle_marks(parts)
         await self._commit(list(gone))
         await intake.release_leases(parts)
         intake.forget(parts)
         for tp in gone:
             self.metrics.forget_partition(tp.topic, tp.partition)
-
-
-class _Rebalance(ConsumerRebalanceListener):
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-
-    # aiokafka logs and swallows a listener's exception; a worker that silently stops
-    # committing would be worse than one that stops, so failures here stop it loudly.
-    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        try:
-            await self.worker._revoked(list(revoked))
-        except Exception as exc:
-            self.worker._sup.fail("revoking partitions", exc)
-
-    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        log.info("worker %s assigned %s", self.worker.worker_id,
-                 sorted((tp.topic, tp.partition) for tp in assigned))
 
 
 def install_signal_handlers(worker: Worker) -> None:
