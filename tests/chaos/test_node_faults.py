@@ -42,6 +42,7 @@ from chronowheel.admin import init_namespace
 from chronowheel.bus.kafka import group_session_limits
 from chronowheel.core.shard import shard_of
 from chronowheel.settings import Settings
+from chronowheel.testing import committed_past
 from chronowheel.testing.node_process import NodeProcess
 
 from testkit import REPO
@@ -183,8 +184,11 @@ async def wait_all(tally: Tally, jobs: dict[str, int], fleet: Fleet | None,
             raise AssertionError(f"{tally.seen()} of {len(jobs)} occurrences after "
                                  f"{timeout_s:.0f} s{fleet.tails() if fleet else ''}")
         await asyncio.sleep(0.2)
-    # Anything due later than the last expected one, or a late duplicate, would show here.
-    await asyncio.sleep(max(3.0, (max(jobs.values()) - now_ms()) / 1000 + 3))
+    # Every shard's committed watermark past the last job's instant, then the reader at the
+    # end of the topic: anything due up to then, or a late duplicate, is in the tally now.
+    left_s = max(30.0, deadline - time.monotonic())
+    await committed_past(tally.settings, max(jobs.values()), left_s)
+    await tally.read_to_end(left_s)
 
 
 def max_gap_s(tally: Tally, shards: set[int], after_ms: float) -> float:

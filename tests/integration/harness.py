@@ -15,16 +15,15 @@ from aiokafka import TopicPartition
 from chronowheel import testing
 from chronowheel.admin import init_namespace
 from chronowheel.bus.kafka import open_admin, plain_producer, reader
-from chronowheel.bus.reading import TopicReader
 from chronowheel.core.clock import Clock
 from chronowheel.core.model import encode_cancel, encode_upsert
 from chronowheel.core.shard import shard_of
-from chronowheel.core.wire import StateRecord
 from chronowheel.node.service import Node
 from chronowheel.settings import Settings
-from chronowheel.testing import Collector, Fired, collecting, wait_owned
+from chronowheel.testing import Collector, Fired, collecting, committed_past, wait_owned
 
-__all__ = ["Collector", "Fired", "collecting", "wait_owned"]  # re-exported for the tests
+# re-exported for the tests
+__all__ = ["Collector", "Fired", "collecting", "committed_past", "wait_owned"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -138,28 +137,6 @@ async def applied(settings: Settings, timeout_s: float = 30) -> None:
     finally:
         await commands.stop()
         await admin.close()
-
-
-async def committed_past(settings: Settings, t_ms: int, timeout_s: float = 30) -> dict[int, int]:
-    """Return once every shard's committed watermark (its last record in <ns>.state, read
-    read_committed) is at or past `t_ms` (the nodes' clock): every occurrence of every shard
-    due up to then has been published in a committed transaction, since a shard's state record
-    commits together with what it fired. Returns the watermarks, by shard."""
-    marks: dict[int, int] = {}
-    state = TopicReader(settings, (settings.state_topic,))
-    await state.start()
-    try:
-        deadline = time.monotonic() + timeout_s
-        while len(marks) < settings.shards or min(marks.values()) < t_ms:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"watermarks not past {t_ms} after {timeout_s}s: {marks}")
-            for record in await state.fetch(100):
-                shard = StateRecord.shard_of_key(record.key)
-                if shard is not None and record.value:
-                    marks[shard] = StateRecord.parse(record.value, shard=shard).watermark
-        return marks
-    finally:
-        await state.stop()
 
 
 async def settled(settings: Settings, *collectors: Collector, clock: Clock | None = None,

@@ -342,6 +342,7 @@ class JobStore(Protocol):
         """Delete the named calendar; deleting one that does not exist is fine."""
         ...
 
+
 # --- the worker's storage --------------------------------------------------------------------
 # What the worker library (`worker/`) keeps: per-partition leases and outcome marks (MarkStore),
 # per-occurrence claims of retries (ClaimStore) and per-job run leases of the overlap policy

@@ -5,14 +5,15 @@ benchmark, the locust scenarios and `chronowheel demo`.
 - `NodeProcess`: `chronowheel node` as a child process (metrics port from its log, /healthz,
   /metrics, graceful stop); `wait_owned` for a node run in this process;
 - `Collector` / `collecting`: a background read_committed reader of whole topics, each message a
-  `Fired` stamped with its arrival time;
+  `Fired` stamped with its arrival time; `committed_past`: the barrier "every shard's committed
+  watermark is past T" (with `Collector.read_to_end`, what "nothing more arrives" waits for);
 - `LatenessTally`: lateness percentiles by group, early, duplicate and missing occurrences;
 - `require_loopback`: refuse servers that are not on this machine; `drop_namespace` (and
   `drop_namespace_quietly` for synchronous teardown): delete a scratch namespace's topics and
   keyspace.
 """
 
-from chronowheel.testing.collect import Collector, Fired, collecting, wall_ms
+from chronowheel.testing.collect import Collector, Fired, collecting, committed_past, wall_ms
 from chronowheel.testing.lateness import GroupTally, LatenessTally, percentile, summarize
 from chronowheel.testing.local import drop_namespace, drop_namespace_quietly, require_loopback
 from chronowheel.testing.node_process import (
@@ -31,6 +32,7 @@ __all__ = [
     "NodeProcess",
     "NodeProcessError",
     "collecting",
+    "committed_past",
     "drop_namespace",
     "drop_namespace_quietly",
     "metric_sum",

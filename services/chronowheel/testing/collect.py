@@ -190,3 +190,27 @@ async def collecting(settings: Settings, *topics: str) -> AsyncIterator[Collecto
         yield c
     finally:
         await c.stop()
+
+
+async def committed_past(settings: Settings, t_ms: int, timeout_s: float = 30) -> dict[int, int]:
+    """Return once every shard's committed watermark (its last record in <ns>.state, read
+    read_committed) is at or past `t_ms` (the nodes' clock): every occurrence of every shard
+    due up to then has been published in a committed transaction, since a shard's state record
+    commits together with what it fired, and no later owner can publish one again. With a
+    collector read to its end afterwards (`Collector.read_to_end`), a check that nothing more
+    arrives for those instants is exact. Returns the watermarks, by shard."""
+    marks: dict[int, int] = {}
+    state = TopicReader(settings, (settings.state_topic,))
+    await state.start()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while len(marks) < settings.shards or min(marks.values()) < t_ms:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"watermarks not past {t_ms} after {timeout_s}s: {marks}")
+            for record in await state.fetch(100):
+                shard = wire.StateRecord.shard_of_key(record.key)
+                if shard is not None and record.value:
+                    marks[shard] = wire.StateRecord.parse(record.value, shard=shard).watermark
+        return marks
+    finally:
+        await state.stop()
