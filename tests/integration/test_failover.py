@@ -37,6 +37,7 @@ from chronowheel.node.service import STOP_DEADLINE_S
 from chronowheel.settings import Settings
 from chronowheel.testing import percentile
 
+from testkit.fleet import until
 from tests.integration.harness import (
     Collector,
     Fired,
@@ -103,17 +104,6 @@ def nodes(tmp_path: Path) -> Iterator[Nodes]:
         yield n
     finally:
         n.cleanup()
-
-
-async def until(cond: Callable[[], bool], timeout_s: float, what: str, nodes: Nodes) -> float:
-    """Poll `cond` until true; return the seconds it took, or fail with the nodes' log tails."""
-    t0 = time.monotonic()
-    while not cond():
-        if time.monotonic() - t0 > timeout_s:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}"
-                                 f"{nodes.tails()}")
-        await asyncio.sleep(POLL_S)
-    return time.monotonic() - t0
 
 
 def alive(node: NodeProcess) -> bool:

@@ -11,7 +11,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -23,19 +22,11 @@ from chronowheel.core import wire
 from chronowheel.node.pending import encode_headers
 from chronowheel.settings import Settings
 
+from testkit.fleet import until as wait_until
 from tests.integration.harness import REPO, make_namespace, now_ms, produce, running_node, upsert
 from tests.integration.worker_handlers import read_events as events
 
 pytestmark = pytest.mark.integration
-
-
-async def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout_s
-    while not predicate():
-        if loop.time() > end:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.1)  # polling the handlers' log files
 
 
 async def fire_directly(settings: Settings, topic: str, job_id: str, scheduled_ms: int,

@@ -6,25 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 
 from chronowheel.bus.kafka_node import KafkaSubmitGroup
 from chronowheel.settings import Settings
 
+from testkit.fleet import until
 from tests.conftest import Stack
 from tests.integration.harness import make_namespace
 
 SESSION_MS = 10_000
 SHARDS = 4
-
-
-async def _until(what: str, done: Callable[[], bool], timeout_s: float = 60.0) -> float:
-    start = time.monotonic()
-    while not done():
-        if time.monotonic() - start > timeout_s:
-            raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
-        await asyncio.sleep(0.05)
-    return time.monotonic() - start
 
 
 class _Members:
@@ -56,9 +47,10 @@ async def test_a_static_member_restarted_within_its_session_gets_its_shards_back
     await b.start()
     restarted: KafkaSubmitGroup | None = None
     try:
-        await _until("both members hold shards, every shard held once", lambda: bool(
+        await until(lambda: bool(
             a.assigned() and b.assigned() and len(a.assigned() | b.assigned()) == SHARDS
-            and not a.assigned() & b.assigned()))
+            and not a.assigned() & b.assigned()), 60,
+            "both members hold shards, every shard held once")
         held_a, held_b = a.assigned(), b.assigned()
         members.events.clear()
 
@@ -66,9 +58,9 @@ async def test_a_static_member_restarted_within_its_session_gets_its_shards_back
         await a.stop()  # a static member does not leave its group: its shards wait for it
         restarted = members.member("node-a")
         await restarted.start()
-        await _until("the restarted member holds its shards again",
-                     lambda: restarted is not None and restarted.assigned() == held_a,
-                     timeout_s=SESSION_MS / 1000)
+        await until(lambda: restarted is not None and restarted.assigned() == held_a,
+                    SESSION_MS / 1000, "the restarted member holds its shards again",
+                    poll_s=0.05)
         took = time.monotonic() - down
         # Nothing moved meanwhile, or since: the other member heard of no rebalance.
         await asyncio.sleep(2 * settings.node_heartbeat_interval_ms / 1000)

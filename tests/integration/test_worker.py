@@ -27,6 +27,7 @@ from chronowheel.store.cassandra import CassandraStore
 from chronowheel.store.cassandra_marks import CassandraMarks
 from chronowheel.worker import DeadLetter, Occurrence, Worker, WorkerStats
 
+from testkit.fleet import until as wait_until
 from tests.integration.harness import (
     REPO,
     collecting,
@@ -39,14 +40,6 @@ from tests.integration.harness import (
 from tests.integration.worker_handlers import read_events as events
 
 pytestmark = pytest.mark.integration
-
-
-async def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 @contextlib.asynccontextmanager

@@ -37,6 +37,7 @@ from chronowheel.errors import ConfigError
 from chronowheel.settings import Settings
 from chronowheel.store.cassandra import CassandraAccessError, connect
 
+from testkit.fleet import until as _wait
 from tests.integration.worker_handlers import read_events
 from tests.security.support import REPO, Secured, chronowheel_cli, drop_namespace
 
@@ -89,14 +90,6 @@ def children() -> Iterator[list[Child]]:
     yield started
     for child in started:
         child.stop()
-
-
-async def _wait(predicate: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        await asyncio.sleep(0.25)
 
 
 async def _read_fired(secured: Secured, ns: str, want: int, timeout_s: float) -> list[Any]:
