@@ -216,7 +216,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Tests that need no server first: the namespace pool prepares keyspaces meanwhile.
-    items.sort(key=lambda item: "stack" in getattr(item, "fixturenames", ()))
+    items.sort(key=lambda item: any(name in getattr(item, "fixturenames", ())
+                                    for name in SERVER_FIXTURES))
     for item in items:
         if "stack" in getattr(item, "fixturenames", ()) and not item.get_closest_marker(
             "integration"
