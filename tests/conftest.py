@@ -127,6 +127,17 @@ def bare_namespace(request: pytest.FixtureRequest) -> Iterator[str]:
         _POOL.give_back(ns)
 
 
+@pytest.fixture
+def quiet_namespace_pool(namespace: str) -> Iterator[None]:
+    """The pool's thread does nothing during the test (after `namespace` is prepared): for a
+    test that measures what its own process does, such as the garbage its requests leave."""
+    if _POOL is None:
+        yield
+        return
+    with _POOL.paused():
+        yield
+
+
 # The session's namespace pool, and how many tests will ask it for a namespace.
 _POOL: NamespacePool | None = None
 _POOL_DEMAND = 0

@@ -24,12 +24,13 @@ for the servers' two cores.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import secrets
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 PREPARE_TIMEOUT_S = 300.0
@@ -70,6 +71,8 @@ class NamespacePool:
         self._failure: BaseException | None = None
         self._outstanding = 0  # prepared and not yet handed out
         self._waiting = 0  # tests waiting in take()
+        self._paused = 0  # paused() blocks in force
+        self._working = True  # the thread is not parked in _wait_while_paused
         self._thread = threading.Thread(target=self._run, name="namespace-pool", daemon=True)
         self._thread.start()
 
@@ -110,6 +113,24 @@ class NamespacePool:
         with self._wake:
             self._wake.notify_all()
 
+    @contextlib.contextmanager
+    def paused(self, timeout_s: float = 120.0) -> Iterator[None]:
+        """No work on the pool's thread meanwhile (the schema change or drop under way is
+        finished first): for a test that measures what its own process does, such as the
+        garbage its requests leave."""
+        with self._wake:
+            self._paused += 1
+            self._wake.notify_all()
+            if not self._wake.wait_for(lambda: not self._working, timeout=timeout_s):
+                self._paused -= 1
+                raise TimeoutError(f"the namespace pool is still busy after {timeout_s:.0f} s")
+        try:
+            yield
+        finally:
+            with self._wake:
+                self._paused -= 1
+                self._wake.notify_all()
+
     def close(self, timeout_s: float = 180.0) -> None:
         """Drop what is left (prepared and given back) and stop the thread."""
         with self._wake:
@@ -139,6 +160,10 @@ class NamespacePool:
         except BaseException as exc:  # reported to the next test that asks
             self._failure = exc
             self._log(f"stopped: {exc!r}")
+        finally:
+            with self._wake:
+                self._working = False
+                self._wake.notify_all()
 
     async def _serve(self) -> None:
         from chronowheel.admin import SCHEMA_AGREEMENT_WAIT_S, apply_schema
@@ -151,6 +176,7 @@ class NamespacePool:
         cluster.max_schema_agreement_wait = SCHEMA_AGREEMENT_WAIT_S
         try:
             while True:
+                await asyncio.to_thread(self._wait_while_paused)
                 drop = self._next_drop()
                 if drop is not None:
                     await self._drop(session, drop)
@@ -196,8 +222,17 @@ class NamespacePool:
     def _sleep_until_wanted(self) -> None:
         with self._wake:
             self._wake.wait_for(
-                lambda: self._closing or not self._drops.empty() or self._want_more(),
+                lambda: self._closing or self._paused > 0 or not self._drops.empty()
+                or self._want_more(),
                 timeout=5.0)
+
+    def _wait_while_paused(self) -> None:
+        with self._wake:
+            if self._paused and not self._closing:
+                self._working = False
+                self._wake.notify_all()
+                self._wake.wait_for(lambda: not self._paused or self._closing)
+            self._working = True
 
     async def _drop(self, session: object, name: str) -> None:
         from chronowheel.bus.kafka import open_admin

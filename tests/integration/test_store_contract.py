@@ -31,6 +31,7 @@ class TestCassandraStoreContract(JobStoreContract):
             store.close()
 
 
+@pytest.mark.usefixtures("quiet_namespace_pool")  # its thread's requests leave garbage too
 async def test_finished_requests_leave_no_cyclic_garbage(stack: Stack, namespace: str) -> None:
     # Every object of a finished request must be freed by reference counting: cyclic garbage
     # made the node's full collections (event-loop pauses) frequent (node/gc_policy.py).
