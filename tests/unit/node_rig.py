@@ -7,7 +7,6 @@ for time.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from chronowheel.bus.memory import MemoryBus, Message
@@ -19,8 +18,9 @@ from chronowheel.node.service import Node
 from chronowheel.settings import Settings
 from chronowheel.store.memory import MemoryStore
 
+from tests.unit.rig_settle import settle
+
 T0 = 1_796_115_600_000  # 2026-12-01T09:00:00Z
-QUIET_YIELDS = 40  # this many loop turns without a storage call or a commit: nothing to do
 
 
 class NodeRig:
@@ -70,17 +70,7 @@ class NodeRig:
 
     # --- time ----------------------------------------------------------------------------
     async def settle(self) -> None:
-        quiet, last = 0, None
-        for _ in range(200_000):
-            await asyncio.sleep(0)
-            now = (self.store.calls, self.bus.commits, self.clock.now_ms())
-            if now == last:
-                quiet += 1
-                if quiet >= QUIET_YIELDS:
-                    return
-            else:
-                quiet, last = 0, now
-        raise AssertionError("the node never settled")
+        await settle(lambda: (self.store.calls, self.bus.commits, self.clock.now_ms()), "the node")
 
     async def advance_to(self, when_ms: int, step_ms: int = 100) -> None:
         """Move the clock to `when_ms` in steps, letting the node work after each."""

@@ -14,11 +14,8 @@ from tests.unit.worker_rig import T0, WorkerRig
 
 @pytest.fixture
 async def rig() -> AsyncIterator[WorkerRig]:
-    r = WorkerRig()
-    try:
+    async with WorkerRig() as r:
         yield r
-    finally:
-        await r.stop_all()
 
 
 async def test_a_failure_submits_a_retry_for_the_next_attempt_after_the_backoff(

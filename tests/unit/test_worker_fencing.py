@@ -15,11 +15,8 @@ from tests.unit.worker_rig import T0, WorkerRig
 
 @pytest.fixture
 async def rig() -> AsyncIterator[WorkerRig]:
-    r = WorkerRig(partitions=1)
-    try:
+    async with WorkerRig(partitions=1) as r:
         yield r
-    finally:
-        await r.stop_all()
 
 
 async def test_a_killed_worker_loses_nothing_and_its_lease_is_honoured_until_it_expires(

@@ -18,12 +18,9 @@ OTHER = "unit.other"
 
 @pytest.fixture
 async def rig() -> AsyncIterator[WorkerRig]:
-    r = WorkerRig()
-    r.memory.create_topic(OTHER, 2)
-    try:
+    async with WorkerRig() as r:
+        r.memory.create_topic(OTHER, 2)
         yield r
-    finally:
-        await r.stop_all()
 
 
 class Log:

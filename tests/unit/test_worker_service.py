@@ -14,11 +14,8 @@ from tests.unit.worker_rig import T0, WorkerRig
 
 @pytest.fixture
 async def rig() -> AsyncIterator[WorkerRig]:
-    r = WorkerRig()
-    try:
+    async with WorkerRig() as r:
         yield r
-    finally:
-        await r.stop_all()
 
 
 async def test_the_handler_runs_once_per_occurrence_and_its_offset_is_committed_after_its_mark(

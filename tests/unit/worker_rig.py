@@ -28,8 +28,9 @@ from chronowheel.store.memory_worker import MemoryMarks
 from chronowheel.worker import Handler, Worker
 from chronowheel.worker.timing import ClockTimer
 
+from tests.unit.rig_settle import settle
+
 T0 = 1_796_115_600_000  # 2026-12-01T09:00:00Z
-QUIET_YIELDS = 40
 T = TypeVar("T")
 
 
@@ -137,6 +138,12 @@ class WorkerRig:
         self.pause(worker)
         await self.expire(worker)
 
+    async def __aenter__(self) -> WorkerRig:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop_all()
+
     async def stop_all(self) -> None:
         """Stop every worker (the killed ones last, only to end their tasks)."""
         for worker in sorted(self.workers, key=lambda w: self.gates[w].dead):
@@ -169,17 +176,7 @@ class WorkerRig:
                 tuple((repr(w.stats), w.holding()) for w in self.workers))
 
     async def settle(self) -> None:
-        quiet, last = 0, None
-        for _ in range(200_000):
-            await asyncio.sleep(0)
-            now = self._fingerprint()
-            if now == last:
-                quiet += 1
-                if quiet >= QUIET_YIELDS:
-                    return
-            else:
-                quiet, last = 0, now
-        raise AssertionError("the workers never settled")
+        await settle(self._fingerprint, "the workers")
 
     async def advance(self, delta_ms: int, step_ms: int = 100) -> None:
         end = self.clock.now_ms() + delta_ms
