@@ -147,10 +147,23 @@ class WorkerBusContract:
             await until("A to hold every partition", lambda: a.consumer.assignment() == everything)
             await b.start()
             async with members(b):
-                await until("the partitions to be shared", lambda: bool(
+                # A consumer's assignment() may still show what it held until its new
+                # assignment arrives: wait for the rebalance to settle (shared, each partition
+                # once); what the contract promises is told by the callbacks, checked below.
+                await until("the partitions to be shared, each held once", lambda: bool(
                     a.consumer.assignment() and b.consumer.assignment()
-                    and a.consumer.assignment() | b.consumer.assignment() == everything))
-                assert not a.consumer.assignment() & b.consumer.assignment()
+                    and a.consumer.assignment() | b.consumer.assignment() == everything
+                    and not a.consumer.assignment() & b.consumer.assignment()))
+
+                def last_given(member: str) -> set[TopicPartition]:
+                    given = [set(e[2]) for e in list(events) if e[:2] == (member, "assigned")]
+                    return given[-1] if given else set()
+
+                # The callbacks may be told on the client's own thread a moment later: wait for
+                # the last partitions each was given to be the settled, disjoint split.
+                await until("the callbacks to tell the split", lambda: bool(
+                    not last_given("a") & last_given("b")
+                    and last_given("a") | last_given("b") == everything))
                 given_to_b = next(i for i, e in enumerate(events) if e[:2] == ("b", "assigned"))
                 revoked_from_a = next(i for i, e in enumerate(events)
                                       if e[:2] == ("a", "revoked"))
