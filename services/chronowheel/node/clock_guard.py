@@ -26,6 +26,24 @@ log = logging.getLogger(__name__)
 LOOP_WATCH_MS = 100
 
 
+async def measure_skew(store: JobStore, clock: Clock, rounds: int = 3) -> tuple[int, int]:
+    """(skew, uncertainty) in ms of `clock` to Cassandra's (positive: `clock` is ahead), from
+    the tightest of a few round trips: the server's clock was read somewhere between send and
+    answer, so the error is at most half the round trip. The node's skew check; also how a
+    load generator on another machine puts its receive times on Cassandra's clock."""
+    best: tuple[int, int] | None = None
+    for _ in range(rounds):
+        server, sent, received = await store.clock_sample()
+        # Local times come from the system clock; express them on `clock`.
+        offset = clock.now_ms() - time.time_ns() // 1_000_000
+        half = (received - sent + 1) // 2
+        skew = (sent + received) // 2 + offset - server
+        if best is None or half < best[1]:
+            best = (skew, half)
+    assert best is not None
+    return best
+
+
 class ClockGuard:
     def __init__(self, *, settings: Settings, clock: Clock, metrics: NodeMetrics, node_id: str,
                  store: Callable[[], JobStore], on_clear: Callable[[], None]) -> None:
@@ -68,20 +86,8 @@ class ClockGuard:
         return True
 
     async def measure_skew(self) -> tuple[int, int]:
-        """(skew, uncertainty) in ms from the tightest of a few round trips: the server's
-        clock was read somewhere between send and answer, so the error is at most half the
-        round trip."""
-        best: tuple[int, int] | None = None
-        for _ in range(3):
-            server, sent, received = await self.store().clock_sample()
-            # Local times come from the system clock; express them on the node's clock.
-            offset = self.clock.now_ms() - time.time_ns() // 1_000_000
-            half = (received - sent + 1) // 2
-            skew = (sent + received) // 2 + offset - server
-            if best is None or half < best[1]:
-                best = (skew, half)
-        assert best is not None
-        return best
+        """(skew, uncertainty) in ms: see `measure_skew`."""
+        return await measure_skew(self.store(), self.clock)
 
     async def monitor(self) -> None:
         limit = self.settings.max_clock_skew_ms
