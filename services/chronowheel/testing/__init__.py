@@ -8,14 +8,20 @@ benchmark, the locust scenarios and `chronowheel demo`.
   `Fired` stamped with its arrival time; `committed_past`: the barrier "every shard's committed
   watermark is past T" (with `Collector.read_to_end`, what "nothing more arrives" waits for);
 - `LatenessTally`: lateness percentiles by group, early, duplicate and missing occurrences;
-- `require_loopback`: refuse servers that are not on this machine; `drop_namespace` (and
+- `require_loopback`: refuse servers that are not on this machine (`non_loopback_hosts`: which
+  are not, for a tool that may load another cluster when told to); `drop_namespace` (and
   `drop_namespace_quietly` for synchronous teardown): delete a scratch namespace's topics and
   keyspace.
 """
 
 from chronowheel.testing.collect import Collector, Fired, collecting, committed_past, wall_ms
 from chronowheel.testing.lateness import GroupTally, LatenessTally, percentile, summarize
-from chronowheel.testing.local import drop_namespace, drop_namespace_quietly, require_loopback
+from chronowheel.testing.local import (
+    drop_namespace,
+    drop_namespace_quietly,
+    non_loopback_hosts,
+    require_loopback,
+)
 from chronowheel.testing.node_process import (
     NodeProcess,
     NodeProcessError,
@@ -36,6 +42,7 @@ __all__ = [
     "drop_namespace",
     "drop_namespace_quietly",
     "metric_sum",
+    "non_loopback_hosts",
     "parse_metrics",
     "percentile",
     "require_loopback",

@@ -12,8 +12,10 @@ from chronowheel.bus.kafka import open_admin
 from chronowheel.settings import Settings
 
 
-def require_loopback(what: str, servers: str) -> None:
-    """Raise SystemExit unless every host of `servers` (host:port,...) is a loopback address."""
+def non_loopback_hosts(servers: str) -> list[str]:
+    """The hosts of `servers` (host:port,...) that are not loopback addresses (`localhost`
+    counts as loopback; any other name does not, whatever it resolves to)."""
+    out = []
     for item in servers.split(","):
         host = item.strip().rsplit(":", 1)[0].strip("[]")
         if not host:
@@ -23,8 +25,16 @@ def require_loopback(what: str, servers: str) -> None:
         except ValueError:
             ok = host == "localhost"
         if not ok:
-            raise SystemExit(f"{what}: {host!r} is not a loopback address; only a local stack "
-                             "may be used")
+            out.append(host)
+    return out
+
+
+def require_loopback(what: str, servers: str) -> None:
+    """Raise SystemExit unless every host of `servers` (host:port,...) is a loopback address."""
+    remote = non_loopback_hosts(servers)
+    if remote:
+        raise SystemExit(f"{what}: {remote[0]!r} is not a loopback address; only a local stack "
+                         "may be used")
 
 
 async def drop_namespace(settings: Settings) -> None:
