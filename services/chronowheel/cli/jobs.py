@@ -21,8 +21,10 @@ from chronowheel.store.base import JOB_STATUSES, MAX_LIST_LIMIT, JobPage
 
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "jobs", help="list jobs by tenant, status, id prefix or due time",
-        description="List the jobs of a namespace.")
+        "jobs", help="list jobs, or pause, resume, cancel or trigger many at once",
+        description="List the jobs of a namespace by tenant, status, id prefix or due time, "
+                    "or send one command to every job those select (pause, resume, cancel, "
+                    "trigger).")
     actions = p.add_subparsers(dest="jobs_command", metavar="ACTION", required=True)
     ls = actions.add_parser(
         "list", help="one page of jobs matching every filter given",
@@ -45,6 +47,9 @@ def register(sub: Any) -> None:
     ls.add_argument("--json", action="store_true", help="one JSON object")
     add_settings_arguments(ls, CONNECTION_SETTINGS)
     ls.set_defaults(func=run_list)
+    from chronowheel.cli.bulk import register_actions
+
+    register_actions(actions)
 
 
 def view(page: JobPage) -> dict[str, Any]:

@@ -17,6 +17,9 @@
   (an unknown job, a one-shot to backfill) to `<ns>.rejected`.
 - `list_jobs` reads the jobs table (Cassandra, opened on first use): it needs the
   `cassandra` setting besides `kafka`.
+- `bulk` (and `bulk_pause`, `bulk_resume`, `bulk_cancel`, `bulk_trigger`) sends one command to
+  every job a selector picks, listed like `list_jobs`: idempotent and resumable under an
+  operation id (chronowheel.client.bulk).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from types import TracebackType
@@ -49,10 +52,17 @@ from chronowheel.core.model import (
 )
 from chronowheel.errors import ChronowheelError, RetriableError, ValidationError
 from chronowheel.settings import Settings
-from chronowheel.store.base import JOB_STATUSES, MAX_LIST_LIMIT, JobPage, JobQuery, JobSummary
+from chronowheel.store.base import (
+    JOB_STATUSES,
+    MAX_LIST_LIMIT,
+    JobPage,
+    JobQuery,
+    JobStore,
+    JobSummary,
+)
 
 if TYPE_CHECKING:
-    from chronowheel.store.cassandra import CassandraStore
+    from chronowheel.client.bulk import BulkAction, BulkJournal, BulkProgress, BulkSummary
 
 log = logging.getLogger(__name__)
 
@@ -118,13 +128,16 @@ class SchedulerClient:
 
     `settings` default to Settings.from_env() (CHRONOWHEEL_NAMESPACE, CHRONOWHEEL_KAFKA,
     CHRONOWHEEL_ALLOWED_TOPICS, ...). A `producer` passed in (anything with aiokafka's
-    start/send/stop) is started but not stopped by the client: its owner stops it.
+    start/send/stop) is started but not stopped by the client: its owner stops it. A `store`
+    passed in (a JobStore) is what `list_jobs` and `bulk` read instead of the namespace's
+    Cassandra keyspace; its owner closes it.
     """
 
     def __init__(self, settings: Settings | None = None, *,
                  policy: ValidationPolicy | None = None, validate: bool = True,
                  linger_ms: int = 5, producer: _Producer | None = None,
-                 now_ms: Callable[[], int] | None = None) -> None:
+                 now_ms: Callable[[], int] | None = None,
+                 store: JobStore | None = None) -> None:
         self.settings = settings if settings is not None else Settings.from_env()
         self.policy = policy if policy is not None else ValidationPolicy.from_settings(
             self.settings)
@@ -139,7 +152,8 @@ class SchedulerClient:
         self._pending: set[asyncio.Future[Any]] = set()
         self._failures: list[tuple[str, BaseException]] = []
         self.acked = 0
-        self._store: CassandraStore | None = None
+        self._store: JobStore | None = store
+        self._own_store = store is None
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> SchedulerClient:
@@ -173,8 +187,10 @@ class SchedulerClient:
             await self.flush()
         finally:
             self._closed = True
-            if self._store is not None:
-                await asyncio.to_thread(self._store.close)
+            if self._store is not None and self._own_store:
+                close = getattr(self._store, "close", None)
+                if close is not None:
+                    await asyncio.to_thread(close)
                 self._store = None
             if self._started and self._own_producer and self._producer is not None:
                 await self._producer.stop()
@@ -292,12 +308,9 @@ class SchedulerClient:
         than `limit` jobs, even none, and still have a next_token."""
         query = job_query(tenant=tenant, status=status, prefix=prefix, due_before=due_before,
                           limit=limit, page_token=page_token)
-        if self._store is None:
-            from chronowheel.ops.cluster import open_store
-
-            self._store = await open_store(self.settings)
+        store = await self._job_store()
         try:
-            return await self._store.list_jobs(query)
+            return await store.list_jobs(query)
         except ValueError as exc:
             raise ValidationError("page_token", str(exc), page_token) from None
 
@@ -311,6 +324,96 @@ class SchedulerClient:
             token = page.next_token
             if token is None:
                 return
+
+    async def _job_store(self) -> JobStore:
+        if self._store is None:
+            from chronowheel.ops.cluster import open_store
+
+            self._store = await open_store(self.settings)
+        return self._store
+
+    # --- bulk operations --------------------------------------------------------------------
+    async def bulk(self, action: BulkAction, *, tenant: str | None = None,
+                   status: str | None = None, prefix: str | None = None,
+                   due_after: Instant | None = None, due_before: Instant | None = None,
+                   operation_id: str | None = None, dry_run: bool = False,
+                   journal: BulkJournal | None = None, window: int = 1000,
+                   wait: float | None = None,
+                   progress: Callable[[BulkProgress], None] | None = None,
+                   progress_interval_s: float = 0.5) -> BulkSummary:
+        """Send `action` (pause, resume, cancel or trigger) to every job matching every given
+        filter (as `list_jobs` takes them, plus `due_after`, inclusive), listed through the
+        store page by page, at most `window` commands unacknowledged at a time. Returns once
+        every command is acknowledged (with `wait`: and applied by the nodes, at most `wait`
+        seconds, the nodes' refusals read back from `<ns>.rejected`).
+
+        Jobs already in the target state get nothing (a trigger: its request applied before),
+        nor do jobs whose state the command does not fit (reported as refused, with the
+        node's reason). `operation_id` (default: a new one, in the summary) names the
+        operation: a trigger's request id is derived from it (`bulk:<operation id>`), and
+        with a `journal` a second run of the same id (same action and filters) skips every
+        job the first one had done. `dry_run` lists and sorts the jobs but sends nothing.
+        Delivery failures are in the summary (`failed`), not raised."""
+        from chronowheel.client import bulk as b
+
+        selector = b.job_selector(tenant=tenant, status=status, prefix=prefix,
+                                  due_after=due_after, due_before=due_before)
+        op_id = b.check_operation_id(operation_id) if operation_id is not None \
+            else b.new_operation_id(self._now_ms())
+        if action not in b.ACTIONS:
+            raise ValidationError("action", "must be one of " + ", ".join(b.ACTIONS), action)
+        if wait is not None and (not isinstance(wait, int | float) or wait <= 0):
+            raise ValidationError("wait", "must be a positive number of seconds", wait)
+
+        async def send(job_id: str) -> Delivery:
+            if action == "trigger":
+                return await self.trigger(job_id, request_id=b.request_id_for(op_id, job_id))
+            if action == "cancel":
+                return await self.cancel(job_id)
+            return await self._control(action, job_id)
+
+        confirm: b.Confirm | None = None
+        if wait is not None and not dry_run:
+            from chronowheel.ops import applied
+
+            since = await applied.rejected_ends(self.settings)
+            timeout_s = float(wait)
+
+            async def confirm(sent: Sequence[b.SentCommand]) -> Mapping[str, str]:
+                where = {(c.partition, c.offset): c.job_id for c in sent
+                         if c.partition is not None and c.offset is not None}
+                await applied.wait_applied(self.settings, set(where), timeout_s=timeout_s)
+                reasons = await applied.refusals(self.settings, set(where), since)
+                return {where[at]: reason for at, reason in reasons.items()}
+
+        operation = b.BulkOperation(
+            action=action, selector=selector, operation_id=op_id,
+            namespace=self.settings.namespace, store=await self._job_store(), send=send,
+            journal=journal, dry_run=dry_run, window=window, progress=progress,
+            progress_interval_s=progress_interval_s, confirm=confirm, now_ms=self._now_ms)
+        failed0 = len(self._failures)
+        try:
+            return await operation.run()
+        finally:
+            del self._failures[failed0:]  # in the summary: flush() must not raise them again
+
+    async def bulk_pause(self, **kw: Any) -> BulkSummary:
+        """`bulk("pause", ...)`: pause every selected job."""
+        return await self.bulk("pause", **kw)
+
+    async def bulk_resume(self, **kw: Any) -> BulkSummary:
+        """`bulk("resume", ...)`: resume every selected paused job."""
+        return await self.bulk("resume", **kw)
+
+    async def bulk_cancel(self, **kw: Any) -> BulkSummary:
+        """`bulk("cancel", ...)`: cancel every selected job."""
+        return await self.bulk("cancel", **kw)
+
+    async def bulk_trigger(self, **kw: Any) -> BulkSummary:
+        """`bulk("trigger", ...)`: one occurrence now of every selected recurring job."""
+        return await self.bulk("trigger", **kw)
+
+    # --- calendars --------------------------------------------------------------------------
     async def put_calendar(self, name: str, dates: Iterable[date | str]) -> Delivery:
         """Create or replace the namespace's calendar `name`: the cron jobs that name it in
         `calendar` do not fire on these dates (read in each job's zone)."""
