@@ -7,11 +7,20 @@
         await client.pause("standup")
         await client.trigger("standup", request_id="run-now-1")
         page = await client.list_jobs(tenant="acme", status="paused", limit=50)
+        summary = await client.bulk_pause(tenant="acme", prefix="inv-", wait=60)
     # leaving the block waits until Kafka acknowledged every command
 
 See `chronowheel.client.scheduler` for the details.
 """
 
+from chronowheel.client.bulk import (
+    BulkProgress,
+    BulkSummary,
+    FileJournal,
+    JobSelector,
+    MemoryJournal,
+    job_selector,
+)
 from chronowheel.client.scheduler import (
     Delivery,
     DeliveryError,
@@ -22,5 +31,6 @@ from chronowheel.client.scheduler import (
 )
 from chronowheel.store.base import JobPage, JobSummary
 
-__all__ = ["Delivery", "DeliveryError", "JobPage", "JobSummary", "SchedulerClient",
-           "SubmitProgress", "SubmitReport", "job_query"]
+__all__ = ["BulkProgress", "BulkSummary", "Delivery", "DeliveryError", "FileJournal",
+           "JobPage", "JobSelector", "JobSummary", "MemoryJournal", "SchedulerClient",
+           "SubmitProgress", "SubmitReport", "job_query", "job_selector"]
