@@ -8,6 +8,12 @@ from the group's committed offset (its beginning when none). `expire` stands for
 paused past its session: the group moves on without telling it; its commits are refused and
 its next fetch rejoins (revoking what it held first), as a real member does on waking.
 
+The producer refuses records as a broker does, with the `MemoryBus`'s settings: a record over
+its topic's `max.message.bytes` (`topic_limits`) as `RecordRefused` (`too_large`), a topic in
+`refused_topics` (the authorizer) as `KafkaAccessError`; `invalid` (a test's predicate) refuses
+records as INVALID_RECORD, and `fail_sends` makes the next sends fail as an unreachable
+cluster does (BusError).
+
 Fetch waits on the bus clock, so with a manual clock an idle member waits until a message
 arrives or a test moves time. One event loop only.
 """
@@ -15,16 +21,19 @@ arrives or a test moves time. One event loop only.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
+from chronowheel.bus.kafka import KafkaAccessError
 from chronowheel.bus.memory import MemoryBus
 from chronowheel.bus.ports import (
     BusError,
     Headers,
     PartitionsChanged,
+    RecordRefused,
     SubmitRecord,
     TopicPartition,
 )
+from chronowheel.core import limits
 from chronowheel.core.clock import sleep_until_or_event
 from chronowheel.core.shard import murmur2, to_positive
 
@@ -36,6 +45,12 @@ class MemoryWorkerBus:
         """group id -> its live members, in the order they joined."""
         self.commits = 0
         self.sent = 0
+        self.refused: list[RecordRefused] = []
+        """Every refusal the producers met, in order."""
+        self.invalid: Callable[[str, bytes | None, bytes, Headers], bool] | None = None
+        """(topic, key, value, headers) -> whether the broker refuses the record as invalid."""
+        self.fail_sends = 0
+        """Make this many next sends fail with BusError (not acknowledged in time)."""
         self._rebalancing = asyncio.Lock()
 
     # --- WorkerBus -----------------------------------------------------------------------
@@ -200,5 +215,26 @@ class MemoryWorkerProducer:
         await asyncio.sleep(0)
         if not self.started:
             raise BusError("the producer is not started")
+        wbus = self.wbus
+        if wbus.fail_sends > 0:
+            wbus.fail_sends -= 1
+            raise BusError(f"publishing to {topic} failed: KafkaTimeoutError()")
+        if topic in wbus.bus.refused_topics:
+            raise KafkaAccessError(f"worker producer: this client may not write topic {topic} "
+                                   f"(TopicAuthorizationFailedError)")
+        size = limits.record_bytes(key, value, headers)
+        limit = limits.max_record_bytes(wbus.bus.topic_limits.get(topic),
+                                        wbus.bus.max_request_bytes)
+        refusal = None
+        if size > limit:
+            refusal = RecordRefused(topic, "too_large",
+                                    f"MessageSizeTooLargeError: a record of {size} bytes, over "
+                                    f"the {limit} bytes the topic takes")
+        elif wbus.invalid is not None and wbus.invalid(topic, key, value, headers):
+            refusal = RecordRefused(topic, "invalid",
+                                    "InvalidRecordError: [Error 87] INVALID_RECORD")
+        if refusal is not None:
+            wbus.refused.append(refusal)
+            raise refusal
         self.wbus.bus.produce(topic, self.wbus._place(topic, key), key, value, headers)
         self.wbus.sent += 1

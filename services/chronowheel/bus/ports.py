@@ -320,8 +320,24 @@ class WorkerConsumer(Protocol):
         ...
 
 
+class RecordRefused(BusError):
+    """The broker refused one record of the worker's producer for what the record is, not for
+    anything about the producer, the topic or the cluster: permanent for that record (sending
+    it again changes nothing), never a reason to stop the worker (docs/worker.md, "When the
+    broker refuses a retry or a dead letter")."""
+
+    def __init__(self, topic: str, kind: str, reason: str) -> None:
+        self.topic = topic
+        self.kind = kind
+        """`too_large` (over the topic's `max.message.bytes` or the producer's largest
+        request, sent alone) or `invalid` (INVALID_RECORD, INVALID_TIMESTAMP)."""
+        self.reason = reason
+        """What the broker said, e.g. `MessageSizeTooLargeError: ...`."""
+        super().__init__(f"{topic}: record refused ({kind}): {reason}")
+
+
 class WorkerProducer(Protocol):
-    """A plain (not transactional) idempotent producer, acks from every in-sync replica."""
+    """A plain (not transactional) producer, acks from every in-sync replica."""
 
     async def start(self) -> None: ...
 
@@ -330,7 +346,15 @@ class WorkerProducer(Protocol):
     async def send(self, topic: str, key: bytes | None, value: bytes,
                    headers: Headers = ()) -> None:
         """Publish one message, returning once it is acknowledged; the partition is chosen by
-        the key as Kafka's default partitioner does. Raises BusError when it is not."""
+        the key as Kafka's default partitioner does.
+
+        Raises RecordRefused when the broker refused this record sent alone (a refusal of a
+        producer batch holding other records too is tried again with the record alone, so
+        that a neighbour's refusal never condemns it). Raises BusError for anything that is
+        not about the record: not acknowledged within the delivery deadline (brokers
+        unreachable, no leader), a topic that does not exist; the authorizer's refusal to
+        write the topic is a `KafkaAccessError` (both the worker's topics are the
+        namespace's own, so it would refuse every record)."""
         ...
 
 

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from chronowheel.bus.ports import WorkerProducer
+from chronowheel.bus.ports import RecordRefused, WorkerProducer
 from chronowheel.core import wire
 from chronowheel.core.clock import Clock
 from chronowheel.settings import Settings
@@ -35,7 +35,14 @@ from chronowheel.worker.partitions import (
     MARK_SKIPPED,
     PartitionGuard,
 )
-from chronowheel.worker.policy import dead_headers, error_text, gives_up, retry_command
+from chronowheel.worker.policy import (
+    dead_headers,
+    error_text,
+    gives_up,
+    minimal_dead_letter,
+    refusal_reason,
+    retry_command,
+)
 from chronowheel.worker.timing import Timer
 
 log = logging.getLogger(__name__)
@@ -66,6 +73,12 @@ class WorkerStats:
     """occurrences not run because another of the same job was running (concurrency=forbid)"""
     replaced: int = 0
     """handlings asked to stop for a newer occurrence of the job (concurrency=replace)"""
+    quarantined: int = 0
+    """records whose retry or dead letter the broker refused (too large, invalid): each then
+    dead-lettered without its payload, or, refused too, only logged (`unlettered`)"""
+    unlettered: int = 0
+    """of those, the ones whose payload-less dead letter was refused as well: logged at ERROR
+    with where the record is, and committed"""
 
 
 class Slots:
@@ -359,10 +372,22 @@ class Slots:
                                    occ.topic, occ.partition, occ.offset)
         else:
             key, value = retry_command(occ, self.clock.now_ms())
-            await self.producer.send(self.settings.submit_topic, key, value)
-            self.stats.retried += 1
-            log.info("%s attempt %d/%d failed, retry submitted: %s", occ.occurrence,
-                     occ.attempt, occ.max_attempts, error_text(error, 300))
+            try:
+                await self.producer.send(self.settings.submit_topic, key, value)
+            except RecordRefused as refused:
+                # The retry can never be scheduled: the occurrence is dead-lettered now, with
+                # the handler's error and why its retry could not be.
+                log.error("%s attempt %d/%d failed and its retry was refused by the broker "
+                          "(%s: %s); dead-lettered instead", occ.occurrence, occ.attempt,
+                          occ.max_attempts, refused.kind, refused.reason)
+                await self.dead_letter(
+                    occ.job_id.encode(), occ.payload, occ.raw_headers, error, occ.topic,
+                    occ.partition, occ.offset,
+                    reason=refusal_reason("retry refused", refused.kind, refused.reason))
+            else:
+                self.stats.retried += 1
+                log.info("%s attempt %d/%d failed, retry submitted: %s", occ.occurrence,
+                         occ.attempt, occ.max_attempts, error_text(error, 300))
         if lease is not None:
             await lease.failed()  # only after the retry/dead letter is durable
         return MARK_FAILED
@@ -377,11 +402,48 @@ class Slots:
 
     async def dead_letter(self, key: bytes | None, value: bytes,
                           headers: tuple[tuple[str, bytes], ...], error: BaseException,
-                          topic: str, partition: int, offset: int) -> None:
-        await self.producer.send(
-            self.settings.dead_topic, key, value,
-            dead_headers(headers, error, self.clock.now_ms(), topic, partition, offset))
+                          topic: str, partition: int, offset: int, *,
+                          reason: bytes | None = None) -> None:
+        """Publish the record to `<ns>.dead` with why, when and where it failed (`reason`:
+        a `cw-reason` to add). A refusal by the broker of this one record never stops the
+        worker: the record is quarantined (`_quarantine`). Anything else raises."""
+        letter = dead_headers(headers, error, self.clock.now_ms(), topic, partition, offset)
+        if reason is not None:
+            letter.append((wire.REASON, reason))
+        try:
+            await self.producer.send(self.settings.dead_topic, key, value, letter)
+        except RecordRefused as refused:
+            await self._quarantine(key, value, letter, refused, topic, partition, offset)
+            return
         self.stats.dead += 1
+
+    async def _quarantine(self, key: bytes | None, value: bytes,
+                          letter: list[tuple[str, bytes]], refused: RecordRefused,
+                          topic: str, partition: int, offset: int) -> None:
+        """The broker refused the dead letter itself: send one without the payload and the
+        job's headers, saying why; if that is refused too, say it loudly in the log. Either
+        way the record counts as handled (its offset is committed: one record never blocks
+        its partition) and stays readable where it was, at `topic[partition]@offset`, for as
+        long as the topic keeps it."""
+        self.stats.quarantined += 1
+        where = f"{topic}[{partition}]@{offset}"
+        reason = refusal_reason("dead letter refused", refused.kind, refused.reason)
+        m_key, m_value, m_headers = minimal_dead_letter(key, value, letter, reason)
+        try:
+            await self.producer.send(self.settings.dead_topic, m_key, m_value, m_headers)
+        except RecordRefused as again:
+            self.stats.unlettered += 1
+            log.error("%s: NOT dead-lettered: the broker refused its dead letter (%s: %s) and "
+                      "the dead letter without its payload (%s: %s); the record stays at %s "
+                      "and is committed; its failure: %s", where, refused.kind, refused.reason,
+                      again.kind, again.reason, where,
+                      dict(letter).get(wire.ERROR, b"").decode("utf-8", "replace"),
+                      extra={"source": where})
+            return
+        self.stats.dead += 1
+        log.error("%s: dead-lettered without its payload (%d bytes, still at the source): "
+                  "the broker refused the full dead letter (%s: %s)", where, len(value),
+                  refused.kind, refused.reason, extra={"source": where})
 
     async def _call(self, occ: Occurrence, lease: Lease | None,
                     run: Run | None = None) -> Exception | None:

@@ -74,8 +74,17 @@ class _StatsCollector(Collector):
         self._stats = stats
 
     def collect(self) -> Iterator[CounterMetricFamily]:
+        stats = self._stats
         for name, field, doc in self.FAMILIES:
-            yield CounterMetricFamily(name, doc, value=getattr(self._stats, field))
+            yield CounterMetricFamily(name, doc, value=getattr(stats, field))
+        quarantined = CounterMetricFamily(
+            "chronowheel_worker_quarantined",
+            "records whose retry or dead letter the broker refused (too large, invalid), by "
+            "what was kept: a dead letter without the payload (letter) or only a log line (log)",
+            labels=["kept"])
+        quarantined.add_metric(["letter"], stats.quarantined - stats.unlettered)
+        quarantined.add_metric(["log"], stats.unlettered)
+        yield quarantined
 
 
 def observed(handler: Handler, topic: str, metrics: WorkerMetrics) -> Handler:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from chronowheel.core import wire
+import hashlib
+
+from chronowheel.core import limits, wire
 from chronowheel.core.model import DAY_MS, MAX_ATTEMPTS, MAX_BACKOFF_MS, encode_retry
 from chronowheel.worker.occurrence import Occurrence
 
 MAX_RETRY_DELAY_MS = DAY_MS
 ERROR_LIMIT_BYTES = 2048
 DEAD_HEADERS = (wire.ERROR, wire.FAILED_AT, wire.SOURCE_TOPIC, wire.SOURCE_PARTITION,
-                wire.SOURCE_OFFSET)
+                wire.SOURCE_OFFSET, wire.REASON, wire.ORIGINAL_BYTES)
 
 
 class DeadLetter(Exception):
@@ -80,3 +82,31 @@ def dead_headers(raw_headers: tuple[tuple[str, bytes], ...], error: BaseExceptio
             (wire.SOURCE_TOPIC, topic.encode()),
             (wire.SOURCE_PARTITION, str(partition).encode()),
             (wire.SOURCE_OFFSET, str(offset).encode())]
+
+
+def refusal_reason(what: str, kind: str, reason: str) -> bytes:
+    """The `cw-reason` of a dead letter standing in for a record the broker refused: `what`
+    was refused (`retry refused`, `dead letter refused`), `kind` and the broker's words."""
+    return limits.cut_reason(f"{what}: {kind}: {reason}").encode()
+
+
+def minimal_dead_letter(key: bytes | None, value: bytes,
+                        headers: list[tuple[str, bytes]], reason: bytes,
+                        ) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+    """(key, value, headers) of the dead letter sent when the broker refused the full one:
+    the payload replaced by a note of its size and SHA-256, only chronowheel's own headers
+    kept (why, when and where it failed among them, so the record can be read again at its
+    source), the refusal in `cw-reason`, the payload's size in `cw-original-bytes`; without a key (a
+    record that is not an occurrence), `<topic>:<partition>@<offset>` of the source."""
+    kept = [(k, v) for k, v in headers
+            if k.lower().startswith(wire.RESERVED_HEADER_PREFIX)
+            and k.lower() not in (wire.REASON, wire.ORIGINAL_BYTES)]
+    if key is None:
+        source = dict(kept)
+        key = b"%s:%s@%s" % (source.get(wire.SOURCE_TOPIC, b""),
+                             source.get(wire.SOURCE_PARTITION, b""),
+                             source.get(wire.SOURCE_OFFSET, b""))
+    note = (b'{"replaced":"the broker refused the dead letter","size":%d,"sha256":"%s"}'
+            % (len(value), hashlib.sha256(value).hexdigest().encode()))
+    return key, note, [
+        *kept, (wire.REASON, reason), (wire.ORIGINAL_BYTES, str(len(value)).encode())]
