@@ -94,6 +94,22 @@ async def test_bulk_pause_resume_cancel_and_trigger_on_a_real_node(
         assert await submitted(settings) == sent
         assert await rows(settings, everyone) == after
 
+        # Through the CLI: a dry run, and the same operation resumed by its id alone.
+        code, out, err = await chronowheel(
+            capsys, settings, "jobs", "pause", "--tenant", "globex", "--prefix", "inv-g00",
+            "--dry-run", "--show", "3")
+        assert code == 0, err
+        assert "would change  10" in out and "... 7 more" in out
+        [shown] = [line for line in out.splitlines() if "more" in line]
+        assert shown.count("inv-g00") == 3
+        code, out, err = await chronowheel(
+            capsys, settings, "jobs", "pause", "--resume", "pause-1", "--journal-dir",
+            str(tmp_path))
+        assert code == 0, err
+        assert "operation pause-1: pause tenant=acme prefix=inv-" in out
+        assert "changed       0" in out and "done before   60" in out
+        assert await submitted(settings) == sent
+
         # Resume them through the CLI (the operation id resumes from the journal's selector).
         code, out, err = await chronowheel(
             capsys, settings, "jobs", "resume", "--tenant", "acme", "--prefix", "inv-",

@@ -259,7 +259,8 @@ class FileJournal:
         self._append(operation_id, {"summary": dict(summary)})
 
     def _append(self, operation_id: str, doc: Mapping[str, Any], new: bool = False) -> None:
-        with self.path(operation_id).open("x" if new else "a", encoding="utf-8") as f:
+        # A new operation replaces what a crash may have left of its first line.
+        with self.path(operation_id).open("w" if new else "a", encoding="utf-8") as f:
             f.write(json.dumps(doc, separators=(",", ":")) + "\n")
             f.flush()
             os.fsync(f.fileno())
