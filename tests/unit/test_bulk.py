@@ -370,3 +370,73 @@ def test_the_summary_reads_for_people_and_as_json() -> None:
     line = cli_bulk.ProgressLine(io.StringIO(), "always")
     line(BulkProgress(10, False, 8, 2, 2, 1.0))
     assert "4/10+ jobs" in line.stream.getvalue()  # type: ignore[attr-defined]
+
+
+async def test_a_cancelled_run_journals_what_kafka_acknowledged_and_resumes_from_there(
+        fleet: MemoryStore) -> None:
+    journal = MemoryJournal()
+    producer = FakeProducer()
+    gate = asyncio.Event()
+
+    class Stalling(FakeProducer):
+        async def send(self, topic: str, value: bytes | None = None,
+                       key: bytes | None = None, **kw: Any) -> asyncio.Future[Any]:
+            if len(producer.sent) == 5:
+                gate.set()
+                await asyncio.Event().wait()  # as a Ctrl-C arriving here
+            return await producer.send(topic, value, key, **kw)
+
+    async with bulk_client(Stalling(), fleet) as c:
+        acker = asyncio.create_task(acking(producer))
+        run = asyncio.create_task(c.bulk("cancel", tenant="acme", operation_id="op-c",
+                                         journal=journal))
+        await gate.wait()
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        acker.cancel()
+    state = journal.load("op-c")
+    assert state is not None and state.done == set(sent_ids(producer))
+    assert len(state.done) == 5
+    again = FakeProducer()
+    async with bulk_client(again, fleet) as c:
+        acker = asyncio.create_task(acking(again))
+        s = await c.bulk("cancel", tenant="acme", operation_id="op-c", journal=journal)
+        acker.cancel()
+    assert set(sent_ids(again)).isdisjoint(sent_ids(producer))
+    assert len(sent_ids(again)) + 5 == 16 and len(s.done_before) == 5  # 16 of 18 need one
+
+
+async def test_a_wait_moves_the_jobs_the_node_refused_from_changed_to_refused(
+        fleet: MemoryStore) -> None:
+    from chronowheel.client.bulk import BulkOperation, SentCommand
+    from chronowheel.errors import ChronowheelError
+
+    producer = FakeProducer()
+    seen: list[SentCommand] = []
+
+    async def confirm(sent: Any) -> dict[str, str]:
+        seen.extend(sent)
+        return {"inv-1": "id: job 'inv-1' is a one-shot; only a recurring job can be triggered"}
+
+    async def late(sent: Any) -> dict[str, str]:
+        raise ChronowheelError("the nodes had not applied every command after 1s")
+
+    async with bulk_client(producer, fleet) as c:
+        acker = asyncio.create_task(acking(producer))
+
+        def operation(check: Any) -> BulkOperation:
+            return BulkOperation(
+                action="trigger", selector=job_selector(tenant="acme", prefix="inv-"),
+                operation_id="op-w", namespace="acme", store=fleet, confirm=check,
+                send=lambda j: c.trigger(j, request_id=request_id_for("op-w", j)))
+
+        s = await operation(confirm).run()
+        t = await operation(late).run()
+        acker.cancel()
+    assert sorted(c.job_id for c in seen) == sorted(f"inv-{i}" for i in range(10))
+    assert s.waited and s.ok and "inv-1" not in s.changed and len(s.changed) == 9
+    assert s.refusal_counts()["id: job <job> is a one-shot; only a recurring job can be "
+                              "triggered"] == 1
+    assert not t.waited and not t.ok and t.wait_error is not None
+    assert "not confirmed the nodes had not applied" in cli_bulk.render(t, 0)
