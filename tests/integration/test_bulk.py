@@ -123,14 +123,20 @@ async def test_bulk_pause_resume_cancel_and_trigger_on_a_real_node(
         assert {r.status for r in resumed.values()} == {"scheduled"}
         assert all(resumed[j].version == after[j].version + 1 for j in acme_inv)
 
-        # Cancel by due range, every tenant: the jobs first due in [base+10m, base+20m).
+        # Cancel by due range, every tenant: the jobs first due in [base+10m, base+20m),
+        # which `jobs list` shows with the same flags.
+        code, out, err = await chronowheel(
+            capsys, settings, "jobs", "list", "--due-after", str(base + 10 * MIN),
+            "--due-before", str(base + 20 * MIN), "--limit", "1000", "--json")
+        assert code == 0, err
+        listed = sorted(j["id"] for j in orjson.loads(out)["jobs"])
         code, out, err = await chronowheel(
             capsys, settings, "jobs", "cancel", "--due-after", str(base + 10 * MIN),
             "--due-before", str(base + 20 * MIN), "--journal-dir", str(tmp_path),
             "--wait", "60")
         assert code == 0, err
         in_range = sorted(j for j, at in due.items() if base + 10 * MIN <= at < base + 20 * MIN)
-        assert len(in_range) == 30
+        assert len(in_range) == 30 and listed == in_range
         assert "changed       30" in out and "refused       0" in out
         cancelled = await rows(settings, everyone)
         assert sorted(j for j, r in cancelled.items() if r.status == "cancelled") == in_range

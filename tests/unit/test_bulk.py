@@ -440,3 +440,14 @@ async def test_a_wait_moves_the_jobs_the_node_refused_from_changed_to_refused(
                               "triggered"] == 1
     assert not t.waited and not t.ok and t.wait_error is not None
     assert "not confirmed the nodes had not applied" in cli_bulk.render(t, 0)
+
+
+async def test_list_jobs_takes_the_same_due_range(fleet: MemoryStore) -> None:
+    async with bulk_client(FakeProducer(), fleet) as c:
+        page = await c.list_jobs(tenant="acme", prefix="inv-", due_after=NOW + 2 * MIN,
+                                 due_before=NOW + 6 * MIN)
+        with pytest.raises(ValidationError, match="due_after: must be before due_before"):
+            await c.list_jobs(due_after=NOW + MIN, due_before=NOW)
+    assert sorted(j.job_id for j in page.jobs) == [f"inv-{i}" for i in range(2, 6)]
+    args = build_parser().parse_args(["jobs", "list", "--due-after", "1000"])
+    assert args.due_after == "1000"

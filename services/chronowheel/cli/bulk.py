@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 import time
+from collections.abc import Iterator
 from typing import IO, Any
 
 import orjson
@@ -107,12 +109,19 @@ def register_actions(actions: Any) -> None:
 
 def selector_from_args(args: argparse.Namespace) -> JobSelector | None:
     """The selector the flags give (None: none given), ValidationError naming the flag."""
-    try:
+    with flag_error():
         selector = job_selector(tenant=args.tenant, status=args.status, prefix=args.prefix,
                                 due_after=args.due_after, due_before=args.due_before)
+    return None if selector.empty else selector
+
+
+@contextlib.contextmanager
+def flag_error() -> Iterator[None]:
+    """A ValidationError of a selector names its flag (`due_after` -> `--due-after`)."""
+    try:
+        yield
     except ValidationError as exc:
         raise ValidationError("--" + exc.path.replace("_", "-"), exc.rule, exc.value) from None
-    return None if selector.empty else selector
 
 
 def format_progress(p: BulkProgress, width: int = 20) -> str:

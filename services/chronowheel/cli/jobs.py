@@ -41,6 +41,9 @@ def register(sub: Any) -> None:
     ls.add_argument("--due-before", metavar="TIME",
                     help="jobs whose pending occurrence is before TIME (RFC 3339 with offset "
                          "or epoch ms); for a paused job, the first one it withholds")
+    ls.add_argument("--due-after", metavar="TIME",
+                    help="jobs whose pending occurrence is at or after TIME (applied to the "
+                         "rows a page reads, like --prefix)")
     ls.add_argument("--limit", type=int, default=100, metavar="N",
                     help=f"at most N jobs (1..{MAX_LIST_LIMIT}, default 100)")
     ls.add_argument("--page", metavar="CURSOR", help="continue where an earlier page ended")
@@ -83,14 +86,19 @@ def run_list(args: argparse.Namespace) -> int:
     return asyncio.run(_list(settings, dict(
         tenant=args.tenant, status=args.status, prefix=args.prefix,
         due_before=int(due) if due is not None and due.isdigit() else due,
-        limit=args.limit, page_token=args.page), args.json))
+        limit=args.limit, page_token=args.page), args.json, args.due_after))
 
 
-async def _list(settings: Settings, filters: dict[str, Any], as_json: bool) -> int:
+async def _list(settings: Settings, filters: dict[str, Any], as_json: bool,
+                due_after: str | None = None) -> int:
+    from chronowheel.cli.bulk import flag_error
+    from chronowheel.client.bulk import job_selector
     from chronowheel.client.scheduler import job_query
     from chronowheel.ops.cluster import open_store
 
     query = job_query(**filters)  # a bad filter fails before anything is opened
+    with flag_error():
+        selector = job_selector(due_after=due_after, due_before=filters["due_before"])
     store = await open_store(settings)
     try:
         try:
@@ -101,6 +109,7 @@ async def _list(settings: Settings, filters: dict[str, Any], as_json: bool) -> i
             raise ValidationError("--page", str(exc)) from None
     finally:
         await asyncio.to_thread(store.close)
+    page = JobPage([j for j in page.jobs if selector.matches(j)], page.next_token)
     now = time.time_ns() // 1_000_000
     print(orjson.dumps(view(page)).decode() if as_json else render(page, now))
     return 0

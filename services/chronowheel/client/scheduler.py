@@ -302,17 +302,27 @@ class SchedulerClient:
     # --- queries --------------------------------------------------------------------------
     async def list_jobs(self, *, tenant: str | None = None, status: str | None = None,
                         prefix: str | None = None, due_before: Instant | None = None,
-                        limit: int = 100, page_token: str | None = None) -> JobPage:
+                        limit: int = 100, page_token: str | None = None,
+                        due_after: Instant | None = None) -> JobPage:
         """One page of jobs matching every given filter (see JobQuery); pass the page's
         `next_token` back, with the same filters, for the next one. A page may hold fewer
-        than `limit` jobs, even none, and still have a next_token."""
+        than `limit` jobs, even none, and still have a next_token. `due_after` (inclusive)
+        is applied to the rows the page read, like `prefix`."""
         query = job_query(tenant=tenant, status=status, prefix=prefix, due_before=due_before,
                           limit=limit, page_token=page_token)
+        selector = None
+        if due_after is not None:
+            from chronowheel.client.bulk import job_selector
+
+            selector = job_selector(due_after=due_after, due_before=due_before)
         store = await self._job_store()
         try:
-            return await store.list_jobs(query)
+            page = await store.list_jobs(query)
         except ValueError as exc:
             raise ValidationError("page_token", str(exc), page_token) from None
+        if selector is None:
+            return page
+        return JobPage([j for j in page.jobs if selector.matches(j)], page.next_token)
 
     async def iter_jobs(self, **filters: Any) -> AsyncIterator[JobSummary]:
         """Every job matching `filters` (as list_jobs takes them), page after page."""
