@@ -451,3 +451,23 @@ async def test_list_jobs_takes_the_same_due_range(fleet: MemoryStore) -> None:
     assert sorted(j.job_id for j in page.jobs) == [f"inv-{i}" for i in range(2, 6)]
     args = build_parser().parse_args(["jobs", "list", "--due-after", "1000"])
     assert args.due_after == "1000"
+
+
+def test_resume_refuses_another_action_or_other_selectors(tmp_path: Any) -> None:
+    from chronowheel.client.bulk import JournalState
+
+    FileJournal(tmp_path, "acme").begin(
+        JournalState("op-1", "acme", "pause", JobSelector(tenant="a"), NOW))
+
+    def run(*argv: str) -> int:
+        return cli_bulk.run_bulk(build_parser().parse_args(
+            ["jobs", *argv, "--namespace", "acme", "--journal-dir", str(tmp_path)]))
+
+    with pytest.raises(ValidationError, match="--resume: operation op-1 is a pause, not a "
+                                              "resume"):
+        run("resume", "--resume", "op-1")
+    with pytest.raises(ValidationError, match="--resume: operation op-1 selects tenant=a; "
+                                              "give no selector or the same ones"):
+        run("pause", "--resume", "op-1", "--tenant", "b")
+    with pytest.raises(ValidationError, match="--resume: names another operation"):
+        run("pause", "--resume", "op-1", "--operation-id", "op-2")
