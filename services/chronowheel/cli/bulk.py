@@ -272,8 +272,8 @@ async def _bulk(settings: Settings, args: argparse.Namespace, selector: JobSelec
         except BaseException as exc:
             progress.end()
             if not args.dry_run and not isinstance(exc, ValidationError):
-                print(f"interrupted: run it again with --resume {op_id} to go on",
-                      file=sys.stderr)
+                print(f"stopped: the same command with --operation-id {op_id} goes on where "
+                      f"this one stopped", file=sys.stderr)
             raise
     progress.end()
     if args.json:
