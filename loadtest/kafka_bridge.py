@@ -1,26 +1,43 @@
-"""Kafka side of the locust scenarios, run as a child process of locust.
+"""Kafka and Cassandra side of the locust scenarios, run as a child process of locust.
 
 Locust runs on gevent, which patches sockets and threads; an asyncio Kafka client does not mix
 with that inside one process. So the locustfile starts this small asyncio program and talks to
 it over an inherited socket with one JSON object per line:
 
-  locust -> bridge  {"t": "send", "id": 7, "k": "<job id>", "v": "<command JSON>"}
+  locust -> bridge  {"t": "send", "id": 7, "jobs": [["<job id>", {<upsert>} or null], ...]}
                     {"t": "stop"}
   bridge -> locust  {"t": "ready", "partitions": 16, "worker": false}
-                    {"t": "ack", "id": 7, "err": null}          (Kafka acknowledged the send)
-                    {"t": "fires", "items": [[occurrence, scheduled_ms, fired_ms, recv_ms], ..]}
-                    {"t": "starts", "items": [[occurrence, scheduled_ms, started_ms], ..]}
+                    {"t": "ack", "id": 7, "err": null}     (Kafka acknowledged every command)
+                    {"t": "skew", "skew_ms": 3, "uncertainty_ms": 1}
+                    {"t": "fires", "items": [[occurrence, scheduled_ms, fired_ms, recv_ms,
+                                              skew_ms, uncertainty_ms], ..]}
+                    {"t": "starts", "items": [[occurrence, scheduled_ms, started_ms, skew_ms,
+                                               uncertainty_ms], ..]}
                     {"t": "error", "err": "..."}
 
-Submits go to <ns>.submit through aiokafka's default partitioner (murmur2, i.e. the job's
-shard). The bridge also reads <ns>.fired read_committed from its end (chronowheel.testing's
-Collector) and reports the fired messages whose key starts with the run's prefix, stamped with
-the time they were received here.
+A send carries a batch of commands: an upsert (the job as a dict) or, for null, a cancel of
+the job; they go to <ns>.submit through aiokafka's default partitioner (murmur2, i.e. the
+job's shard), all of them without waiting (the producer gathers them into record batches,
+linger 2 ms), and one ack answers the batch once Kafka acknowledged each (acks=all).
+
+The cluster comes from the same flags, CHRONOWHEEL_* variables and `..._FILE` secrets as every
+chronowheel command (the locustfile passes its resolved settings as flags; secrets come from
+the inherited environment), and every client is made by the package (chronowheel.bus.kafka,
+chronowheel.store.cassandra), so TLS, SASL and Cassandra authentication work as everywhere.
+
+The bridge reads <ns>.fired read_committed from its end (chronowheel.testing's Collector) and
+reports the fired messages whose key starts with the run's prefix, stamped with the time they
+were received here. It measures this machine's clock offset to Cassandra's as the node measures
+its own skew (chronowheel.node.clock_guard.measure_skew: the tightest of three round trips,
+with half of it as the uncertainty), before it is ready and then every
+skew_check_interval_ms, and sends each receive time with the offset then current: receive time
+- offset is the receive time on Cassandra's clock, which the nodes keep theirs close to, so
+lateness stays right when locust runs on another machine than the nodes.
 
 With --worker it also runs chronowheel's Worker (default settings: concurrency 16, idempotency
-on, so Cassandra is needed) on <ns>.fired in a consumer group of its own that starts at the
-topic's end, and reports when its handler started for each occurrence of the run: what a user's
-handler sees. It exits when the socket closes (locust gone) or on "stop".
+on) on <ns>.fired in a consumer group of its own that starts at the topic's end, and reports
+when its handler started for each occurrence of the run: what a user's handler sees. It exits
+when the socket closes (locust gone) or on "stop".
 """
 
 from __future__ import annotations
@@ -35,8 +52,16 @@ from typing import Any
 import orjson
 from aiokafka import TopicPartition
 from chronowheel.bus.kafka import group_consumer, plain_producer
-from chronowheel.errors import ConfigError
-from chronowheel.settings import Settings
+from chronowheel.core.clock import SystemClock
+from chronowheel.core.model import encode_cancel, encode_upsert
+from chronowheel.node.clock_guard import measure_skew
+from chronowheel.settings import (
+    CONNECTION_SETTINGS,
+    Settings,
+    add_settings_arguments,
+    settings_from_args,
+)
+from chronowheel.store.cassandra import CassandraStore
 from chronowheel.testing import Collector, Fired, wall_ms
 from chronowheel.worker import Occurrence, Worker
 
@@ -44,25 +69,44 @@ FLUSH_EVERY_S = 0.05
 
 
 class Bridge:
-    def __init__(self, settings: Settings, prefix: bytes, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, settings: Settings, prefix: bytes, writer: asyncio.StreamWriter,
+                 store: CassandraStore) -> None:
         self.settings = settings
         self.prefix = prefix
         self.job_prefix = prefix.decode()  # the key is the job id
         self.writer = writer
+        self.store = store
         self.fires: list[list[Any]] = []
         self.starts: list[list[Any]] = []
+        self.skew: tuple[int, int] = (0, 0)
+        """this machine's clock - Cassandra's, and its uncertainty, in ms (the latest)"""
 
     def emit(self, obj: dict[str, Any]) -> None:
         self.writer.write(orjson.dumps(obj) + b"\n")
 
     def on_fired(self, m: Fired) -> None:
-        self.fires.append([m.occurrence, m.scheduled_ms, m.fired_ms, round(m.received_ms, 3)])
+        self.fires.append([m.occurrence, m.scheduled_ms, m.fired_ms, round(m.received_ms, 3),
+                           *self.skew])
 
     async def handle(self, occ: Occurrence) -> None:
         """The worker's handler: notes when it started, for the run's own jobs."""
         started = wall_ms()
         if occ.job_id.startswith(self.job_prefix):
-            self.starts.append([occ.occurrence, occ.scheduled_ms, round(started, 3)])
+            self.starts.append([occ.occurrence, occ.scheduled_ms, round(started, 3),
+                                *self.skew])
+
+    async def measure_skew(self) -> None:
+        self.skew = await measure_skew(self.store, SystemClock())
+        self.emit({"t": "skew", "skew_ms": self.skew[0], "uncertainty_ms": self.skew[1]})
+
+    async def watch_skew(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.skew_check_interval_ms / 1000)
+            try:
+                await self.measure_skew()
+            except Exception as exc:  # keep the last offset; say so once per failure
+                print(f"kafka_bridge: measuring the clock offset to Cassandra failed: {exc}",
+                      file=sys.stderr)
 
     def emit_pending(self) -> None:
         if self.fires:
@@ -94,40 +138,61 @@ async def start_group_at_end(settings: Settings, group_id: str, topic: str,
         await consumer.stop()
 
 
+def _failure(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
 async def serve(fd: int, settings: Settings, prefix: str, with_worker: bool) -> int:
     sock = socket.socket(fileno=fd)
-    reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 24)
-    bridge = Bridge(settings, prefix.encode(), writer)
-    probe = Collector(settings, (settings.fired_topic,), keep_messages=False, from_end=True,
-                      key_prefix=bridge.prefix, on_fired=bridge.on_fired)
+    reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 26)
     try:
-        await probe.start()
-    except ConfigError as exc:
-        bridge.emit({"t": "error", "err": f"{exc}: run `chronowheel init --namespace "
-                                          f"{settings.namespace}` first"})
+        store = await asyncio.to_thread(CassandraStore.open, settings)
+    except Exception as exc:
+        writer.write(orjson.dumps({"t": "error", "err": f"Cassandra: {_failure(exc)}"}) + b"\n")
         await writer.drain()
         return 2
+    bridge = Bridge(settings, prefix.encode(), writer, store)
+    probe = Collector(settings, (settings.fired_topic,), keep_messages=False, from_end=True,
+                      key_prefix=bridge.prefix, on_fired=bridge.on_fired)
     producer = plain_producer(settings, linger_ms=2)
-    await producer.start()
     worker: Worker | None = None
-    if with_worker:
-        group_id = f"{settings.namespace}-locust-{prefix.rstrip('.')}"
-        await start_group_at_end(settings, group_id, settings.fired_topic,
-                                 probe.partitions(settings.fired_topic))
-        worker = Worker(settings, handlers={settings.fired_topic: bridge.handle},
-                        group_id=group_id)
-        await worker.start()
-    tasks = [asyncio.create_task(bridge.flush())]
-    bridge.emit({"t": "ready", "partitions": probe.partitions(settings.fired_topic),
-                 "worker": worker is not None})
-    await writer.drain()
-
-    def acked(req_id: int, fut: asyncio.Future[Any]) -> None:
-        exc = None if fut.cancelled() else fut.exception()
-        bridge.emit({"t": "ack", "id": req_id,
-                     "err": None if exc is None and not fut.cancelled() else repr(exc)})
-
+    tasks: list[asyncio.Task[Any]] = []
     try:
+        try:
+            await bridge.measure_skew()
+            await probe.start()
+            await producer.start()
+            if with_worker:
+                group_id = f"{settings.namespace}-locust-{prefix.rstrip('.')}"
+                await start_group_at_end(settings, group_id, settings.fired_topic,
+                                         probe.partitions(settings.fired_topic))
+                worker = Worker(settings, handlers={settings.fired_topic: bridge.handle},
+                                group_id=group_id)
+                await worker.start()
+        except Exception as exc:
+            bridge.emit({"t": "error", "err": f"{_failure(exc)} (is namespace "
+                                              f"{settings.namespace} initialised and served?)"})
+            await writer.drain()
+            return 2
+        tasks += [asyncio.create_task(bridge.flush()), asyncio.create_task(bridge.watch_skew())]
+        bridge.emit({"t": "ready", "partitions": probe.partitions(settings.fired_topic),
+                     "worker": worker is not None})
+        await writer.drain()
+
+        topic = settings.submit_topic
+
+        async def send(req_id: int, jobs: list[list[Any]]) -> None:
+            err: str | None = None
+            try:
+                futs = [await producer.send(topic, encode_cancel(key) if spec is None
+                                            else encode_upsert(spec), key=key.encode())
+                        for key, spec in jobs]
+                await asyncio.gather(*futs)
+            except Exception as exc:
+                err = repr(exc)
+            bridge.emit({"t": "ack", "id": req_id, "err": err})
+
+        sends: set[asyncio.Task[None]] = set()
         while True:
             line = await reader.readline()
             if not line:
@@ -136,30 +201,31 @@ async def serve(fd: int, settings: Settings, prefix: str, with_worker: bool) -> 
             if msg["t"] == "stop":
                 break
             if msg["t"] == "send":
-                req_id = int(msg["id"])
-                try:
-                    fut = await producer.send(settings.submit_topic, msg["v"].encode(),
-                                              key=msg["k"].encode())
-                except Exception as exc:
-                    bridge.emit({"t": "ack", "id": req_id, "err": repr(exc)})
-                    continue
-                fut.add_done_callback(lambda f, r=req_id: acked(r, f))
-            for task in tasks:
-                if task.done():
-                    task.result()
+                # In order: aiokafka appends each record when send() is called, and the
+                # previous batch's task ran its sends before this line was read.
+                task = asyncio.create_task(send(int(msg["id"]), msg["jobs"]))
+                sends.add(task)
+                task.add_done_callback(sends.discard)
+                await asyncio.sleep(0)
+            for t in tasks:
+                if t.done():
+                    t.result()
             probe.check_alive()
             if worker is not None and worker.failure is not None:
                 raise RuntimeError(f"the worker failed: {worker.failure!r}")
+        if sends:
+            await asyncio.wait(sends, timeout=30)
     finally:
         with contextlib.suppress(Exception):
             await producer.flush()
         await asyncio.sleep(FLUSH_EVERY_S * 2)
-        for task in tasks:
-            task.cancel()
+        for t in tasks:
+            t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if worker is not None:
             await worker.shutdown()
         await asyncio.gather(producer.stop(), probe.stop(), return_exceptions=True)
+        store.close()
         bridge.emit_pending()
         with contextlib.suppress(Exception):
             await writer.drain()
@@ -167,20 +233,19 @@ async def serve(fd: int, settings: Settings, prefix: str, with_worker: bool) -> 
     return 0
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--fd", type=int, required=True)
-    p.add_argument("--kafka", required=True)
-    p.add_argument("--namespace", required=True)
     p.add_argument("--prefix", required=True, help="report fired messages whose key starts so")
-    p.add_argument("--cassandra", default=Settings.cassandra,
-                   help="Cassandra of the namespace (for --worker's idempotency)")
     p.add_argument("--worker", action="store_true",
                    help="also run a Worker and report its handler's start times")
-    a = p.parse_args()
-    # from_env: the security settings come from the environment too
-    settings = Settings.from_env(namespace=a.namespace, kafka=a.kafka, cassandra=a.cassandra)
-    return asyncio.run(serve(a.fd, settings, a.prefix, a.worker))
+    add_settings_arguments(p, CONNECTION_SETTINGS)
+    return p
+
+
+def main() -> int:
+    a = parser().parse_args()
+    return asyncio.run(serve(a.fd, settings_from_args(a), a.prefix, a.worker))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,16 @@
 """Locust scenarios for chronowheel: users submit jobs through Kafka, a probe reports lateness.
 
-Prerequisites: the local stack is up, the namespace is initialised and at least one node runs
-(see loadtest/README.md). Then, for example:
+Prerequisites: the namespace is initialised and at least one node serves it (see
+loadtest/README.md). Then, for example:
 
-  .venv/bin/locust -f loadtest/locustfile.py --headless -u 20 -r 10 -t 60s \
-      --cw-namespace loadtest --csv loadtest/results/locust SteadyUser HerdUser
+  .venv/bin/locust -f loadtest/locustfile.py --headless -u 10 -r 10 -t 60s \
+      --namespace loadtest --cw-rate 500 --csv loadtest/results/locust SteadyUser
+
+The cluster: the same flags and environment as every chronowheel command (--namespace,
+--kafka, --cassandra, --consistency and their TLS, SASL and Cassandra authentication flags;
+CHRONOWHEEL_* variables; secrets only from CHRONOWHEEL_<NAME> or CHRONOWHEEL_<NAME>_FILE). The
+run prints the cluster it is about to load and refuses servers that are not on this machine
+unless given --cw-allow-remote-cluster (or CHRONOWHEEL_LOADTEST_ALLOW_REMOTE=1).
 
 User classes (pick them on the command line; all three run when none is named), each with a
 tag of the same scenario name (`--tags steady` etc. work too):
@@ -15,44 +21,58 @@ tag of the same scenario name (`--tags steady` etc. work too):
   LongHorizonUser  `horizon`  jobs due 1 to 365 days ahead, and cancels of some of them: ingest
                               and storage load that never fires during the run
 
-Statistics: request type `submit` (name = scenario) is the time until Kafka acknowledged the
-command; request type `fire`, name `lateness`, is each occurrence's lateness as seen by a
-read_committed consumer (receive time - cw-scheduled-at), and name `lateness (cw-fired-at)` is
-cw-fired-at - cw-scheduled-at. With --cw-worker, request type `handler`, name `start lateness`,
-is when chronowheel's Worker (default settings, run beside the probe) started the handler of
-each occurrence - cw-scheduled-at: what a user's handler sees. An occurrence received or
-handled before its scheduled instant, or twice, is a failure. Only jobs of this run (their ids
-start with the run's prefix) are measured.
+Each user submits --cw-batch jobs at a time (default: a fiftieth of a second's worth), paced to
+--cw-rate; a batch goes to the Kafka bridge without waiting for its acknowledgement (at most
+MAX_BATCHES_IN_FLIGHT batches per process wait for one).
+
+Statistics: request type `submit` (name = scenario) is, per command, the time until Kafka
+acknowledged the batch that carried it. Request type `fire`, name `lateness, received`, is each
+occurrence's receive time by a read_committed consumer, put on Cassandra's clock (minus this
+machine's measured offset to it), minus cw-scheduled-at; name `lateness, cw-fired-at` is
+cw-fired-at (the node's clock) minus cw-scheduled-at. With --cw-worker, request type `handler`,
+name `start lateness`, is when chronowheel's Worker (default settings, run beside the probe)
+started the handler of each occurrence (on Cassandra's clock) - cw-scheduled-at. A duplicate
+occurrence, one whose cw-fired-at is before its instant, or one received before it by more than
+the offset's uncertainty, is a failure. Only jobs of this run (their ids start with the run's
+prefix) are measured.
 
 Bounds: every user submits at a fixed rate; no job is submitted that is due after the end of a
 `-t` run (so every submitted occurrence can be measured before the run ends); the whole run
-stops after --cw-max-runtime-s and submitting stops after --cw-max-jobs. Kafka must be a
-loopback address.
+stops after --cw-max-runtime-s and submitting stops after --cw-max-jobs (per process).
+
+Distributed runs (`--processes N`, or a master and workers): each worker process has its own
+bridge and measures its own jobs; at the end the master asks every worker to drain and merges
+their figures into one summary.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import random
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import gevent
 import orjson
-from chronowheel.core.model import encode_cancel, encode_upsert
-from chronowheel.testing import LatenessTally, require_loopback
+from chronowheel.settings import Settings
+from chronowheel.testing import LatenessTally
+from gevent import Greenlet
 from gevent.event import AsyncResult
-from gevent.lock import Semaphore
+from gevent.lock import BoundedSemaphore, Semaphore
 from locust import User, events, tag, task
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import locust_support as support  # beside this file, free of locust
 
 HERE = Path(__file__).resolve().parent
 BRIDGE = HERE / "kafka_bridge.py"
@@ -61,6 +81,11 @@ MINUTE_MS = 60_000
 # Jobs due this close to the end of a -t run are not submitted: they could not be measured.
 END_MARGIN_MS = 3_000
 DRAIN_S = 10.0
+MAX_BATCHES_IN_FLIGHT = 256
+BATCHES_PER_S = 50  # per user, when --cw-batch is not given
+
+Command = tuple[str, dict[str, Any] | None, str | None]
+"""(job id, the upsert or None for a cancel, the occurrence it fires or None)"""
 
 
 def now_ms() -> float:
@@ -77,51 +102,45 @@ class DuplicateFire(Exception):
 
 @events.init_command_line_parser.add_listener
 def _options(parser: Any) -> None:
-    parser.add_argument("--cw-namespace", default=os.environ.get("CHRONOWHEEL_NAMESPACE",
-                                                                 "loadtest"),
-                        help="chronowheel namespace (initialised, with a node running)")
-    parser.add_argument("--cw-kafka", default=os.environ.get("CHRONOWHEEL_KAFKA",
-                                                             "127.0.0.1:9092"),
-                        help="Kafka bootstrap servers; loopback only")
+    support.add_cluster_arguments(parser)
     parser.add_argument("--cw-rate", type=float, default=20.0,
                         help="jobs per second per user")
+    parser.add_argument("--cw-batch", type=int, default=0,
+                        help="jobs per submitted batch (default: --cw-rate / 50, at least 1)")
     parser.add_argument("--cw-lead-s", type=float, default=10.0,
                         help="steady: due this long after submission; herd: minimum lead")
     parser.add_argument("--cw-max-jobs", type=int, default=500_000,
-                        help="stop submitting after this many jobs in the run")
+                        help="stop submitting after this many jobs in one locust process")
     parser.add_argument("--cw-max-runtime-s", type=float, default=900.0,
                         help="stop the whole run after this long, whatever -t says")
     parser.add_argument("--cw-worker", action="store_true",
                         help="also run chronowheel's Worker (default settings) and report its "
                              "handler's start lateness as request type `handler`")
-    parser.add_argument("--cw-cassandra", default=os.environ.get("CHRONOWHEEL_CASSANDRA",
-                                                                 "127.0.0.1:9042"),
-                        help="Cassandra of the namespace, for --cw-worker; loopback only")
 
 
 class KafkaBridge:
     """Runs kafka_bridge.py as a child process and talks to it over a socket pair."""
 
-    def __init__(self, kafka: str, namespace: str, prefix: str,
+    def __init__(self, settings: Settings, prefix: str,
                  on_fires: Callable[[list[list[Any]]], None],
                  on_starts: Callable[[list[list[Any]]], None],
-                 worker_cassandra: str | None) -> None:
+                 on_skew: Callable[[int, int], None], worker: bool) -> None:
         self.on_fires = on_fires
         self.on_starts = on_starts
+        self.on_skew = on_skew
         self._next_id = 0
-        self._pending: dict[int, AsyncResult] = {}
+        self._pending: dict[int, Callable[[str | None], None]] = {}
         self._lock = Semaphore()
         self._ready = AsyncResult()
         self.sock, child = socket.socketpair()
         self.proc = subprocess.Popen(
-            [sys.executable, str(BRIDGE), "--fd", str(child.fileno()), "--kafka", kafka,
-             "--namespace", namespace, "--prefix", prefix,
-             *(() if worker_cassandra is None else ("--worker", "--cassandra", worker_cassandra))],
+            [sys.executable, str(BRIDGE), "--fd", str(child.fileno()), "--prefix", prefix,
+             *support.bridge_arguments(settings), *(("--worker",) if worker else ())],
             pass_fds=[child.fileno()], stdin=subprocess.DEVNULL)
         child.close()
         self._reader = gevent.spawn(self._read)
 
-    def wait_ready(self, timeout: float = 60) -> None:
+    def wait_ready(self, timeout: float = 90) -> None:
         self._ready.get(timeout=timeout)
 
     def _read(self) -> None:
@@ -130,40 +149,39 @@ class KafkaBridge:
             msg = orjson.loads(line)
             kind = msg["t"]
             if kind == "ack":
-                res = self._pending.pop(msg["id"], None)
-                if res is not None:
-                    res.set(msg["err"])
+                done = self._pending.pop(msg["id"], None)
+                if done is not None:
+                    done(msg["err"])
             elif kind == "fires":
                 self.on_fires(msg["items"])
             elif kind == "starts":
                 self.on_starts(msg["items"])
+            elif kind == "skew":
+                self.on_skew(msg["skew_ms"], msg["uncertainty_ms"])
             elif kind == "ready":
                 self._ready.set(msg)
             elif kind == "error":
                 self._ready.set_exception(RuntimeError(msg["err"]))
         if not self._ready.ready():
             self._ready.set_exception(RuntimeError("the Kafka bridge exited"))
-        for res in self._pending.values():
-            res.set("the Kafka bridge exited")
-        self._pending.clear()
+        pending, self._pending = self._pending, {}
+        for done in pending.values():
+            done("the Kafka bridge exited")
 
     def _write(self, obj: dict[str, Any]) -> None:
         with self._lock:
             self.sock.sendall(orjson.dumps(obj) + b"\n")
 
-    def send(self, key: str, value: bytes, timeout: float = 30) -> str | None:
-        """Send one command to <ns>.submit; returns None once acknowledged, else the error."""
+    def send(self, jobs: list[list[Any]], done: Callable[[str | None], None]) -> None:
+        """Hand a batch of commands ([job id, upsert dict or None for a cancel], ...) to the
+        bridge without waiting; `done(None)` once Kafka acknowledged all, else done(error)."""
         self._next_id += 1
-        req_id = self._next_id
-        res = AsyncResult()
-        self._pending[req_id] = res
-        self._write({"t": "send", "id": req_id, "k": key, "v": value.decode()})
-        try:
-            err: str | None = res.get(timeout=timeout)
-            return err
-        except gevent.Timeout:
-            self._pending.pop(req_id, None)
-            return f"no acknowledgement within {timeout}s"
+        self._pending[self._next_id] = done
+        self._write({"t": "send", "id": self._next_id, "jobs": jobs})
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -180,43 +198,54 @@ class KafkaBridge:
 class Run:
     """State of one locust run in this process: the bridge, counters, the lateness probe."""
 
-    def __init__(self, environment: Environment) -> None:
+    def __init__(self, environment: Environment, settings: Settings) -> None:
         o = environment.parsed_options
         self.env = environment
-        self.namespace: str = o.cw_namespace if o else "loadtest"
-        self.kafka: str = o.cw_kafka if o else "127.0.0.1:9092"
+        self.settings = settings
+        self.namespace = settings.namespace
         self.rate: float = o.cw_rate if o else 20.0
+        batch = int(o.cw_batch) if o and o.cw_batch else 0
+        self.batch = batch if batch > 0 else max(1, math.ceil(self.rate / BATCHES_PER_S))
         self.lead_ms: float = (o.cw_lead_s if o else 10.0) * 1000
         self.max_jobs: int = o.cw_max_jobs if o else 500_000
         self.max_runtime_s: float = o.cw_max_runtime_s if o else 900.0
-        run_time = getattr(o, "run_time", None) if o else None
-        self.started_ms = now_ms()
-        self.end_ms: float | None = self.started_ms + float(run_time) * 1000 if run_time \
-            else None
+        self.end_ms: float | None = None
+        self.begun = False
         self.prefix = f"lc{int(time.time())}-{os.getpid()}."
         self.seq = 0
         self.submitted = 0
+        self.submit_failed = 0
+        self.first_submit_ms: float | None = None
+        self.last_submit_ms: float | None = None
+        self.submitting = True
         self.expected: set[str] = set()  # occurrences due before the end of the run
         self.received = LatenessTally()  # by the read_committed probe
+        self.early_fired = 0
+        self.early_received = 0
         self.worker = bool(o.cw_worker) if o else False
         self.started = LatenessTally()  # handler starts, with --cw-worker
+        self.early_started = 0
+        self.offsets: list[list[int]] = []
         self.cap_logged = False
         self.horizon_ids: list[str] = []
-        self.stopped_ms = self.started_ms
-        require_loopback("--cw-kafka", self.kafka)
-        cassandra: str | None = None
-        if self.worker:
-            cassandra = o.cw_cassandra if o else "127.0.0.1:9042"
-            require_loopback("--cw-cassandra", cassandra)
-        self.bridge = KafkaBridge(self.kafka, self.namespace, self.prefix, self.on_fires,
-                                  self.on_starts, cassandra)
+        self.stopped_ms = now_ms()
+        self.in_flight = BoundedSemaphore(MAX_BATCHES_IN_FLIGHT)
+        self.bridge = KafkaBridge(settings, self.prefix, self.on_fires, self.on_starts,
+                                  self.on_skew, self.worker)
         self.bridge.wait_ready()
+
+    def begin(self, end_ms: float | None) -> None:
+        """The test starts; it ends at end_ms (None: when stopped)."""
+        self.begun = True
+        self.end_ms = end_ms
 
     def new_id(self, scenario: str) -> str:
         self.seq += 1
         return f"{self.prefix}{scenario}.{self.seq}"
 
     def may_submit(self, due_ms: float | None) -> bool:
+        if not self.submitting:
+            return False
         if self.submitted >= self.max_jobs:
             if not self.cap_logged:
                 self.cap_logged = True
@@ -225,46 +254,70 @@ class Run:
             return False
         return due_ms is None or self.end_ms is None or due_ms <= self.end_ms - END_MARGIN_MS
 
-    def submit(self, scenario: str, job_id: str, value: bytes,
-               occurrence: str | None = None) -> None:
+    def submit(self, scenario: str, jobs: Sequence[Command]) -> None:
+        """Send a batch of commands without waiting for Kafka; its acknowledgement is
+        reported when it comes. Waits only while MAX_BATCHES_IN_FLIGHT batches of this
+        process wait for theirs."""
+        if not jobs:
+            return
+        self.in_flight.acquire()
         t0 = time.perf_counter()
-        err = self.bridge.send(job_id, value)
-        self.submitted += 1
-        if err is None and occurrence is not None:
-            self.expected.add(occurrence)
-        events.request.fire(request_type="submit", name=scenario,
-                            response_time=(time.perf_counter() - t0) * 1000,
-                            response_length=len(value),
-                            exception=None if err is None else RuntimeError(err), context={})
+        sent_ms = now_ms()
+        if self.first_submit_ms is None:
+            self.first_submit_ms = sent_ms
+        self.last_submit_ms = sent_ms
+        self.submitted += len(jobs)
+
+        def done(err: str | None) -> None:
+            self.in_flight.release()
+            elapsed = (time.perf_counter() - t0) * 1000
+            exc = None if err is None else RuntimeError(err)
+            if err is None:
+                self.expected.update(occ for _, _, occ in jobs if occ is not None)
+            else:
+                self.submit_failed += len(jobs)
+            fire = events.request.fire
+            for _ in jobs:
+                fire(request_type="submit", name=scenario, response_time=elapsed,
+                     response_length=0, exception=exc, context={})
+
+        self.bridge.send([[jid, spec] for jid, spec, _ in jobs], done)
+
+    def on_skew(self, skew_ms: int, uncertainty_ms: int) -> None:
+        self.offsets.append([skew_ms, uncertainty_ms])
 
     def on_fires(self, items: list[list[Any]]) -> None:
         fire = events.request.fire
         tally = self.received
-        for occurrence, scheduled, fired, received in items:
-            late = received - scheduled
-            early_before = tally.early
+        for occurrence, scheduled, fired, received, skew, uncertainty in items:
+            at = received - skew  # the receive time on Cassandra's clock
+            late = at - scheduled
             exc: Exception | None = None
-            if not tally.observe(occurrence, scheduled, received, fired_ms=fired):
+            if not tally.observe(occurrence, scheduled, at, fired_ms=fired):
                 exc = DuplicateFire(occurrence)
-            if tally.early > early_before:
-                exc = EarlyFire(f"{occurrence} received {late:.1f} ms, fired "
-                                f"{fired - scheduled} ms")
-            fire(request_type="fire", name="lateness", response_time=max(0.0, late),
+            if fired < scheduled:
+                self.early_fired += 1
+                exc = EarlyFire(f"{occurrence}: cw-fired-at {fired - scheduled} ms")
+            elif late + uncertainty < 0:
+                self.early_received += 1
+                exc = EarlyFire(f"{occurrence}: received {late:.1f} ms (± {uncertainty} ms)")
+            fire(request_type="fire", name="lateness, received", response_time=max(0.0, late),
                  response_length=0, exception=exc, context={})
-            fire(request_type="fire", name="lateness (cw-fired-at)",
+            fire(request_type="fire", name="lateness, cw-fired-at",
                  response_time=max(0, fired - scheduled), response_length=0, exception=None,
                  context={})
 
     def on_starts(self, items: list[list[Any]]) -> None:
         fire = events.request.fire
         tally = self.started
-        for occurrence, scheduled, started in items:
-            late = started - scheduled
-            early_before = tally.early
+        for occurrence, scheduled, started, skew, uncertainty in items:
+            at = started - skew
+            late = at - scheduled
             exc: Exception | None = None
-            if not tally.observe(occurrence, scheduled, started):
+            if not tally.observe(occurrence, scheduled, at):
                 exc = DuplicateFire(f"{occurrence} handled twice")
-            if tally.early > early_before:
+            if late + uncertainty < 0:
+                self.early_started += 1
                 exc = EarlyFire(f"{occurrence} handler started {late:.1f} ms after its time")
             fire(request_type="handler", name="start lateness", response_time=max(0.0, late),
                  response_length=0, exception=exc, context={})
@@ -278,76 +331,250 @@ class Run:
         return [self.received, self.started] if self.worker else [self.received]
 
     def drain(self) -> None:
-        """After the users stopped: give occurrences due by now a bounded time to arrive (and
-        be handled, with --cw-worker)."""
+        """Stop submitting; give the batches in flight and the occurrences due by now a
+        bounded time to arrive (and be handled, with --cw-worker). Once."""
+        if not self.submitting:
+            return
+        self.submitting = False
         self.stopped_ms = now_ms()
         deadline = time.monotonic() + DRAIN_S
-        while (any(self._overdue(t, self.stopped_ms) for t in self._tallies())
+        while ((self.bridge.in_flight
+                or any(self._overdue(t, self.stopped_ms) for t in self._tallies()))
                and time.monotonic() < deadline):
             gevent.sleep(0.1)
 
-    def _figures(self, tally: LatenessTally) -> dict[str, Any]:
+    def _counts(self, tally: LatenessTally) -> dict[str, int]:
         overdue = len(self._overdue(tally, self.stopped_ms))
-        lateness = {k: None if v is None else round(v, 1)
-                    for k, v in tally.summary().items() if k != "n"}
         return {"missing": overdue,
                 "not_yet_due": len(self.expected - tally.seen.keys()) - overdue,
-                "duplicates": tally.duplicates, "early": tally.early, "lateness_ms": lateness}
+                "duplicates": tally.duplicates}
 
-    def summary(self) -> dict[str, Any]:
-        out = {"prefix": self.prefix, "namespace": self.namespace, "submitted": self.submitted,
-               "expected_fires": len(self.expected), "received": self.received.distinct,
-               **self._figures(self.received)}
+    def part(self) -> dict[str, Any]:
+        """What this process measured, for `locust_support.summarize`."""
+        g = self.received.group()
+        out: dict[str, Any] = {
+            "prefix": self.prefix, "submitted": self.submitted,
+            "submit_failed": self.submit_failed, "expected_fires": len(self.expected),
+            "received": self.received.distinct, **self._counts(self.received),
+            "early_fired": self.early_fired, "early_received": self.early_received,
+            "first_submit_ms": self.first_submit_ms, "last_submit_ms": self.last_submit_ms,
+            "lateness_ms": [round(x, 2) for x in g.lateness_ms],
+            "fired_lateness_ms": g.fired_lateness_ms, "offsets": self.offsets}
         if self.worker:
-            out["handler_start"] = {"started": self.started.distinct,
-                                    **self._figures(self.started)}
+            out["handler"] = {"started": self.started.distinct, **self._counts(self.started),
+                              "early": self.early_started,
+                              "lateness_ms": [round(x, 2) for x in self.started.lateness_ms()]}
         return out
 
 
 RUN: Run | None = None
+PREPARING: Greenlet | None = None  # the Run being started before the test (its bridge)
+PARTS: dict[str, dict[str, Any]] = {}  # on a master: each worker's part, by worker id
+READY: dict[str, bool] = {}  # on a master: whether each worker's bridge started, by worker id
+RUN_END_MS: float | None = None  # when locust's -t timer fires
+
+
+def _settings(environment: Environment) -> Settings | None:
+    """The cluster to load, checked: None (and the reason printed) when it may not be."""
+    o = environment.parsed_options
+    settings = support.resolve(o)
+    why = support.refusal(settings, support.remote_allowed(o))
+    if why is not None:
+        print(f"chronowheel: {why}", file=sys.stderr)
+        return None
+    return settings
+
+
+def _start_run(environment: Environment, settings: Settings) -> Run | None:
+    """A Run with its bridge ready, or None (the reason printed)."""
+    try:
+        return Run(environment, settings)
+    except Exception as exc:
+        print(f"chronowheel: cannot load {support.describe(settings)}: {exc}", file=sys.stderr)
+        return None
+
+
+@events.init.add_listener
+def _on_init(environment: Environment, **_kw: Any) -> None:
+    """Check and print the cluster; start the bridge before the test, so that its start (a
+    few seconds: Kafka, Cassandra, the clock offset) does not count in -t."""
+    global PREPARING, RUN, RUN_END_MS
+    runner = environment.runner
+    o = environment.parsed_options
+    if isinstance(runner, WorkerRunner):
+        runner.register_message("cw_drain", _on_drain, concurrent=True)
+        # The master's options come with the test: checked again then, and the bridge
+        # started again if they name another cluster.
+        settings = support.resolve(o)
+        allowed = support.refusal(settings, support.remote_allowed(o)) is None
+        PREPARING = gevent.spawn(_prepare_worker, runner, environment, settings if allowed
+                                 else None)
+        return
+    if isinstance(runner, MasterRunner):
+        runner.register_message("cw_part", _on_part)
+        runner.register_message("cw_ready", _on_ready)
+    settings = support.resolve(o)
+    why = support.refusal(settings, support.remote_allowed(o))
+    if why is not None:
+        print(f"chronowheel: the cluster: {support.describe(settings)}\nchronowheel: {why}",
+              file=sys.stderr)
+        raise SystemExit(2)
+    print(f"chronowheel: about to load {support.describe(settings)}", file=sys.stderr)
+    if isinstance(runner, MasterRunner):
+        _await_workers(environment)
+        return  # the workers submit and measure; the master aggregates
+    RUN = _start_run(environment, settings)
+    if RUN is None:
+        raise SystemExit(2)
+    run_time = getattr(o, "run_time", None) if o else None
+    if run_time:
+        # locust's -t timer is set from the event loop's clock as it was when the loop last
+        # ran (now: nothing yields from here to the timer), not from the wall clock.
+        RUN_END_MS = (gevent.get_hub().loop.now() + float(run_time)) * 1000
+
+
+def _prepare_worker(runner: WorkerRunner, environment: Environment,
+                    settings: Settings | None) -> Run | None:
+    """A worker's Run, started before the test; the master hears when it is ready. (None
+    settings: refused with the worker's own options; the master's may differ.)"""
+    run = None if settings is None else _start_run(environment, settings)
+    runner.send_message("cw_ready", {"ok": settings is None or run is not None})
+    return run
+
+
+def _await_workers(environment: Environment) -> None:
+    """On a headless master: wait until the expected workers' bridges are ready, so that
+    their start does not count in -t (the timer is set after this event)."""
+    o = environment.parsed_options
+    expect = int(getattr(o, "expect_workers", 0) or 0) if o else 0
+    if not (o and o.headless and expect):
+        return
+    deadline = time.monotonic() + max(120.0, float(o.expect_workers_max_wait or 0))
+    while len(READY) < expect and time.monotonic() < deadline:
+        gevent.sleep(0.1)
+    failed = sum(1 for ok in READY.values() if not ok)
+    if failed:
+        print(f"chronowheel: {failed} worker(s) could not reach the cluster (their output "
+              f"says why)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _on_ready(environment: Environment, msg: Any, **_kw: Any) -> None:
+    READY[str(msg.node_id)] = bool(msg.data.get("ok"))
+
+
+def _on_part(environment: Environment, msg: Any, **_kw: Any) -> None:
+    PARTS[str(msg.node_id)] = msg.data
+
+
+def _on_drain(environment: Environment, msg: Any, **_kw: Any) -> None:
+    """On a worker, asked by the master as the run stops: drain, report the figures."""
+    run = RUN
+    runner = environment.runner
+    if run is None or not isinstance(runner, WorkerRunner):
+        return
+    run.drain()
+    runner._send_stats()  # the fires counted while draining, ahead of the part
+    runner.send_message("cw_part", run.part())
 
 
 @events.test_start.add_listener
 def _on_test_start(environment: Environment, **_kw: Any) -> None:
-    global RUN
-    if isinstance(environment.runner, MasterRunner):
-        return  # the workers submit and measure; the master aggregates
-    RUN = Run(environment)
-    print(f"chronowheel: run prefix {RUN.prefix}, namespace {RUN.namespace}, Kafka {RUN.kafka}",
-          file=sys.stderr)
+    global PREPARING, RUN
+    runner = environment.runner
+    o = environment.parsed_options
+    if isinstance(runner, MasterRunner):
+        PARTS.clear()
+        run_time = getattr(o, "run_time", None) if o else None
+        if o is not None and run_time:
+            # sent to the workers with the other custom options: they do not know -t
+            o.cw_end_ms = now_ms() + float(run_time) * 1000
+        gevent.spawn(_guard, environment)
+        return
+    settings = _settings(environment)
+    if settings is None:
+        _give_up(environment)
+        return
+    if PREPARING is not None:
+        RUN, PREPARING = PREPARING.get(), None
+    if RUN is None or RUN.settings != settings or RUN.begun:
+        if RUN is not None:
+            RUN.bridge.close()
+        RUN = _start_run(environment, settings)
+        if RUN is None:
+            _give_up(environment)
+            return
+    worker = isinstance(runner, WorkerRunner)
+    RUN.begin(getattr(o, "cw_end_ms", None) if worker else RUN_END_MS)
+    print(f"chronowheel: run prefix {RUN.prefix}, {RUN.batch} jobs per batch, namespace "
+          f"{RUN.namespace}", file=sys.stderr)
+    if not worker:
+        gevent.spawn(_guard, environment)
 
-    def guard(run: Run) -> None:
-        gevent.sleep(run.max_runtime_s)
-        if environment.runner is not None:
-            print(f"chronowheel: --cw-max-runtime-s {run.max_runtime_s:.0f} reached; stopping",
+
+def _give_up(environment: Environment) -> None:
+    """End the run with exit status 2 (from a greenlet of its own: this may be the one that
+    quit() stops)."""
+    environment.process_exit_code = 2
+    if environment.runner is not None:
+        gevent.spawn(environment.runner.quit)
+
+
+def _guard(environment: Environment) -> None:
+    o = environment.parsed_options
+    limit = float(o.cw_max_runtime_s) if o else 900.0
+    gevent.sleep(limit)
+    if environment.runner is not None:
+        print(f"chronowheel: --cw-max-runtime-s {limit:.0f} reached; stopping", file=sys.stderr)
+        environment.runner.quit()
+
+
+@events.test_stopping.add_listener
+def _on_test_stopping(environment: Environment, **_kw: Any) -> None:
+    runner = environment.runner
+    if isinstance(runner, MasterRunner):
+        # Every worker drains and sends its figures before the master stops them.
+        workers = {c.id for c in runner.clients.all}
+        runner.send_message("cw_drain")
+        deadline = time.monotonic() + DRAIN_S + 15
+        while not workers <= PARTS.keys() and time.monotonic() < deadline:
+            gevent.sleep(0.1)
+        if not workers <= PARTS.keys():
+            print(f"chronowheel: no figures from {len(workers - PARTS.keys())} worker(s)",
                   file=sys.stderr)
-            environment.runner.quit()
-
-    gevent.spawn(guard, RUN)
+    elif RUN is not None and not isinstance(runner, WorkerRunner):
+        RUN.drain()
 
 
 @events.test_stop.add_listener
 def _on_test_stop(environment: Environment, **_kw: Any) -> None:
     global RUN
+    runner = environment.runner
     run, RUN = RUN, None
-    if run is None:
+    if isinstance(runner, MasterRunner):
+        parts = list(PARTS.values())
+    elif run is None:
         return
-    run.drain()
-    summary = run.summary()
-    run.bridge.close()
-    print("chronowheel lateness summary: " + json.dumps(summary), file=sys.stderr)
+    else:
+        run.drain()  # at once when already drained
+        parts = [run.part()]
+        run.bridge.close()
+        if isinstance(runner, WorkerRunner):
+            return  # the master reports
+    if not parts:
+        return
+    summary = {"namespace": support.resolve(environment.parsed_options).namespace,
+               "prefixes": [p["prefix"] for p in parts], **support.summarize(parts)}
+    print("chronowheel summary: " + json.dumps(summary), file=sys.stderr)
     o = environment.parsed_options
     csv_prefix = getattr(o, "csv_prefix", None) if o else None
     if csv_prefix:
-        worker = environment.runner.worker_index \
-            if isinstance(environment.runner, WorkerRunner) else None
-        suffix = "" if worker is None else f"_worker{worker}"
-        Path(f"{csv_prefix}_chronowheel{suffix}.json").write_text(
-            json.dumps(summary, indent=2) + "\n")
+        Path(f"{csv_prefix}_chronowheel.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
 class _Submitter(User):
-    """A user that runs its task at --cw-rate per second (fixed pacing, no bursts)."""
+    """A user that submits --cw-batch jobs at a time, paced to --cw-rate jobs per second
+    (fixed pacing, no bursts)."""
 
     abstract = True
 
@@ -356,8 +583,9 @@ class _Submitter(User):
         self._next = time.monotonic()
 
     def wait_time(self) -> float:
-        rate = RUN.rate if RUN is not None else 1.0
-        self._next = max(self._next + 1.0 / rate, time.monotonic())
+        run = RUN
+        interval = 1.0 if run is None else run.batch / run.rate
+        self._next = max(self._next + interval, time.monotonic())
         return max(0.0, self._next - time.monotonic())
 
     def run_state(self) -> Run | None:
@@ -371,13 +599,17 @@ class SteadyUser(_Submitter):
         run = self.run_state()
         if run is None:
             return
-        due = int(now_ms() + run.lead_ms)
-        if not run.may_submit(due):
-            return
-        jid = run.new_id("steady")
-        run.submit("steady", jid, encode_upsert(
-            {"id": jid, "at": due, "payload": {"scenario": "steady", "pad": PAD}}),
-            occurrence=f"{jid}@{due}")
+        first = now_ms() + run.lead_ms
+        step_ms = 1000 / run.rate  # the batch's jobs fall due spread as if sent one by one
+        jobs: list[Command] = []
+        for i in range(run.batch):
+            due = int(first + i * step_ms)
+            if not run.may_submit(due):
+                break
+            jid = run.new_id("steady")
+            jobs.append((jid, {"id": jid, "at": due,
+                               "payload": {"scenario": "steady", "pad": PAD}}, f"{jid}@{due}"))
+        run.submit("steady", jobs)
 
 
 class HerdUser(_Submitter):
@@ -391,10 +623,12 @@ class HerdUser(_Submitter):
         due = int((earliest // MINUTE_MS + 1) * MINUTE_MS)
         if not run.may_submit(due):
             return
-        jid = run.new_id("herd")
-        run.submit("herd", jid, encode_upsert(
-            {"id": jid, "at": due, "payload": {"scenario": "herd", "pad": PAD}}),
-            occurrence=f"{jid}@{due}")
+        jobs: list[Command] = []
+        for _ in range(run.batch):
+            jid = run.new_id("herd")
+            jobs.append((jid, {"id": jid, "at": due,
+                               "payload": {"scenario": "herd", "pad": PAD}}, f"{jid}@{due}"))
+        run.submit("herd", jobs)
 
 
 class LongHorizonUser(_Submitter):
@@ -404,13 +638,19 @@ class LongHorizonUser(_Submitter):
         run = self.run_state()
         if run is None or not run.may_submit(None):
             return
-        if run.horizon_ids and random.random() < 0.1:
-            jid = run.horizon_ids.pop(random.randrange(len(run.horizon_ids)))
-            run.submit("cancel", jid, encode_cancel(jid))
-            return
-        due = int(now_ms() + random.uniform(1, 365) * 86_400_000)
-        jid = run.new_id("horizon")
-        run.submit("horizon", jid, encode_upsert(
-            {"id": jid, "at": due, "payload": {"scenario": "horizon", "pad": PAD}}))
-        if len(run.horizon_ids) < 10_000:
-            run.horizon_ids.append(jid)
+        jobs: list[Command] = []
+        cancels: list[Command] = []
+        for _ in range(run.batch):
+            if run.horizon_ids and random.random() < 0.1:
+                jid = run.horizon_ids.pop(random.randrange(len(run.horizon_ids)))
+                cancels.append((jid, None, None))
+                continue
+            due = int(now_ms() + random.uniform(1, 365) * 86_400_000)
+            jid = run.new_id("horizon")
+            jobs.append((jid, {"id": jid, "at": due,
+                               "payload": {"scenario": "horizon", "pad": PAD}}, None))
+        run.submit("horizon", jobs)
+        run.submit("cancel", cancels)
+        # cancels pick among jobs of earlier batches, whose upserts went to Kafka first
+        room = 10_000 - len(run.horizon_ids)
+        run.horizon_ids.extend(jid for jid, _, _ in jobs[:max(0, room)])
