@@ -98,6 +98,11 @@ class NodeMetrics:
             "node transactions aborted because the broker refused some of their records "
             "(the node then starts a new session: its shards are claimed and published "
             "again, the refused occurrences dead-lettered)", registry=r)
+        self.takeovers = Counter(
+            "chronowheel_shard_takeovers_total",
+            "shards taken by this node, by kind: full (claimed and loaded from the watermark) "
+            "or warm (given back after a rebalance and resumed with its wheel kept)", ["kind"],
+            registry=r)
         self.fenced = Counter("chronowheel_node_fenced_total",
                               "times the node's producer was found fenced", registry=r)
         self.clock_skew = Gauge("chronowheel_clock_skew_seconds",

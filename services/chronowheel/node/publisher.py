@@ -85,6 +85,13 @@ class Publisher:
         self.session: int | None = None
         """The coordinator's session in force before this shard's claim began (set by the
         takeover); commits of another session are refused."""
+        self.last_record: bytes | None = None
+        """The state record of this shard's last committed part (None before the first)."""
+        self.released = False
+        """Whether that part released the shard (the last commit of a graceful stop)."""
+        self.committed_offset: int | None = None
+        """The submit offset the shard last committed (set by the takeover to the one it
+        resumed at): a warm shard has applied every command below it, none above."""
         self._partitions: dict[str, int] = {}
 
     async def commit(self, fired: list[Pending], *, release: bool = False) -> None:
@@ -142,6 +149,9 @@ class Publisher:
                                         self.shard, p.user_headers, p.scheduled_ms, done)
         state.committed_watermark = watermark
         state.last_commit_ms = done
+        self.last_record, self.released = record, release
+        if offset is not None:
+            self.committed_offset = offset
 
     async def _prepare(self, items: list[Item],
                        dead: list[tuple[Outgoing, str]]) -> tuple[Prepared, list[Item]]:

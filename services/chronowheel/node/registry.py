@@ -5,6 +5,13 @@ callbacks start an actor per assigned shard (`node/shard.py`, which claims it: s
 `node/takeover.py`) and stop those revoked. When the node's producer is fenced, every actor of
 an older session is stopped and, if the node is still a member of the group, its shards are
 taken over again (`recover`).
+
+Warm shards: the group protocol (eager) revokes every shard of every node at each rebalance.
+A shard whose actor ended cleanly on its revocation (released, nothing in flight) is kept warm,
+its actor and wheel in memory: if the next assignment gives it back to this node, the same
+actor runs again and resumes without reloading when `resume_warm` proves nobody took the shard
+meanwhile (`node/takeover.py`). Warm shards the assignment does not give back have moved and
+are dropped, as are all of them after `WARM_GRACE_MS` without an assignment.
 """
 
 from __future__ import annotations
@@ -31,6 +38,9 @@ log = logging.getLogger(__name__)
 
 # Attempts to ask the group coordinator whether we are still a member, after a fence.
 MEMBERSHIP_CHECKS = 5
+# How long a revoked shard is kept warm when no assignment follows (a rebalance that takes
+# longer reloads it; a node leaving its group frees the memory after this).
+WARM_GRACE_MS = 30_000
 
 
 @dataclass
@@ -54,6 +64,10 @@ class ShardRegistry:
         self.dispatch_blocked = dispatch_blocked
         self.clock_state = clock_state
         self.owned: dict[int, Owned] = {}
+        self.warm: dict[int, ShardActor] = {}
+        """Shards revoked from this node whose actors ended cleanly, kept for the next
+        assignment (see the module's docstring)."""
+        self._warm_expiry: asyncio.Task[None] | None = None
         # Set by the node once it has them (`attach`), before the group can assign anything.
         self.shards = 0
         self.store: JobStore | None = None
@@ -76,9 +90,12 @@ class ShardRegistry:
             o.actor.wake.set()
 
     async def stop_recovery(self) -> None:
-        """On the node's shutdown: end a fence recovery under way (it would take shards)."""
+        """On the node's shutdown: end a fence recovery under way (it would take shards), and
+        drop the warm shards (nothing will be resumed; the shards stopped from here on are not
+        kept warm: the supervisor is stopping)."""
         if self._recovering is not None:
             await self.supervisor.cancel_and_wait([self._recovering])
+        await self.drop_warm()
 
     # --- supervision ----------------------------------------------------------------------
     def shard_ended(self, task: asyncio.Task[Any], exc: BaseException | None) -> bool:
@@ -162,6 +179,14 @@ class ShardRegistry:
             if k in self.owned:
                 continue
             assert self.transactions is not None
+            warm = self.warm.pop(k, None)
+            if warm is not None:
+                if warm.rearm():
+                    task = self.supervisor.spawn(warm.run(), f"shard-{k}",
+                                                 expected=self.shard_ended)
+                    self.owned[k] = Owned(warm, task)
+                    continue
+                await warm.close()
             actor = ShardActor(
                 shard=k, shards=self.shards, settings=self.settings, store=self.store,
                 bus=self.bus, transactions=self.transactions, submit=self.group,
@@ -173,7 +198,9 @@ class ShardRegistry:
         self.metrics.owned_shards.set(len(self.owned))
         log.info("node %s owns shards %s", self.node_id, sorted(self.owned))
 
-    async def stop_shards(self, partitions: list[int]) -> None:
+    async def stop_shards(self, partitions: list[int], *, keep_warm: bool = False) -> None:
+        """Stop the actors of `partitions` (each releases its shard); `keep_warm`: keep those
+        that ended cleanly for the next assignment (a revocation), else close them."""
         # Delisted first: their ends are then expected (`shard_ended`), not failures.
         owned = [self.owned.pop(k) for k in partitions if k in self.owned]
         stops = [asyncio.ensure_future(o.actor.stop()) for o in owned]
@@ -188,7 +215,32 @@ class ShardRegistry:
             for o in owned:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await o.task
+        for o in owned:
+            if keep_warm and o.actor.clean and not self.supervisor.stopping:
+                self.warm[o.actor.shard] = o.actor
+            else:
+                await o.actor.close()
+        if self.warm and keep_warm:
+            if self._warm_expiry is not None:
+                self._warm_expiry.cancel()
+            self._warm_expiry = asyncio.ensure_future(self._expire_warm())
         self.metrics.owned_shards.set(len(self.owned))
+
+    async def drop_warm(self, shards: set[int] | None = None) -> None:
+        """Forget warm shards (`None`: all): they moved, or the node stops."""
+        for k in sorted(self.warm if shards is None else shards & set(self.warm)):
+            await self.warm.pop(k).close()
+        if not self.warm and self._warm_expiry is not None:
+            if self._warm_expiry is not asyncio.current_task():
+                self._warm_expiry.cancel()
+            self._warm_expiry = None
+
+    async def _expire_warm(self) -> None:
+        await asyncio.sleep(WARM_GRACE_MS / 1000)
+        if self.warm:
+            log.info("node %s: no assignment within %d s: shards %s are no longer kept warm",
+                     self.node_id, WARM_GRACE_MS // 1000, sorted(self.warm))
+        await self.drop_warm()
 
     # --- group assignment -----------------------------------------------------------------
     # The Kafka client logs and swallows a rebalance callback's exception; a node that silently
@@ -196,13 +248,15 @@ class ShardRegistry:
     async def on_revoked(self, shards: list[int]) -> None:
         log.info("node %s: group revoked shards %s", self.node_id, sorted(shards))
         try:
-            await self.stop_shards(shards)
+            await self.stop_shards(shards, keep_warm=True)
         except Exception as exc:
             self.supervisor.fail("revoking shards", exc)
 
     async def on_assigned(self, shards: list[int]) -> None:
         log.info("node %s: group assigned shards %s", self.node_id, sorted(shards))
         try:
+            # Warm shards not given back have moved to another node: free their memory.
+            await self.drop_warm(set(self.warm) - set(shards))
             await self.start_shards(shards)
         except Exception as exc:
             self.supervisor.fail("taking over shards", exc)

@@ -11,6 +11,12 @@ hands backfill requests to the due table a paced chunk at a time. Ingest and dis
 concurrently so a burst of submissions does not delay firing; a per-job lock orders what both
 do to one job. The invariants they keep (watermark, horizon, offsets, ingest slots) are stated
 in `node/state.py`; the design behind them in docs/design.md.
+
+An actor can run more than once: one whose run ended cleanly on a revocation (its shard
+released, nothing in flight) is kept warm by the registry, and if the group gives the shard
+back to this node it runs again with its wheel as it was, after `resume_warm` proved that
+nobody took the shard meanwhile (`node/takeover.py`); otherwise it starts from fresh state and
+takes the shard over in full.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable
 
-from chronowheel.bus.ports import NodeBus, SubmitPositions, SubmitRecord
+from chronowheel.bus.ports import NodeBus, SubmitPositions, SubmitRecord, TxnProducer
 from chronowheel.core.clock import Clock
 from chronowheel.core.model import ValidationPolicy
 from chronowheel.errors import ChronowheelError
@@ -30,9 +36,9 @@ from chronowheel.node.dispatch import Dispatcher
 from chronowheel.node.ingest import Ingest
 from chronowheel.node.loader import Loader
 from chronowheel.node.metrics import NodeMetrics
-from chronowheel.node.publisher import Publisher
+from chronowheel.node.publisher import Publisher, stop_quietly
 from chronowheel.node.state import ShardState
-from chronowheel.node.takeover import take_over
+from chronowheel.node.takeover import Resume, Warm, resume_warm, take_over
 from chronowheel.node.transactions import NodeTransactions, ShardLost
 from chronowheel.node.writes import RowWriter
 from chronowheel.settings import Settings
@@ -53,7 +59,11 @@ class ShardActor:
                  node_id: str, dispatch_blocked: Callable[[], bool],
                  clock_state: Callable[[], tuple[int | None, bool]] | None = None) -> None:
         self.shard = shard
+        self.shards = shards
         self.settings = settings
+        self.store = store
+        self.policy = policy
+        self.clock_state = clock_state
         self.bus = bus
         self.transactions = transactions
         self.group_id = group_id
@@ -67,24 +77,44 @@ class ShardActor:
         """True from the end of the takeover until the actor stops: records fetched for the
         shard before that are dropped by the pump (they are read again after the seek)."""
 
+        self.claimer: TxnProducer | None = None
+        """The shard's claimer, kept from the takeover while the actor (or its warm state)
+        lives: a warm resume commits its claim with it (`node/takeover.py`)."""
+        self.warm: Warm | None = None
+        """Set by the registry before a run of an actor kept warm: resume without a reload if
+        `resume_warm` proves nobody took the shard since."""
+        self.clean = False
+        """True when the last run ended with the shard released by its final commit and
+        nothing in flight: its state may be kept warm (`warm_state`)."""
+        self.resumed_warm = False
+        """Whether the last takeover kept the wheel (a warm resume) rather than reloading."""
+        self._build()
+        self._stopped = asyncio.Event()
+
+    def _build(self) -> None:
+        """Fresh state and the tasks' parts around it (a new actor, or a warm one that could
+        not be resumed)."""
+        settings, store, clock, shard = self.settings, self.store, self.clock, self.shard
+        metrics, policy = self.metrics, self.policy
         self.state = ShardState(shard=shard, start_ms=clock.now_ms(), tick_ms=settings.tick_ms,
                                 ingest_slack_ms=settings.ingest_slack_ms)
         writer = RowWriter(store, shard, settings.retention_ms, settings.store_batch_fail_bytes)
         calendars = Calendars(store=store, clock=clock, refresh_ms=settings.calendar_refresh_ms)
-        self.ingest = Ingest(state=self.state, shards=shards, settings=settings, store=store,
-                             writer=writer, clock=clock, metrics=metrics, policy=policy,
-                             calendars=calendars)
+        self.ingest = Ingest(state=self.state, shards=self.shards, settings=settings,
+                             store=store, writer=writer, clock=clock, metrics=metrics,
+                             policy=policy, calendars=calendars)
         self.loader = Loader(state=self.state, settings=settings, store=store, clock=clock)
-        self.publisher = Publisher(state=self.state, transactions=transactions,
+        self.publisher = Publisher(state=self.state, transactions=self.transactions,
                                    settings=settings, clock=clock, metrics=metrics,
-                                   node_id=node_id, shards=shards, clock_state=clock_state)
+                                   node_id=self.node_id, shards=self.shards,
+                                   clock_state=self.clock_state)
         self.dispatcher = Dispatcher(state=self.state, settings=settings, store=store,
                                      writer=writer, publisher=self.publisher, clock=clock,
                                      metrics=metrics, policy=policy,
-                                     dispatch_blocked=dispatch_blocked, calendars=calendars)
+                                     dispatch_blocked=self.dispatch_blocked,
+                                     calendars=calendars)
         self.backfiller = Backfiller(state=self.state, settings=settings, store=store,
                                      writer=writer, clock=clock, policy=policy)
-        self._stopped = asyncio.Event()
 
     # --- what the node sees ---------------------------------------------------------------
     @property
@@ -112,12 +142,41 @@ class ShardActor:
         state.backfill_wake.set()
         await self._stopped.wait()
 
+    # --- warm state -----------------------------------------------------------------------
+    def warm_state(self) -> Warm | None:
+        """After a run that ended cleanly: what a warm resume must find unchanged."""
+        p = self.publisher
+        if not self.clean or self.claimer is None or p.last_record is None:
+            return None
+        return Warm(claimer=self.claimer, record=p.last_record,
+                    watermark=self.state.committed_watermark, submit_offset=p.committed_offset)
+
+    def rearm(self) -> bool:
+        """Before running a warm actor again (the registry calls it before spawning the run):
+        False when it holds nothing to resume from."""
+        warm = self.warm_state()
+        if warm is None:
+            return False
+        self.warm = warm
+        self.clean = False
+        self.state.stopping = False
+        self._stopped = asyncio.Event()
+        return True
+
+    async def close(self) -> None:
+        """The actor is given up for good (not kept warm, or its warm state dropped)."""
+        self.clean = False
+        self.warm = None
+        claimer, self.claimer = self.claimer, None
+        await stop_quietly(claimer)
+
     # --- supervision ----------------------------------------------------------------------
     async def run(self) -> None:
         helpers: list[asyncio.Task[None]] = []
-        state, dispatcher = self.state, self.dispatcher
+        clean = False
         try:
             await self._takeover()
+            state, dispatcher = self.state, self.dispatcher  # fresh ones after a full takeover
             helpers = [
                 asyncio.create_task(self.loader.run(), name=f"loader-{self.shard}"),
                 asyncio.create_task(self.ingest.run(), name=f"ingest-{self.shard}"),
@@ -135,6 +194,14 @@ class ShardActor:
                 self._update_gauges()
                 await dispatcher.wait()
             await self._drain(helpers[1])
+            # Warm only if the final part released the shard and nothing is half done: no row
+            # write in flight (a backfill chunk holds its slot until its rows are in the
+            # wheel), everything taken from the wheel committed, every applied command's
+            # offset committed.
+            clean = (self.publisher.released and not state.ingest_slots
+                     and state.watermark == state.committed_watermark
+                     and not state.outbox and state.offset_to_commit is None
+                     and self.ingest.next_offset == self.publisher.committed_offset)
         finally:
             self.ready = False
             for task in helpers:
@@ -142,6 +209,9 @@ class ShardActor:
             for task in helpers:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+            self.clean = clean
+            if not clean:
+                await self.close()
             # A shard that moved on must not leave frozen per-shard series behind: its new
             # owner exports them, and a stale lag or watermark here would mislead alerts.
             self.metrics.forget_shard(self.label)
@@ -155,19 +225,46 @@ class ShardActor:
     async def _takeover(self) -> None:
         # The session is taken BEFORE the claim: a fence found after this moment may have been
         # made by a node that read our claim, so it must end this actor (`node/transactions.py`).
-        self.publisher.session = self.transactions.session
-        resume = await take_over(shard=self.shard, transactions=self.transactions, bus=self.bus,
-                                 submit=self.submit, settings=self.settings, clock=self.clock,
-                                 group_id=self.group_id, node_id=self.node_id)
+        session = self.transactions.session
+        warm, self.warm = self.warm, None
+        resume: Resume | None = None
+        if warm is not None:
+            self.claimer = warm.claimer  # the actor's to stop if it is given up meanwhile
+            resume = await resume_warm(shard=self.shard, warm=warm,
+                                       transactions=self.transactions, bus=self.bus,
+                                       submit=self.submit, settings=self.settings,
+                                       clock=self.clock, node_id=self.node_id)
+            if resume is None:
+                stopping = self.state.stopping  # a stop that came during the attempt holds
+                await self.close()
+                self._build()
+                self.state.stopping = stopping
+        self.resumed_warm = resume is not None
+        self.publisher.session = session
         state = self.state
-        state.watermark = state.committed_watermark = resume.watermark
-        state.horizon_ms = state.reading_upto = resume.watermark
+        if resume is None:
+            resume = await take_over(shard=self.shard, transactions=self.transactions,
+                                     bus=self.bus, submit=self.submit, settings=self.settings,
+                                     clock=self.clock, group_id=self.group_id,
+                                     node_id=self.node_id)
+            state.watermark = state.committed_watermark = resume.watermark
+            state.horizon_ms = state.reading_upto = resume.watermark
+        else:
+            # The wheel, the horizon and the watermark stay. A pre-warm read that the stop
+            # cut short is done again; backfills are read again from their stored requests.
+            state.loaded_minutes &= state.prewarmed
+            state.backfills.clear()
+        self.claimer = resume.claimer
+        self.metrics.takeovers.labels("warm" if self.resumed_warm else "full").inc()
         state.last_commit_ms = self.clock.now_ms()
+        self.publisher.committed_offset = resume.submit_offset
+        self.publisher.released = False
         self.ingest.reset(resume.submit_offset)
         self.ready = True
         self.submit.deliver(self.shard)  # records read since the seek: ours from now
-        log.info("shard %d: taken over (watermark %d, submit offset %s)", self.shard,
+        log.info("shard %d: taken over (watermark %d, submit offset %s%s)", self.shard,
                  resume.watermark, resume.submit_offset,
+                 ", warm: wheel kept" if self.resumed_warm else "",
                  extra={"shard": self.shard, "node": self.node_id})
 
     async def _drain(self, ingest: asyncio.Task[None]) -> None:

@@ -19,6 +19,15 @@ is by the owner each shard's state record names (docs/design.md, "Fencing"):
 The shard then resumes from that watermark and reads `<ns>.submit` from the node group's
 committed offset: everything after them is redone, and nothing before them was lost, because
 both were committed in the same transaction.
+
+The claimer is kept, not stopped, while the node holds the shard and while it keeps the shard
+warm after a revocation (`node/registry.py`). A shard given back to this node is then resumed
+warm (`resume_warm`) when nothing can have happened to it since it was released here: its
+settled record is still the release this node committed, the group's committed submit offset is
+still the one that release carried, and a claim committed with the kept claimer succeeds, which
+proves that no node initialised `<ns>-shard-<k>` (the first step of every claim) since this node
+did. Its wheel is kept as it was: nothing is read again from Cassandra (docs/design.md, "Warm
+shards").
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import functools
 import logging
 from dataclasses import dataclass, field
 
-from chronowheel.bus.ports import BusError, Fenced, NodeBus, SubmitPositions
+from chronowheel.bus.ports import BusError, Fenced, NodeBus, SubmitPositions, TxnProducer
 from chronowheel.core.clock import Clock
 from chronowheel.core.wire import StateRecord, StateRecordError, claimer_transactional_id
 from chronowheel.errors import ChronowheelError
@@ -55,6 +64,9 @@ MAX_FENCE_ROUNDS = 8
 class Resume:
     watermark: int
     submit_offset: int | None  # None: the partition is read from its beginning
+    claimer: TxnProducer | None = field(default=None, compare=False)
+    """The shard's claimer, kept started (the caller stops it when it gives the shard up for
+    good): a later `resume_warm` commits its claim with it."""
 
 
 @dataclass
@@ -91,6 +103,7 @@ async def take_over(*, shard: int, transactions: NodeTransactions, bus: NodeBus,
     phases.done("settle")
     me = transactions.transactional_id
     claimer = bus.producer(claimer_transactional_id(settings.namespace, shard), group_id)
+    kept = False
     try:
         # The first read only names whom to fence; every decision rests on the settled read,
         # which follows the claimer's start. So both may run at once.
@@ -121,29 +134,112 @@ async def take_over(*, shard: int, transactions: NodeTransactions, bus: NodeBus,
             raise ChronowheelError(f"shard {shard}: its recorded owner kept changing over "
                                    f"{MAX_FENCE_ROUNDS} fencing rounds (last {owner})")
         watermark = _watermark(value, shard, settings, clock)
-        txn = await claimer.begin()
-        try:
-            claim = StateRecord(shard=shard, watermark=watermark, owner=me, node=node_id,
-                                at=clock.now_ms(), claim=True)
-            await txn.publish(settings.state_topic, shard, StateRecord.key(shard),
-                              claim.encode(), [])
-            await txn.commit({})
-        except BaseException:
-            await txn.abort()
-            raise
+        await _claim(claimer, settings, shard, watermark, me, node_id, clock)
         phases.done("claim")
+        kept = True
     except Fenced as exc:
         raise ShardLost(f"shard {shard}: another node is claiming it ({exc})") from exc
     finally:
+        if not kept:
+            await stop_quietly(claimer)
+            phases.done("claimer stop")
+    try:
+        committed = await submit.committed(shard)
+        await submit.seek(shard, committed)
+    except BaseException:
         await stop_quietly(claimer)
-        phases.done("claimer stop")
-    committed = await submit.committed(shard)
-    await submit.seek(shard, committed)
+        raise
     phases.done("seek")
     log.info("shard %d: claimed by %s (previous owner %s%s) in %s", shard, me, owner,
              f", fenced {sorted(fenced)}" if fenced else "", phases,
              extra={"shard": shard, "node": node_id})
-    return Resume(watermark, committed)
+    return Resume(watermark, committed, claimer)
+
+
+async def _claim(claimer: TxnProducer, settings: Settings, shard: int, watermark: int, me: str,
+                 node_id: str, clock: Clock) -> None:
+    """Commit the claim: the state record with `watermark` and owner `me`, alone in a
+    transaction of the shard's claimer. Raises Fenced when another claimer started since."""
+    txn = await claimer.begin()
+    try:
+        claim = StateRecord(shard=shard, watermark=watermark, owner=me, node=node_id,
+                            at=clock.now_ms(), claim=True)
+        await txn.publish(settings.state_topic, shard, StateRecord.key(shard), claim.encode(),
+                          [])
+        await txn.commit({})
+    except BaseException:
+        await txn.abort()
+        raise
+
+
+@dataclass(frozen=True)
+class Warm:
+    """What a shard released by this node left to prove that nobody took it since."""
+
+    claimer: TxnProducer
+    """Its claimer, started by this node's last takeover of the shard and kept since."""
+    record: bytes
+    """The release record this node committed last for the shard (owner null)."""
+    watermark: int
+    """That record's watermark: the warm wheel holds every due row above it up to its
+    horizon."""
+    submit_offset: int | None
+    """The submit offset that release carried (or the one the shard was taken over at): the
+    warm shard has applied every command below it and none at or above it."""
+
+
+async def resume_warm(*, shard: int, warm: Warm, transactions: NodeTransactions,
+                      bus: NodeBus, submit: SubmitPositions, settings: Settings, clock: Clock,
+                      node_id: str) -> Resume | None:
+    """Take the shard back without reloading it, if nothing happened to it since this node
+    released it; None (nothing claimed: the caller takes it over in full) otherwise.
+
+    1. The state record (read_committed, to the last stable offset) must be the very release
+       this node committed (nobody claimed the shard since: a claim writes a record before
+       anything is published);
+    2. the group's committed submit offset must be the one that release carried (nobody
+       applied a command of the shard since);
+    3. the claim is committed with the claimer this node started at its last takeover and kept:
+       the commit fails (Fenced) if any node initialised `<ns>-shard-<k>` since, which every
+       claim does first, so its success also proves that no claim is under way that 1. could
+       not see yet (a paused claimer that read the release and has not committed).
+    After 3 the shard is claimed exactly as by `take_over` (any later owner fences this node),
+    and its wheel holds what a reload from the watermark would put there."""
+    phases = Phases(clock)
+    await transactions.settle(shard)
+    phases.done("settle")
+    me = transactions.transactional_id
+    # Read to the last stable offset (read_committed), not settled: a transaction still open
+    # on the state partition can only be a claim under way (this node's own parts are settled
+    # above; another owner would have committed a claim first, which the read would show), and
+    # a claim under way began by initialising the shard's claimer, so step 3 fails.
+    value, committed = await asyncio.gather(_read(bus, settings, shard, settled=False),
+                                            submit.committed(shard))
+    phases.done("state read + offset")
+    why = None
+    if value != warm.record:
+        why = "its state record changed since this node released it"
+    elif committed != warm.submit_offset:
+        why = (f"its committed submit offset is {committed}, the warm shard stopped at "
+               f"{warm.submit_offset}")
+    else:
+        try:
+            await _claim(warm.claimer, settings, shard, warm.watermark, me, node_id, clock)
+        except Fenced:
+            why = "another node began claiming it since this node released it"
+        except BusError as exc:
+            why = f"the claim failed: {exc}"
+        phases.done("claim")
+    if why is not None:
+        log.info("shard %d: not resumed warm (%s): taking it over in full", shard, why,
+                 extra={"shard": shard, "node": node_id})
+        return None
+    await submit.seek(shard, committed)
+    phases.done("seek")
+    log.info("shard %d: resumed warm by %s (watermark %d, submit offset %s, no reload) in %s",
+             shard, me, warm.watermark, committed, phases,
+             extra={"shard": shard, "node": node_id})
+    return Resume(warm.watermark, committed, warm.claimer)
 
 
 async def fence(bus: NodeBus, transactional_id: str, group_id: str, shard: int) -> None:
