@@ -125,6 +125,8 @@ class Node:
         if self._store is None:
             self._cassandra = await asyncio.to_thread(CassandraStore.open, s)
             self._store = self._cassandra
+            # chronowheel_store_server_warnings_total: what Cassandra warned about, by kind
+            self.metrics.registry.register(self._cassandra.server_warnings)
         self.metrics.dispatch_blocked.set(1)
         self.http = HttpEndpoint(self.metrics.registry, self.health, s.http_port, s.http_host,
                                  token=s.http_token)

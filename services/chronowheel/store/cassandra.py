@@ -11,7 +11,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping, Sequence
 from datetime import date
 from typing import Any, cast
 
@@ -64,6 +64,7 @@ from chronowheel.store.base import (
     RunLease,
     job_id_of_entry,
 )
+from chronowheel.store.server_warnings import ServerWarnings, mute_driver_lines
 from chronowheel.timeouts import within
 
 log = logging.getLogger(__name__)
@@ -80,12 +81,14 @@ HOUR_MS = 3_600_000
 TUPLES = "tuples"
 # Partition keys per `jobs` read of get_jobs.
 JOBS_READ_GROUP = 50
-# Rows per unlogged batch of put_jobs (small rows: the batch stays far below the warning size
-# only when specs are small; bulk loads are what it is for).
-JOBS_WRITE_GROUP = 20
-# Bucket counter updates per counter batch of add_bucket_counts (some 60 bytes each: far
-# below the batch size warning).
-COUNTS_PER_BATCH = 50
+# Requests in flight per put_jobs or add_bucket_counts call: each row or partition is its own
+# request (no batch spans partitions), and a call must not queue thousands on a connection.
+WRITES_IN_FLIGHT = 64
+
+SERVER_WARNINGS = ServerWarnings()
+"""The warnings Cassandra sent with its answers to this process's requests: counted by kind,
+logged at most once per kind per minute (store/server_warnings.py). Every CassandraStore of the
+process feeds it; the node exports it with its metrics."""
 
 
 REQUEST_COLUMNS = ("shard, job_id, request_id, kind, from_ms, to_ms, next_ms, total, handed, "
@@ -234,14 +237,14 @@ class _Settler:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._lock = threading.Lock()
-        self._queue: deque[tuple[asyncio.Future[Any], ResponseFuture, BaseException | None]] = \
-            deque()
+        self._queue: deque[
+            tuple[asyncio.Future[Any], ResponseFuture, BaseException | None, str]] = deque()
         self._scheduled = False
 
-    def put(self, fut: asyncio.Future[Any], rf: ResponseFuture,
-            exc: BaseException | None) -> None:
+    def put(self, fut: asyncio.Future[Any], rf: ResponseFuture, exc: BaseException | None,
+            what: str) -> None:
         with self._lock:
-            self._queue.append((fut, rf, exc))
+            self._queue.append((fut, rf, exc, what))
             if self._scheduled:
                 return
             self._scheduled = True
@@ -257,8 +260,8 @@ class _Settler:
             items = list(self._queue)
             self._queue.clear()
             self._scheduled = False
-        for fut, rf, exc in items:
-            _settle(fut, rf, exc)
+        for fut, rf, exc, what in items:
+            _settle(fut, rf, exc, what)
 
 
 _settlers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Settler] = \
@@ -272,23 +275,28 @@ def _settler(loop: asyncio.AbstractEventLoop) -> _Settler:
     return settler
 
 
-def _await_future(rf: ResponseFuture) -> asyncio.Future[Any]:
+def _await_future(rf: ResponseFuture, what: str = "") -> asyncio.Future[Any]:
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[Any] = loop.create_future()
     put = _settler(loop).put
 
     def ok(_rows: object) -> None:
-        put(fut, rf, None)
+        put(fut, rf, None, what)
 
     def err(exc: BaseException) -> None:
-        put(fut, rf, exc)
+        put(fut, rf, exc, what)
 
     rf.add_callbacks(ok, err)
     return fut
 
 
-def _settle(fut: asyncio.Future[Any], rf: ResponseFuture, exc: BaseException | None) -> None:
+def _settle(fut: asyncio.Future[Any], rf: ResponseFuture, exc: BaseException | None,
+            what: str) -> None:
+    # The request is finished: the driver set its warnings before calling back.
+    warnings = getattr(rf, "warnings", None)
     _break_cycles(rf)  # first: the future's waiter may drop the request at once
+    if warnings:
+        SERVER_WARNINGS.note(warnings, what)
     if fut.done():
         return
     if exc is None:
@@ -334,11 +342,46 @@ def _translated(exc: BaseException) -> BaseException:
 _REFUSED_CONTENT = re.compile(r"too large|longer than maximum|exceeds", re.IGNORECASE)
 
 
+def counts_by_partition(shard: int,
+                        counts: Mapping[int, int]) -> list[list[tuple[int, int, int, int]]]:
+    """The counter updates (rows, shard, hour, minute) of `counts` (minute -> rows), one list
+    per partition (shard, hour) of `bucket_counts`, in the order their hours first appear;
+    minutes with nothing to add are left out."""
+    parts: dict[int, list[tuple[int, int, int, int]]] = {}
+    for minute, rows in counts.items():
+        if rows:
+            hour = minute - minute % HOUR_MS
+            parts.setdefault(hour, []).append((rows, shard, hour, minute))
+    return list(parts.values())
+
+
+async def _bounded(writes: Iterable[Coroutine[Any, Any, None]],
+                   limit: int = WRITES_IN_FLIGHT) -> None:
+    """Await every write, at most `limit` at a time. After a failure no further write is
+    started (those not started are closed) and the failure is raised."""
+    todo = list(writes)
+    if len(todo) <= limit:
+        await asyncio.gather(*todo)
+        return
+    queue = iter(todo)
+
+    async def lane() -> None:
+        for write in queue:
+            try:
+                await write
+            except Exception:
+                for rest in queue:
+                    rest.close()
+                raise
+
+    await asyncio.gather(*(lane() for _ in range(limit)))
+
+
 async def execute(session: Session, stmt: PreparedStatement, params: Sequence[Any], what: str,
                   **kw: Any) -> Any:
     """Run a prepared statement from the event loop, retrying transient failures."""
     async def once() -> Any:
-        return await _await_future(session.execute_async(stmt, params, **kw))
+        return await _await_future(session.execute_async(stmt, params, **kw), what)
 
     return await with_retries(once, what, STORE_POLICY)
 
@@ -350,6 +393,8 @@ class CassandraStore:
         self.settings = settings
         self.cluster = cluster
         self.session = session
+        self.server_warnings = SERVER_WARNINGS
+        mute_driver_lines()  # counted and logged by SERVER_WARNINGS instead, a line per kind
         ks = settings.keyspace
         p = session.prepare
         self._get_job = p(f"SELECT job_id, shard, spec, version, status, scheduled_ms, slot_ms, "
@@ -458,16 +503,13 @@ class CassandraStore:
         await self._run(self._put_job, self._job_params(row), "write job")
 
     async def put_jobs(self, rows: Sequence[JobRow]) -> None:
-        # Unlogged batches: no atomicity is promised, and one request per JOBS_WRITE_GROUP
-        # rows costs the coordinator far less than one per row.
-        groups = [rows[i:i + JOBS_WRITE_GROUP] for i in range(0, len(rows), JOBS_WRITE_GROUP)]
-        await asyncio.gather(*(self._put_job_group(group) for group in groups))
+        # One request per row, WRITES_IN_FLIGHT at a time: each row is its own partition, and
+        # an unlogged batch across partitions makes one coordinator do every replica's work
+        # (Cassandra warns of it from 10 partitions on). No atomicity is promised.
+        await _bounded(self._put_job_row(row) for row in rows)
 
-    async def _put_job_group(self, rows: Sequence[JobRow]) -> None:
-        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-        for row in rows:
-            batch.add(self._put_job, self._job_params(row))
-        await self._run_batch(batch, f"write {len(rows)} jobs rows")
+    async def _put_job_row(self, row: JobRow) -> None:
+        await self._run(self._put_job, self._job_params(row), "write job")
 
     @staticmethod
     def _job_params(row: JobRow) -> tuple[Any, ...]:
@@ -509,7 +551,7 @@ class CassandraStore:
 
     async def _run_batch(self, batch: BatchStatement, what: str) -> None:
         async def once() -> Any:
-            return await _await_future(self.session.execute_async(batch))
+            return await _await_future(self.session.execute_async(batch), what)
 
         await with_retries(once, what, STORE_POLICY)
 
@@ -562,7 +604,7 @@ class CassandraStore:
     async def _page(self, bound: Any, paging_state: bytes | None) -> Any:
         async def once() -> Any:
             return await _await_future(self.session.execute_async(
-                bound, paging_state=paging_state, execution_profile=TUPLES))
+                bound, paging_state=paging_state, execution_profile=TUPLES), "read bucket page")
 
         return await with_retries(once, "read bucket page", STORE_POLICY)
 
@@ -572,14 +614,13 @@ class CassandraStore:
         await self._run(self._add_count, (rows, shard, hour, minute), "count bucket")
 
     async def add_bucket_counts(self, shard: int, counts: Mapping[int, int]) -> None:
-        # Counter updates go COUNTS_PER_BATCH to a counter batch: jobs spread over days touch
-        # a different minute (often a different hour partition) per job, and one request per
-        # minute cost about as much as the jobs' own writes. Counter batches are not logged,
-        # and need not be: a count is an upper bound that a retry may raise further.
-        updates = [(rows, shard, minute - minute % HOUR_MS, minute)
-                   for minute, rows in counts.items()]
-        await asyncio.gather(*(self._count(updates[i:i + COUNTS_PER_BATCH])
-                               for i in range(0, len(updates), COUNTS_PER_BATCH)))
+        # One request per partition (shard, hour), WRITES_IN_FLIGHT at a time: the minutes of
+        # one hour go in one counter batch, which is a single mutation of a single partition
+        # (no batch log, no coordinator fan-out, no warning at any size). A counter batch
+        # across partitions made one coordinator do every replica's work, and Cassandra warned
+        # of it on every call (issue 26). Not atomic across hours, and need not be: a count
+        # is an upper bound that a retry may raise further.
+        await _bounded(self._count(updates) for updates in counts_by_partition(shard, counts))
 
     async def _count(self, updates: list[tuple[int, int, int, int]]) -> None:
         if len(updates) == 1:
@@ -588,7 +629,7 @@ class CassandraStore:
         batch = BatchStatement(batch_type=BatchType.COUNTER)
         for params in updates:
             batch.add(self._add_count, params)
-        await self._run_batch(batch, f"count {len(updates)} buckets")
+        await self._run_batch(batch, f"count {len(updates)} minutes of one hour")
 
     async def bucket_counts(self, shard: int, from_minute: int, to_minute: int) -> dict[int, int]:
         out: dict[int, int] = {}
@@ -620,6 +661,8 @@ class CassandraStore:
 
         def ok(rows: Any) -> None:
             received = time.time_ns() // 1_000_000
+            if rf.warnings:
+                SERVER_WARNINGS.note(rf.warnings, "sample the clock")
             loop.call_soon_threadsafe(_settle_value, fut, (rows, received))
 
         def err(exc: BaseException) -> None:
@@ -721,7 +764,7 @@ class CassandraStore:
     async def _list_page(self, bound: Any, paging_state: bytes | None) -> Any:
         async def once() -> Any:
             return await _await_future(self.session.execute_async(
-                bound, paging_state=paging_state, execution_profile=TUPLES))
+                bound, paging_state=paging_state, execution_profile=TUPLES), "list jobs")
 
         return await with_retries(once, "list jobs")
 

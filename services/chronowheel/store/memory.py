@@ -42,12 +42,18 @@ def _system_ms() -> int:
 class MemoryStore:
     def __init__(self, *, clock: Clock | None = None,
                  pause: Callable[[], Awaitable[None]] | None = None,
-                 batch_fail_bytes: int = limits.CASSANDRA_BATCH_FAIL_BYTES) -> None:
+                 batch_fail_bytes: int = limits.CASSANDRA_BATCH_FAIL_BYTES,
+                 batch_warn_bytes: int = limits.CASSANDRA_BATCH_WARN_BYTES) -> None:
         self.clock = clock
         self.pause = pause
         self.batch_fail_bytes = batch_fail_bytes
         """Like Cassandra's batch_size_fail_threshold: a batch of several rows whose size
         (counted as `_rows_bytes` does) is larger is refused whole."""
+        self.batch_warn_bytes = batch_warn_bytes
+        self.warnings: list[str] = []
+        """What Cassandra would have warned about, in its words: a logged batch (it spans at
+        least a job's two partitions) larger than `batch_warn_bytes`, its
+        batch_size_warn_threshold. The batch is written all the same."""
         self.jobs: dict[str, tuple[JobRow, int | None]] = {}
         self.due: dict[tuple[int, int], dict[_Key, tuple[DueRow, int | None]]] = {}
         self.counts: dict[tuple[int, int], int] = {}
@@ -151,6 +157,10 @@ class MemoryStore:
             # Cassandra's own words, so that tests and reasons read the same on both stores.
             raise StoreRefused(f"Batch too large ({size} bytes, batch_size_fail_threshold "
                                f"{self.batch_fail_bytes})")
+        if size > self.batch_warn_bytes:
+            self.warnings.append(f"Batch for [due, jobs] of {len(rows)} jobs is of size "
+                                 f"{size}, exceeding specified threshold of "
+                                 f"{self.batch_warn_bytes}")
 
     async def delete_due(self, minute: int, shard: int, slot_ms: int, job_id: str,
                          attempt: int) -> None:

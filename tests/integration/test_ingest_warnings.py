@@ -1,0 +1,83 @@
+"""Ingest sends Cassandra nothing it warns about (issue 26): no counter batch across
+partitions, no unlogged batch across partitions, no batch over `batch_size_warn_threshold`
+(5 KiB), for a backlog of a few thousand jobs of mixed horizons and payload sizes, cron jobs
+in several zones among them. The warnings are the ones the server sent with its answers to the
+node's requests (`ResponseFuture.warnings`, counted by the store). The bucket counts stay
+exact: every minute counts exactly the due rows written into it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+from chronowheel.store.cassandra import SERVER_WARNINGS, CassandraStore
+
+from tests.integration.harness import make_namespace, now_ms, produce, running_node, upsert
+
+pytestmark = pytest.mark.integration
+
+ZONES = ("UTC", "Europe/Berlin", "America/New_York", "Asia/Tokyo")  # whole-hour offsets
+
+
+def workload(n: int, now: int) -> list[tuple[bytes, bytes]]:
+    """n upserts: 40 % due within the hour, 40 % over the next 30 days, 20 % hourly cron jobs
+    in several zones; payloads of about 100 bytes, 10 % of about 600 and 10 % of about
+    1,500. The cron minute is half an hour from now, so no occurrence comes due while the
+    test runs (a step that crossed one would count the job's next occurrence twice)."""
+    cron_minute = (time.gmtime(now / 1000).tm_min + 30) % 60
+    records = []
+    for i in range(n):
+        size = 1500 if i % 10 == 3 else 600 if i % 10 == 7 else 100
+        fields: dict[str, Any] = {"payload": {"i": i, "pad": "x" * size}}
+        kind = i % 5
+        if kind in (0, 1):  # within the hour, 2..60 min ahead
+            fields["at"] = now + 120_000 + (i * 7919) % 3_480_000
+        elif kind in (2, 3):  # over the next 30 days
+            fields["at"] = now + 3_600_000 + (i * 104_729_311) % (30 * 86_400_000)
+        else:
+            fields["cron"] = f"{cron_minute} * * * *"
+            fields["tz"] = ZONES[i % len(ZONES)]
+        records.append(upsert(f"w{i:05d}", **fields))
+    return records
+
+
+async def test_ingest_draws_no_server_warning_and_counts_stay_exact(
+        stack: Any, namespace: str) -> None:
+    settings = await make_namespace(stack, namespace, shards=4)
+    n = 3000
+    await produce(settings, workload(n, now_ms()))
+    before = SERVER_WARNINGS.counts
+    async with running_node(settings) as node:
+        deadline = time.monotonic() + 240
+        while node.metrics.ingested.labels("upsert", "stored")._value.get() < n:
+            assert node.failure is None, node.failure
+            assert time.monotonic() < deadline, "the node did not apply the backlog in time"
+            await asyncio.sleep(0.2)
+    after = SERVER_WARNINGS.counts
+    new = {kind: count - before.get(kind, 0) for kind, count in after.items()
+           if count > before.get(kind, 0)}
+    assert not new, (f"Cassandra warned during ingest: {new}; latest of each kind: "
+                     f"{SERVER_WARNINGS.latest()}")
+
+    store = await asyncio.to_thread(CassandraStore.open, settings)
+    try:
+        ks = settings.keyspace
+        due, counts, jobs = await asyncio.to_thread(lambda: (
+            Counter((r[0], r[1]) for r in store.session.execute(
+                f"SELECT shard, minute FROM {ks}.due")),
+            {(r[0], r[1]): r[2] for r in store.session.execute(
+                f"SELECT shard, minute, rows FROM {ks}.bucket_counts")},
+            sum(1 for _ in store.session.execute(f"SELECT job_id FROM {ks}.jobs"))))
+    finally:
+        await asyncio.to_thread(store.close)
+    assert jobs == n and sum(due.values()) == n
+    assert len(due) > 1000, "the workload should spread over many minutes"
+    wrong = {key: (counts.get(key), rows) for key, rows in due.items()
+             if counts.get(key) != rows}
+    extra = {key: count for key, count in counts.items() if key not in due}
+    assert not wrong and not extra, (f"bucket counts differ from the rows written: "
+                                     f"(count, rows) {dict(list(wrong.items())[:10])}, "
+                                     f"counted but empty {dict(list(extra.items())[:10])}")
