@@ -1,0 +1,190 @@
+"""Scale-out under load with real `chronowheel node` processes: two nodes fire a steady load
+(a few hundred occurrences a second, every shard), a third node joins, and every shard's pause
+is measured across the rebalance that follows, for the shards that stayed with their node and
+for those that moved.
+
+The eager group protocol revokes every shard of every node on a join. A shard given back to the
+node that held it is resumed warm (docs/design.md, "Warm shards"): its wheel is kept, nothing is
+read again from Cassandra, and its node logs `resumed warm`. Checked: every stayer was resumed
+warm, and 0 early, 0 lost, 0 duplicate occurrences (read_committed).
+
+Each run prints per shard the worst lateness (arrival at a read_committed reader minus the
+occurrence's scheduled instant) around the join, and whether the shard moved. With
+CHRONOWHEEL_SCALE_OUT_MEASURE_ONLY=1 only the figures and the exactly-once checks are made
+(used to measure code without warm shards).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import re
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+from chronowheel.bus.kafka import plain_producer
+from chronowheel.core.shard import shard_of
+from chronowheel.settings import Settings
+from chronowheel.timeouts import wait_event
+
+from testkit.fleet import Fleet, until
+from tests.conftest import Stack
+from tests.integration.harness import (
+    Collector,
+    make_namespace,
+    now_ms,
+    upsert,
+)
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+SHARDS = 8
+RATE = int(os.environ.get("CHRONOWHEEL_SCALE_OUT_RATE", "200"))  # occurrences per second
+LEAD_MS = 4_000  # each job is submitted this long before it is due
+FEED_MS = 200  # the feeder submits a batch this often
+STEADY_S = 6  # seconds of steady firing before the join, and after the three share the shards
+MEASURE_ONLY = os.environ.get("CHRONOWHEEL_SCALE_OUT_MEASURE_ONLY") == "1"
+
+
+def _owners(fleet: Fleet) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for n in fleet.nodes:
+        for k in fleet.owned(n) or ():
+            out[k] = n.name
+    return out
+
+
+async def _feed(settings: Settings, jobs: dict[str, int], stop: asyncio.Event) -> None:
+    """Submit one-shot jobs at RATE a second, each due LEAD_MS after it is sent, spread evenly
+    (one-shots: firing them costs the store nothing, so the load is ingest and dispatch)."""
+    producer = plain_producer(settings, linger_ms=5)
+    await producer.start()
+    try:
+        due = now_ms() + LEAD_MS
+        while not stop.is_set():
+            upto = now_ms() + LEAD_MS + FEED_MS
+            batch = []
+            while due < upto:
+                job = f"o-{len(jobs):06d}"
+                jobs[job] = due
+                batch.append(upsert(job, at=due))
+                due += max(1, 1000 // RATE)
+            futures = [await producer.send(settings.submit_topic, value, key=key)
+                       for key, value in batch]
+            await asyncio.gather(*futures)
+            await wait_event(stop, FEED_MS / 1000)
+    finally:
+        await producer.stop()
+
+
+@pytest.mark.timeout(420)
+async def test_a_node_joining_under_load_pauses_only_the_shards_that_move(
+        stack: Stack, namespace: str, tmp_path: Path) -> None:
+    settings = await make_namespace(stack, namespace, shards=SHARDS)
+    fleet = Fleet(settings, tmp_path, env={"CHRONOWHEEL_NODE_SESSION_TIMEOUT_MS": "6000"},
+                  cwd=REPO)
+    tap = Collector(settings)
+    await tap.start()
+    feeder: asyncio.Task[None] | None = None
+    stop = asyncio.Event()
+    try:
+        fleet.start("node-1")
+        fleet.start("node-2")
+        await fleet.wait_sharing()
+        jobs: dict[str, int] = {}
+        feeder = asyncio.create_task(_feed(settings, jobs, stop))
+        first = now_ms() + LEAD_MS
+        await until(lambda: now_ms() > first + STEADY_S * 1000, 120, "steady firing")
+        before = _owners(fleet)
+        assert len(before) == SHARDS, before
+        join = now_ms()
+        fleet.start("node-3")
+        await fleet.wait_sharing()
+        shared = now_ms()
+        after = _owners(fleet)
+        await until(lambda: now_ms() > shared + STEADY_S * 1000, 60, "steady firing after")
+        end = now_ms()
+        stop.set()
+        await feeder
+        feeder = None
+        expected = {f"{j}@{at}" for j, at in jobs.items() if at <= end}
+        await until(lambda: expected <= {m.occurrence for m in tap.messages}, 120,
+                    "every occurrence due before the end read", fleet)
+    finally:
+        stop.set()
+        if feeder is not None:
+            await feeder
+        fleet.stop()
+        fleet.close()
+        await tap.stop()
+
+    # --- exactly once, never early --------------------------------------------------------
+    seen = Counter(m.occurrence for m in tap.messages if m.scheduled_ms <= end)
+    lost = expected - set(seen)
+    lost_per_shard = Counter(shard_of(o.split("@")[0], SHARDS) for o in lost)
+    dupes = {o: c for o, c in seen.items() if c > 1}
+    early = [m.occurrence for m in tap.messages if m.fired_ms < m.scheduled_ms]
+    unexpected = set(seen) - expected
+
+    # --- per-shard pause around the join --------------------------------------------------
+    # Lateness: arrival at the read_committed reader minus the scheduled instant; `steady`
+    # before the join, `worst` from the join to the end.
+    # The pause: the longest time the reader saw nothing of a shard (`gap`, from the join to
+    # the end; `steady_gap` before the join), while occurrences were due every few ms.
+    worst: dict[int, int] = defaultdict(int)
+    steady: dict[int, int] = defaultdict(int)
+    arrivals: dict[int, list[int]] = defaultdict(list)
+    for m in tap.messages:
+        k = shard_of(m.job_id, SHARDS)
+        late = int(m.received_ms) - m.scheduled_ms
+        if m.scheduled_ms >= join:
+            worst[k] = max(worst[k], late)
+        elif m.scheduled_ms >= first + 2_000:
+            steady[k] = max(steady[k], late)
+        if m.scheduled_ms >= first + 2_000:
+            arrivals[k].append(int(m.received_ms))
+    gap: dict[int, int] = defaultdict(int)
+    steady_gap: dict[int, int] = defaultdict(int)
+    for k, times in arrivals.items():
+        times.sort()
+        for a, b in itertools.pairwise(times):
+            if b <= join:
+                steady_gap[k] = max(steady_gap[k], b - a)
+            elif b <= end:
+                gap[k] = max(gap[k], b - a)
+    stayed = sorted(k for k in range(SHARDS) if before[k] == after.get(k))
+    moved = sorted(k for k in range(SHARDS) if k not in stayed)
+    warm: dict[int, bool] = {}
+    for k in stayed:
+        text = next(n for n in fleet.nodes if n.name == after[k]).log_text()
+        warm[k] = re.search(rf"shard {k}: resumed warm", text) is not None
+    print(f"\nscale-out: {RATE} occurrences/s on {SHARDS} shards; "
+          f"{(shared - join) / 1000:.1f} s from the join to three nodes sharing the shards")
+    for k in range(SHARDS):
+        print(f"  shard {k}: {before[k]} -> {after.get(k)} "
+              f"{'stayed' if k in stayed else 'moved '} pause {gap[k]} ms, worst lateness "
+              f"{worst[k]} ms (before the join: {steady_gap[k]} ms, {steady[k]} ms; lost "
+              f"{lost_per_shard[k]})"
+              + (f" (resumed warm: {warm[k]})" if k in stayed else ""))
+    for what, shards in (("stayed", stayed), ("moved", moved)):
+        if shards:
+            print(f"  {what}: pause up to {max(gap[k] for k in shards)} ms, lateness up to "
+                  f"{max(worst[k] for k in shards)} ms")
+    print(f"  {len(seen)} occurrences checked: lost {len(lost)}, early {len(early)}, "
+          f"duplicate {len(dupes)}")
+    wanted = re.compile(r"group (revoked|assigned)|resumed warm|not resumed warm|claimed by")
+    for node in fleet.nodes:
+        for line in node.log_text().splitlines():
+            if wanted.search(line):
+                print(f"  {node.name}: {line[11:]}")
+
+    assert not lost, (f"{len(lost)} occurrences lost, e.g. {sorted(lost)[:5]}, first fired "
+                      f"{sorted(seen)[:3]}{fleet.tails()}")
+    assert not dupes, f"{len(dupes)} duplicates (read_committed): {list(dupes.items())[:5]}"
+    assert not early, f"{len(early)} occurrences fired early: {early[:5]}"
+    assert not unexpected, sorted(unexpected)[:5]
+    if not MEASURE_ONLY:
+        assert all(warm.values()), f"stayers not resumed warm: {warm}{fleet.tails()}"
