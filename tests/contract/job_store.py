@@ -394,6 +394,16 @@ class JobStoreContract:
             lambda r: r.tenant == tenant and r.status == "scheduled" and
             r.scheduled_ms is not None and r.scheduled_ms < T0 + 12_000)
         assert due_soon  # the filters select something, so the check above can fail
+        between = await listed(3, tenant=tenant, due_after_ms=T0 + 6_000,
+                               due_before_ms=T0 + 20_000)
+        assert sorted(s.job_id for s in between) == expect(
+            lambda r: r.tenant == tenant and r.scheduled_ms is not None
+            and T0 + 6_000 <= r.scheduled_ms < T0 + 20_000)
+        later = await listed(4, tenant=tenant, due_after_ms=T0 + 20_000)
+        assert sorted(s.job_id for s in later) == expect(
+            lambda r: r.tenant == tenant and r.scheduled_ms is not None
+            and r.scheduled_ms >= T0 + 20_000)
+        assert between and later
         with pytest.raises(ValueError, match="page token"):
             await store.list_jobs(JobQuery(tenant=tenant, page_token="not a token!"))
 

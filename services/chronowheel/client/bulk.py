@@ -54,8 +54,8 @@ class JobSelector:
 
     `due_after_ms` (inclusive) and `due_before_ms` (exclusive) bound the job's pending
     occurrence (`scheduled_ms`; for a paused job the first one it withholds). The store
-    serves tenant, status and due_before through its indexes; prefix and due_after are
-    applied to the rows it reads.
+    serves tenant, status and the due range through its indexes; prefix is applied to the
+    rows it reads.
     """
 
     tenant: str | None = None
@@ -71,12 +71,8 @@ class JobSelector:
 
     def query(self, page_token: str | None, limit: int = MAX_LIST_LIMIT) -> JobQuery:
         return JobQuery(tenant=self.tenant, status=self.status, prefix=self.prefix,
-                        due_before_ms=self.due_before_ms, limit=limit, page_token=page_token)
-
-    def matches(self, job: JobSummary) -> bool:
-        """What the store's listing leaves to the caller (the lower due bound)."""
-        return self.due_after_ms is None or (
-            job.scheduled_ms is not None and job.scheduled_ms >= self.due_after_ms)
+                        due_before_ms=self.due_before_ms, limit=limit, page_token=page_token,
+                        due_after_ms=self.due_after_ms)
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in (("tenant", self.tenant), ("status", self.status),
@@ -461,7 +457,7 @@ class BulkOperation:
                         self.store.list_jobs(self.selector.query(token)))
                 else:
                     self._listing_done = True
-                await self._page([j for j in page.jobs if self.selector.matches(j)], done)
+                await self._page(page.jobs, done)
                 if token is None:
                     break
             await self._drain()

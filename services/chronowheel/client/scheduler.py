@@ -306,23 +306,15 @@ class SchedulerClient:
                         due_after: Instant | None = None) -> JobPage:
         """One page of jobs matching every given filter (see JobQuery); pass the page's
         `next_token` back, with the same filters, for the next one. A page may hold fewer
-        than `limit` jobs, even none, and still have a next_token. `due_after` (inclusive)
-        is applied to the rows the page read, like `prefix`."""
+        than `limit` jobs, even none, and still have a next_token. `due_after` is
+        inclusive, `due_before` exclusive."""
         query = job_query(tenant=tenant, status=status, prefix=prefix, due_before=due_before,
-                          limit=limit, page_token=page_token)
-        selector = None
-        if due_after is not None:
-            from chronowheel.client.bulk import job_selector
-
-            selector = job_selector(due_after=due_after, due_before=due_before)
+                          limit=limit, page_token=page_token, due_after=due_after)
         store = await self._job_store()
         try:
-            page = await store.list_jobs(query)
+            return await store.list_jobs(query)
         except ValueError as exc:
             raise ValidationError("page_token", str(exc), page_token) from None
-        if selector is None:
-            return page
-        return JobPage([j for j in page.jobs if selector.matches(j)], page.next_token)
 
     async def iter_jobs(self, **filters: Any) -> AsyncIterator[JobSummary]:
         """Every job matching `filters` (as list_jobs takes them), page after page."""
@@ -578,7 +570,8 @@ def _check_id(id: object) -> None:
 
 def job_query(*, tenant: str | None = None, status: str | None = None,
               prefix: str | None = None, due_before: Instant | None = None,
-              limit: int = 100, page_token: str | None = None) -> JobQuery:
+              limit: int = 100, page_token: str | None = None,
+              due_after: Instant | None = None) -> JobQuery:
     """A validated JobQuery (ValidationError names the bad filter)."""
     if status is not None and status not in JOB_STATUSES:
         raise ValidationError("status", "must be one of " + ", ".join(JOB_STATUSES), status)
@@ -587,13 +580,20 @@ def job_query(*, tenant: str | None = None, status: str | None = None,
                               limit)
     if prefix == "":
         prefix = None
-    due_ms: int | None = None
-    if isinstance(due_before, datetime):
-        if due_before.tzinfo is None or due_before.utcoffset() is None:
-            raise ValidationError("due_before", "naive datetime; give it a tzinfo", due_before)
-        due_ms = int(due_before.timestamp() * 1000)
-    elif due_before is not None:
-        due_ms = instant_ms(due_before, "due_before")
-    return JobQuery(tenant=tenant, status=status, prefix=prefix, due_before_ms=due_ms,
-                    limit=limit, page_token=page_token)
+    before = _query_instant(due_before, "due_before")
+    after = _query_instant(due_after, "due_after")
+    if after is not None and before is not None and after >= before:
+        raise ValidationError("due_after", f"must be before due_before ({before})", after)
+    return JobQuery(tenant=tenant, status=status, prefix=prefix, due_before_ms=before,
+                    limit=limit, page_token=page_token, due_after_ms=after)
+
+
+def _query_instant(value: Instant | None, path: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValidationError(path, "naive datetime; give it a tzinfo", value)
+        return int(value.timestamp() * 1000)
+    return instant_ms(value, path)
 

@@ -147,7 +147,8 @@ JOB_STATUSES: tuple[JobStatus, ...] = ("scheduled", "paused", "finished", "cance
 @dataclass(frozen=True, slots=True)
 class JobQuery:
     """Filters of a job listing; None means any. `due_before_ms` keeps jobs whose pending
-    occurrence (`scheduled_ms`) is before it; `prefix` keeps job ids starting with it."""
+    occurrence (`scheduled_ms`) is before it, `due_after_ms` those whose pending occurrence
+    is at or after it; `prefix` keeps job ids starting with it."""
 
     tenant: str | None = None
     status: str | None = None
@@ -155,6 +156,7 @@ class JobQuery:
     due_before_ms: int | None = None
     limit: int = 100
     page_token: str | None = None
+    due_after_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

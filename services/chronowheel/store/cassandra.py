@@ -414,7 +414,7 @@ class CassandraStore:
                                  f"WHERE shard = ?")
         self._put_request = p(f"INSERT INTO {ks}.job_requests ({REQUEST_COLUMNS}) "
                               f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?")
-        self._listings: dict[tuple[bool, bool, bool], PreparedStatement] = {}
+        self._listings: dict[tuple[bool, bool, bool, bool], PreparedStatement] = {}
         self._del_due = p(f"DELETE FROM {ks}.due WHERE minute = ? AND shard = ? AND slot_ms = ? "
                           f"AND job_id = ? AND attempt = ?")
         cols = ("minute, shard, slot_ms, job_id, attempt, scheduled_ms, version, topic, payload, "
@@ -726,8 +726,9 @@ class CassandraStore:
         order); `prefix` is applied to the rows read. The page token is the driver's paging
         state, base64."""
         stmt = self._listing(query.tenant is not None, query.status is not None,
-                             query.due_before_ms is not None)
-        params = [v for v in (query.tenant, query.status, query.due_before_ms) if v is not None]
+                             query.due_before_ms is not None, query.due_after_ms is not None)
+        params = [v for v in (query.tenant, query.status, query.due_before_ms,
+                              query.due_after_ms) if v is not None]
         paging_state = _decode_paging(query.page_token)
         found: list[JobSummary] = []
         read = 0
@@ -748,12 +749,14 @@ class CassandraStore:
         token = base64.urlsafe_b64encode(paging_state).decode() if paging_state else None
         return JobPage(found, token)
 
-    def _listing(self, tenant: bool, status: bool, due: bool) -> PreparedStatement:
-        key = (tenant, status, due)
+    def _listing(self, tenant: bool, status: bool, due: bool,
+                 due_after: bool = False) -> PreparedStatement:
+        key = (tenant, status, due, due_after)
         stmt = self._listings.get(key)
         if stmt is None:
             where = [w for w, on in (("tenant = ?", tenant), ("status = ?", status),
-                                     ("scheduled_ms < ?", due)) if on]
+                                     ("scheduled_ms < ?", due),
+                                     ("scheduled_ms >= ?", due_after)) if on]
             cql = (f"SELECT job_id, shard, status, tenant, scheduled_ms, version "
                    f"FROM {self.settings.keyspace}.jobs")
             if where:

@@ -331,7 +331,9 @@ def _matches(row: JobRow, query: JobQuery) -> bool:
         and (query.status is None or row.status == query.status) \
         and (query.prefix is None or row.job_id.startswith(query.prefix)) \
         and (query.due_before_ms is None
-             or (row.scheduled_ms is not None and row.scheduled_ms < query.due_before_ms))
+             or (row.scheduled_ms is not None and row.scheduled_ms < query.due_before_ms)) \
+        and (query.due_after_ms is None
+             or (row.scheduled_ms is not None and row.scheduled_ms >= query.due_after_ms))
 
 
 _TOKEN_PREFIX = "m1:"
