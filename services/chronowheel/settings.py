@@ -156,8 +156,9 @@ class Settings:
     ingest_slack_ms: int = _opt(
         50, "a command due in the past (or this soon) gets a slot this far ahead of now")
     catch_up_grace_ms: int = _opt(
-        60_000, "a recurring occurrence fired at most this late is on time; later ones "
-                "follow the job's catch-up policy")
+        60_000, "the first occurrence of a recurring job that a gap (outage, pause, lag) "
+                "withheld is on time if fired at most this late; the others due by then, "
+                "and a first one later than this, follow the job's catch-up policy")
     backfill_rows_per_cycle: int = _opt(
         100, "backfill occurrences a shard hands to its wheel per cycle at most, and only "
              "while no on-time occurrence is waiting")

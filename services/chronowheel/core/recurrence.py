@@ -567,16 +567,19 @@ class Schedule:
 
 @dataclass(frozen=True, slots=True)
 class CatchUp:
-    """What to do after an outage: fire these scheduled instants now, then re-arm at next_ms.
+    """What to do when a recurring occurrence is dispatched: fire these scheduled instants now,
+    then re-arm at next_ms.
 
     `coalesced` is True when some missed occurrences are not in `fire` because they were folded
-    into the latest one (policy "coalesce" with more than one missed, or "all" beyond
-    max_catch_up). The "skip" policy fires nothing and reports coalesced=False.
+    into the one fired (policy "coalesce" with more than one due, or "all" beyond
+    max_catch_up). The "skip" policy folds nothing and reports coalesced=False. `missed` is
+    False only for an on-time dispatch after which nothing else was due (the usual case).
     """
 
     fire: tuple[int, ...]
     next_ms: int | None
     coalesced: bool
+    missed: bool = True
 
 
 def _instant(path: str, value: int | None) -> int | None:
@@ -948,22 +951,42 @@ def catch_up(
     max_catch_up: int,
     first_missed_ms: int,
     now_ms: int,
+    first_on_time: bool = False,
+    window_ms: int = 0,
 ) -> CatchUp:
-    """Decide what to fire for occurrences missed during an outage.
+    """Decide what to fire when the pending occurrence `first_missed_ms` is dispatched at
+    `now_ms`, and where the schedule continues.
 
-    `first_missed_ms` is the pending occurrence that was never fired; it counts as missed even
-    if the schedule would not produce it (it was materialised under an older spec, say).
+    `first_missed_ms` is the pending occurrence (the first one an outage or a pause withheld);
+    it counts even if the schedule would not produce it (it was materialised under an older
+    spec, say).
+
+    Without `first_on_time` (it is more than the grace late) every occurrence in
+    [first_missed, now] was missed:
     - coalesce: fire only the latest occurrence at or before now.
-    - all: fire every missed occurrence in [first_missed, now]; if there are more than
-      max_catch_up, fire the first max_catch_up - 1 and the latest, and set coalesced.
+    - all: fire every one; if there are more than max_catch_up, fire the first
+      max_catch_up - 1 and the latest, and set coalesced.
     - skip: fire none.
-    next_ms is the first occurrence strictly after now. Costs O(1) for coalesce and skip and
-    O(max_catch_up) for all, however long the outage.
+
+    With `first_on_time` (within the grace) it fires, late, whatever the policy; the grace
+    is for it alone. The occurrences after it that are already due (scheduled at or before
+    `now_ms - window_ms`, so that their slot has passed whatever a flexible window made of
+    it) were missed, and the policy decides them: coalesce folds them into the one fired,
+    skip drops them, all fires each (max_catch_up in all, as above). With none due (the
+    usual case: the job is on schedule) this costs one `next_after`, as the dispatch of an
+    occurrence always did.
+
+    next_ms is the first occurrence after what was considered. Costs O(1) for coalesce and
+    skip and O(max_catch_up) for all, however long the outage.
     """
     if first_missed_ms > now_ms:
         raise ValueError(f"first_missed_ms {first_missed_ms} is after now_ms {now_ms}")
     if max_catch_up < 1:
         raise ValueError(f"max_catch_up must be at least 1, got {max_catch_up}")
+    if policy not in ("coalesce", "all", "skip"):
+        raise ValueError(f"unknown catch-up policy {policy!r}")
+    if first_on_time:
+        return _on_time(s, policy, max_catch_up, first_missed_ms, now_ms - window_ms)
     nxt = next_after(s, now_ms)
     if is_excluded(s, first_missed_ms):
         # Its date was excluded after it was materialised (a calendar gained the date): it
@@ -978,15 +1001,40 @@ def catch_up(
         prev = latest_at_or_before(s, now_ms)
         latest = first_missed_ms if prev is None else max(prev, first_missed_ms)
         return CatchUp((latest,), nxt, latest != first_missed_ms)
-    if policy != "all":
-        raise ValueError(f"unknown catch-up policy {policy!r}")
+    return _all(s, max_catch_up, first_missed_ms, now_ms, nxt)
+
+
+def _on_time(s: Schedule, policy: CatchUpPolicy, max_catch_up: int, first: int,
+             due_ms: int) -> CatchUp:
+    """`catch_up` of an occurrence within the grace; `due_ms`: occurrences scheduled at or
+    before it are due (missed)."""
+    if is_excluded(s, first):
+        # A calendar gained its date after it was computed: it is dropped, and the next
+        # allowed occurrence takes its place if due already, or is the next one.
+        after = next_after(s, first)
+        if after is None or after > due_ms:
+            return CatchUp((), after, False, False)
+        first = after
+    following = next_after(s, first)
+    if following is None or following > due_ms:
+        return CatchUp((first,), following, False, False)
+    if policy == "all":
+        return _all(s, max_catch_up, first, due_ms, None)
+    return CatchUp((first,), next_after(s, due_ms), policy == "coalesce")
+
+
+def _all(s: Schedule, max_catch_up: int, first: int, due_ms: int,
+         nxt: int | None) -> CatchUp:
+    """Policy all: every occurrence from `first` to `due_ms`, at most `max_catch_up` (the
+    first max_catch_up - 1 and the latest); `nxt`, if known, is next_after(due_ms)."""
     # Collect one more than allowed: that is how we learn there are too many.
-    fire = [first_missed_ms]
+    fire = [first]
     while len(fire) <= max_catch_up:
         u = next_after(s, fire[-1])
-        if u is None or u > now_ms:
-            return CatchUp(tuple(fire), nxt, False)
+        if u is None or u > due_ms:
+            return CatchUp(tuple(fire), u, False)
         fire.append(u)
-    prev = latest_at_or_before(s, now_ms)
+    prev = latest_at_or_before(s, due_ms)
     latest = fire[-1] if prev is None else max(prev, fire[-1])
-    return CatchUp((*fire[: max_catch_up - 1], latest), nxt, True)
+    return CatchUp((*fire[: max_catch_up - 1], latest),
+                   next_after(s, due_ms) if nxt is None else nxt, True)
