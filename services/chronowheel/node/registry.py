@@ -229,7 +229,9 @@ class ShardRegistry:
     async def drop_warm(self, shards: set[int] | None = None) -> None:
         """Forget warm shards (`None`: all): they moved, or the node stops."""
         for k in sorted(self.warm if shards is None else shards & set(self.warm)):
-            await self.warm.pop(k).close()
+            actor = self.warm.pop(k, None)  # an assignment may have taken it meanwhile
+            if actor is not None:
+                await actor.close()
         if not self.warm and self._warm_expiry is not None:
             if self._warm_expiry is not asyncio.current_task():
                 self._warm_expiry.cancel()
