@@ -97,7 +97,12 @@ def stack() -> Iterator[Stack]:
         )
     finally:
         _close_pool()  # its drops need the servers
-        if started:
+        if started and os.environ.get("PYTEST_XDIST_WORKER"):
+            # Another process of this run may still be using them (`./run test` starts the
+            # stack before pytest and stops it after, so this happens only without it).
+            print(f"left running (other test processes may use them): {' '.join(started)}; "
+                  "stop them with `./run stack down`", file=sys.stderr)
+        elif started:
             down = _stack_script("down", *started)
             if down.returncode != 0:
                 print(f"stopping the local stack failed:\n{down.stderr}", file=sys.stderr)
@@ -223,6 +228,48 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         base = timeout_of(item)
         if base > 0:  # 0: no limit at all
             item.add_marker(pytest.mark.timeout(base + more), append=False)
+
+
+# Run on two processes (`./run test` uses pytest-xdist with `--dist loadgroup`), the tests of
+# these files form one group, run one after another on a single process: each drives fleets of
+# node or worker processes, a browser or a second pair of servers, and checks bounds that
+# depend on session timeouts or on the time it takes to recover. Two of them side by side on
+# two cores would disturb each other's timing; one of them beside a lighter test does not
+# more than the shared machine already does. The other tests spread over both processes. (The
+# grouping is by path in the scheduler below, not by `xdist_group` markers: pytest-xdist 3.8
+# marks a grouped test by rewriting `item._nodeid`, which pytest 9 no longer reads, so its
+# groups fall apart silently.)
+SERIAL_GROUP = "serial"
+SERIAL_PATHS = (
+    "tests/chaos/test_node_faults.py",
+    "tests/integration/test_failover.py",
+    "tests/integration/test_overlap.py",
+    "tests/integration/test_console_browser.py",
+    "tests/fuzz/test_e2e.py",
+    "tests/security/",
+)
+
+
+def in_serial_group(nodeid: str) -> bool:
+    """Whether a test (its node id, relative to the repository) is one of SERIAL_PATHS."""
+    path = nodeid.split("::", 1)[0]
+    return any(path == p or (p.endswith("/") and path.startswith(p)) for p in SERIAL_PATHS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """`--dist loadgroup`: each test a unit of its own, the SERIAL_PATHS one unit together."""
+    if config.getoption("dist", None) != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SerialGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.rfind("@") > nodeid.rfind("]"):  # an explicit xdist_group
+                return nodeid.split("@")[-1]
+            return SERIAL_GROUP if in_serial_group(nodeid) else nodeid
+
+    return SerialGroupScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
