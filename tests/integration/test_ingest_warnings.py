@@ -56,6 +56,12 @@ async def test_ingest_draws_no_server_warning_and_counts_stay_exact(
             assert node.failure is None, node.failure
             assert time.monotonic() < deadline, "the node did not apply the backlog in time"
             await asyncio.sleep(0.2)
+        # the node exports the store's count (every kind, 0 until one comes)
+        exported = {kind: node.metrics.registry.get_sample_value(
+            "chronowheel_store_server_warnings_total", {"kind": kind})
+            for kind in ("unlogged_batch", "batch_size")}
+        counted = SERVER_WARNINGS.counts
+    assert exported == {kind: counted.get(kind, 0) for kind in exported}, exported
     after = SERVER_WARNINGS.counts
     new = {kind: count - before.get(kind, 0) for kind, count in after.items()
            if count > before.get(kind, 0)}

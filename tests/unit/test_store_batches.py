@@ -133,6 +133,8 @@ def test_warnings_are_counted_all_and_logged_once_per_kind_per_interval(
                                      {"kind": "unlogged_batch"}) == 101
     assert b'chronowheel_store_server_warnings_total{kind="batch_size"} 100.0' \
         in generate_latest(registry)
+    assert registry.get_sample_value("chronowheel_store_server_warnings_total",
+                                     {"kind": "tombstones"}) == 0  # every kind, from the start
 
 
 def test_the_drivers_own_line_per_warning_is_muted_and_nothing_else() -> None:

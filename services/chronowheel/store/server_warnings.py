@@ -114,8 +114,9 @@ class ServerWarnings(Collector):
             "warnings Cassandra sent with its answers to this process's requests, by kind: "
             "unlogged_batch, batch_size, tombstones, aggregation, guardrail, other",
             labels=["kind"])
-        for kind, count in sorted(self.counts.items()):
-            family.add_metric([kind], count)
+        counts = self.counts
+        for kind in (*(kind for kind, _ in KINDS), OTHER):  # every kind, 0 until it comes
+            family.add_metric([kind], counts.get(kind, 0))
         yield family
 
 
