@@ -1,17 +1,18 @@
-"""Scale-out under load with real `chronowheel node` processes: two nodes fire a steady load
-(a few hundred occurrences a second, every shard), a third node joins, and every shard's pause
-is measured across the rebalance that follows, for the shards that stayed with their node and
-for those that moved.
+"""Scale-out and scale-in under load with real `chronowheel node` processes: two nodes fire a
+steady load (a few hundred occurrences a second, every shard), a third node joins, and later
+stops (SIGTERM); every shard's pause is measured across each rebalance, for the shards that
+stayed with their node and for those that moved.
 
-The eager group protocol revokes every shard of every node on a join. A shard given back to the
-node that held it is resumed warm (docs/design.md, "Warm shards"): its wheel is kept, nothing is
-read again from Cassandra, and its node logs `resumed warm`. Checked: every stayer was resumed
-warm, and 0 early, 0 lost, 0 duplicate occurrences (read_committed).
+The eager group protocol revokes every shard of every node at each rebalance. A shard given
+back to the node that held it is resumed warm (docs/design.md, "Warm shards"): its wheel is
+kept, nothing is read again from Cassandra, and its node logs `resumed warm`. Checked: every
+stayer was resumed warm after each rebalance, and 0 early, 0 lost, 0 duplicate occurrences
+(read_committed).
 
-Each run prints per shard the worst lateness (arrival at a read_committed reader minus the
-occurrence's scheduled instant) around the join, and whether the shard moved. With
-CHRONOWHEEL_SCALE_OUT_MEASURE_ONLY=1 only the figures and the exactly-once checks are made
-(used to measure code without warm shards).
+Each run prints per shard and rebalance the pause (the longest time a read_committed reader saw
+nothing of the shard) and the worst lateness (arrival at the reader minus the scheduled
+instant), and whether the shard moved. With CHRONOWHEEL_SCALE_OUT_MEASURE_ONLY=1 only the
+figures and the exactly-once checks are made (used to measure code without warm shards).
 """
 
 from __future__ import annotations
@@ -20,13 +21,18 @@ import asyncio
 import itertools
 import os
 import re
+import signal
+import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from chronowheel.bus.kafka import plain_producer
 from chronowheel.core.shard import shard_of
 from chronowheel.settings import Settings
+from chronowheel.testing.node_process import NodeProcess
 from chronowheel.timeouts import wait_event
 
 from testkit.fleet import Fleet, until
@@ -80,8 +86,89 @@ async def _feed(settings: Settings, jobs: dict[str, int], stop: asyncio.Event) -
         await producer.stop()
 
 
-@pytest.mark.timeout(420)
-async def test_a_node_joining_under_load_pauses_only_the_shards_that_move(
+@dataclass
+class Phase:
+    """One rebalance: from `start` (the join or the stop) to `end`; owners before and after."""
+
+    name: str
+    start: int
+    shared: int
+    end: int
+    before: dict[int, str]
+    after: dict[int, str]
+
+
+def _warm_after(text: str, shard: int, since_ms: int) -> bool:
+    """Whether a node's log says the shard was resumed warm at or after `since_ms`."""
+    for line in text.splitlines():
+        if f"shard {shard}: resumed warm" in line:
+            at = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")) * 1000
+            if at >= since_ms - 1000:
+                return True
+    return False
+
+
+def _report(phase: Phase, tap: Collector, fleet: Fleet, lost: set[str]) -> dict[int, bool]:
+    """Print the phase's figures per shard; which stayers were resumed warm."""
+    lost_per_shard = Counter(shard_of(o.split("@")[0], SHARDS) for o in lost)
+    quiet = phase.start - STEADY_S * 1000  # the steady window before the rebalance
+    worst: dict[int, int] = defaultdict(int)
+    steady: dict[int, int] = defaultdict(int)
+    arrivals: dict[int, list[int]] = defaultdict(list)
+    for m in tap.messages:
+        k = shard_of(m.job_id, SHARDS)
+        late = int(m.received_ms) - m.scheduled_ms
+        if phase.start <= m.scheduled_ms <= phase.end:
+            worst[k] = max(worst[k], late)
+        elif quiet <= m.scheduled_ms < phase.start:
+            steady[k] = max(steady[k], late)
+        if quiet <= m.scheduled_ms <= phase.end:
+            arrivals[k].append(int(m.received_ms))
+    gap: dict[int, int] = defaultdict(int)
+    steady_gap: dict[int, int] = defaultdict(int)
+    for k, times in arrivals.items():
+        times.sort()
+        for a, b in itertools.pairwise(times):
+            if b <= phase.start:
+                steady_gap[k] = max(steady_gap[k], b - a)
+            elif b <= phase.end:
+                gap[k] = max(gap[k], b - a)
+    stayed = sorted(k for k in range(SHARDS) if phase.before[k] == phase.after.get(k))
+    moved = sorted(k for k in range(SHARDS) if k not in stayed)
+    warm = {k: _warm_after(next(n for n in fleet.nodes if n.name == phase.after[k]).log_text(),
+                           k, phase.start) for k in stayed}
+    print(f"\n{phase.name}: {RATE} occurrences/s on {SHARDS} shards; "
+          f"{(phase.shared - phase.start) / 1000:.1f} s until the nodes shared the shards")
+    for k in range(SHARDS):
+        print(f"  shard {k}: {phase.before[k]} -> {phase.after.get(k)} "
+              f"{'stayed' if k in stayed else 'moved '} pause {gap[k]} ms, worst lateness "
+              f"{worst[k]} ms (before: {steady_gap[k]} ms, {steady[k]} ms; lost "
+              f"{lost_per_shard[k]})"
+              + (f" (resumed warm: {warm[k]})" if k in stayed else ""))
+    for what, shards in (("stayed", stayed), ("moved", moved)):
+        if shards:
+            print(f"  {what}: pause up to {max(gap[k] for k in shards)} ms, lateness up to "
+                  f"{max(worst[k] for k in shards)} ms")
+    return warm
+
+
+async def _rebalance(fleet: Fleet, name: str, change: Callable[[], object],
+                     members: Callable[[], list[NodeProcess]]) -> Phase:
+    """Apply `change` (a node joins or stops) after steady firing; wait until `members` share
+    the shards and fire steadily again."""
+    before = _owners(fleet)
+    assert len(before) == SHARDS, before
+    start = now_ms()
+    change()
+    await fleet.until(lambda: fleet.sharing(*members()), 120, f"{name}: the nodes sharing")
+    shared = now_ms()
+    after = _owners(fleet)
+    await until(lambda: now_ms() > shared + STEADY_S * 1000, 60, f"{name}: steady firing")
+    return Phase(name, start, shared, now_ms(), before, after)
+
+
+@pytest.mark.timeout(600)
+async def test_a_node_joining_or_leaving_under_load_pauses_only_the_shards_that_move(
         stack: Stack, namespace: str, tmp_path: Path) -> None:
     settings = await make_namespace(stack, namespace, shards=SHARDS)
     fleet = Fleet(settings, tmp_path, env={"CHRONOWHEEL_NODE_SESSION_TIMEOUT_MS": "6000"},
@@ -90,23 +177,20 @@ async def test_a_node_joining_under_load_pauses_only_the_shards_that_move(
     await tap.start()
     feeder: asyncio.Task[None] | None = None
     stop = asyncio.Event()
+    phases: list[Phase] = []
     try:
-        fleet.start("node-1")
-        fleet.start("node-2")
+        one, two = fleet.start("node-1"), fleet.start("node-2")
         await fleet.wait_sharing()
         jobs: dict[str, int] = {}
         feeder = asyncio.create_task(_feed(settings, jobs, stop))
         first = now_ms() + LEAD_MS
         await until(lambda: now_ms() > first + STEADY_S * 1000, 120, "steady firing")
-        before = _owners(fleet)
-        assert len(before) == SHARDS, before
-        join = now_ms()
-        fleet.start("node-3")
-        await fleet.wait_sharing()
-        shared = now_ms()
-        after = _owners(fleet)
-        await until(lambda: now_ms() > shared + STEADY_S * 1000, 60, "steady firing after")
-        end = now_ms()
+        three: list[NodeProcess] = []
+        phases.append(await _rebalance(fleet, "scale-out", lambda: three.append(
+            fleet.start("node-3")), lambda: [one, two, *three]))
+        phases.append(await _rebalance(fleet, "scale-in (SIGTERM)", lambda: three[0].signal(
+            signal.SIGTERM), lambda: [one, two]))
+        end = phases[-1].end
         stop.set()
         await feeder
         feeder = None
@@ -124,55 +208,10 @@ async def test_a_node_joining_under_load_pauses_only_the_shards_that_move(
     # --- exactly once, never early --------------------------------------------------------
     seen = Counter(m.occurrence for m in tap.messages if m.scheduled_ms <= end)
     lost = expected - set(seen)
-    lost_per_shard = Counter(shard_of(o.split("@")[0], SHARDS) for o in lost)
     dupes = {o: c for o, c in seen.items() if c > 1}
     early = [m.occurrence for m in tap.messages if m.fired_ms < m.scheduled_ms]
     unexpected = set(seen) - expected
-
-    # --- per-shard pause around the join --------------------------------------------------
-    # Lateness: arrival at the read_committed reader minus the scheduled instant; `steady`
-    # before the join, `worst` from the join to the end.
-    # The pause: the longest time the reader saw nothing of a shard (`gap`, from the join to
-    # the end; `steady_gap` before the join), while occurrences were due every few ms.
-    worst: dict[int, int] = defaultdict(int)
-    steady: dict[int, int] = defaultdict(int)
-    arrivals: dict[int, list[int]] = defaultdict(list)
-    for m in tap.messages:
-        k = shard_of(m.job_id, SHARDS)
-        late = int(m.received_ms) - m.scheduled_ms
-        if m.scheduled_ms >= join:
-            worst[k] = max(worst[k], late)
-        elif m.scheduled_ms >= first + 2_000:
-            steady[k] = max(steady[k], late)
-        if m.scheduled_ms >= first + 2_000:
-            arrivals[k].append(int(m.received_ms))
-    gap: dict[int, int] = defaultdict(int)
-    steady_gap: dict[int, int] = defaultdict(int)
-    for k, times in arrivals.items():
-        times.sort()
-        for a, b in itertools.pairwise(times):
-            if b <= join:
-                steady_gap[k] = max(steady_gap[k], b - a)
-            elif b <= end:
-                gap[k] = max(gap[k], b - a)
-    stayed = sorted(k for k in range(SHARDS) if before[k] == after.get(k))
-    moved = sorted(k for k in range(SHARDS) if k not in stayed)
-    warm: dict[int, bool] = {}
-    for k in stayed:
-        text = next(n for n in fleet.nodes if n.name == after[k]).log_text()
-        warm[k] = re.search(rf"shard {k}: resumed warm", text) is not None
-    print(f"\nscale-out: {RATE} occurrences/s on {SHARDS} shards; "
-          f"{(shared - join) / 1000:.1f} s from the join to three nodes sharing the shards")
-    for k in range(SHARDS):
-        print(f"  shard {k}: {before[k]} -> {after.get(k)} "
-              f"{'stayed' if k in stayed else 'moved '} pause {gap[k]} ms, worst lateness "
-              f"{worst[k]} ms (before the join: {steady_gap[k]} ms, {steady[k]} ms; lost "
-              f"{lost_per_shard[k]})"
-              + (f" (resumed warm: {warm[k]})" if k in stayed else ""))
-    for what, shards in (("stayed", stayed), ("moved", moved)):
-        if shards:
-            print(f"  {what}: pause up to {max(gap[k] for k in shards)} ms, lateness up to "
-                  f"{max(worst[k] for k in shards)} ms")
+    warm = {(p.name, k): w for p in phases for k, w in _report(p, tap, fleet, lost).items()}
     print(f"  {len(seen)} occurrences checked: lost {len(lost)}, early {len(early)}, "
           f"duplicate {len(dupes)}")
     wanted = re.compile(r"group (revoked|assigned)|resumed warm|not resumed warm|claimed by")
@@ -181,8 +220,7 @@ async def test_a_node_joining_under_load_pauses_only_the_shards_that_move(
             if wanted.search(line):
                 print(f"  {node.name}: {line[11:]}")
 
-    assert not lost, (f"{len(lost)} occurrences lost, e.g. {sorted(lost)[:5]}, first fired "
-                      f"{sorted(seen)[:3]}{fleet.tails()}")
+    assert not lost, f"{len(lost)} occurrences lost, e.g. {sorted(lost)[:5]}{fleet.tails()}"
     assert not dupes, f"{len(dupes)} duplicates (read_committed): {list(dupes.items())[:5]}"
     assert not early, f"{len(early)} occurrences fired early: {early[:5]}"
     assert not unexpected, sorted(unexpected)[:5]
