@@ -13,6 +13,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from chronowheel.core.model import encode_backfill
 from chronowheel.store.cassandra import SERVER_WARNINGS, CassandraStore
 
 from tests.integration.harness import make_namespace, now_ms, produce, running_node, upsert
@@ -87,3 +88,30 @@ async def test_ingest_draws_no_server_warning_and_counts_stay_exact(
     assert not wrong and not extra, (f"bucket counts differ from the rows written: "
                                      f"(count, rows) {dict(list(wrong.items())[:10])}, "
                                      f"counted but empty {dict(list(extra.items())[:10])}")
+
+
+async def test_a_backfill_s_chunks_draw_no_server_warning(stack: Any, namespace: str) -> None:
+    """A backfill's chunk (its due rows and its request row, which carries the job's spec, in
+    one logged batch) stays under batch_size_warn_threshold: sized by its rows alone, with too
+    small a figure per row, a chunk of this job was about 6 KB."""
+    settings = await make_namespace(stack, namespace, shards=1, backfill_rows_per_cycle=500)
+    now = now_ms()
+    start = now - now % 60_000 - 3 * 3_600_000
+    job, request_id = "reports.daily-summary.eu-west-1", "backfill-2026-12-03-incident-4711"
+    await produce(settings, [upsert(job, cron="* * * * *", payload={"pad": "x" * 60})])
+    before = SERVER_WARNINGS.total
+    async with running_node(settings) as node:
+        deadline = time.monotonic() + 120
+        while node.metrics.ingested.labels("upsert", "stored")._value.get() < 1:
+            assert time.monotonic() < deadline, "the job was not stored in time"
+            await asyncio.sleep(0.2)
+        await produce(settings, [(job.encode(), encode_backfill(job, request_id, start,
+                                                                 start + 3 * 3_600_000))])
+        while True:  # 180 occurrences, in chunks
+            request = await node.store.get_request(0, job, request_id)
+            if request is not None and request.handed >= 180:
+                break
+            assert node.failure is None, node.failure
+            assert time.monotonic() < deadline, f"the backfill was not handed over: {request}"
+            await asyncio.sleep(0.2)
+    assert SERVER_WARNINGS.total == before, SERVER_WARNINGS.latest()

@@ -34,9 +34,14 @@ from chronowheel.store.base import DueRow, JobStore, RequestRow
 
 log = logging.getLogger(__name__)
 
-# A due row of a backfill costs about this much of a logged batch besides its payload, spec-free
-# (measured for ingest's groups: some 20 bytes per cell).
+# A due row of a backfill costs about this much of a logged batch besides its payload, its
+# occurrence key and request id (spec-free); the chunk's request row, which carries the job's
+# spec, about REQUEST_OVERHEAD_BYTES besides it. Measured against the size Cassandra 5.0 names
+# in its batch size warning: 270 and 307 bytes (a 60-byte payload, a 179-byte spec: 12 rows
+# and the request row counted 5,478 bytes, over the 5 KiB warn threshold, when the chunk was
+# sized by 300 bytes a row and nothing for the request row).
 ROW_OVERHEAD_BYTES = 300
+REQUEST_OVERHEAD_BYTES = 340
 
 
 class Backfiller:
@@ -105,9 +110,15 @@ class Backfiller:
         job = decode_stored_job(request.spec, policy=self.stored_policy,
                                 now_ms=self.clock.now_ms())
         schedule = schedule_of(job)
-        cost = len(job.payload) + ROW_OVERHEAD_BYTES + sum(len(k) + len(v) + 8
-                                                            for k, v in job.headers)
-        per_batch = max(1, self.settings.ingest_group_bytes // cost)
+        # A chunk's rows and its request row go in one logged batch: keep it under about
+        # ingest_group_bytes, as ingest's groups (under batch_size_warn_threshold).
+        entry = wire.requested_occurrence_id(job.id, request.to_ms, wire.BACKFILL_ORIGIN,
+                                             request.request_id)
+        cost = (len(job.payload) + ROW_OVERHEAD_BYTES + len(entry.encode())
+                + len(wire.BACKFILL_ORIGIN) + len(request.request_id.encode())
+                + sum(len(k) + len(v) + 8 for k, v in job.headers))
+        room = self.settings.ingest_group_bytes - len(request.spec) - REQUEST_OVERHEAD_BYTES
+        per_batch = max(1, room // cost)
         handed = 0
         while handed < budget and request.next_ms is not None:
             instants: list[int] = []

@@ -51,9 +51,11 @@ class MemoryStore:
         (counted as `_rows_bytes` does) is larger is refused whole."""
         self.batch_warn_bytes = batch_warn_bytes
         self.warnings: list[str] = []
-        """What Cassandra would have warned about, in its words: a logged batch (it spans at
-        least a job's two partitions) larger than `batch_warn_bytes`, its
-        batch_size_warn_threshold. The batch is written all the same."""
+        """What Cassandra would have warned about, in its words: a logged batch of jobs' due
+        and jobs rows (it spans at least a job's two partitions) larger than
+        `batch_warn_bytes`, its batch_size_warn_threshold. The batch is written all the same.
+        (Not judged for due rows written with a request row: `_rows_bytes` does not size
+        those.)"""
         self.jobs: dict[str, tuple[JobRow, int | None]] = {}
         self.due: dict[tuple[int, int], dict[_Key, tuple[DueRow, int | None]]] = {}
         self.counts: dict[tuple[int, int], int] = {}
@@ -157,7 +159,7 @@ class MemoryStore:
             # Cassandra's own words, so that tests and reasons read the same on both stores.
             raise StoreRefused(f"Batch too large ({size} bytes, batch_size_fail_threshold "
                                f"{self.batch_fail_bytes})")
-        if size > self.batch_warn_bytes:
+        if size > self.batch_warn_bytes and all(job is not None for _d, _t, job in rows):
             self.warnings.append(f"Batch for [due, jobs] of {len(rows)} jobs is of size "
                                  f"{size}, exceeding specified threshold of "
                                  f"{self.batch_warn_bytes}")
