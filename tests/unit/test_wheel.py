@@ -362,6 +362,18 @@ def test_next_deadline_is_a_lower_bound_that_converges() -> None:
     assert wakeups <= 6  # at most one early wake-up per level
 
 
+def test_a_timer_moved_later_within_the_current_tick_does_not_hold_the_deadline_back() -> None:
+    # Found by the state machine: due 0, then moved to 1 within the same 2 ms tick. The bound
+    # stayed at 0, so a driver following next_deadline called advance(0) forever.
+    w: TimingWheel[int, str] = TimingWheel(start_ms=0, tick_ms=2, wheel_size=2, cascade_chunk=1)
+    w.insert(0, 0, "a")
+    w.insert(0, 1, "b")
+    assert w.advance(0) == []
+    assert w.next_deadline() == 1
+    assert w.advance(1) == [(1, 0, "b")]
+    assert w.next_deadline() is None
+
+
 def test_next_deadline_exact_at_level_zero() -> None:
     w: TimingWheel[str, None] = TimingWheel(start_ms=0)
     w.insert("a", 200, None)

@@ -624,6 +624,11 @@ class TimingWheel(Generic[K, V]):
             if not cur:
                 self._cur_min = None
                 self._cur_one_due = True
+            else:
+                # The herd's instant is later within this tick. Every live entry here has that
+                # due, so it is the exact bound: left at an earlier instant (a key moved within
+                # the tick), next_deadline would send a driver back at once, again and again.
+                self._cur_min = common
             return 0  # nothing current, or the herd's instant is later within this tick
         fired = 0
         if self._bare:
