@@ -220,3 +220,18 @@ def test_the_network_policy_scrapers_come_from_the_values(tmp_path: Path) -> Non
         values.write_text(yaml.safe_dump({"networkPolicy": {"enabled": True, **bad}}))
         run = helm("template", "rel", str(CHART), "-f", str(values))
         assert run.returncode != 0 and "values don't meet the specifications" in run.stderr, bad
+
+
+def test_static_membership_names_each_node_by_its_pod_when_enabled() -> None:
+    def node_env(*args: str) -> list[dict[str, Any]]:
+        (container,) = [c for d, c in containers(render(*args))
+                        if d["kind"] == "StatefulSet" and c["name"] == "node"]
+        return list(container["env"])
+
+    assert "CHRONOWHEEL_NODE_INSTANCE_ID" not in {e["name"] for e in node_env()}
+    env = {e["name"]: e for e in node_env("--set", "node.staticMembership.enabled=true",
+                                          "--set", "node.staticMembership.sessionTimeoutMs=45000")}
+    assert env["CHRONOWHEEL_NODE_INSTANCE_ID"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["CHRONOWHEEL_NODE_SESSION_TIMEOUT_MS"]["value"] == "45000"
+    assert {env_name("node_instance_id"), env_name("node_session_timeout_ms")} <= set(env)
