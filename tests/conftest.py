@@ -254,11 +254,22 @@ SERIAL_PATHS = (
     "tests/integration/",
     "tests/security/",
 )
+# Server tests outside the group: contracts and smoke checks of the servers themselves, which
+# wait for conditions (60 s limits) but check no bound in seconds; they run beside the node
+# fault tests at the head of the group.
+UNGROUPED_SERVER_PATHS = (
+    "tests/integration/test_stack_smoke.py",
+    "tests/integration/test_store_contract.py",
+    "tests/integration/test_worker_bus_contract.py",
+    "tests/integration/test_worker_store_contract.py",
+)
 
 
 def in_serial_group(nodeid: str) -> bool:
     """Whether a test (its node id, relative to the repository) is one of SERIAL_PATHS."""
     path = nodeid.split("::", 1)[0]
+    if path in UNGROUPED_SERVER_PATHS:
+        return False
     return any(path == p or (p.endswith("/") and path.startswith(p)) for p in SERIAL_PATHS)
 
 
