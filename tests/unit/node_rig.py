@@ -51,6 +51,12 @@ class NodeRig:
         assert all(o.actor.ready for o in node.owned.values()) and not node.blocked
         return node
 
+    async def __aenter__(self) -> NodeRig:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop_all()
+
     async def stop_all(self) -> None:
         for node in self.nodes:
             await node.shutdown()

@@ -9,7 +9,6 @@ import asyncio
 import io
 import re
 from collections import Counter
-from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -295,15 +294,6 @@ class BusProducer:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         fut.set_result(msg)  # has partition and offset, like aiokafka's RecordMetadata
         return fut
-
-
-@pytest.fixture
-async def rig() -> AsyncIterator[NodeRig]:
-    rig = NodeRig()
-    try:
-        yield rig
-    finally:
-        await rig.stop_all()
 
 
 async def test_a_node_applies_a_bulk_pause_resume_and_trigger_once(rig: NodeRig) -> None:

@@ -138,11 +138,8 @@ def test_malformed_calendar_commands_are_rejected(
 
 @pytest.fixture
 async def rig() -> AsyncIterator[NodeRig]:
-    rig = NodeRig(calendar_refresh_ms=HOUR_MS)
-    try:
+    async with NodeRig(calendar_refresh_ms=HOUR_MS) as rig:
         yield rig
-    finally:
-        await rig.stop_all()
 
 
 def put_calendar(rig: NodeRig, name: str, dates: list[str]) -> None:

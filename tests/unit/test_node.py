@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 
 import pytest
 from chronowheel.core.model import encode_upsert
@@ -14,15 +14,6 @@ from chronowheel.core.shard import shard_of
 from chronowheel.store.base import DueRow, JobRow
 
 from tests.unit.node_rig import T0, NodeRig, scheduled_at
-
-
-@pytest.fixture
-async def rig() -> AsyncIterator[NodeRig]:
-    rig = NodeRig()
-    try:
-        yield rig
-    finally:
-        await rig.stop_all()
 
 
 async def test_a_one_shot_fires_at_its_instant_not_a_millisecond_earlier(rig: NodeRig) -> None:

@@ -28,12 +28,9 @@ POLICIES = ("coalesce", "skip", "all")
 
 @pytest.fixture
 async def rig() -> AsyncIterator[NodeRig]:
-    rig = NodeRig()
-    assert rig.settings.catch_up_grace_ms == 60_000  # the default: the gap is within it
-    try:
+    async with NodeRig() as rig:
+        assert rig.settings.catch_up_grace_ms == 60_000  # the default: the gap is within it
         yield rig
-    finally:
-        await rig.stop_all()
 
 
 def expected_burst(policy: str, withheld: list[int]) -> list[int]:

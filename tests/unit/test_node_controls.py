@@ -17,11 +17,9 @@ from tests.unit.node_rig import T0, NodeRig, scheduled_at
 @pytest.fixture
 async def rig() -> AsyncIterator[NodeRig]:
     # A short grace, so that a pause of a few seconds counts as missed occurrences.
-    rig = NodeRig(catch_up_grace_ms=500, backfill_rows_per_cycle=7, backfill_cycle_ms=100)
-    try:
+    async with NodeRig(catch_up_grace_ms=500, backfill_rows_per_cycle=7,
+                       backfill_cycle_ms=100) as rig:
         yield rig
-    finally:
-        await rig.stop_all()
 
 
 def reasons(rig: NodeRig) -> list[str]:

@@ -7,7 +7,6 @@ fenced through the shard's own transactional id."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator
 
 import orjson
 import pytest
@@ -17,15 +16,6 @@ from chronowheel.core.shard import shard_of
 from chronowheel.core.wire import StateRecord
 
 from tests.unit.node_rig import T0, NodeRig, scheduled_at
-
-
-@pytest.fixture
-async def rig() -> AsyncIterator[NodeRig]:
-    rig = NodeRig()
-    try:
-        yield rig
-    finally:
-        await rig.stop_all()
 
 
 def node_id(name: str) -> str:

@@ -29,11 +29,8 @@ SHARDS = 1  # every job on the one shard: bad and good share it
 
 @pytest.fixture
 async def rig() -> AsyncIterator[NodeRig]:
-    rig = NodeRig(shards=SHARDS)
-    try:
+    async with NodeRig(shards=SHARDS) as rig:
         yield rig
-    finally:
-        await rig.stop_all()
 
 
 def running(node: Node) -> bool:

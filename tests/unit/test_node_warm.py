@@ -7,10 +7,8 @@ moved) takes it over in full. Nothing fires early, twice or not at all either wa
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 from chronowheel.bus.memory import MemorySubmitGroup
 from chronowheel.core.shard import shard_of
 from chronowheel.node.registry import ShardRegistry
@@ -18,15 +16,6 @@ from chronowheel.node.service import Node
 
 from tests.unit.node_rig import T0, NodeRig, scheduled_at
 from tests.unit.test_node_fencing import assert_claim_before_publish, state_records
-
-
-@pytest.fixture
-async def rig() -> AsyncIterator[NodeRig]:
-    rig = NodeRig()
-    try:
-        yield rig
-    finally:
-        await rig.stop_all()
 
 
 def count_loads(rig: NodeRig) -> Counter[int]:

@@ -32,7 +32,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from chronowheel.core.model import instant_ms
 from chronowheel.errors import ChronowheelError, ValidationError
 from chronowheel.store.base import JOB_STATUSES, MAX_LIST_LIMIT, JobQuery, JobStore, JobSummary
 
@@ -107,15 +106,11 @@ def job_selector(*, tenant: str | None = None, status: str | None = None,
 
 
 def _instant(value: datetime | int | str | None, path: str) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        if value.tzinfo is None or value.utcoffset() is None:
-            raise ValidationError(path, "naive datetime; give it a tzinfo", value)
-        return int(value.timestamp() * 1000)
+    from chronowheel.client.scheduler import _query_instant  # it imports this module
+
     if isinstance(value, str) and value.isdigit():
         value = int(value)
-    return instant_ms(value, path)
+    return _query_instant(value, path)
 
 
 def new_operation_id(now_ms: int | None = None) -> str:
