@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "chronowheel.cli.submit",
     "chronowheel.cli.job",
     "chronowheel.cli.jobs",
+    "chronowheel.cli.dead",
     "chronowheel.cli.calendar",
     "chronowheel.cli.status",
     "chronowheel.cli.tail",

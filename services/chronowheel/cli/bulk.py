@@ -124,13 +124,13 @@ def flag_error() -> Iterator[None]:
         raise ValidationError("--" + exc.path.replace("_", "-"), exc.rule, exc.value) from None
 
 
-def format_progress(p: BulkProgress, width: int = 20) -> str:
+def format_progress(p: BulkProgress, width: int = 20, unit: str = "jobs") -> str:
     """done/total [bar] percent, rate, ETA ("+" after the total while the listing goes on)."""
     total = p.listed
     frac = p.done / total if total else 1.0
     filled = int(min(1.0, frac) * width)
     parts = [f"[{'#' * filled}{'.' * (width - filled)}] {frac * 100:3.0f}%",
-             f"{count(p.done)}/{count(total)}{'' if p.listing_done else '+'} jobs",
+             f"{count(p.done)}/{count(total)}{'' if p.listing_done else '+'} {unit}",
              f"{count(round(p.rate))}/s"]
     eta = p.eta_s
     parts.append("ETA " + ("?" if eta is None else human_ms(round(eta * 1000))))
@@ -176,8 +176,9 @@ def _state(action: str) -> str:
 class ProgressLine:
     """format_progress on stderr: redrawn in place on a terminal, else a line every 5 s."""
 
-    def __init__(self, stream: IO[str], mode: str) -> None:
+    def __init__(self, stream: IO[str], mode: str, unit: str = "jobs") -> None:
         self.stream = stream
+        self.unit = unit
         self.tty = stream.isatty()
         self.enabled = mode == "always" or (mode == "auto" and self.tty)
         self.last = 0.0
@@ -190,7 +191,7 @@ class ProgressLine:
         if now - self.last < (0.2 if self.tty else 5.0) and self.drawn:
             return
         self.last = now
-        text = format_progress(p)
+        text = format_progress(p, unit=self.unit)
         self.stream.write(("\r\x1b[K" + text) if self.tty else text + "\n")
         self.stream.flush()
         self.drawn = True

@@ -8,6 +8,8 @@
         await client.trigger("standup", request_id="run-now-1")
         page = await client.list_jobs(tenant="acme", status="paused", limit=50)
         summary = await client.bulk_pause(tenant="acme", prefix="inv-", wait=60)
+        letters = await client.dead_letters(tenant="acme", reason="Timeout")
+        redrive = await client.redrive(tenant="acme", reason="Timeout")
     # leaving the block waits until Kafka acknowledged every command
 
 See `chronowheel.client.scheduler` for the details.
@@ -21,6 +23,7 @@ from chronowheel.client.bulk import (
     MemoryJournal,
     job_selector,
 )
+from chronowheel.client.dead import DeadLetterInfo, DeadLetterPage, RedriveSummary
 from chronowheel.client.scheduler import (
     Delivery,
     DeliveryError,
@@ -31,6 +34,7 @@ from chronowheel.client.scheduler import (
 )
 from chronowheel.store.base import JobPage, JobSummary
 
-__all__ = ["BulkProgress", "BulkSummary", "Delivery", "DeliveryError", "FileJournal",
-           "JobPage", "JobSelector", "JobSummary", "MemoryJournal", "SchedulerClient",
-           "SubmitProgress", "SubmitReport", "job_query", "job_selector"]
+__all__ = ["BulkProgress", "BulkSummary", "DeadLetterInfo", "DeadLetterPage", "Delivery",
+           "DeliveryError", "FileJournal", "JobPage", "JobSelector", "JobSummary",
+           "MemoryJournal", "RedriveSummary", "SchedulerClient", "SubmitProgress",
+           "SubmitReport", "job_query", "job_selector"]

@@ -20,6 +20,9 @@
 - `bulk` (and `bulk_pause`, `bulk_resume`, `bulk_cancel`, `bulk_trigger`) sends one command to
   every job a selector picks, listed like `list_jobs`: idempotent and resumable under an
   operation id (chronowheel.client.bulk).
+- `dead_letters` lists `<ns>.dead` by job, tenant, failure time and reason; `redrive` sends each
+  selected dead letter again as the next attempt of its occurrence, exactly once per letter
+  (chronowheel.client.dead).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from chronowheel.store.base import (
 
 if TYPE_CHECKING:
     from chronowheel.client.bulk import BulkAction, BulkJournal, BulkProgress, BulkSummary
+    from chronowheel.client.dead import DeadLetterPage, LetterReader, RedriveSummary
 
 log = logging.getLogger(__name__)
 
@@ -130,14 +134,17 @@ class SchedulerClient:
     CHRONOWHEEL_ALLOWED_TOPICS, ...). A `producer` passed in (anything with aiokafka's
     start/send/stop) is started but not stopped by the client: its owner stops it. A `store`
     passed in (a JobStore) is what `list_jobs` and `bulk` read instead of the namespace's
-    Cassandra keyspace; its owner closes it.
+    Cassandra keyspace; its owner closes it. `dead_letters` (a
+    chronowheel.client.dead.LetterReader) is what `dead_letters` and `redrive` read instead of
+    the namespace's `<ns>.dead` topic.
     """
 
     def __init__(self, settings: Settings | None = None, *,
                  policy: ValidationPolicy | None = None, validate: bool = True,
                  linger_ms: int = 5, producer: _Producer | None = None,
                  now_ms: Callable[[], int] | None = None,
-                 store: JobStore | None = None) -> None:
+                 store: JobStore | None = None,
+                 dead_letters: LetterReader | None = None) -> None:
         self.settings = settings if settings is not None else Settings.from_env()
         self.policy = policy if policy is not None else ValidationPolicy.from_settings(
             self.settings)
@@ -154,6 +161,7 @@ class SchedulerClient:
         self.acked = 0
         self._store: JobStore | None = store
         self._own_store = store is None
+        self._dead_read: LetterReader | None = dead_letters
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> SchedulerClient:
@@ -414,6 +422,64 @@ class SchedulerClient:
     async def bulk_trigger(self, **kw: Any) -> BulkSummary:
         """`bulk("trigger", ...)`: one occurrence now of every selected recurring job."""
         return await self.bulk("trigger", **kw)
+
+    # --- dead letters -----------------------------------------------------------------------
+    async def dead_letters(self, *, job_id: str | None = None, tenant: str | None = None,
+                           failed_after: Instant | None = None,
+                           failed_before: Instant | None = None, reason: str | None = None,
+                           limit: int = 100, page_token: str | None = None) -> DeadLetterPage:
+        """One page of the dead letters of `<ns>.dead` matching every given filter, in
+        (partition, offset) order: `failed_after` (inclusive) and `failed_before` (exclusive)
+        bound `cw-failed-at`, `reason` is a substring (any case) of `cw-error` or `cw-reason`,
+        `tenant` is looked up in the jobs table. Pass the page's `next_token` back, with the
+        same filters, for the next one (chronowheel.client.dead)."""
+        from chronowheel.client import dead as d
+
+        selector = d.dead_selector(job_id=job_id, tenant=tenant, failed_after=failed_after,
+                                   failed_before=failed_before, reason=reason)
+        return await d.list_page(self._dead_reader(), selector,
+                                 d.store_tenants(await self._job_store()), limit=limit,
+                                 page_token=page_token)
+
+    async def redrive(self, *, job_id: str | None = None, tenant: str | None = None,
+                      failed_after: Instant | None = None, failed_before: Instant | None = None,
+                      reason: str | None = None, dry_run: bool = False, window: int = 100,
+                      limit: int | None = None,
+                      progress: Callable[[BulkProgress], None] | None = None,
+                      progress_interval_s: float = 0.5) -> RedriveSummary:
+        """Redrive every dead letter matching the filters (as `dead_letters` takes them; at
+        most `limit`): one `retry` command each, the next attempt of its occurrence with the
+        letter's payload and headers, due now. Exactly once per letter: its request id
+        `redrive:<dead partition>@<offset>` is recorded once Kafka acknowledged the retry, and
+        letters recorded before are skipped (`already`), by any later run. Letters that cannot
+        be redriven (a payload-less stand-in, not an occurrence) are in `refused` with the
+        reason. `dry_run` selects and sorts but sends nothing. Delivery failures are in the
+        summary (`failed`), not raised."""
+        from chronowheel.client import dead as d
+
+        selector = d.dead_selector(job_id=job_id, tenant=tenant, failed_after=failed_after,
+                                   failed_before=failed_before, reason=reason)
+
+        async def send(job: str, value: bytes) -> Delivery:
+            return await self._send(job, value)
+
+        run = d.Redrive(selector=selector, read=self._dead_reader(),
+                        store=await self._job_store(), send=send, shards=self.settings.shards,
+                        retention_s=max(1, self.settings.retention_ms // 1000),
+                        dry_run=dry_run, window=window, limit=limit, progress=progress,
+                        progress_interval_s=progress_interval_s, now_ms=self._now_ms)
+        failed0 = len(self._failures)
+        try:
+            return await run.run()
+        finally:
+            del self._failures[failed0:]  # in the summary: flush() must not raise them again
+
+    def _dead_reader(self) -> LetterReader:
+        if self._dead_read is None:
+            from chronowheel.client.dead import kafka_reader
+
+            self._dead_read = kafka_reader(self.settings)
+        return self._dead_read
 
     # --- calendars --------------------------------------------------------------------------
     async def put_calendar(self, name: str, dates: Iterable[date | str]) -> Delivery:

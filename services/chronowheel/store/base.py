@@ -115,7 +115,8 @@ def job_id_of_entry(entry: str, scheduled_ms: int, origin: str, request_id: str)
 
 @dataclass(frozen=True, slots=True)
 class RequestRow:
-    """A trigger or backfill request of one job (table `job_requests`).
+    """A trigger or backfill request of one job, or a dead letter's redrive (table
+    `job_requests`).
 
     Its presence makes a re-sent request a no-op. A backfill hands its occurrences to the due
     table in chunks: `next_ms` is the first scheduled instant not handed over yet (None when
@@ -125,7 +126,7 @@ class RequestRow:
     shard: int
     job_id: str
     request_id: str
-    kind: str  # wire.TRIGGER_ORIGIN | wire.BACKFILL_ORIGIN
+    kind: str  # wire.TRIGGER_ORIGIN | wire.BACKFILL_ORIGIN | "redrive" (client.dead)
     from_ms: int
     to_ms: int
     next_ms: int | None

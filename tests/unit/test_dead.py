@@ -1,0 +1,279 @@
+"""Dead-letter listing and redrive (`SchedulerClient.dead_letters` / `redrive`, `chronowheel dead
+list|redrive`) without servers: selection, paging, dry run, the request id of each letter and
+the retry it becomes, exactly once across runs and after an interruption, and a node on the
+in-memory bus delivering a redriven letter once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from chronowheel.cli import build_parser
+from chronowheel.cli import dead as cli_dead
+from chronowheel.client import SchedulerClient
+from chronowheel.client.dead import (
+    memory_reader,
+    parse_letter,
+    redrive_request_id,
+    refusal,
+)
+from chronowheel.core import wire
+from chronowheel.core.model import Retry, ValidationPolicy, parse_command
+from chronowheel.core.shard import shard_of
+from chronowheel.errors import ValidationError
+from chronowheel.settings import Settings
+from chronowheel.store.base import JobRow
+from chronowheel.store.memory import MemoryStore
+from chronowheel.worker.policy import dead_headers, minimal_dead_letter
+
+from tests.unit.node_rig import T0, NodeRig
+from tests.unit.test_bulk import BusProducer, DyingProducer, Interrupted
+from tests.unit.test_client import NOW, FakeProducer, acking
+
+SETTINGS = Settings(namespace="acme")
+TOPIC = SETTINGS.fired_topic
+
+
+@dataclass
+class Rec:
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
+
+
+def fired_headers(job_id: str, scheduled: int, attempt: int = 5,
+                  extra: tuple[tuple[str, bytes], ...] = ()) -> tuple[tuple[str, bytes], ...]:
+    return ((wire.JOB_ID, job_id.encode()), (wire.SCHEDULED_AT, str(scheduled).encode()),
+            (wire.FIRED_AT, str(scheduled + 3).encode()), (wire.ATTEMPT, str(attempt).encode()),
+            (wire.OCCURRENCE, wire.occurrence_id(job_id, scheduled).encode()),
+            (wire.MAX_ATTEMPTS, b"5"), (wire.BACKOFF_MS, b"10000"), ("trace", b"abc"), *extra)
+
+
+def letter(partition: int, offset: int, job_id: str, *, failed_at: int = NOW,
+           error: Exception | None = None, attempt: int = 5,
+           extra: tuple[tuple[str, bytes], ...] = ()) -> Rec:
+    """A dead letter as the worker writes it (worker.policy.dead_headers)."""
+    headers = dead_headers(fired_headers(job_id, NOW - 60_000, attempt, extra),
+                           error or RuntimeError("boom"), failed_at, TOPIC, 3, 100 + offset)
+    return Rec(partition, offset, job_id.encode(), b'{"n":%d}' % offset, headers)
+
+
+def job(job_id: str, tenant: str) -> JobRow:
+    return JobRow(job_id, shard_of(job_id, SETTINGS.shards), b'{"at":1}', 1, "scheduled",
+                  NOW, NOW, 0, tenant)
+
+
+@pytest.fixture
+async def setup() -> tuple[MemoryStore, list[Rec]]:
+    """Letters of a-0..a-3 (tenant a) and b-0..b-2 (tenant b) on two partitions, failing a
+    minute apart, b's with a TimeoutError; and one payload-less stand-in of a-9."""
+    store = MemoryStore()
+    await store.put_jobs([job(f"a-{i}", "a") for i in range(4)]
+                         + [job(f"b-{i}", "b") for i in range(3)] + [job("a-9", "a")])
+    recs = [letter(i % 2, i // 2, f"a-{i}", failed_at=NOW + i * 60_000) for i in range(4)]
+    recs += [letter(2, i, f"b-{i}", failed_at=NOW + i * 60_000,
+                    error=TimeoutError("upstream slow")) for i in range(3)]
+    full = letter(2, 3, "a-9")
+    key, value, headers = minimal_dead_letter(full.key, full.value or b"", full.headers,
+                                              b"dead letter refused: too_large: over 1 MiB")
+    recs.append(Rec(2, 3, key, value, headers))
+    return store, recs
+
+
+def client(producer: Any, store: MemoryStore, recs: list[Rec]) -> SchedulerClient:
+    return SchedulerClient(SETTINGS, producer=producer, store=store, now_ms=lambda: NOW,
+                           dead_letters=memory_reader(recs))
+
+
+def sent(producer: FakeProducer) -> list[Retry]:
+    out = []
+    for _topic, _key, value in producer.sent:
+        cmd = parse_command(value, key=None, policy=ValidationPolicy.from_settings(SETTINGS),
+                            now_ms=NOW)
+        assert isinstance(cmd, Retry)
+        out.append(cmd)
+    return out
+
+
+# --- selection and listing ------------------------------------------------------------------
+
+async def test_letters_are_selected_by_job_tenant_failure_time_and_reason(
+        setup: tuple[MemoryStore, list[Rec]]) -> None:
+    store, recs = setup
+    async with client(FakeProducer(), store, recs) as c:
+        every = await c.dead_letters()
+        by_job = await c.dead_letters(job_id="a-2")
+        by_tenant = await c.dead_letters(tenant="b")
+        by_time = await c.dead_letters(tenant="a", failed_after=NOW + 60_000,
+                                       failed_before=NOW + 3 * 60_000)
+        by_reason = await c.dead_letters(reason="timeouterror")
+        stand_in = await c.dead_letters(reason="too_large")
+    assert [x.position for x in every.letters] == [
+        "0@0", "0@1", "1@0", "1@1", "2@0", "2@1", "2@2", "2@3"]
+    assert every.next_token is None
+    assert [x.job_id for x in by_job.letters] == ["a-2"]
+    assert [(x.job_id, x.tenant) for x in by_tenant.letters] == [
+        ("b-0", "b"), ("b-1", "b"), ("b-2", "b")]
+    assert sorted(x.job_id or "" for x in by_time.letters) == ["a-1", "a-2"]
+    assert [x.job_id for x in by_reason.letters] == ["b-0", "b-1", "b-2"]
+    x = by_job.letters[0]
+    assert (x.attempt, x.failed_at_ms, x.error, x.topic, x.source) == (
+        5, NOW + 2 * 60_000, "RuntimeError: boom", TOPIC, f"{TOPIC}[3]@101")
+    assert [y.replaced for y in stand_in.letters] == [True]
+
+
+async def test_pages_follow_each_other_by_position(
+        setup: tuple[MemoryStore, list[Rec]]) -> None:
+    store, recs = setup
+    seen: list[str] = []
+    token = None
+    async with client(FakeProducer(), store, recs) as c:
+        while True:
+            page = await c.dead_letters(limit=3, page_token=token)
+            seen += [x.position for x in page.letters]
+            token = page.next_token
+            if token is None:
+                break
+        with pytest.raises(ValidationError, match="limit"):
+            await c.dead_letters(limit=0)
+        with pytest.raises(ValidationError, match="page_token"):
+            await c.dead_letters(page_token="nope")
+        with pytest.raises(ValidationError, match="failed_after"):
+            await c.dead_letters(failed_after=NOW, failed_before=NOW)
+    assert seen == ["0@0", "0@1", "1@0", "1@1", "2@0", "2@1", "2@2", "2@3"]
+
+
+# --- what a redrive sends ---------------------------------------------------------------------
+
+def test_a_letter_has_a_request_id_from_its_own_position_and_becomes_the_next_attempt() -> None:
+    rec = letter(4, 17, "r-1", extra=((wire.TRIGGERED, b"rerun-1"),))
+    x = parse_letter(rec.partition, rec.offset, rec.key, rec.value, rec.headers)
+    assert x.request_id == redrive_request_id(4, 17) == "redrive:4@17"
+    assert refusal(x) is None
+    from chronowheel.client.dead import retry_value
+
+    cmd = parse_command(retry_value(x, NOW), key=None,
+                        policy=ValidationPolicy.from_settings(SETTINGS), now_ms=NOW)
+    assert isinstance(cmd, Retry)
+    assert (cmd.id, cmd.scheduled_ms, cmd.attempt, cmd.at_ms, cmd.topic) == (
+        "r-1", NOW - 60_000, 6, NOW, TOPIC)
+    assert cmd.max_attempts == 6  # one more attempt; failing again dead-letters it again
+    assert cmd.payload == b'{"n":17}' and dict(cmd.headers) == {"trace": "abc"}
+    assert (cmd.origin, cmd.request_id) == ("trigger", "rerun-1")  # its key is kept
+
+
+async def test_a_dry_run_sends_nothing_and_a_stand_in_is_refused_naming_its_source(
+        setup: tuple[MemoryStore, list[Rec]]) -> None:
+    store, recs = setup
+    producer = FakeProducer()
+    async with client(producer, store, recs) as c:
+        s = await c.redrive(tenant="a", dry_run=True)
+    assert producer.sent == []
+    assert s.dry_run and s.matched == 5
+    assert s.redriven == ["0@0", "0@1", "1@0", "1@1"]
+    [(position, reason)] = s.refused
+    assert position == "2@3"
+    assert "payload-less" in reason and f"{TOPIC}[3]@103" in reason
+    text = cli_dead.render_summary(s, 20)
+    assert "would send    4" in text and "2@3: dead letter 2@3 is the payload-less" in text
+
+
+async def test_a_redrive_sends_each_letter_once_across_runs_and_after_an_interruption(
+        setup: tuple[MemoryStore, list[Rec]]) -> None:
+    store, recs = setup
+    every: Counter[str] = Counter()
+    first = DyingProducer(k=2)
+    async with client(first, store, recs) as c:
+        task = asyncio.create_task(acking(first))
+        with pytest.raises(Interrupted):
+            await c.redrive(tenant="a", window=1)
+        task.cancel()
+    every.update(f"{r.id}@{r.attempt}" for r in sent(first))
+    assert len(first.sent) == 2
+
+    second = FakeProducer()
+    async with client(second, store, recs) as c:
+        task = asyncio.create_task(acking(second))
+        s = await c.redrive(tenant="a")
+        again = await c.redrive(tenant="a")  # another run, another day: nothing new
+        task.cancel()
+    every.update(f"{r.id}@{r.attempt}" for r in sent(second))
+    assert every == {f"a-{i}@6": 1 for i in range(4)}
+    assert len(s.redriven) == 2 and len(s.already) == 2 and s.ok
+    assert again.redriven == [] and len(again.already) == 4 and len(again.refused) == 1
+    row = await store.get_request(shard_of("a-0", SETTINGS.shards), "a-0", "redrive:0@0")
+    assert row is not None and row.kind == "redrive"
+
+
+async def test_a_retry_kafka_did_not_take_is_sent_by_the_next_run(
+        setup: tuple[MemoryStore, list[Rec]]) -> None:
+    store, recs = setup
+    failing = FakeProducer(fail=frozenset({"b-1"}))
+    async with client(failing, store, recs) as c:
+        task = asyncio.create_task(acking(failing))
+        s = await c.redrive(tenant="b")
+        task.cancel()
+    assert not s.ok and [p for p, _e in s.failed] == ["2@1"]
+    ok = FakeProducer()
+    async with client(ok, store, recs) as c:
+        task = asyncio.create_task(acking(ok))
+        s = await c.redrive(tenant="b")
+        task.cancel()
+    assert s.redriven == ["2@1"] and [r.id for r in sent(ok)] == ["b-1"]
+
+
+def test_the_cli_names_the_flag_of_a_bad_filter_and_wants_one() -> None:
+    parser = build_parser()
+    args = parser.parse_args(["dead", "redrive", "--failed-after", "yesterday"])
+    with pytest.raises(ValidationError, match="--failed-after"):
+        cli_dead.selector_from_args(args)
+    args = parser.parse_args(["dead", "redrive"])
+    with pytest.raises(ValidationError, match="--all"):
+        cli_dead.run_redrive(args)
+
+
+# --- through a node -------------------------------------------------------------------------
+
+async def test_a_node_delivers_a_redriven_letter_once_as_the_next_attempt(rig: NodeRig) -> None:
+    await rig.start()
+    rig.upsert("once", at=T0 + 1000, max_attempts=2)
+    await rig.advance(2000)
+    [fired] = rig.fired("once")
+    # The worker gave up on it: its dead letter, as the worker writes it.
+    headers = dead_headers(tuple(fired.headers), RuntimeError("down"), rig.clock.now_ms(),
+                           fired.topic, fired.partition, fired.offset)
+    rig.bus.produce(rig.settings.dead_topic, 0, fired.key, fired.value, headers)
+    producer = BusProducer(rig)
+    reader = memory_reader(rig.bus.messages(rig.settings.dead_topic))
+    async with SchedulerClient(rig.settings, producer=producer, store=rig.store,
+                               now_ms=rig.clock.now_ms, dead_letters=reader) as c:
+        s = await c.redrive(job_id="once")
+        await rig.advance(1000)
+        again = await c.redrive(job_id="once")
+        await rig.advance(1000)
+    assert s.redriven == ["0@0"] and again.already == ["0@0"]
+    assert len(producer.sent) == 1
+    redriven = [m for m in rig.fired("once") if m is not fired and m.offset != fired.offset]
+    [m] = redriven
+    assert m.value == fired.value
+    assert m.header(wire.ATTEMPT) == b"2"
+    assert m.header(wire.OCCURRENCE) == fired.header(wire.OCCURRENCE)
+
+
+async def test_a_letter_whose_retry_the_node_would_reject_is_refused_with_the_reason() -> None:
+    store = MemoryStore()
+    await store.put_jobs([job("x-1", "a")])
+    rec = letter(0, 0, "x-1")
+    rec.headers = [(k, b"not-allowed.topic" if k == wire.SOURCE_TOPIC else v)
+                   for k, v in rec.headers]
+    producer = FakeProducer()
+    async with client(producer, store, [rec]) as c:
+        s = await c.redrive(job_id="x-1")
+    assert producer.sent == [] and s.redriven == []
+    [(position, reason)] = s.refused
+    assert position == "0@0" and reason.startswith("its retry is invalid: topic")
