@@ -273,7 +273,9 @@ async def test_a_letter_whose_retry_the_node_would_reject_is_refused_with_the_re
                    for k, v in rec.headers]
     producer = FakeProducer()
     async with client(producer, store, [rec]) as c:
+        dry = await c.redrive(job_id="x-1", dry_run=True)
         s = await c.redrive(job_id="x-1")
-    assert producer.sent == [] and s.redriven == []
+    assert producer.sent == [] and s.redriven == [] and dry.redriven == []
+    assert dry.refused == s.refused
     [(position, reason)] = s.refused
     assert position == "0@0" and reason.startswith("its retry is invalid: topic")

@@ -438,7 +438,8 @@ class Redrive:
                  window: int = 100, limit: int | None = None,
                  progress: Callable[[BulkProgress], None] | None = None,
                  progress_interval_s: float = 0.5,
-                 now_ms: Callable[[], int] | None = None) -> None:
+                 now_ms: Callable[[], int] | None = None,
+                 check: Callable[[bytes], object] | None = None) -> None:
         if type(window) is not int or window < 1:
             raise ValidationError("window", "must be an integer of at least 1", window)
         if limit is not None and (type(limit) is not int or limit < 1):
@@ -455,6 +456,8 @@ class Redrive:
         self.progress = progress
         self.progress_interval_s = progress_interval_s
         self.now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)
+        self.check = check
+        """Validates a retry command (raises ValidationError), also in a dry run."""
         self.summary = RedriveSummary(selector, dry_run)
         self._gate = asyncio.Semaphore(window)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -497,18 +500,20 @@ class Redrive:
         if await self.store.get_request(shard, letter.job_id, letter.request_id) is not None:
             s.already.append(letter.position)
             return
+        value = retry_value(letter, self.now_ms())
+        try:
+            if self.check is not None:
+                self.check(value)
+        except ValidationError as exc:  # the client's checks: the node would refuse it too
+            s.refused.append((letter.position, f"its retry is invalid: {exc}"))
+            return
         self._to_send += 1
         if self.dry_run:
             s.redriven.append(letter.position)
             return
         await self._gate.acquire()
         try:
-            delivery = await self.send(letter.job_id, retry_value(letter, self.now_ms()))
-        except ValidationError as exc:  # the client's checks: the node would refuse it too
-            self._gate.release()
-            self._to_send -= 1
-            s.refused.append((letter.position, f"its retry is invalid: {exc}"))
-            return
+            delivery = await self.send(letter.job_id, value)
         except BaseException:
             self._gate.release()
             raise

@@ -463,11 +463,15 @@ class SchedulerClient:
         async def send(job: str, value: bytes) -> Delivery:
             return await self._send(job, value)
 
+        def check(value: bytes) -> object:
+            return parse_command(value, key=None, policy=self.policy, now_ms=self._now_ms())
+
         run = d.Redrive(selector=selector, read=self._dead_reader(),
                         store=await self._job_store(), send=send, shards=self.settings.shards,
                         retention_s=max(1, self.settings.retention_ms // 1000),
                         dry_run=dry_run, window=window, limit=limit, progress=progress,
-                        progress_interval_s=progress_interval_s, now_ms=self._now_ms)
+                        progress_interval_s=progress_interval_s, now_ms=self._now_ms,
+                        check=check if self._validate else None)
         failed0 = len(self._failures)
         try:
             return await run.run()
