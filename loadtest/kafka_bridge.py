@@ -6,7 +6,8 @@ it over an inherited socket with one JSON object per line:
 
   locust -> bridge  {"t": "send", "id": 7, "jobs": [["<job id>", {<upsert>} or null], ...]}
                     {"t": "stop"}
-  bridge -> locust  {"t": "ready", "partitions": 16, "worker": false}
+  bridge -> locust  {"t": "ready", "partitions": 16, "worker": false,
+                     "cassandra_nodes": 1, "kafka_brokers": 1}
                     {"t": "ack", "id": 7, "err": null}     (Kafka acknowledged every command)
                     {"t": "skew", "skew_ms": 3, "uncertainty_ms": 1}
                     {"t": "fires", "items": [[occurrence, scheduled_ms, fired_ms, recv_ms,
@@ -210,6 +211,16 @@ async def start_group_at_end(settings: Settings, group_id: str, topic: str,
         await consumer.stop()
 
 
+def cluster_size(store: CassandraStore, producer: Any) -> dict[str, int | None]:
+    """The Cassandra nodes and Kafka brokers this bridge's clients know of (None: unknown)."""
+    out: dict[str, int | None] = {"cassandra_nodes": None, "kafka_brokers": None}
+    with contextlib.suppress(Exception):
+        out["cassandra_nodes"] = len(store.cluster.metadata.all_hosts())
+    with contextlib.suppress(Exception):
+        out["kafka_brokers"] = len(producer.client.cluster.brokers())
+    return out
+
+
 def _failure(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
@@ -248,7 +259,7 @@ async def serve(fd: int, settings: Settings, prefix: str, with_worker: bool) -> 
             return 2
         tasks += [asyncio.create_task(bridge.flush()), asyncio.create_task(bridge.watch_skew())]
         bridge.emit({"t": "ready", "partitions": probe.partitions(settings.fired_topic),
-                     "worker": worker is not None})
+                     "worker": worker is not None, **cluster_size(store, producer)})
         await writer.drain()
 
         submitter = Submitter(producer, settings.submit_topic,

@@ -140,8 +140,10 @@ class KafkaBridge:
         child.close()
         self._reader = gevent.spawn(self._read)
 
-    def wait_ready(self, timeout: float = 90) -> None:
-        self._ready.get(timeout=timeout)
+    def wait_ready(self, timeout: float = 90) -> dict[str, Any]:
+        """The bridge's `ready` message: the cluster as it sees it."""
+        ready: dict[str, Any] = self._ready.get(timeout=timeout)
+        return ready
 
     def _read(self) -> None:
         f = self.sock.makefile("rb")
@@ -232,7 +234,11 @@ class Run:
         self.in_flight = BoundedSemaphore(MAX_BATCHES_IN_FLIGHT)
         self.bridge = KafkaBridge(settings, self.prefix, self.on_fires, self.on_starts,
                                   self.on_skew, self.worker)
-        self.bridge.wait_ready()
+        self.cluster = self.bridge.wait_ready()
+        self.tap: Any = None
+        """the capacity test's per-step accounting (locust_capacity.py), or None: told of
+        each batch sent (`sent`, which returns a token), acknowledged (`acked`) and of each
+        occurrence received (`fired`)"""
 
     def begin(self, end_ms: float | None) -> None:
         """The test starts; it ends at end_ms (None: when stopped)."""
@@ -267,6 +273,8 @@ class Run:
             self.first_submit_ms = sent_ms
         self.last_submit_ms = sent_ms
         self.submitted += len(jobs)
+        tap = self.tap
+        token = None if tap is None else tap.sent(jobs)
 
         def done(err: str | None) -> None:
             self.in_flight.release()
@@ -276,6 +284,8 @@ class Run:
                 self.expected.update(occ for _, _, occ in jobs if occ is not None)
             else:
                 self.submit_failed += len(jobs)
+            if tap is not None:
+                tap.acked(token, jobs, err)
             fire = events.request.fire
             for _ in jobs:
                 fire(request_type="submit", name=scenario, response_time=elapsed,
@@ -293,7 +303,8 @@ class Run:
             at = received - skew  # the receive time on Cassandra's clock
             late = at - scheduled
             exc: Exception | None = None
-            if not tally.observe(occurrence, scheduled, at, fired_ms=fired):
+            duplicate = not tally.observe(occurrence, scheduled, at, fired_ms=fired)
+            if duplicate:
                 exc = DuplicateFire(occurrence)
             if fired < scheduled:
                 self.early_fired += 1
@@ -301,6 +312,9 @@ class Run:
             elif late + uncertainty < 0:
                 self.early_received += 1
                 exc = EarlyFire(f"{occurrence}: received {late:.1f} ms (± {uncertainty} ms)")
+            if self.tap is not None:
+                self.tap.fired(occurrence, late, fired - scheduled, duplicate,
+                               isinstance(exc, EarlyFire))
             fire(request_type="fire", name="lateness, received", response_time=max(0.0, late),
                  response_length=0, exception=exc, context={})
             fire(request_type="fire", name="lateness, cw-fired-at",

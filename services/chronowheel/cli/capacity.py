@@ -16,6 +16,20 @@ format (e.g. the measured-quick.json `loadtest/measure_quick.py` writes):
                                            with a 1,000,000-job herd), and its command
      "details": {...}}                     optional: raw figures of the run
 
+A measured knee beats the node benchmark's fires/s: `loadtest/locust_capacity.py` (the capacity
+test: a locust load raised step by step until an SLO breaks) appends each knee, with the size of
+the cluster it ran on, to `loadtest/results/knees.json`. Given `--cluster
+nodes=N,shards=S,cassandra=C,kafka=K`, the command takes fires/s per node from the latest knee
+measured on a cluster of exactly that size (the knee's fires/s / N) and says so; with no such
+knee, or no `--cluster`, it uses the benchmark's figure and says that. `--knees PATH` names
+another knees file (default: loadtest/results/knees.json under the current directory, as when
+run from a checkout's root):
+
+    {"knees": [{"cluster": {"nodes": int, "shards": int, "cassandra_nodes": int,
+                            "kafka_nodes": int},
+                "knee": {"fires_per_s": float, ...} or null, "measured_on": str,
+                "code": str, "command": str, "slo": {...}, "lower_bound": bool, ...}]}
+
 Everything else is arithmetic on the flags, documented in deploy/runbooks/capacity.md; the
 figures marked "assumed" are inputs (flags) with defaults, not measurements.
 """
@@ -25,7 +39,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -43,6 +57,12 @@ MEASURED_RELATIVE = Path("loadtest") / "results" / "measured.json"
 MEASURED_RESOURCE = "measured.json"
 """The copy of MEASURED_RELATIVE shipped in this package (beside this module)."""
 PACKAGED_SOURCE = f"{MEASURED_RELATIVE}, as shipped with chronowheel"
+KNEES_RELATIVE = Path("loadtest") / "results" / "knees.json"
+"""Where the capacity test (loadtest/locust_capacity.py) appends its knees."""
+CLUSTER_KEYS = {"nodes": "nodes", "shards": "shards", "cassandra": "cassandra_nodes",
+                "kafka": "kafka_nodes"}
+"""--cluster's names -> the knees file's"""
+BENCHMARK_FIRES = "the node benchmark"
 MEASURED_KEYS = ("fires_per_s_per_node", "ingest_jobs_per_s_per_node", "wheel_bytes_per_entry")
 MAX_SHARDS = 4096  # what `chronowheel init` accepts
 
@@ -70,6 +90,8 @@ class Measured:
     # its own, at the size the targets name (1,000,000 loaded); by default the same run.
     wheel_bytes_measured_on: str = ""
     wheel_bytes_command: str = ""
+    fires_source: str = BENCHMARK_FIRES
+    """where fires_per_s_per_node came from: the benchmark, or a measured knee (described)"""
 
     @classmethod
     def from_doc(cls, doc: Any, source: str) -> Measured:
@@ -116,6 +138,94 @@ def load_measured(path: Path) -> Measured:
         return Measured.from_doc(doc, PACKAGED_SOURCE)
     shown = os.path.relpath(path)  # the short name when run from the repository
     return Measured.from_doc(doc, str(path) if shown.startswith("..") else shown)
+
+
+def parse_cluster(text: str) -> dict[str, int]:
+    """`nodes=3,shards=16,cassandra=3,kafka=3` (all four) -> the knees file's cluster keys."""
+    out: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        key = CLUSTER_KEYS.get(name.strip().lower())
+        if not sep or key is None:
+            raise argparse.ArgumentTypeError(
+                f"--cluster {text!r}: expected nodes=N,shards=S,cassandra=C,kafka=K")
+        try:
+            n = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--cluster {text!r}: {value.strip()!r} is not a "
+                                             f"whole number") from None
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"--cluster {text!r}: {name.strip()} must be >= 1")
+        out[key] = n
+    if set(out) != set(CLUSTER_KEYS.values()):
+        raise argparse.ArgumentTypeError(
+            f"--cluster {text!r}: give all of nodes, shards, cassandra and kafka")
+    return out
+
+
+def describe_cluster(c: Any) -> str:
+    return (f"{c.get('nodes')} node(s), {c.get('shards')} shards, {c.get('cassandra_nodes')} "
+            f"Cassandra, {c.get('kafka_nodes')} Kafka")
+
+
+def find_knees(explicit: str | None) -> Path | None:
+    """`--knees PATH`, else loadtest/results/knees.json under the current directory (run from
+    a checkout's root), else none."""
+    if explicit:
+        return Path(explicit)
+    return KNEES_RELATIVE if KNEES_RELATIVE.is_file() else None
+
+
+def load_knees(path: Path) -> list[dict[str, Any]]:
+    try:
+        doc = orjson.loads(path.read_bytes())
+    except OSError as exc:
+        raise ConfigError(f"cannot read knees {path}: {exc.strerror}") from None
+    except orjson.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not JSON ({exc})") from None
+    knees = doc.get("knees") if isinstance(doc, dict) else None
+    if not isinstance(knees, list):
+        raise ConfigError(f'{path}: expected {{"knees": [...]}}')
+    return [k for k in knees if isinstance(k, dict)]
+
+
+def matching_knee(knees: list[dict[str, Any]],
+                  cluster: dict[str, int]) -> dict[str, Any] | None:
+    """The latest knee measured on a cluster of exactly this size (None: none)."""
+    found = [k for k in knees
+             if isinstance(k.get("cluster"), dict)
+             and all(k["cluster"].get(key) == n for key, n in cluster.items())
+             and isinstance(k.get("knee"), dict)
+             and isinstance(k["knee"].get("fires_per_s"), int | float)
+             and k["knee"]["fires_per_s"] > 0]
+    return max(found, key=lambda k: str(k.get("measured_on", ""))) if found else None
+
+
+def with_knee(m: Measured, cluster: dict[str, int] | None,
+              knees_path: Path | None) -> Measured:
+    """The measured figures with fires/s per node from the matching knee when there is one;
+    `fires_source` says which was used and why."""
+    if cluster is None:
+        return replace(m, fires_source=f"{BENCHMARK_FIRES} (a measured knee is used with "
+                                       f"--cluster, for the cluster size it was measured on)")
+    if knees_path is None:
+        return replace(m, fires_source=f"{BENCHMARK_FIRES} (no measured knee: no "
+                                       f"{KNEES_RELATIVE} here and no --knees)")
+    where = os.path.relpath(knees_path)
+    knee = matching_knee(load_knees(knees_path), cluster)
+    if knee is None:
+        return replace(m, fires_source=f"{BENCHMARK_FIRES} (no measured knee for "
+                                       f"{describe_cluster(cluster)} in {where})")
+    k = knee["knee"]
+    slo = knee.get("slo") or {}
+    bound = " (a lower bound: no step broke the SLO)" if knee.get("lower_bound") else ""
+    source = (f"the measured knee of {describe_cluster(cluster)} in {where}: "
+              f"{k['fires_per_s']:,.0f} fires/s / {cluster['nodes']} node(s){bound}, SLO "
+              f"p{slo.get('percentile', '?')} <= {slo.get('bound_ms', '?')} ms; measured on "
+              f"{knee.get('measured_on', '?')}, code {knee.get('code', '?')}: "
+              f"{knee.get('command', '?')}")
+    return replace(m, fires_per_s_per_node=float(k["fires_per_s"]) / cluster["nodes"],
+                   fires_source=source)
 
 
 @dataclass(frozen=True)
@@ -334,6 +444,7 @@ def render(p: dict[str, Any]) -> str:
         f"{n(m['ingest_jobs_per_s_per_node'])} ingested jobs/s, "
         f"{n(m['wheel_bytes_per_entry'])} B per wheel entry",
         f"  measured on {m['measured_on']}",
+        f"  fires/s per node from {m['fires_source']}",
         *([f"  bytes per wheel entry measured on {m['wheel_bytes_measured_on']}: "
            f"{m['wheel_bytes_command']}"]
           if m["wheel_bytes_measured_on"] != m["measured_on"] else []),
@@ -434,7 +545,9 @@ def register(sub: Any) -> None:
         description="Capacity model (deploy/runbooks/capacity.md). Per-node throughput and "
                     "bytes per wheel entry are the benchmark's (loadtest/results/measured.json "
                     "of the source, shipped with the package); --measured PATH reads another "
-                    "file.")
+                    "file. With --cluster, fires/s per node come from the capacity test's "
+                    "latest knee measured on a cluster of that size (loadtest/results/"
+                    "knees.json), when there is one; the output says which source it used.")
     d = Workload(jobs_per_day=1)
     p.add_argument("--jobs-per-day", type=_number, required=True, metavar="N",
                    help="occurrences fired per day (1e9 is fine)")
@@ -488,6 +601,12 @@ def register(sub: Any) -> None:
     p.add_argument("--measured", metavar="PATH",
                    help="measured figures (default: the package's copy of "
                         "loadtest/results/measured.json)")
+    p.add_argument("--cluster", type=parse_cluster, metavar="nodes=N,shards=S,cassandra=C,kafka=K",
+                   help="the cluster being planned: fires/s per node then come from the latest "
+                        "knee the capacity test measured on a cluster of this size, if any")
+    p.add_argument("--knees", metavar="PATH",
+                   help="the capacity test's knees (default: loadtest/results/knees.json under "
+                        "the current directory)")
     p.add_argument("--json", action="store_true", help="the whole model as JSON")
     p.set_defaults(func=run)
 
@@ -510,6 +629,8 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = plan(workload_from_args(args), load_measured(find_measured(args.measured)))
+    measured = with_knee(load_measured(find_measured(args.measured)), args.cluster,
+                         find_knees(args.knees))
+    result = plan(workload_from_args(args), measured)
     print(orjson.dumps(result).decode() if args.json else render(result))
     return 0
