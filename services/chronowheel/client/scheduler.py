@@ -467,7 +467,8 @@ class SchedulerClient:
             return parse_command(value, key=None, policy=self.policy, now_ms=self._now_ms())
 
         run = d.Redrive(selector=selector, read=self._dead_reader(),
-                        store=await self._job_store(), send=send, shards=self.settings.shards,
+                        store=await self._job_store(), send=send,
+                        shards=await self._shard_count(),
                         retention_s=max(1, self.settings.retention_ms // 1000),
                         dry_run=dry_run, window=window, limit=limit, progress=progress,
                         progress_interval_s=progress_interval_s, now_ms=self._now_ms,
@@ -477,6 +478,21 @@ class SchedulerClient:
             return await run.run()
         finally:
             del self._failures[failed0:]  # in the summary: flush() must not raise them again
+
+    async def _shard_count(self) -> int:
+        """The namespace's shards: the partitions of `<ns>.submit` (a redrive's request row
+        goes to its job's shard, whatever `settings.shards` says); `settings.shards` when the
+        client was given its producer (tests)."""
+        if not self._own_producer:
+            return self.settings.shards
+        from chronowheel.bus.kafka import open_admin, partition_counts
+
+        admin = await open_admin(self.settings)
+        try:
+            found = (await partition_counts(admin, [self.topic])).get(self.topic)
+        finally:
+            await admin.close()
+        return found or self.settings.shards
 
     def _dead_reader(self) -> LetterReader:
         if self._dead_read is None:
