@@ -156,9 +156,12 @@ class Settings:
     ingest_slack_ms: int = _opt(
         50, "a command due in the past (or this soon) gets a slot this far ahead of now")
     catch_up_grace_ms: int = _opt(
-        60_000, "the first occurrence of a recurring job that a gap (outage, pause, lag) "
+        60_000, "the first occurrence of a recurring job that a gap (outage, pause) "
                 "withheld is on time if fired at most this late; the others due by then, "
                 "and a first one later than this, follow the job's catch-up policy")
+    catch_up_lag_ms: int = _opt(
+        5_000, "an occurrence fired at most this late is a node running behind, not a gap: "
+               "the ones due after it fire in turn, late, whatever the catch-up policy")
     backfill_rows_per_cycle: int = _opt(
         100, "backfill occurrences a shard hands to its wheel per cycle at most, and only "
              "while no on-time occurrence is waiting")
@@ -543,8 +546,8 @@ SECURITY_SETTINGS = KAFKA_SECURITY_SETTINGS + CASSANDRA_SECURITY_SETTINGS
 CONNECTION_SETTINGS = ("namespace", "cassandra", "kafka", "consistency")
 NODE_TUNABLES = (
     "ingest_batch", "ingest_group_bytes", "ingest_group_jobs", "ingest_concurrency",
-    "ingest_slack_ms", "catch_up_grace_ms", "backfill_rows_per_cycle", "backfill_cycle_ms",
-    "calendar_refresh_ms",
+    "ingest_slack_ms", "catch_up_grace_ms", "catch_up_lag_ms", "backfill_rows_per_cycle",
+    "backfill_cycle_ms", "calendar_refresh_ms",
     "idle_commit_ms", "idle_commit_clearance_ms", "skip_empty_after_ms", "stop_drain_ms",
     "stop_deadline_ms", "missing_watermark_lookback_ms", "skew_check_interval_ms",
     "pump_fetch_records", "pump_pause_rows", "pump_resume_rows", "gc_young_threshold",

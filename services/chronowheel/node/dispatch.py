@@ -18,7 +18,7 @@ from collections.abc import Callable
 from chronowheel.core.buckets import slot_for
 from chronowheel.core.clock import Clock, sleep_until_or_event
 from chronowheel.core.model import JobSpec, ValidationPolicy, decode_stored_job
-from chronowheel.core.recurrence import Schedule, catch_up, is_excluded
+from chronowheel.core.recurrence import Schedule, catch_up, is_excluded, next_after
 from chronowheel.node import failures
 from chronowheel.node.calendars import Calendars
 from chronowheel.node.metrics import NodeMetrics
@@ -146,26 +146,34 @@ class Dispatcher:
         # resumed job's first occurrence gets a slot of now, however long the pause was. The
         # grace makes only this occurrence on time; the ones after it that are due already
         # were missed, and the job's catch-up policy decides them (core/recurrence.py).
-        on_time = now - slot_for(p.job_id, p.scheduled_ms, job.window_ms) \
-            <= self.settings.catch_up_grace_ms
-        if on_time and is_excluded(schedule, p.scheduled_ms):
+        lateness = now - slot_for(p.job_id, p.scheduled_ms, job.window_ms)
+        on_time = lateness <= self.settings.catch_up_grace_ms
+        excluded = on_time and is_excluded(schedule, p.scheduled_ms)
+        if excluded:
             # The calendar may have gained this date after the occurrence was computed: it is
             # then dropped here, unpublished, and the next allowed one takes its place.
             self.metrics.excluded.inc()
             log.info("shard %d: job %s: occurrence %d falls on an excluded date; skipped",
                      self.shard, p.job_id, p.scheduled_ms,
                      extra={"shard": self.shard, "job_id": p.job_id})
-        cu = catch_up(schedule, policy=job.catch_up, max_catch_up=job.max_catch_up,
-                      first_missed_ms=p.scheduled_ms, now_ms=now, first_on_time=on_time,
-                      window_ms=job.window_ms)
-        fires, nxt = cu.fire, cu.next_ms
-        if cu.coalesced:
-            self.metrics.coalesced.inc()
-        if cu.missed:
-            log.info("shard %d: job %s missed occurrences since %d (%s); catch_up=%s fires %d",
-                     self.shard, p.job_id, p.scheduled_ms,
-                     "the first on time" if on_time else "beyond the grace", job.catch_up,
-                     len(fires), extra={"shard": self.shard, "job_id": p.job_id})
+        if lateness <= self.settings.catch_up_lag_ms:
+            # A node running behind (a herd, a loaded machine), not a gap: nothing was
+            # withheld, so nothing counts as missed; the next occurrence follows this one and
+            # fires in turn, late, like this one.
+            fires: tuple[int, ...] = () if excluded else (p.scheduled_ms,)
+            nxt = next_after(schedule, p.scheduled_ms)
+        else:
+            cu = catch_up(schedule, policy=job.catch_up, max_catch_up=job.max_catch_up,
+                          first_missed_ms=p.scheduled_ms, now_ms=now, first_on_time=on_time,
+                          window_ms=job.window_ms)
+            fires, nxt = cu.fire, cu.next_ms
+            if cu.coalesced:
+                self.metrics.coalesced.inc()
+            if cu.missed:
+                log.info("shard %d: job %s missed occurrences since %d (%s); catch_up=%s "
+                         "fires %d", self.shard, p.job_id, p.scheduled_ms,
+                         "the first on time" if on_time else "beyond the grace", job.catch_up,
+                         len(fires), extra={"shard": self.shard, "job_id": p.job_id})
         fired.extend(p if s == p.scheduled_ms else with_schedule(p, s) for s in fires)
         # The next occurrence is durable before the transaction that publishes this one.
         state = self.state
