@@ -30,7 +30,7 @@ from chronowheel.store.memory import MemoryStore
 from chronowheel.worker.policy import dead_headers, minimal_dead_letter
 
 from tests.unit.node_rig import T0, NodeRig
-from tests.unit.test_bulk import BusProducer, DyingProducer, Interrupted
+from tests.unit.test_bulk_in_memory import BusProducer, DyingProducer, Interrupted
 from tests.unit.test_client import NOW, FakeProducer, acking
 
 SETTINGS = Settings(namespace="acme")
