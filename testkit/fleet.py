@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 from chronowheel.settings import Settings
@@ -18,19 +19,27 @@ from testkit.verdict import HasTails
 POLL_S = 0.1
 
 
-async def until(cond: Callable[[], bool], timeout_s: float, what: str,
+async def until(cond: Callable[[], bool | Awaitable[bool]], timeout_s: float, what: str,
                 nodes: HasTails | None = None, *, thread: bool = False,
                 poll_s: float = POLL_S) -> float:
     """Poll `cond` until true; the seconds it took. Fails (AssertionError) after `timeout_s`
-    naming `what` and the log tails of `nodes`. `thread`: call `cond` in a worker thread (it
-    may block, e.g. on HTTP)."""
+    naming `what` and the log tails of `nodes`; an exception `cond` raises ends the wait at
+    once. `cond` may be a coroutine function (awaited: e.g. a read from a server). `thread`:
+    call `cond` in a worker thread (it may block, e.g. on HTTP)."""
     t0 = time.monotonic()
-    while not (await asyncio.to_thread(cond) if thread else cond()):
+    while not await _holds(cond, thread):
         if time.monotonic() - t0 > timeout_s:
             tails = nodes.tails() if nodes is not None else ""
             raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}{tails}")
         await asyncio.sleep(poll_s)
     return time.monotonic() - t0
+
+
+async def _holds(cond: Callable[[], bool | Awaitable[bool]], thread: bool) -> bool:
+    result = await asyncio.to_thread(cond) if thread else cond()
+    if inspect.isawaitable(result):
+        result = await result
+    return bool(result)
 
 
 class Fleet:

@@ -16,6 +16,7 @@ import pytest
 from chronowheel.core.model import encode_backfill
 from chronowheel.store.cassandra import SERVER_WARNINGS, CassandraStore
 
+from testkit.fleet import until
 from tests.integration.harness import make_namespace, now_ms, produce, running_node, upsert
 
 pytestmark = pytest.mark.integration
@@ -52,11 +53,11 @@ async def test_ingest_draws_no_server_warning_and_counts_stay_exact(
     await produce(settings, workload(n, now_ms()))
     before = SERVER_WARNINGS.counts
     async with running_node(settings) as node:
-        deadline = time.monotonic() + 240
-        while node.metrics.ingested.labels("upsert", "stored")._value.get() < n:
+        def stored() -> bool:
             assert node.failure is None, node.failure
-            assert time.monotonic() < deadline, "the node did not apply the backlog in time"
-            await asyncio.sleep(0.2)
+            return node.metrics.ingested.labels("upsert", "stored")._value.get() >= n
+
+        await until(stored, 240, f"the node to apply the backlog of {n} jobs")
         # the node exports the store's count (every kind, 0 until one comes)
         exported = {kind: node.metrics.registry.get_sample_value(
             "chronowheel_store_server_warnings_total", {"kind": kind})
@@ -101,17 +102,19 @@ async def test_a_backfill_s_chunks_draw_no_server_warning(stack: Any, namespace:
     await produce(settings, [upsert(job, cron="* * * * *", payload={"pad": "x" * 60})])
     before = SERVER_WARNINGS.total
     async with running_node(settings) as node:
-        deadline = time.monotonic() + 120
-        while node.metrics.ingested.labels("upsert", "stored")._value.get() < 1:
-            assert time.monotonic() < deadline, "the job was not stored in time"
-            await asyncio.sleep(0.2)
+        def stored() -> bool:
+            assert node.failure is None, node.failure
+            return node.metrics.ingested.labels("upsert", "stored")._value.get() >= 1
+
+        took_s = await until(stored, 120, "the job to be stored")
         await produce(settings, [(job.encode(), encode_backfill(job, request_id, start,
                                                                  start + 3 * 3_600_000))])
-        while True:  # 180 occurrences, in chunks
-            request = await node.store.get_request(0, job, request_id)
-            if request is not None and request.handed >= 180:
-                break
+
+        async def handed_over() -> bool:  # 180 occurrences, in chunks
             assert node.failure is None, node.failure
-            assert time.monotonic() < deadline, f"the backfill was not handed over: {request}"
-            await asyncio.sleep(0.2)
+            request = await node.store.get_request(0, job, request_id)
+            return request is not None and request.handed >= 180
+
+        # both waits within the one bound of 120 s
+        await until(handed_over, 120 - took_s, "the backfill to hand over its 180 occurrences")
     assert SERVER_WARNINGS.total == before, SERVER_WARNINGS.latest()

@@ -45,11 +45,7 @@ async def small_dead_topic(settings: Settings) -> None:
             return any(e[0] == "max.message.bytes" and e[1] == str(DEAD_LIMIT)
                        for e in entries)
 
-        for _ in range(100):
-            if await applied():
-                return
-            await asyncio.sleep(0.1)
-        raise AssertionError("the dead topic's new max.message.bytes never showed")
+        await until(applied, 15, "the dead topic's new max.message.bytes to show")
     finally:
         await admin.close()
 
