@@ -9,6 +9,8 @@ out of the `chronowheel` package (an installed wheel has no local stack to drive
   and its `Outcome`, the takeover phases a node logs;
 - `chaos`: scenarios on the local stack's cluster profile and their `ScenarioResult`;
 - `cluster`: `LocalCluster`, the cluster profile of deploy/local/stack.py;
+- `locust`: a locust file of loadtest/ run headless (`run_locust`), as the tests of the load
+  kits run it;
 - `containers`: CHRONOWHEEL_SERVERS=containers, the servers in containers (testcontainers)
   with the local stack's versions and settings (a pytest plugin).
 

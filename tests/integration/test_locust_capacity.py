@@ -5,58 +5,33 @@ knees file that `chronowheel capacity --cluster` then reads."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
 from chronowheel import cli
 
-from tests.integration.harness import REPO, NodeProcess, make_namespace
+from testkit.locust import run_locust
+from tests.integration.harness import REPO
+from tests.integration.test_locust_kit import served_namespace
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 CAPACITY = REPO / "loadtest" / "locust_capacity.py"
 
 
-async def _locust(args: list[str], env: dict[str, str], timeout_s: float) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "locust", "-f", str(CAPACITY), *args, env=env, cwd=REPO,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT)
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
-    except TimeoutError:
-        proc.kill()
-        out, _ = await proc.communicate()
-        raise AssertionError(f"locust did not finish within {timeout_s}s:\n"
-                             f"{out.decode(errors='replace')[-4000:]}") from None
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(errors="replace")
-
-
 async def test_a_short_ladder_writes_its_knee(stack, namespace, tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    settings = await make_namespace(stack, namespace, shards=4)
-    node = NodeProcess(settings, "node", tmp_path)
-    node.start()
-    try:
-        await node.wait_ready()
-        env = {**os.environ, "CHRONOWHEEL_KAFKA": stack.kafka,
-               "CHRONOWHEEL_CASSANDRA": stack.cassandra, "CHRONOWHEEL_NAMESPACE": namespace}
-        env.pop("CHRONOWHEEL_LOADTEST_ALLOW_REMOTE", None)
+    async with served_namespace(stack, namespace, tmp_path) as (_, _, env):
         knees = tmp_path / "knees.json"
-        code, out = await _locust(
+        code, out = await run_locust(
+            CAPACITY,
             ["--headless", "-u", "2", "--only-summary",
              "--cw-nodes", "1", "--cw-slo", "p99<2s", "--cw-steps", "20,40,80",
              "--cw-step-s", "4", "--cw-lead-s", "1.5", "--cw-grace-s", "2",
              "--cw-herd-every-s", "3", "--cw-mix", "steady=70,herd=10,horizon=15,cancel=5",
              "--cw-knee-file", str(knees), "--cw-max-runtime-s", "120"],
             env, timeout_s=200)
-    finally:
-        node.stop()
     assert code == 0, out[-4000:]
     assert "capacity: knee recorded in" in out, out[-4000:]
     doc = json.loads(knees.read_text())

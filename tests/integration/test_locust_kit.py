@@ -4,16 +4,18 @@ and its summary adds up the processes' figures."""
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
-import os
-import sys
-import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from chronowheel.settings import Settings
 from chronowheel.testing import Collector, metric_sum
 
+from testkit.fleet import until
+from testkit.locust import cluster_env, run_locust
 from tests.integration.harness import REPO, NodeProcess, make_namespace
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -21,20 +23,20 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 LOCUSTFILE = REPO / "loadtest" / "locustfile.py"
 
 
-async def _locust(args: list[str], env: dict[str, str], timeout_s: float) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), *args, env=env, cwd=REPO,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT)
+@contextlib.asynccontextmanager
+async def served_namespace(stack: Any, namespace: str, log_dir: Path,
+                           ) -> AsyncIterator[tuple[Settings, NodeProcess, dict[str, str]]]:
+    """A namespace of 4 shards served by one node process (stopped on the way out), and the
+    environment that points a locust file at it."""
+    settings = await make_namespace(stack, namespace, shards=4)
+    node = NodeProcess(settings, "node", log_dir)
+    node.start()
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
-    except TimeoutError:
-        proc.kill()
-        out, _ = await proc.communicate()
-        raise AssertionError(f"locust did not finish within {timeout_s}s:\n"
-                             f"{out.decode(errors='replace')[-4000:]}") from None
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(errors="replace")
+        await node.wait_ready()
+        yield settings, node, cluster_env(kafka=stack.kafka, cassandra=stack.cassandra,
+                                          namespace=namespace)
+    finally:
+        node.stop()
 
 
 @pytest.mark.parametrize(("processes", "users"), [
@@ -44,17 +46,11 @@ async def _locust(args: list[str], env: dict[str, str], timeout_s: float) -> tup
 ])
 async def test_a_short_headless_run_submits_fires_and_sums_up(
         stack, namespace, tmp_path: Path, processes: int, users: list[str]) -> None:
-    settings = await make_namespace(stack, namespace, shards=4)
-    node = NodeProcess(settings, "node", tmp_path)
-    node.start()
-    try:
-        await node.wait_ready()
-        # the cluster comes from the environment, as for every command
-        env = {**os.environ, "CHRONOWHEEL_KAFKA": stack.kafka,
-               "CHRONOWHEEL_CASSANDRA": stack.cassandra, "CHRONOWHEEL_NAMESPACE": namespace}
-        env.pop("CHRONOWHEEL_LOADTEST_ALLOW_REMOTE", None)
+    # the cluster comes from the environment, as for every command
+    async with served_namespace(stack, namespace, tmp_path) as (settings, node, env):
         csv = tmp_path / "run"
-        code, out = await _locust(
+        code, out = await run_locust(
+            LOCUSTFILE,
             ["--headless", "-u", "4", "-r", "4", "-t", "15s", "--cw-rate", "20",
              "--cw-lead-s", "1.5", "--csv", str(csv), "--only-summary",
              *(["--processes", str(processes)] if processes > 1 else []),
@@ -80,11 +76,10 @@ async def test_a_short_headless_run_submits_fires_and_sums_up(
 
         # Independently of the kit: the node applied every command it sent (upserts and
         # cancels) ...
-        deadline = time.monotonic() + 60
-        while (applied := metric_sum(node.metrics(), "chronowheel_ingested_total")) \
-                < summary["submitted"]:
-            assert time.monotonic() < deadline, (applied, summary["submitted"])
-            await asyncio.sleep(0.2)
+        await until(lambda: metric_sum(node.metrics(), "chronowheel_ingested_total")
+                    >= summary["submitted"], 60,
+                    f"the node to apply the {summary['submitted']} commands the kit sent",
+                    thread=True)
         # ... and <ns>.fired holds one occurrence per expected fire, from each process.
         fired = Collector(settings, (settings.fired_topic,), key_prefix=b"lc")
         await fired.start()
@@ -98,5 +93,3 @@ async def test_a_short_headless_run_submits_fires_and_sums_up(
             await fired.stop()
         assert len({m.occurrence for m in fired.messages}) == summary["expected_fires"]
         assert len(by_prefix) == processes, by_prefix
-    finally:
-        node.stop()

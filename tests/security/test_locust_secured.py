@@ -5,15 +5,15 @@ password shows in its output or in any command line."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from testkit.fleet import until
+from testkit.locust import run_locust
 from tests.security.support import REPO, Secured
 
 pytestmark = [pytest.mark.security, pytest.mark.integration, pytest.mark.timeout(300)]
@@ -22,6 +22,16 @@ pytestmark = [pytest.mark.security, pytest.mark.integration, pytest.mark.timeout
 def _ps() -> str:
     return subprocess.run(["ps", "-eo", "pid,args", "--no-headers", "-ww"], capture_output=True,
                           text=True, check=True).stdout
+
+
+class _Log:
+    """The node's log, whose tail a failed wait shows."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def tails(self, chars: int = 3000) -> str:
+        return "\n" + self.path.read_text(errors="replace")[-chars:]
 
 
 async def test_the_locust_kit_loads_the_secured_stack(secured: Secured, secured_ns: str,
@@ -34,32 +44,32 @@ async def test_the_locust_kit_loads_the_secured_stack(secured: Secured, secured_
             env=secured.child_env("node", "node"), cwd=REPO, stdout=log,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 90
-        while log_path.read_text(errors="replace").count(": taken over") < 2:  # both shards
-            assert node.poll() is None, log_path.read_text(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, log_path.read_text(errors="replace")[-3000:]
-            await asyncio.sleep(0.2)
+        node_log = _Log(log_path)
 
-        locust = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "locust", "-f", str(REPO / "loadtest" / "locustfile.py"),
-            "--headless", "-u", "2", "-r", "2", "-t", "12s", "--namespace", ns,
-            "--cw-rate", "10", "--cw-lead-s", "1.5", "--csv", str(tmp_path / "run"),
-            "--only-summary", "SteadyUser",
-            env=secured.child_env("admin", "admin"), cwd=REPO,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT)
-        output = asyncio.create_task(locust.communicate())
+        def both_taken_over() -> bool:
+            assert node.poll() is None, node_log.tails()
+            return log_path.read_text(errors="replace").count(": taken over") >= 2
+
+        await until(both_taken_over, 90, "the node to take over both shards", node_log)
+
         # While it runs: its bridge's command line names files and users, never a password.
-        seen_bridge = False
-        while not output.done():
+        seen_bridge: list[bool] = []
+
+        def no_password_in_ps() -> None:
             ps = _ps()
             for value in secured.all_secrets():
                 assert value not in ps, "a password appears in ps output"
-            seen_bridge = seen_bridge or "kafka_bridge.py" in ps
-            await asyncio.sleep(0.5)
+            if "kafka_bridge.py" in ps:
+                seen_bridge.append(True)
+
+        code, out = await run_locust(
+            REPO / "loadtest" / "locustfile.py",
+            ["--headless", "-u", "2", "-r", "2", "-t", "12s", "--namespace", ns,
+             "--cw-rate", "10", "--cw-lead-s", "1.5", "--csv", str(tmp_path / "run"),
+             "--only-summary", "SteadyUser"],
+            secured.child_env("admin", "admin"), 150, watch=no_password_in_ps)
         assert seen_bridge
-        out = (await asyncio.wait_for(output, 150))[0].decode(errors="replace")
-        assert locust.returncode == 0, out[-4000:]
+        assert code == 0, out[-4000:]
         for value in secured.all_secrets():
             assert value not in out, "a password appears in locust's output"
         assert (f"about to load namespace {ns}; Kafka {secured.kafka} (SASL_SSL, SASL "
