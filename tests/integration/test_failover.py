@@ -329,6 +329,9 @@ async def test_kill_9_during_a_burst_loses_and_duplicates_nothing(
 
 # --- 2. fencing of a paused owner --------------------------------------------------------------
 
+OPEN_TRANSACTION_SEARCH_S = 5
+TAKEOVER_BOUND_S = SESSION_TIMEOUT_MS // 1000 + 10
+
 
 async def test_a_node_paused_past_its_session_publishes_nothing_for_lost_shards(
         stack: Any, namespace: str, nodes: Nodes) -> None:
@@ -341,10 +344,13 @@ async def test_a_node_paused_past_its_session_publishes_nothing_for_lost_shards(
         t0 = now_ms()
         stop_at = t0 + 3_000 + ingest_budget_ms(dense + trail)
         # A dense burst around the pause (node a is likely inside a transaction when it stops),
-        # then a trail due until well after the resume (~8 s after the pause).
+        # then a trail due until after the latest resume the test's own bounds allow (usually
+        # about 8 s after the pause): the search for an open transaction (at most
+        # OPEN_TRANSACTION_SEARCH_S), node b's takeover (asserted within the session timeout
+        # plus 10 s) and 2 s of margin, so node a's wheel still holds jobs due after it.
         jobs = {f"dense-{i:04d}": stop_at - 500 + i * 2_000 // dense for i in range(dense)}
-        # (30 s: the search for a moment with an open transaction may take a few seconds.)
-        jobs |= {f"trail-{i:04d}": stop_at + 1_500 + i * 30_000 // trail for i in range(trail)}
+        trail_ms = (OPEN_TRANSACTION_SEARCH_S + TAKEOVER_BOUND_S + 2) * 1000
+        jobs |= {f"trail-{i:04d}": stop_at + 1_500 + i * trail_ms // trail for i in range(trail)}
         n = len(jobs)
         await submit(settings, jobs)
         await until(lambda: ingested(a, b) >= n, (stop_at - now_ms()) / 1000 + 60,
@@ -359,7 +365,7 @@ async def test_a_node_paused_past_its_session_publishes_nothing_for_lost_shards(
         # stop is far below the session timeout and changes nothing).
         held: dict[int, int] = {}
         async with OpenTransactions(settings, settings.fired_topic, a_shards) as probe:
-            give_up = time.monotonic() + 5
+            give_up = time.monotonic() + OPEN_TRANSACTION_SEARCH_S
             while time.monotonic() < give_up:
                 a.signal(signal.SIGSTOP)
                 held = await probe.held()
@@ -371,7 +377,7 @@ async def test_a_node_paused_past_its_session_publishes_nothing_for_lost_shards(
         assert held, f"node a never had an open transaction on its shards{nodes.tails()}"
         takeover_s = await until(lambda: owned(b) == set(range(shards)), 60,
                                  "node b to own every shard while node a is stopped", nodes)
-        assert takeover_s < SESSION_TIMEOUT_MS / 1000 + 10, \
+        assert takeover_s < TAKEOVER_BOUND_S, \
             f"node b took {takeover_s:.1f} s to own and serve every shard{nodes.tails()}"
         # node b publishes, for node a's former shards, jobs that came due during the pause
         await until(lambda: any(m.partition in a_shards and m.scheduled_ms > stop_ms + 1_000
