@@ -6,7 +6,6 @@ also produced straight to B's topic while A is running one."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import subprocess
@@ -67,6 +66,18 @@ def intervals(evs: list[dict[str, Any]], job: str) -> list[tuple[float, float]]:
     return sorted((t, ends.get(occ, float("inf"))) for occ, t in starts.items())
 
 
+def skipped(out: Path, occurrence: str) -> int:
+    """How many occurrences (those whose id starts with `occurrence`) a worker's output says
+    it skipped under concurrency=forbid."""
+    text = out.read_text(errors="replace") if out.exists() else ""
+    return sum(1 for line in text.splitlines()
+               if occurrence in line and ": skipped: concurrency=forbid" in line)
+
+
+def started_after(evs: list[dict[str, Any]], job: str, t: float) -> bool:
+    return any(e.get("job") == job and e["event"] == "started" and e["t"] > t for e in evs)
+
+
 async def test_forbid_and_replace_across_two_worker_processes(
         stack: Any, namespace: str, tmp_path: Path) -> None:
     other = f"{namespace}.other"
@@ -78,9 +89,9 @@ async def test_forbid_and_replace_across_two_worker_processes(
         await admin.close()
     scope = f"{namespace}-overlap"
     log_a, log_b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    a = start_worker(settings, settings.fired_topic, f"{namespace}-a", scope, log_a,
-                     tmp_path / "a.out")
-    b = start_worker(settings, other, f"{namespace}-b", scope, log_b, tmp_path / "b.out")
+    out_a, out_b = tmp_path / "a.out", tmp_path / "b.out"
+    a = start_worker(settings, settings.fired_topic, f"{namespace}-a", scope, log_a, out_a)
+    b = start_worker(settings, other, f"{namespace}-b", scope, log_b, out_b)
     try:
         # B is ready once it handled a first record of its topic.
         warm = await fire_directly(settings, other, "warm-up", 1, "allow", 0.01)
@@ -93,7 +104,13 @@ async def test_forbid_and_replace_across_two_worker_processes(
             await wait_until(lambda: any(e.get("job") == "nightly" for e in events(log_a)), 60,
                              "A to start a nightly occurrence")
             blocked = await fire_directly(settings, other, "nightly", 7, "forbid", 0.5)
-            await asyncio.sleep(8)  # B's attempt, and A's own overlapping deliveries
+            # B's attempt, and A's own overlapping deliveries: each worker logs the
+            # occurrences it skipped (a 5 s run and one every 2 s: the second skip on A
+            # comes about 4 s after its first start).
+            await wait_until(lambda: skipped(out_b, blocked) > 0, 60,
+                             "B to skip the nightly occurrence A is running")
+            await wait_until(lambda: skipped(out_a, "nightly@") >= 2, 60,
+                             "A to skip two nightly occurrences of its own")
             # replace: every 3 s, each run would take a minute.
             await produce(settings, [upsert("refresh", every="3s", concurrency="replace",
                                             payload={"work_s": 60})])
@@ -102,7 +119,10 @@ async def test_forbid_and_replace_across_two_worker_processes(
             newer = await fire_directly(settings, other, "refresh", 9, "replace", 60)
             await wait_until(lambda: any(e["occurrence"] == newer for e in events(log_b)), 60,
                              "B to start the replacing occurrence")
-            await asyncio.sleep(2)
+            # and A's next delivery (every 3 s) to replace B's in turn
+            b_started = next(e["t"] for e in events(log_b) if e["occurrence"] == newer)
+            await wait_until(lambda: started_after(events(log_a), "refresh", b_started), 60,
+                             "A to start a refresh occurrence after B's")
     finally:
         for proc in (a, b):
             proc.terminate()
