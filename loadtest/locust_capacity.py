@@ -49,42 +49,40 @@ from locust.runners import MasterRunner, WorkerRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import capacity_steps as steps  # beside this file, free of locust
+import locust_support as support
 
 DEFAULT_USERS = 10
 TICKS_PER_S = 20  # batches per second per user and kind
 SETTLE_EXTRA_S = 15.0  # beyond the last due instant + grace, before giving up on judging
 
 
+OPTIONS: support.Options = {
+    "--cw-slo": ("p99<100ms", "the SLO a step must hold: pNN<BOUND of lateness (received), "
+                              "e.g. p99<250ms; any early, duplicate or missing occurrence "
+                              "breaks it too"),
+    "--cw-mix": ("steady=80,herd=10,horizon=8,cancel=2",
+                 "shares of the commands: steady, herd, horizon, cancel"),
+    "--cw-steps": ("", "the steps' rates, commands/s (e.g. 500,1000,2000); else start, factor "
+                       "and ceiling below"),
+    "--cw-step-start": (500.0, "first step, commands/s"),
+    "--cw-step-factor": (1.5, "each step's rate over the previous"),
+    "--cw-step-max": (20_000.0, "the rate ceiling: no step above it"),
+    "--cw-step-s": (60.0, "how long each step lasts"),
+    "--cw-herd-every-s": (60.0, "herd jobs fall due at the next multiple of this (60: top of "
+                                "minute)"),
+    "--cw-grace-s": (5.0, "a step is judged this long after its last occurrence was due"),
+    "--cw-nodes": (0, "scheduler nodes serving the namespace (recorded with the knee)"),
+    "--cw-cassandra-nodes": (0, "Cassandra nodes (default: as many as the driver sees)"),
+    "--cw-kafka-nodes": (0, "Kafka brokers (default: as many as the producer sees)"),
+    "--cw-knee-file": (str(steps.KNEES_FILE), "the knees file the record is appended to "
+                                              "(chronowheel capacity reads it)"),
+}
+
+
 @events.init_command_line_parser.add_listener
 def _options(parser: Any) -> None:
-    g = parser.add_argument_group("capacity test (locust_capacity.py)")
-    g.add_argument("--cw-slo", default="p99<100ms",
-                   help="the SLO a step must hold: pNN<BOUND of lateness (received), e.g. "
-                        "p99<250ms; any early, duplicate or missing occurrence breaks it too")
-    g.add_argument("--cw-mix", default="steady=80,herd=10,horizon=8,cancel=2",
-                   help="shares of the commands: steady, herd, horizon, cancel")
-    g.add_argument("--cw-steps", default="",
-                   help="the steps' rates, commands/s (e.g. 500,1000,2000); else start, "
-                        "factor and ceiling below")
-    g.add_argument("--cw-step-start", type=float, default=500.0, help="first step, commands/s")
-    g.add_argument("--cw-step-factor", type=float, default=1.5, help="each step's rate over "
-                                                                     "the previous")
-    g.add_argument("--cw-step-max", type=float, default=20_000.0,
-                   help="the rate ceiling: no step above it")
-    g.add_argument("--cw-step-s", type=float, default=60.0, help="how long each step lasts")
-    g.add_argument("--cw-herd-every-s", type=float, default=60.0,
-                   help="herd jobs fall due at the next multiple of this (60: top of minute)")
-    g.add_argument("--cw-grace-s", type=float, default=5.0,
-                   help="a step is judged this long after its last occurrence was due")
-    g.add_argument("--cw-nodes", type=int, default=0,
-                   help="scheduler nodes serving the namespace (recorded with the knee)")
-    g.add_argument("--cw-cassandra-nodes", type=int, default=0,
-                   help="Cassandra nodes (default: as many as the driver sees)")
-    g.add_argument("--cw-kafka-nodes", type=int, default=0,
-                   help="Kafka brokers (default: as many as the producer sees)")
-    g.add_argument("--cw-knee-file", default=str(steps.KNEES_FILE),
-                   help="the knees file the record is appended to (chronowheel capacity "
-                        "reads it)")
+    support.add_options(parser.add_argument_group("capacity test (locust_capacity.py)"),
+                        OPTIONS)
 
 
 def _check(environment: Environment) -> str | None:

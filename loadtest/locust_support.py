@@ -1,6 +1,7 @@
 """The locust kit's cluster and figures, kept apart from locust (whose import patches the whole
 process for gevent) so that they can be tested alone and shared with kafka_bridge.py.
 
+- the options: each locust file's own `--cw-*` options as a table (`add_options`);
 - the cluster: the same settings as every other command (`add_cluster_arguments`, `resolve`:
   flags, then CHRONOWHEEL_* variables, secrets from the environment or `..._FILE` only), the
   arguments that hand them to the bridge (`bridge_arguments`), a description without secrets
@@ -35,6 +36,20 @@ DEFAULT_NAMESPACE = "loadtest"
 package's default `chronowheel`: a load test does not pick a production namespace by itself)"""
 ALLOW_REMOTE_FLAG = "--cw-allow-remote-cluster"
 ALLOW_REMOTE_ENV = "CHRONOWHEEL_LOADTEST_ALLOW_REMOTE"
+
+
+Options = Mapping[str, tuple[Any, str]]
+"""A locust file's own options: flag -> (default, help)."""
+
+
+def add_options(parser: Any, options: Options) -> None:
+    """The options on locust's parser (or a group of it): each takes the type of its default,
+    as locust's web UI does with them too; a `False` default makes a switch."""
+    for flag, (default, help) in options.items():
+        if isinstance(default, bool):
+            parser.add_argument(flag, action="store_true", default=default, help=help)
+        else:
+            parser.add_argument(flag, type=type(default), default=default, help=help)
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:

@@ -100,22 +100,21 @@ class DuplicateFire(Exception):
     pass
 
 
+OPTIONS: support.Options = {
+    "--cw-rate": (20.0, "jobs per second per user"),
+    "--cw-batch": (0, "jobs per submitted batch (default: --cw-rate / 50, at least 1)"),
+    "--cw-lead-s": (10.0, "steady: due this long after submission; herd: minimum lead"),
+    "--cw-max-jobs": (500_000, "stop submitting after this many jobs in one locust process"),
+    "--cw-max-runtime-s": (900.0, "stop the whole run after this long, whatever -t says"),
+    "--cw-worker": (False, "also run chronowheel's Worker (default settings) and report its "
+                           "handler's start lateness as request type `handler`"),
+}
+
+
 @events.init_command_line_parser.add_listener
 def _options(parser: Any) -> None:
     support.add_cluster_arguments(parser)
-    parser.add_argument("--cw-rate", type=float, default=20.0,
-                        help="jobs per second per user")
-    parser.add_argument("--cw-batch", type=int, default=0,
-                        help="jobs per submitted batch (default: --cw-rate / 50, at least 1)")
-    parser.add_argument("--cw-lead-s", type=float, default=10.0,
-                        help="steady: due this long after submission; herd: minimum lead")
-    parser.add_argument("--cw-max-jobs", type=int, default=500_000,
-                        help="stop submitting after this many jobs in one locust process")
-    parser.add_argument("--cw-max-runtime-s", type=float, default=900.0,
-                        help="stop the whole run after this long, whatever -t says")
-    parser.add_argument("--cw-worker", action="store_true",
-                        help="also run chronowheel's Worker (default settings) and report its "
-                             "handler's start lateness as request type `handler`")
+    support.add_options(parser, OPTIONS)
 
 
 class KafkaBridge:
