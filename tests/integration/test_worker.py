@@ -664,3 +664,41 @@ async def test_a_duplicated_retry_is_handled_once(stack: Any, namespace: str) ->
     assert second > first
     row = await claim_of(settings, worker.group_id, f"retried@{at}")
     assert row is not None and (row.state, row.attempt) == ("done", 2)
+
+
+async def test_a_retry_command_sent_twice_runs_its_attempt_once(
+        stack: Any, namespace: str) -> None:
+    """The worker's producer is not idempotent: a request retried after its acknowledgement
+    was lost writes its retry command twice. Here the copy comes after the first copy's
+    attempt ran: the node fires the attempt again and the ledger skips it."""
+    settings = await make_namespace(stack, namespace, shards=2)
+    attempts: list[int] = []
+
+    async def handler(occ: Occurrence) -> None:
+        attempts.append(occ.attempt)
+        if occ.attempt == 1:
+            raise RuntimeError("downstream unavailable")
+
+    at = now_ms()
+    async with (collecting(settings, settings.submit_topic) as submitted,
+                collecting(settings) as fired,
+                running_node(settings),
+                running_worker(settings, handler) as worker):
+        await produce(settings, [upsert("twice", at=at, max_attempts=3, backoff="1s")])
+        await wait_until(lambda: worker.stats.succeeded == 1, 60, "attempt 2 to succeed")
+        [retry] = [m for m in submitted.messages if b'"op":"retry"' in m.value]
+        await produce(settings, [(retry.key, retry.value)])  # the same record again
+        await wait_until(lambda: worker.stats.skipped == 1, 60,
+                         "the second delivery of attempt 2 to be skipped")
+
+        def fired_attempts() -> list[str]:
+            return sorted(m.headers["cw-attempt"] for m in fired.messages
+                          if m.job_id == "twice")
+
+        # the worker read it committed: so does the collector
+        await wait_until(lambda: len(fired_attempts()) >= 3, 30, "the three deliveries")
+    assert fired_attempts() == ["1", "2", "2"]
+    assert attempts == [1, 2]
+    assert worker.stats == WorkerStats(succeeded=1, failed=1, retried=1, skipped=1)
+    row = await claim_of(settings, worker.group_id, f"twice@{at}")
+    assert row is not None and (row.state, row.attempt) == ("done", 2)

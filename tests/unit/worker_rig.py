@@ -4,7 +4,9 @@ Time moves only when a test moves it (`advance`, `during`); `settle` lets every 
 none has anything left to do at the current instant. Each worker reaches the shared bus and
 stores through a `Gate` of its own: closing it stands for a paused process (every call it
 makes waits, and so does every answer it was waiting for); `kill` closes it for good and
-lets the group go on without the worker, as a SIGKILL does.
+lets the group go on without the worker, as a SIGKILL does. Built on a node rig (`node=`), the
+workers share its clock, bus and store, so a retry they submit is scheduled and fired by its
+nodes.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from chronowheel.store.memory_worker import MemoryMarks
 from chronowheel.worker import Handler, Worker
 from chronowheel.worker.timing import ClockTimer
 
+from tests.unit.node_rig import NodeRig
 from tests.unit.rig_settle import settle
 
 T0 = 1_796_115_600_000  # 2026-12-01T09:00:00Z
@@ -81,13 +84,21 @@ class GatedBus:
 
 
 class WorkerRig:
-    def __init__(self, *, partitions: int = 2, **settings: Any) -> None:
-        self.clock = ManualClock(T0)
-        self.settings = Settings(namespace="unit", shards=partitions, **settings)
-        self.memory = MemoryBus(self.settings, self.clock)
-        self.memory.create_namespace(partitions)
+    def __init__(self, *, partitions: int = 2, node: NodeRig | None = None,
+                 **settings: Any) -> None:
+        if node is not None:  # the node rig's namespace, as its settings have it
+            assert not settings, "a rig beside a node takes the node rig's settings"
+            self.clock = node.clock
+            self.settings = node.settings
+            self.memory = node.bus
+            self.store = node.store
+        else:
+            self.clock = ManualClock(T0)
+            self.settings = Settings(namespace="unit", shards=partitions, **settings)
+            self.memory = MemoryBus(self.settings, self.clock)
+            self.memory.create_namespace(partitions)
+            self.store = MemoryStore(clock=self.clock)
         self.bus = MemoryWorkerBus(self.memory)
-        self.store = MemoryStore(clock=self.clock)
         self.marks = MemoryMarks(lambda: self.clock.now_ms() / 1000)
         self.workers: list[Worker] = []
         self.gates: dict[Worker, Gate] = {}
@@ -172,7 +183,8 @@ class WorkerRig:
     # --- time ----------------------------------------------------------------------------
     def _fingerprint(self) -> tuple[Any, ...]:
         return (self.clock.now_ms(), self.store.calls, self.marks.calls, self.bus.commits,
-                self.bus.sent, sum(len(p) for t in self.memory.topics.values() for p in t),
+                self.memory.commits, self.bus.sent,
+                sum(len(p) for t in self.memory.topics.values() for p in t),
                 tuple((repr(w.stats), w.holding()) for w in self.workers))
 
     async def settle(self) -> None:

@@ -51,6 +51,9 @@ class MemoryWorkerBus:
         """(topic, key, value, headers) -> whether the broker refuses the record as invalid."""
         self.fail_sends = 0
         """Make this many next sends fail with BusError (not acknowledged in time)."""
+        self.duplicate_sends = 0
+        """Write this many next sends twice, acknowledged once: a request whose acknowledgement
+        was lost, sent again by a producer that is not idempotent (the worker's is not)."""
         self._rebalancing = asyncio.Lock()
 
     # --- WorkerBus -----------------------------------------------------------------------
@@ -236,5 +239,9 @@ class MemoryWorkerProducer:
         if refusal is not None:
             wbus.refused.append(refusal)
             raise refusal
-        self.wbus.bus.produce(topic, self.wbus._place(topic, key), key, value, headers)
-        self.wbus.sent += 1
+        partition = wbus._place(topic, key)
+        wbus.bus.produce(topic, partition, key, value, headers)
+        if wbus.duplicate_sends > 0:
+            wbus.duplicate_sends -= 1
+            wbus.bus.produce(topic, partition, key, value, headers)
+        wbus.sent += 1
