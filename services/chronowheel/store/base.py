@@ -12,6 +12,7 @@ from chronowheel.core.buckets import minute_of
 
 if TYPE_CHECKING:
     from chronowheel.core.model import JobSpec, JobStatus, Retry
+    from chronowheel.core.runs import RunRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -435,6 +436,39 @@ class RunStore(Protocol):
         ...
 
 
+class RunHistoryStore(Protocol):
+    """Run history and per-job counters (tables `run_history`, `run_counters`; pure types in
+    `core/runs.py`). Implementations: `store/cassandra_history.py` and
+    `store/memory_history.py`; one contract suite (tests/contract/run_history.py) runs against
+    both. Written in batches off the hot path by `history.RunRecorder`; errors as for
+    `JobStore` (a retriable error once retries are exhausted)."""
+
+    async def write_runs(self, job_id: str, runs: Sequence[RunRecord], ttl_s: int) -> None:
+        """Upsert `runs` (all of job `job_id`: one partition) keyed by `RunRecord.key`,
+        setting only the fields each record knows (not None), so the node's and the worker's
+        records of one run combine in either order; every written field expires after
+        `ttl_s` seconds (at least 1)."""
+        ...
+
+    async def add_run_counts(self, job_id: str, counts: Mapping[str, int]) -> None:
+        """Add `counts` (a name of `core.runs.COUNTERS` -> n) to the job's counters. Not
+        idempotent (a retried call may count twice) and never expiring."""
+        ...
+
+    async def job_runs(self, job_id: str, limit: int) -> list[RunRecord]:
+        """The job's newest `limit` runs: by scheduled instant, newest first (then attempt,
+        highest first)."""
+        ...
+
+    async def run_counts(self, job_ids: Sequence[str]) -> dict[str, dict[str, int]]:
+        """job id -> its counters, for those of `job_ids` with any."""
+        ...
+
+    async def last_runs(self, job_ids: Sequence[str]) -> dict[str, RunRecord]:
+        """job id -> its newest run (as `job_runs(job_id, 1)`), for those with any."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerStores:
     """Everything a worker with idempotency keeps, named explicitly (no capability guessing).
@@ -446,3 +480,5 @@ class WorkerStores:
     marks: MarkStore
     claims: ClaimStore
     runs: RunStore | None
+    history: RunHistoryStore | None = None
+    """Where the worker records each run's outcome (None: it records none)."""

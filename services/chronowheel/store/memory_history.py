@@ -1,0 +1,81 @@
+"""An in-memory RunHistoryStore (`store/base.py`) with the Cassandra one's contract, for tests
+and tools without servers. Rows expire by their TTL when a clock is given, never otherwise.
+`delay`, when given, is awaited at the start of every write: a test makes the store slow
+with it (and sees that firing does not wait)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+from chronowheel.core import limits
+from chronowheel.core.clock import Clock
+from chronowheel.core.runs import COUNTERS, RunRecord
+from chronowheel.errors import StoreRefused
+
+_Key = tuple[int, int, str]  # clustering key: (scheduled_ms, attempt, occurrence)
+
+
+class MemoryRunHistory:
+    def __init__(self, *, clock: Clock | None = None,
+                 delay: Callable[[], Awaitable[None]] | None = None) -> None:
+        self.clock = clock
+        self.delay = delay
+        self.runs: dict[str, dict[_Key, tuple[RunRecord, int | None]]] = {}
+        self.counts: dict[str, dict[str, int]] = {}
+        self.writes = 0
+        """Write calls so far (one per partition written, as requests to Cassandra)."""
+
+    def _expiry(self, ttl_s: int) -> int | None:
+        if ttl_s > limits.CASSANDRA_MAX_TTL_S:
+            raise StoreRefused(f"ttl is too large. requested ({ttl_s}) maximum "
+                               f"({limits.CASSANDRA_MAX_TTL_S})")
+        if self.clock is None:
+            return None
+        return self.clock.now_ms() + max(1, ttl_s) * 1000
+
+    def _alive(self, expires: int | None) -> bool:
+        return expires is None or self.clock is None or self.clock.now_ms() < expires
+
+    async def write_runs(self, job_id: str, runs: Sequence[RunRecord], ttl_s: int) -> None:
+        if self.delay is not None:
+            await self.delay()
+        expires = self._expiry(ttl_s)
+        self.writes += 1
+        rows = self.runs.setdefault(job_id, {})
+        for run in runs:
+            if run.job_id != job_id:
+                raise ValueError(f"run of job {run.job_id!r} in a write of job {job_id!r}")
+            key = (run.scheduled_ms, run.attempt, run.occurrence)
+            hit = rows.get(key)
+            # Like Cassandra's cells, which expire one by one: a field written earlier keeps
+            # its own expiry; approximated by the row's newest write (the contract suite
+            # writes both parts of a run with the same TTL).
+            merged = run if hit is None or not self._alive(hit[1]) else hit[0].merged(run)
+            rows[key] = (merged, expires)
+
+    async def add_run_counts(self, job_id: str, counts: Mapping[str, int]) -> None:
+        if self.delay is not None:
+            await self.delay()
+        self.writes += 1
+        mine = self.counts.setdefault(job_id, {})
+        for name, n in counts.items():
+            if name not in COUNTERS:
+                raise ValueError(f"counter {name!r}: not one of {', '.join(COUNTERS)}")
+            mine[name] = mine.get(name, 0) + n
+
+    async def job_runs(self, job_id: str, limit: int) -> list[RunRecord]:
+        rows = self.runs.get(job_id, {})
+        live = [(k, run) for k, (run, expires) in rows.items() if self._alive(expires)]
+        live.sort(key=lambda kr: (-kr[0][0], -kr[0][1], kr[0][2]))
+        return [run for _, run in live[:max(0, limit)]]
+
+    async def run_counts(self, job_ids: Sequence[str]) -> dict[str, dict[str, int]]:
+        return {j: dict(self.counts[j]) for j in job_ids if self.counts.get(j)}
+
+    async def last_runs(self, job_ids: Sequence[str]) -> dict[str, RunRecord]:
+        out: dict[str, RunRecord] = {}
+        for j in job_ids:
+            runs = await self.job_runs(j, 1)
+            if runs:
+                out[j] = runs[0]
+        return out
