@@ -4,7 +4,6 @@ local midnight, so a per-second cron job crosses into an excluded day within the
 
 from __future__ import annotations
 
-import asyncio
 from datetime import date, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -15,6 +14,7 @@ from chronowheel.core.clock import OffsetClock
 from chronowheel.core.model import encode_put_calendar
 from chronowheel.store.cassandra import CassandraStore
 
+from testkit.fleet import until
 from tests.integration.harness import (
     collecting,
     make_namespace,
@@ -56,10 +56,10 @@ async def test_jobs_skip_an_excluded_date_in_their_zone(stack: Any, namespace: s
                 running_node(settings, clock=clock):
             await produce(settings, [(calendar.encode(),
                                       encode_put_calendar(calendar, [d_plus_1]))])
-            for _ in range(100):
-                if await store.get_calendar(calendar) is not None:
-                    break
-                await asyncio.sleep(0.1)  # polling Cassandra until the node applied the put
+            async def put() -> bool:
+                return await store.get_calendar(calendar) is not None
+
+            await until(put, 10, f"the node to apply the put of calendar {calendar}")
             assert await store.get_calendar(calendar) == {d_plus_1}
             # Node time 10 s before midnight, however long setting up took: enough for the
             # jobs to fire in the last seconds of D, no longer to wait.

@@ -7,7 +7,6 @@ node runs on the test's loop; capsys captures what they print.
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from chronowheel.core.shard import shard_of
 from chronowheel.settings import Settings
 from chronowheel.store.cassandra import CassandraStore
 
+from testkit.fleet import until
 from tests.integration.harness import collecting, make_namespace, now_ms, running_node
 
 pytestmark = pytest.mark.integration
@@ -35,17 +35,14 @@ async def chronowheel(capsys: pytest.CaptureFixture[str], settings: Settings,
 
 
 async def wait_job(settings: Settings, job_id: str, status: str, timeout_s: float = 30) -> None:
-    """Bounded polling of the jobs table until the node applied a command."""
+    """Until the node applied a command: the job's row in the jobs table has `status`."""
     store = await asyncio.to_thread(CassandraStore.open, settings)
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
+        async def applied() -> bool:
             row = await store.get_job(job_id)
-            if row is not None and row.status == status:
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"job {job_id}: {row} after {timeout_s}s, want {status}")
-            await asyncio.sleep(0.1)
+            return row is not None and row.status == status
+
+        await until(applied, timeout_s, f"job {job_id} to be {status}")
     finally:
         await asyncio.to_thread(store.close)
 
@@ -140,16 +137,18 @@ async def test_status_shows_every_shard_owned_with_a_watermark(
         await wait_job(settings, "due-soon", "scheduled")
         # A watermark record from this node's dispatch for every shard (commits at least every
         # 2 s); the claim a takeover commits first has no horizon yet.
-        deadline = time.monotonic() + 30
-        while True:
+        doc: dict[str, Any] = {}
+
+        async def every_shard_dispatching() -> bool:
+            nonlocal doc
             code, out, _ = await chronowheel(capsys, settings, "status", "--json")
             assert code == 0
             doc = orjson.loads(out)
-            if all(r["writer"] == "status-node" and r["horizon_ahead_ms"] is not None
-                   for r in doc["rows"]):
-                break
-            assert time.monotonic() < deadline, doc
-            await asyncio.sleep(0.5)
+            return all(r["writer"] == "status-node" and r["horizon_ahead_ms"] is not None
+                       for r in doc["rows"])
+
+        await until(every_shard_dispatching, 30,
+                    "a watermark record of status-node for every shard", poll_s=0.5)
         assert doc["shards"] == 4 and doc["group"]["state"] == "Stable"
         assert len(doc["group"]["members"]) == 1
         owner = doc["rows"][0]["owner"]
@@ -163,12 +162,14 @@ async def test_status_shows_every_shard_owned_with_a_watermark(
         assert due[shard_of("due-soon", 4)] == 1 and sum(due.values()) == 1
 
         code, text, _ = await chronowheel(capsys, settings, "status")
+        assert code == 0
         lines = text.splitlines()
         assert lines[0].startswith("SHARD  OWNER")
         assert len(lines) == 1 + 4 + 1
         assert "4 shards, 4 owned by 1 group member(s)" in lines[-1]
     # With the node gone, no shard has an owner and the watermarks age.
     code, out, _ = await chronowheel(capsys, settings, "status", "--json", "--behind-ms", "0")
+    assert code == 0
     doc = orjson.loads(out)
     assert all(r["owner"] is None and r["lag_ms"] is not None for r in doc["rows"])
 

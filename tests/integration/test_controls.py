@@ -176,18 +176,9 @@ async def test_jobs_list_by_tenant_and_status_through_the_client(
 
 
 async def _wait_status(settings: Any, job_id: str, status: str) -> None:
-    from chronowheel.store.cassandra import CassandraStore
+    from tests.integration.test_client_cli import wait_job
 
-    store = await asyncio.to_thread(CassandraStore.open, settings)
-    try:
-        for _ in range(300):
-            row = await store.get_job(job_id)
-            if row is not None and row.status == status:
-                return
-            await asyncio.sleep(0.1)  # polling the jobs row, bounded
-        raise AssertionError(f"job {job_id} never became {status}")
-    finally:
-        await asyncio.to_thread(store.close)
+    await wait_job(settings, job_id, status, timeout_s=30)
 
 
 async def test_the_cli_controls_and_lists_jobs(stack: Any, namespace: str,

@@ -6,12 +6,12 @@ while it is still taking over."""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
 from chronowheel.store.cassandra import CassandraStore
 
+from testkit.fleet import until
 from tests.integration.harness import make_namespace, now_ms, produce, running_node, upsert
 
 pytestmark = pytest.mark.integration
@@ -24,10 +24,8 @@ async def test_a_backlog_without_committed_offsets_is_applied_completely(
     due = now_ms() + 86_400_000  # tomorrow: nothing fires, everything must be stored
     await produce(settings, [upsert(f"b{i}", at=due + i) for i in range(n)])
     async with running_node(settings) as node:
-        deadline = time.monotonic() + 180
-        while node.metrics.ingested.labels("upsert", "stored")._value.get() < n:
-            assert time.monotonic() < deadline, "the node did not apply the backlog in time"
-            await asyncio.sleep(0.2)
+        await until(lambda: node.metrics.ingested.labels("upsert", "stored")._value.get() >= n,
+                    180, f"the node to apply the backlog of {n} jobs")
     store = await asyncio.to_thread(CassandraStore.open, settings)
     try:
         rows = await asyncio.to_thread(lambda: sum(1 for _ in store.session.execute(

@@ -3,7 +3,6 @@ mis-partitioned commands. Real Cassandra and Kafka; the node runs in-process."""
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from typing import Any
 
@@ -11,6 +10,7 @@ import orjson
 import pytest
 from chronowheel.core.clock import OffsetClock
 
+from testkit.fleet import until
 from tests.integration.harness import (
     applied,
     cancel,
@@ -185,10 +185,10 @@ async def test_a_herd_larger_than_max_batch_fires_once_each_across_transactions(
     spread = [upsert(f"spread-{i}", at=at + 1 + i % 300) for i in range(500)]
     async with collecting(settings) as fired, running_node(settings) as node:
         await produce(settings, herd + spread)
-        while sum(s.value for s in node.metrics.ingested.collect()[0].samples
-                  if s.name.endswith("_total")) < 2000:
-            assert now_ms() < at, "ingest did not finish before the herd's instant"
-            await asyncio.sleep(0.05)
+        await until(lambda: sum(s.value for s in node.metrics.ingested.collect()[0].samples
+                                if s.name.endswith("_total")) >= 2000,
+                    (at - now_ms()) / 1000, "ingest to finish before the herd's instant",
+                    poll_s=0.05)
         await fired.wait_for(lambda ms: len(ms) >= 2000, 60, "herd and spread")
         await settled(settings, fired)
     assert Counter(m.key for m in fired.messages) == Counter(k for k, _ in herd + spread)

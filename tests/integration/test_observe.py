@@ -65,10 +65,7 @@ async def test_worker_metrics_and_health_follow_what_it_handled(
                 m, "chronowheel_worker_consumer_lag") == 0 and metric_sum(
                 m, "chronowheel_worker_assigned_partitions") > 0
 
-        deadline = asyncio.get_running_loop().time() + 20
-        while not await settled():
-            assert asyncio.get_running_loop().time() < deadline, f"metrics never settled: {m}"
-            await asyncio.sleep(0.2)
+        await wait_until(settled, 20, "the worker's metrics to settle", poll_s=0.2)
 
         topic = settings.fired_topic
         assert m[f'chronowheel_worker_handled_total{{outcome="succeeded",topic="{topic}"}}'] == 5
@@ -90,11 +87,15 @@ async def test_worker_metrics_and_health_follow_what_it_handled(
         nm = await scrape(node.http.port)
         assert nm["chronowheel_shards"] == settings.shards
         assert nm["chronowheel_owned_shards"] == settings.shards
-        deadline = asyncio.get_running_loop().time() + 10
-        while metric_sum(nm, "chronowheel_upcoming_rows") < 1:
-            assert asyncio.get_running_loop().time() < deadline, "upcoming rows never counted"
-            await asyncio.sleep(0.5)
-            nm = await scrape(node.http.port)
+        node_port = node.http.port
+
+        async def upcoming_counted() -> bool:
+            nonlocal nm
+            nm = await scrape(node_port)
+            return metric_sum(nm, "chronowheel_upcoming_rows") >= 1
+
+        await wait_until(upcoming_counted, 10, "the coming job counted in upcoming rows",
+                         poll_s=0.5)
     # Stopped: the endpoint is gone with the worker.
     with pytest.raises(OSError):
         await asyncio.to_thread(_get, port, "/healthz")
