@@ -12,7 +12,8 @@ import time
 
 import orjson
 
-CONTEXT_FIELDS = ("shard", "job_id", "occurrence", "node", "offset", "partition")
+CONTEXT_FIELDS = ("shard", "job_id", "occurrence", "node", "offset", "partition", "outcome",
+                  "lateness_ms", "max_lateness_ms")
 
 
 class JsonFormatter(logging.Formatter):

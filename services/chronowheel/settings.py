@@ -138,6 +138,10 @@ class Settings:
     min_period_ms: int = _opt(
         limits.DEFAULT_MIN_PERIOD_MS, "shortest 'every' interval and cron period a job may "
                                       "have, in ms")
+    max_lateness_ms: int = _opt(
+        0, "the namespace's lateness bound for jobs without their own max_lateness: an "
+           "occurrence not published within this many ms of its scheduled instant is dropped "
+           "as missed (0: no bound; set it alike on every node)")
     store_batch_fail_bytes: int = _opt(
         limits.CASSANDRA_BATCH_FAIL_BYTES,
         "Cassandra's batch_size_fail_threshold in bytes (keep equal to the cluster's): a job "
@@ -162,6 +166,10 @@ class Settings:
     catch_up_lag_ms: int = _opt(
         5_000, "an occurrence fired at most this late is a node running behind, not a gap: "
                "the ones due after it fire in turn, late, whatever the catch-up policy")
+    catch_up_rate: int = _opt(
+        500, "late occurrences (due more than catch_up_lag_ms ago) a shard back from a gap "
+             "(an outage, a takeover, a clock-skew block) publishes per second at most, "
+             "beside the on-time ones; 0: all at once")
     backfill_rows_per_cycle: int = _opt(
         100, "backfill occurrences a shard hands to its wheel per cycle at most, and only "
              "while no on-time occurrence is waiting")
@@ -270,6 +278,14 @@ class Settings:
             raise ConfigError(f"malloc_threshold_bytes: must be 0 (glibc's dynamic thresholds) "
                               f"to {1 << 25} (32 MiB, glibc's most), "
                               f"got {self.malloc_threshold_bytes}")
+        if self.catch_up_rate < 0:
+            raise ConfigError(f"catch_up_rate: must be 0 (no pacing) or more, "
+                              f"got {self.catch_up_rate}")
+        if self.max_lateness_ms and not (
+                limits.MIN_MAX_LATENESS_MS <= self.max_lateness_ms <= limits.MAX_MAX_LATENESS_MS):
+            raise ConfigError(f"max_lateness_ms: must be 0 (no bound) or "
+                              f"{limits.MIN_MAX_LATENESS_MS} to {limits.MAX_MAX_LATENESS_MS}, "
+                              f"got {self.max_lateness_ms}")
         if self.gc_young_threshold < 0:
             raise ConfigError(f"gc_young_threshold: must be 0 (Python's default) or more, "
                               f"got {self.gc_young_threshold}")
@@ -546,7 +562,8 @@ SECURITY_SETTINGS = KAFKA_SECURITY_SETTINGS + CASSANDRA_SECURITY_SETTINGS
 CONNECTION_SETTINGS = ("namespace", "cassandra", "kafka", "consistency")
 NODE_TUNABLES = (
     "ingest_batch", "ingest_group_bytes", "ingest_group_jobs", "ingest_concurrency",
-    "ingest_slack_ms", "catch_up_grace_ms", "catch_up_lag_ms", "backfill_rows_per_cycle",
+    "ingest_slack_ms", "catch_up_grace_ms", "catch_up_lag_ms", "catch_up_rate",
+    "backfill_rows_per_cycle",
     "backfill_cycle_ms", "calendar_refresh_ms",
     "idle_commit_ms", "idle_commit_clearance_ms", "skip_empty_after_ms", "stop_drain_ms",
     "stop_deadline_ms", "missing_watermark_lookback_ms", "skew_check_interval_ms",

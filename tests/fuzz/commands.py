@@ -556,6 +556,8 @@ def schema_edges(schema: dict[str, Any]) -> list[tuple[str, Any, Expect]]:
         ("exclude_dates", [], Expect.EITHER),
         ("headers", {"": "v"}, Expect.REJECT), ("id", "é" * 128, Expect.EITHER),
         ("at", iso(0), Expect.EITHER), ("max_catch_up", 0, Expect.REJECT),
+        ("max_lateness", "1s", Expect.EITHER), ("max_lateness", "999ms", Expect.REJECT),
+        ("max_lateness", "3653d", Expect.EITHER), ("max_lateness", "3654d", Expect.REJECT),
     ]
     return edges
 

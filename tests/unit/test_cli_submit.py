@@ -113,6 +113,18 @@ def test_dry_run_prints_the_wire_command(capsys: pytest.CaptureFixture[str]) -> 
         "id": "a", "at": "2026-12-01T09:00:00Z", "payload": {"x": 1.5}}}
 
 
+def test_max_lateness_is_a_flag_checked_like_the_wire_field(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "--id", "a", "--every", "1m", "--max-lateness", "30s",
+                         "--dry-run")
+    assert (code, err) == (0, "")
+    assert orjson.loads(out)["job"]["max_lateness"] == "30s"
+    code, out, err = run(capsys, "--id", "a", "--every", "1m", "--max-lateness", "500ms",
+                         "--dry-run")
+    assert code == 2 and out == ""
+    assert "job.max_lateness: must be between 1s and 3653d" in err
+
+
 def test_dry_run_rejects_an_invalid_job(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "--id", "a", "--cron", "0 9 * * *", "--tz", "Mars/Olympus",
                          "--dry-run")

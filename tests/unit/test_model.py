@@ -13,7 +13,7 @@ from typing import Any
 import jsonschema
 import orjson
 import pytest
-from chronowheel.core import model
+from chronowheel.core import model, wire
 from chronowheel.core.durations import DURATION_PATTERN, format_duration
 from chronowheel.core.model import (
     Cancel,
@@ -220,6 +220,9 @@ BOTH_REJECT: list[tuple[str, dict[str, Any]]] = [
     ("Kafka-internal topic", job(topic="__consumer_offsets")),
     ("bad enum", job(cron="* * * * *", catch_up="latest")),
     ("max_attempts too high", job(max_attempts=101)),
+    ("max_lateness under a second", job(max_lateness="999ms")),
+    ("max_lateness zero", job(max_lateness="0s")),
+    ("max_lateness not a duration", job(max_lateness=5000)),
     ("tenant too long", job(tenant="x" * 129)),
     ("retry attempt 1", retry_doc(attempt=1)),
     ("retry without payload", retry_doc(payload_b64=_DROP)),
@@ -268,6 +271,9 @@ SCHEMA_ONLY_PASSES: list[tuple[str, dict[str, Any], str]] = [
     ("window at most 1d", job(window="2d"), "job.window"),
     ("window shorter than every", job(every="1m", window="1m"), "job.window"),
     ("backoff at most 1d", job(backoff="2d"), "job.backoff"),
+    ("max_lateness at most 3653d", job(max_lateness="3654d"), "job.max_lateness"),
+    ("max_lateness longer than window", job(window="1m", max_lateness="1m"),
+     "job.max_lateness"),
     ("attempt within max_attempts", retry_doc(attempt=4, max_attempts=3), "attempt"),
     ("integer-valued float", job(max_attempts=3.0), "job.max_attempts"),
     ("trailing newline", job(every="15m\n"), "job.every"),
@@ -998,7 +1004,8 @@ def test_encode_retry_round_trips(
 #   time-zone existence and cron semantics; the horizon of at/start; end after start;
 #   calendar validity, pre-1970 and leap seconds; id length in bytes (schema: characters);
 #   payload size after serialising; total header size; the topic allowlist; window and backoff
-#   at most 1d, window shorter than every; retry attempt <= max_attempts; integer-valued
+#   at most 1d, window shorter than every; max_lateness at most 3653d and longer than window;
+#   retry attempt <= max_attempts; integer-valued
 #   floats (5.0), which JSON Schema counts as integers; a trailing newline, which Python's `$`
 #   (used by the jsonschema library) lets through a pattern.
 # So the property is one-way: whatever the schema rejects, the parser rejects.
@@ -1310,3 +1317,46 @@ def test_a_retry_carries_the_origin_of_a_requested_occurrence() -> None:
     cmd = parse_command(raw, key=b"j-1", policy=POLICY, now_ms=NOW)
     assert isinstance(cmd, Retry) and (cmd.origin, cmd.request_id) == ("backfill", "b-1")
     assert str(error(retry_doc(request_id="b-1"))) == "origin: required"
+
+
+# --------------------------------------------------------------------------------------------
+# max_lateness (issue 28, item 3)
+
+
+@pytest.mark.parametrize("schedule", [{"at": NOW + 1000}, {"cron": "0 9 * * *"},
+                                      {"every": "1m"}])
+def test_max_lateness_is_a_duration_on_any_job_carried_in_its_fired_headers(
+        schedule: dict[str, Any]) -> None:
+    spec = spec_of(job(**schedule, max_lateness="1h30m"))
+    assert spec.max_lateness_ms == 5_400_000
+    assert (wire.MAX_LATENESS_MS, "5400000") in spec.fired_headers
+    assert spec_of(job(**schedule)).max_lateness_ms is None
+    plain = spec_of(job(**schedule)).fired_headers
+    assert all(name != wire.MAX_LATENESS_MS for name, _ in plain)
+
+
+@pytest.mark.parametrize(("value", "rule"), [
+    ("999ms", "must be between 1s and 3653d (limits.MIN_MAX_LATENESS_MS, "
+              "limits.MAX_MAX_LATENESS_MS)"),
+    ("3654d", "must be between 1s and 3653d"),
+    ("90", "every number needs a unit"),
+    (90, "must be a duration string"),
+])
+def test_max_lateness_out_of_its_limits_is_refused_with_the_field_and_the_limit(
+        value: Any, rule: str) -> None:
+    err = error(job(max_lateness=value))
+    assert err.path == "job.max_lateness"
+    assert rule in str(err)
+
+
+def test_max_lateness_must_be_longer_than_the_window() -> None:
+    err = error(job(every="1h", window="5m", max_lateness="5m"))
+    assert (err.path, err.rule) == ("job.max_lateness", "must be longer than window (5m)")
+    assert spec_of(job(every="1h", window="5m", max_lateness="5m1s")).max_lateness_ms == 301_000
+
+
+def test_max_lateness_encodes_from_milliseconds_and_timedelta() -> None:
+    raw = encode_upsert({"id": "x", "at": NOW + 1000, "max_lateness": timedelta(minutes=2)})
+    assert orjson.loads(raw)["job"]["max_lateness"] == "2m"
+    assert orjson.loads(encode_upsert({"id": "x", "at": NOW + 1000,
+                                       "max_lateness": 1500}))["job"]["max_lateness"] == "1500ms"

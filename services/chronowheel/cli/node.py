@@ -17,7 +17,8 @@ NODE_SETTINGS = (
     "max_batch", "node_session_timeout_ms", "node_heartbeat_interval_ms",
     "node_loop_stall_limit_ms",
     "node_instance_id", "retention_ms", "allowed_topics", "max_id_bytes",
-    "max_payload_bytes", "max_horizon_ms", "min_period_ms", "store_batch_fail_bytes",
+    "max_payload_bytes", "max_horizon_ms", "min_period_ms", "max_lateness_ms",
+    "store_batch_fail_bytes",
     *NODE_TUNABLES,
 )
 

@@ -221,12 +221,15 @@ class SchedulerClient:
                        topic: str | None = None, headers: Mapping[str, str] | None = None,
                        payload_b64: str | None = None, window: Duration | None = None,
                        max_attempts: int | None = None, backoff: Duration | None = None,
-                       tenant: str | None = None) -> Delivery:
+                       tenant: str | None = None,
+                       max_lateness: Duration | None = None) -> Delivery:
         """A one-shot job: fire once at `at`. `payload` is any JSON value, or bytes (sent as
-        payload_b64); None means an empty message value."""
+        payload_b64); None means an empty message value. With `max_lateness` it is not
+        published at all if it cannot be within that long after `at` (recorded as missed)."""
         return await self.submit(_job_fields(
             id, {"at": at}, payload, topic=topic, headers=headers, payload_b64=payload_b64,
-            window=window, max_attempts=max_attempts, backoff=backoff, tenant=tenant))
+            window=window, max_attempts=max_attempts, backoff=backoff, tenant=tenant,
+            max_lateness=max_lateness))
 
     async def cron(self, id: str, expr: str, tz: str = "UTC", payload: Any = None, *,
                    dst: Literal["skip", "cron"] | None = None, start: Instant | None = None,
@@ -238,12 +241,14 @@ class SchedulerClient:
                    backoff: Duration | None = None, tenant: str | None = None,
                    exclude_dates: Iterable[date | str] | None = None,
                    calendar: str | None = None,
-                   concurrency: Concurrency | None = None) -> Delivery:
+                   concurrency: Concurrency | None = None,
+                   max_lateness: Duration | None = None) -> Delivery:
         """A cron job read in IANA zone `tz` (5 fields, 6 with seconds first, or @daily...).
 
         `exclude_dates` (dates or `YYYY-MM-DD` strings) and the named `calendar`'s dates are
         local dates in `tz` on which it does not fire. `concurrency` is the workers' overlap
-        policy (allow, forbid, replace; docs/worker.md)."""
+        policy (allow, forbid, replace; docs/worker.md). An occurrence that cannot be
+        published within `max_lateness` of its instant is missed, not published."""
         kind: dict[str, Any] = {"cron": expr}
         if tz != "UTC":  # the wire default: leaving it out keeps the canonical spec minimal
             kind["tz"] = tz
@@ -253,7 +258,8 @@ class SchedulerClient:
             id, kind, payload, topic=topic, headers=headers, payload_b64=payload_b64,
             window=window, max_attempts=max_attempts, backoff=backoff, tenant=tenant,
             dst=dst, start=start, end=end, catch_up=catch_up, max_catch_up=max_catch_up,
-            exclude_dates=days, calendar=calendar, concurrency=concurrency))
+            exclude_dates=days, calendar=calendar, concurrency=concurrency,
+            max_lateness=max_lateness))
 
     async def every(self, id: str, interval: Duration, payload: Any = None, *,
                     start: Instant | None = None, end: Instant | None = None,
@@ -262,13 +268,15 @@ class SchedulerClient:
                     headers: Mapping[str, str] | None = None, payload_b64: str | None = None,
                     window: Duration | None = None, max_attempts: int | None = None,
                     backoff: Duration | None = None, tenant: str | None = None,
-                    concurrency: Concurrency | None = None) -> Delivery:
-        """A fixed-interval job (first occurrence at `start`, or when the node ingests it)."""
+                    concurrency: Concurrency | None = None,
+                    max_lateness: Duration | None = None) -> Delivery:
+        """A fixed-interval job (first occurrence at `start`, or when the node ingests it);
+        `max_lateness` as for `cron`."""
         return await self.submit(_job_fields(
             id, {"every": interval}, payload, topic=topic, headers=headers,
             payload_b64=payload_b64, window=window, max_attempts=max_attempts, backoff=backoff,
             tenant=tenant, start=start, end=end, catch_up=catch_up, max_catch_up=max_catch_up,
-            concurrency=concurrency))
+            concurrency=concurrency, max_lateness=max_lateness))
 
     async def cancel(self, id: str) -> Delivery:
         """Cancel job `id`: no occurrence not yet published will fire."""

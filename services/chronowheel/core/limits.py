@@ -64,6 +64,13 @@ DEFAULT_MIN_PERIOD_MS: Final = 1_000
 """Shortest `every` interval and cron period a job may have by default (the setting
 `min_period_ms`): below it one job alone could fire thousands of times a second."""
 
+MIN_MAX_LATENESS_MS: Final = 1_000
+"""Shortest lateness bound (`max_lateness`) a job may have: a working node publishes tens of
+milliseconds late, and a bound near that would drop on-time work as missed."""
+
+MAX_MAX_LATENESS_MS: Final = 3653 * 86_400_000
+"""Longest lateness bound a job may have (ten years, the default horizon): longer means none."""
+
 MAX_RECURRENCE_STEPS: Final = 100_000
 """Most candidate instants a recurrence may examine to find its next occurrence; a schedule
 whose next occurrence is not found within them (excluded on almost every date, or matching

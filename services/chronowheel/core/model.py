@@ -60,6 +60,9 @@ class JobSpec:
     exclude_dates: frozenset[date] = frozenset()
     calendar: str | None = None
     concurrency: str = wire.CONCURRENCY_ALLOW
+    max_lateness_ms: int | None = None
+    """An occurrence not published within this long after its scheduled instant is dropped
+    as missed (None: the namespace's default, `Settings.max_lateness_ms`, applies)."""
     # The canonical JSON of the job as submitted (orjson, sorted keys): equal bytes = same spec,
     # which is what makes an identical re-submit a no-op.
     canonical: bytes = field(default=b"", compare=False)
@@ -71,10 +74,16 @@ class JobSpec:
     @property
     def fired_headers(self) -> tuple[tuple[str, str], ...]:
         """The headers stored with each occurrence: the job's own, plus the overlap policy
-        (`cw-concurrency`) when it is not the default, for the worker library."""
-        if self.concurrency == wire.CONCURRENCY_ALLOW:
-            return self.headers
-        return (*self.headers, (wire.CONCURRENCY, self.concurrency))
+        (`cw-concurrency`) when it is not the default, for the worker library, and the
+        lateness bound (`cw-max-lateness-ms`) when the job has one: the due row carries it to
+        the node that dispatches the occurrence (a one-shot's row has no spec to read it
+        from), and the fired message to its consumers."""
+        extra: tuple[tuple[str, str], ...] = ()
+        if self.concurrency != wire.CONCURRENCY_ALLOW:
+            extra += ((wire.CONCURRENCY, self.concurrency),)
+        if self.max_lateness_ms is not None:
+            extra += ((wire.MAX_LATENESS_MS, str(self.max_lateness_ms)),)
+        return (*self.headers, *extra) if extra else self.headers
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,7 +354,7 @@ DELETE_CALENDAR_FIELDS: Final = frozenset({"v", "op", "name"})
 JOB_FIELDS: Final = frozenset(
     {"id", "at", "cron", "tz", "every", "start", "end", "topic", "payload", "payload_b64"}
     | {"headers", "catch_up", "max_catch_up", "dst", "window", "max_attempts", "backoff"}
-    | {"tenant", "exclude_dates", "calendar", "concurrency"}
+    | {"tenant", "exclude_dates", "calendar", "concurrency", "max_lateness"}
 )
 PAUSE_FIELDS: Final = frozenset({"v", "op", "id"})
 RESUME_FIELDS: Final = PAUSE_FIELDS
@@ -563,6 +572,9 @@ def _parse_job(job: object, key: bytes | None, policy: ValidationPolicy, now_ms:
     concurrency = wire.CONCURRENCY_ALLOW
     if "concurrency" in job:
         concurrency = _enum(job["concurrency"], "job.concurrency", wire.CONCURRENCY_POLICIES)
+    max_lateness_ms = None
+    if "max_lateness" in job:
+        max_lateness_ms = _max_lateness(job["max_lateness"], window_ms)
 
     if kind != "at":
         schedule = _compile_recurrence(cron, every_ms, tz, start_ms, end_ms, dst, exclude_dates)
@@ -589,6 +601,7 @@ def _parse_job(job: object, key: bytes | None, policy: ValidationPolicy, now_ms:
         exclude_dates=exclude_dates,
         calendar=calendar,
         concurrency=concurrency,
+        max_lateness_ms=max_lateness_ms,
         canonical=kept(_dumps(job, "job", orjson.OPT_SORT_KEYS)),
     )
     _check_stored_size(spec, policy)
@@ -842,6 +855,22 @@ def _backoff(value: object, path: str) -> int:
     return backoff_ms
 
 
+def _max_lateness(value: object, window_ms: int) -> int:
+    path = "job.max_lateness"
+    bound = _duration(value, path)
+    low, high = limits.MIN_MAX_LATENESS_MS, limits.MAX_MAX_LATENESS_MS
+    if not low <= bound <= high:
+        raise ValidationError(
+            path, f"must be between {format_duration(low)} and {format_duration(high)} "
+                  "(limits.MIN_MAX_LATENESS_MS, limits.MAX_MAX_LATENESS_MS)", value)
+    # Lateness counts from the scheduled instant, and a window fires an occurrence anywhere
+    # up to `window` after it: a bound within the window would drop occurrences on time.
+    if bound <= window_ms:
+        raise ValidationError(path, f"must be longer than window ({format_duration(window_ms)})",
+                              value)
+    return bound
+
+
 def _time_zone(value: object, path: str) -> str:
     tz = _string(value, path, 1, MAX_TZ_CHARS)
     if not _TZ.fullmatch(tz) or not _zone_exists(tz):
@@ -1025,7 +1054,7 @@ def _headers(value: object, path: str, policy: ValidationPolicy) -> tuple[tuple[
 # --------------------------------------------------------------------------------------------
 
 _INSTANT_FIELDS: Final = ("at", "start", "end")
-_DURATION_FIELDS: Final = ("every", "window", "backoff")
+_DURATION_FIELDS: Final = ("every", "window", "backoff", "max_lateness")
 
 
 def encode_upsert(job_fields: Mapping[str, Any]) -> bytes:

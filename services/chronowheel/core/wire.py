@@ -80,6 +80,10 @@ BACKFILL: Final = "cw-backfill"
 """on an occurrence published by a `backfill` command: that command's request id"""
 CONCURRENCY: Final = "cw-concurrency"
 """the job's overlap policy for workers, `forbid` or `replace`; absent means `allow`"""
+MAX_LATENESS_MS: Final = "cw-max-lateness-ms"
+"""the job's lateness bound (`max_lateness`) in milliseconds, decimal ASCII; absent: the job
+has none of its own. An occurrence dispatched later than this after its scheduled instant is
+not published (missed)"""
 CONCURRENCY_ALLOW: Final = "allow"
 CONCURRENCY_FORBID: Final = "forbid"
 CONCURRENCY_REPLACE: Final = "replace"
@@ -167,6 +171,19 @@ class StateRecordError(ValueError):
 _STATE_KEY_PREFIX: Final = "shard-"
 
 
+def _ahead(value: object, watermark: int, shard: int) -> tuple[int, int] | None:
+    """The `ahead` range of a state record: absent, or [cut, high] with watermark <= cut <
+    high. Anything else is refused, not ignored: reading past it would publish twice."""
+    if value is None:
+        return None
+    if isinstance(value, list) and len(value) == 2 and all(type(v) is int for v in value):
+        cut, high = value
+        if watermark <= cut < high:
+            return cut, high
+    raise StateRecordError(f"state record of shard {shard}: ahead must be [cut, high] with "
+                           f"watermark {watermark} <= cut < high, got {value!r}")
+
+
 def _opt_int(doc: dict[str, Any], name: str) -> int | None:
     v = doc.get(name)
     return v if type(v) is int else None
@@ -203,6 +220,10 @@ class StateRecord:
     clock (then `skew` is absent too)"""
     claim: bool = False
     """a takeover's claim: only the owner changes, the watermark is the one it read"""
+    ahead: tuple[int, int] | None = None
+    """(cut, high) while the shard catches up at a paced rate: the slots in (cut, high] are
+    published too, beyond `watermark` (the late ones at or before the cut still wait); None
+    otherwise. A version that ignores it publishes that range again: twice, never lost"""
     without_owner: bool = False
     """the old form, with no `owner` field: written by the per-shard producer of versions from
     before node transactions, which may still publish with the shard's claimer id"""
@@ -234,6 +255,8 @@ class StateRecord:
             doc["skew"], doc["blocked"] = self.skew_ms, self.blocked
         if self.claim:
             doc["claim"] = True
+        if self.ahead is not None:
+            doc["ahead"] = list(self.ahead)
         return orjson.dumps(doc)
 
     @classmethod
@@ -267,7 +290,8 @@ class StateRecord:
                    at=_opt_int(doc, "at"), horizon=_opt_int(doc, "horizon"),
                    wheel=_opt_int(doc, "wheel"), skew_ms=_opt_int(doc, "skew"),
                    blocked=blocked if isinstance(blocked, bool) else None,
-                   claim=doc.get("claim") is True, without_owner="owner" not in doc)
+                   claim=doc.get("claim") is True, without_owner="owner" not in doc,
+                   ahead=_ahead(doc.get("ahead"), watermark, shard))
 
     def publisher(self, namespace: str) -> str | None:
         """The transactional id that may still publish for the shard according to this record

@@ -4,6 +4,9 @@ Each step fires what is due up to `ShardState.dispatch_limit` (never early, neve
 loaded horizon or an ingest write in flight), raises the watermark before its first await,
 makes a recurring job's next occurrence durable, and commits one transaction. With nothing
 to publish it still commits an advancing watermark now and then, so a takeover reloads little.
+Late occurrences go through the shard's catch-up queue at a paced rate, and an occurrence
+beyond its job's lateness bound is recorded as missed instead of published
+(`node/lateness.py`).
 """
 
 # mypy: strict-equality
@@ -21,8 +24,15 @@ from chronowheel.core.model import JobSpec, ValidationPolicy, decode_stored_job
 from chronowheel.core.recurrence import Schedule, catch_up, is_excluded, next_after
 from chronowheel.node import failures
 from chronowheel.node.calendars import Calendars
+from chronowheel.node.lateness import Missed, Pacer, lateness_bound
 from chronowheel.node.metrics import NodeMetrics
-from chronowheel.node.pending import Pending, Recurring, pending_from_row, with_schedule
+from chronowheel.node.pending import (
+    Pending,
+    Recurring,
+    WheelKey,
+    pending_from_row,
+    with_schedule,
+)
 from chronowheel.node.publisher import Publisher
 from chronowheel.node.state import ShardState
 from chronowheel.node.writes import RowWriter, schedule_of
@@ -48,7 +58,7 @@ class Dispatcher:
     def __init__(self, *, state: ShardState, settings: Settings, store: JobStore,
                  writer: RowWriter, publisher: Publisher, clock: Clock, metrics: NodeMetrics,
                  policy: ValidationPolicy, dispatch_blocked: Callable[[], bool],
-                 calendars: Calendars) -> None:
+                 calendars: Calendars, missed: Missed | None = None) -> None:
         self.state = state
         self.shard = state.shard
         self.settings = settings
@@ -60,6 +70,14 @@ class Dispatcher:
         self.stored_policy = stored_policy(policy)
         self.dispatch_blocked = dispatch_blocked
         self.calendars = calendars
+        self.missed = missed if missed is not None else Missed(
+            shard=self.shard, namespace=settings.namespace, metrics=metrics)
+        """Where occurrences beyond their lateness bound go (a hook for the run history)."""
+        self.pacer = Pacer(settings.catch_up_rate, clock.now_ms())
+        self.gap = True
+        """Whether the shard comes back from a gap in dispatch (a takeover, a clock-skew
+        block): only then do late occurrences go through the catch-up queue. A shard that
+        merely fell behind (a herd) goes on in order as fast as it can."""
         self._schedules: OrderedDict[bytes, tuple[JobSpec, Schedule]] = OrderedDict()
 
     async def step(self, *, final: bool = False) -> None:
@@ -68,10 +86,13 @@ class Dispatcher:
         state = self.state
         now = self.clock.now_ms()
         fired: list[Pending] = []
-        if not self.dispatch_blocked():
+        if self.dispatch_blocked():
+            self.gap = True
+        else:
             limit = state.dispatch_limit(now)
-            if limit > state.watermark:
-                fired = await self._take_due(limit, now)
+            late = self._take_late(limit, now)
+            if limit > state.watermark or late:
+                fired = await self._take_due(limit, now, late)
         nd = state.wheel.next_deadline()
         s = self.settings
         idle_commit = (state.watermark > state.committed_watermark
@@ -95,28 +116,98 @@ class Dispatcher:
         # wakes us when it lifts, so only the idle commit interval bounds the sleep.
         if nd is not None and nd <= state.horizon_ms and not self.dispatch_blocked():
             wake_at = min(wake_at, nd)
+        if state.late and not self.dispatch_blocked():
+            wake_at = min(wake_at, self.pacer.next_ms(now) if self.pacer.rate > 0 else now)
         if wake_at <= now:
             await asyncio.sleep(0)
             return
         await sleep_until_or_event(self.clock, wake_at, state.wake)
 
-    async def _take_due(self, limit: int, now: int) -> list[Pending]:
+    def _take_late(self, limit: int, now: int) -> list[Pending]:
+        """Paced catch-up (`node/lateness.py`): move the occurrences due up to the cut
+        (now - catch_up_lag_ms) out of the wheel into the catch-up queue, and take this step's
+        share of the queue: at most catch_up_rate a second, the missed ones free. No await."""
+        state, s = self.state, self.settings
+        rate = s.catch_up_rate
+        behind = now - s.catch_up_lag_ms
+        cut = min(behind, limit)
+        begin = False
+        if rate > 0 and state.late_cut is None and self.gap:
+            nd = state.wheel.next_deadline()
+            if nd is not None and nd <= cut:
+                begin, self.gap = True, False
+                state.behind_from = state.watermark
+                log.info("shard %d: catching up: occurrences due up to %d, %d ms late and "
+                         "more, go at %d a second after the on-time ones", self.shard, cut,
+                         now - nd, rate, extra={"shard": self.shard})
+            elif limit >= behind:
+                self.gap = False  # loaded past the cut and nothing late: back to normal
+        elif rate > 0 and state.late_cut is not None:
+            # The cut moves on while nothing past it has been published (a takeover still
+            # loading a backlog: all it loads is late); after that, on-time work goes on from
+            # the watermark.
+            begin = state.late_cut == state.watermark and cut > state.watermark
+        if begin:
+            for _due, _key, p in state.wheel.advance(cut):
+                state.late.push(p)
+            # Raised before any await, as in _take_due: these are taken.
+            state.watermark = state.late_cut = cut
+        if state.late_cut is None:
+            return []
+        budget = self.pacer.available(now) if rate > 0 else len(state.late)
+        default = s.max_lateness_ms
+
+        def free(p: Pending) -> bool:  # a one-shot it will not publish costs no token
+            if p.recurring is not None:
+                return False
+            bound = lateness_bound(p, default)
+            return bound is not None and now - p.scheduled_ms > bound
+
+        taken = state.late.pop(budget, free, state.horizon_ms)
+        if rate > 0:
+            self.pacer.spend(sum(1 for p in taken if not free(p)))
+        if not state.late and state.horizon_ms >= state.late_cut:
+            log.info("shard %d: caught up (late occurrences up to %d are out)", self.shard,
+                     state.late_cut, extra={"shard": self.shard})
+            state.late_cut = None
+        return taken
+
+    def _publishable(self, p: Pending, now: int) -> bool:
+        """False when `p` is beyond its lateness bound: it is then recorded as missed."""
+        bound = lateness_bound(p, self.settings.max_lateness_ms)
+        if bound is None:
+            return True
+        late_by = now - p.scheduled_ms
+        if late_by <= bound:
+            return True
+        self.missed.record(p, late_by, bound)
+        return False
+
+    async def _take_due(self, limit: int, now: int,
+                        late: list[Pending] | None = None) -> list[Pending]:
         state = self.state
         max_batch = self.settings.max_batch
-        entries = state.wheel.advance(limit, max_batch)
-        complete = len(entries) < max_batch
-        if not complete:
-            # Finish the last millisecond, so the watermark can say "all up to here".
-            entries.extend(state.wheel.advance(entries[-1][0]))
-            nd = state.wheel.next_deadline()
-            complete = nd is None or nd > limit
-        new_watermark = limit if complete else entries[-1][0]
-        # Raise the watermark now, before any await: the loader must not re-insert these.
-        state.watermark = max(state.watermark, new_watermark)
+        entries: list[tuple[int, WheelKey, Pending]] = []
+        if limit > state.watermark:
+            entries = state.wheel.advance(limit, max_batch)
+            complete = len(entries) < max_batch
+            if not complete:
+                # Finish the last millisecond, so the watermark can say "all up to here".
+                entries.extend(state.wheel.advance(entries[-1][0]))
+                nd = state.wheel.next_deadline()
+                complete = nd is None or nd > limit
+            new_watermark = limit if complete else entries[-1][0]
+            # Raise the watermark now, before any await: the loader must not re-insert these.
+            state.watermark = max(state.watermark, new_watermark)
         fired: list[Pending] = []
         writes = []
-        for _due, _key, p in entries:
+        # Most jobs have no bound: then a one-shot is not looked at (a herd is thousands).
+        check = self.settings.max_lateness_ms > 0
+        for p in (*(late or ()), *(p for _due, _key, p in entries)):
             if p.recurring is None:
+                if (check or p.delivery.max_lateness_ms is not None) \
+                        and not self._publishable(p, now):
+                    continue
                 fired.append(p)
             else:
                 writes.append(self._fire_recurring(p, p.recurring, now, fired))
@@ -132,7 +223,8 @@ class Dispatcher:
                     or current.scheduled_ms != p.scheduled_ms:
                 # Edited or cancelled while this occurrence was on its way out: it still goes
                 # (an occurrence being published may run), but the old spec schedules nothing.
-                fired.append(p)
+                if self._publishable(p, now):
+                    fired.append(p)
                 return
             await self._fire_recurring_locked(p, rec, now, fired)
 
@@ -174,7 +266,12 @@ class Dispatcher:
                          "fires %d", self.shard, p.job_id, p.scheduled_ms,
                          "the first on time" if on_time else "beyond the grace", job.catch_up,
                          len(fires), extra={"shard": self.shard, "job_id": p.job_id})
-        fired.extend(p if s == p.scheduled_ms else with_schedule(p, s) for s in fires)
+        for s in fires:
+            # The bound is checked on what the catch-up policy chose: a missed one is not
+            # published, and the schedule goes on from `nxt` all the same.
+            occurrence = p if s == p.scheduled_ms else with_schedule(p, s)
+            if self._publishable(occurrence, now):
+                fired.append(occurrence)
         # The next occurrence is durable before the transaction that publishes this one.
         state = self.state
         if nxt is None:

@@ -47,7 +47,7 @@ class Loader:
         if target - state.horizon_ms > self.settings.skip_empty_after_ms:
             await self._skip_empty_minutes(target)
         while state.horizon_ms < target and not state.stopping:
-            if len(state.wheel) >= cap:
+            if len(state.wheel) + len(state.late) >= cap:
                 return  # bounded memory: continue once dispatch has drained the wheel
             m = minute_of(state.horizon_ms + 1)
             if m in state.prewarmed:
@@ -100,7 +100,7 @@ class Loader:
             async with contextlib.aclosing(pages):  # type: ignore[type-var]
                 async for page in pages:
                     self.apply_rows(page, seq0)
-                    if cap is not None and len(state.wheel) >= cap and page:
+                    if cap is not None and len(state.wheel) + len(state.late) >= cap and page:
                         return page[-1].slot_ms
             return None
         finally:
@@ -113,8 +113,15 @@ class Loader:
         which the read began (rows of jobs changed since are stale)."""
         state = self.state
         watermark, touched, insert = state.watermark, state.touched, state.wheel.insert
+        # After a takeover of a shard that was catching up, its late rows (behind_from,
+        # late_cut] are loaded again, into the catch-up queue; (late_cut, watermark] is
+        # published.
+        cut = state.late_cut
+        behind = state.behind_from if cut is not None else watermark
         for row in rows:
             if row.slot_ms <= watermark:
+                if cut is not None and behind < row.slot_ms <= cut:
+                    state.late.push(pending_from_row(row))
                 continue  # published already
             if row.attempt == 1 and not row.origin and touched.get(row.job_id, 0) >= seq0:
                 continue  # ingest or dispatch changed this job after the read began

@@ -74,6 +74,15 @@ class NodeMetrics:
             "chronowheel_excluded_total",
             "recurring occurrences dropped when due because their date had been excluded "
             "(a calendar gained the date after the occurrence was computed)", registry=r)
+        self.missed = Counter(
+            "chronowheel_occurrences_missed_total",
+            "occurrences not published because they could not be within their job's "
+            "lateness bound (max_lateness, or the namespace's max_lateness_ms)",
+            ["namespace"], registry=r)
+        self.catch_up_queue = Gauge(
+            "chronowheel_catch_up_queue",
+            "late occurrences a shard holds for paced publishing (catch_up_rate)", ["shard"],
+            registry=r)
         self.coalesced = Counter("chronowheel_catch_up_coalesced_total",
                                  "catch-ups (policy all) that hit max_catch_up and coalesced",
                                  registry=r)
@@ -131,7 +140,7 @@ class NodeMetrics:
             "pre-warm window (the load coming)", ["shard"], registry=r)
 
     PER_SHARD = ("dispatch_lag", "wheel_entries", "loaded_horizon", "watermark",
-                 "prewarmed_buckets", "upcoming_rows")
+                 "prewarmed_buckets", "upcoming_rows", "catch_up_queue")
 
     def forget_shard(self, label: str) -> None:
         """Drop a shard's series once this node no longer runs it."""

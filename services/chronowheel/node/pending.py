@@ -39,6 +39,9 @@ class Delivery:
     attempt_header: tuple[str, bytes]
     # cw-max-attempts, cw-backoff-ms and the job's own headers, in publishing order.
     tail: tuple[tuple[str, bytes], ...]
+    max_lateness_ms: int | None = None
+    """The job's own lateness bound (its `cw-max-lateness-ms` header), read once here: the
+    node checks it for every occurrence it dispatches."""
 
 
 _DELIVERIES: dict[tuple[str, int, tuple[tuple[str, str], ...], int, int], Delivery] = {}
@@ -56,10 +59,20 @@ def delivery(topic: str, attempt: int, user_headers: tuple[tuple[str, str], ...]
                 *((k, v.encode()) for k, v in user_headers))
         # Rows decode a new string per topic value; entries share one per topic.
         hit = Delivery(sys.intern(topic), attempt, user_headers, max_attempts, backoff_ms,
-                       (wire.ATTEMPT, str(attempt).encode()), tail)
+                       (wire.ATTEMPT, str(attempt).encode()), tail,
+                       _lateness_bound(user_headers))
         if len(_DELIVERIES) < _DELIVERIES_MAX:
             _DELIVERIES[cache_key] = hit
     return hit
+
+
+def _lateness_bound(user_headers: tuple[tuple[str, str], ...]) -> int | None:
+    for name, value in user_headers:
+        # Written by the parser (JobSpec.fired_headers) as decimal ms; a job's own headers
+        # cannot use the cw- prefix, so only the parser's value is ever found here.
+        if name == wire.MAX_LATENESS_MS and value.isascii() and value.isdigit():
+            return int(value)
+    return None
 
 
 @dataclass(frozen=True, slots=True)

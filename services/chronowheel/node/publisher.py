@@ -53,15 +53,17 @@ Item = Pending | Outgoing
 
 def state_record(*, shard: int, watermark: int, state: ShardState, node_id: str,
                  owner: str | None, at: int,
-                 clock: tuple[int | None, bool] | None = None) -> bytes:
+                 clock: tuple[int | None, bool] | None = None,
+                 ahead: tuple[int, int] | None = None) -> bytes:
     """The shard's record in `<ns>.state` for a commit of this part: its watermark and its
     owner (the transactional id that may publish for it from this record on; None: released),
     with the wheel's horizon and size. `clock` is the node's last measured skew to Cassandra and
-    whether it blocks dispatch."""
+    whether it blocks dispatch; `ahead` the range published beyond the watermark while the
+    shard catches up (`ShardState.record_watermark`)."""
     skew, blocked = (None, None) if clock is None else clock
     return wire.StateRecord(shard=shard, watermark=watermark, owner=owner, node=node_id, at=at,
                             horizon=state.horizon_ms, wheel=len(state.wheel), skew_ms=skew,
-                            blocked=blocked).encode()
+                            blocked=blocked, ahead=ahead).encode()
 
 
 class Publisher:
@@ -104,7 +106,7 @@ class Publisher:
         state = self.state
         assert self.session is not None, f"shard {self.shard}: commit before the takeover"
         started = self.clock.now_ms()
-        watermark = state.watermark
+        watermark, ahead = state.record_watermark()
         # Ingest keeps appending while the transaction is open: take what is there now.
         outbox, state.outbox = state.outbox, []
         offset, state.offset_to_commit = state.offset_to_commit, None
@@ -116,7 +118,8 @@ class Publisher:
         owner = None if release else self.transactions.transactional_id
         record = state_record(shard=self.shard, watermark=watermark, state=state,
                               node_id=self.node_id, owner=owner, at=started,
-                              clock=None if self.clock_state is None else self.clock_state())
+                              clock=None if self.clock_state is None else self.clock_state(),
+                              ahead=ahead)
 
         async def fill(txn: Transaction) -> int:
             await txn.send(prepared)

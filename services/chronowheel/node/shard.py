@@ -241,6 +241,7 @@ class ShardActor:
                 self.state.stopping = stopping
         self.resumed_warm = resume is not None
         self.publisher.session = session
+        self.dispatcher.gap = True  # what came due while the shard was away is caught up
         state = self.state
         if resume is None:
             resume = await take_over(shard=self.shard, transactions=self.transactions,
@@ -249,6 +250,11 @@ class ShardActor:
                                      node_id=self.node_id)
             state.watermark = state.committed_watermark = resume.watermark
             state.horizon_ms = state.reading_upto = resume.watermark
+            if resume.ahead is not None:
+                # The previous owner was catching up: its late rows are loaded again into the
+                # catch-up queue, and what it published after its cut is not (node/loader.py).
+                state.behind_from = resume.watermark
+                state.late_cut, state.watermark = resume.ahead
         else:
             # The wheel, the horizon and the watermark stay. A pre-warm read that the stop
             # cut short is done again; backfills are read again from their stored requests.
@@ -287,6 +293,7 @@ class ShardActor:
     def _update_gauges(self) -> None:
         m, label, state = self.metrics, self.label, self.state
         m.wheel_entries.labels(label).set(len(state.wheel))
+        m.catch_up_queue.labels(label).set(len(state.late))
         m.loaded_horizon.labels(label).set(state.horizon_ms / 1000)
         m.watermark.labels(label).set(state.committed_watermark / 1000)
         m.prewarmed_buckets.labels(label).set(len(state.prewarmed))

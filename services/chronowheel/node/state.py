@@ -9,8 +9,11 @@ actor (`node/shard.py`), which creates it, starts the tasks and sets `stopping`.
 
 Invariants (they carry the contract's musts; see docs/design.md):
 - `watermark`: every due row of this shard with slot <= watermark has been published (or is in
-  the transaction being committed). Ingest never writes a slot <= watermark; the loader never
-  puts a row with slot <= watermark into the wheel; so nothing is published twice.
+  the transaction being committed), except, while the shard catches up at a paced rate, the
+  late rows at or before `late_cut`, which are in `late` (or, after a takeover, still to be
+  loaded into it: `behind_from` < slot <= `late_cut`). Ingest never writes a slot <= watermark;
+  the loader never puts a row with slot <= watermark into the wheel; so nothing is published
+  twice. The state record says the same (`record_watermark`).
 - `horizon_ms`: every due row with slot <= horizon_ms is in the wheel (or already published).
   Dispatch never looks past min(now, horizon_ms), so nothing is skipped and nothing is early.
 - Offsets are sent only in the transaction that follows the commands' durable writes.
@@ -28,6 +31,7 @@ from operator import attrgetter
 
 from chronowheel.core.buckets import minute_of
 from chronowheel.core.wheel import TimingWheel
+from chronowheel.node.lateness import LateQueue
 from chronowheel.node.pending import OccurrenceKey, Pending, WheelKey
 from chronowheel.store.base import RequestRow
 
@@ -70,6 +74,17 @@ class ShardState:
         from). Written only by the publisher."""
         self.last_commit_ms = 0
         """Clock time of the last committed transaction; paces idle watermark commits."""
+
+        self.late = LateQueue()
+        """Late occurrences dispatch took from the wheel, published at the catch-up rate
+        (`node/lateness.py`). Filled by dispatch, and by the loader after a takeover of a
+        shard that was catching up; emptied only by dispatch."""
+        self.late_cut: int | None = None
+        """While the shard catches up: the slot up to which late rows go to `late` rather
+        than being published in order (None otherwise). The watermark is at or above it."""
+        self.behind_from = 0
+        """While catching up: every row with slot <= behind_from is published. The loader
+        puts rows in (behind_from, late_cut] into `late` (after a takeover)."""
 
         self.horizon_ms = 0
         """Every row with slot <= horizon_ms is in the wheel (or published). Raised only by the
@@ -228,8 +243,29 @@ class ShardState:
         self.touch(job_id)
         self.wake.set()
 
+    # --- paced catch-up ------------------------------------------------------------------
+    def record_watermark(self) -> tuple[int, tuple[int, int] | None]:
+        """What the state record says is published: every slot up to the first value, and,
+        while catching up, also the range (cut, high] of the second. Nothing in `late` is
+        published (the entries a step takes from it are, in the transaction it commits)."""
+        cut = self.late_cut
+        if cut is None:
+            return self.watermark, None
+        oldest = self.late.oldest()
+        low = cut if oldest is None else oldest - 1
+        # Rows not loaded yet (a takeover is still reading the late range) are not published.
+        low = max(self.behind_from, min(low, self.horizon_ms))
+        if low >= cut:
+            return self.watermark, None
+        if self.watermark <= cut:  # nothing past the cut published yet
+            return low, None
+        return low, (cut, self.watermark)
+
     def dispatch_lag_ms(self, now: int) -> int:
         oldest = self.wheel.next_deadline()
+        queued = self.late.oldest()
+        if queued is not None and (oldest is None or queued < oldest):
+            oldest = queued
         lag: int = 0 if oldest is None else now - oldest
         if self.horizon_ms < now:
             lag = max(lag, now - self.horizon_ms)

@@ -67,6 +67,9 @@ class Resume:
     claimer: TxnProducer | None = field(default=None, compare=False)
     """The shard's claimer, kept started (the caller stops it when it gives the shard up for
     good): a later `resume_warm` commits its claim with it."""
+    ahead: tuple[int, int] | None = None
+    """The record's `ahead` range: the previous owner was catching up at a paced rate, and
+    the slots in (cut, high] are published too (`node/lateness.py`)."""
 
 
 @dataclass
@@ -133,8 +136,8 @@ async def take_over(*, shard: int, transactions: NodeTransactions, bus: NodeBus,
         else:
             raise ChronowheelError(f"shard {shard}: its recorded owner kept changing over "
                                    f"{MAX_FENCE_ROUNDS} fencing rounds (last {owner})")
-        watermark = _watermark(value, shard, settings, clock)
-        await _claim(claimer, settings, shard, watermark, me, node_id, clock)
+        watermark, ahead = _position(value, shard, settings, clock)
+        await _claim(claimer, settings, shard, watermark, me, node_id, clock, ahead)
         phases.done("claim")
         kept = True
     except Fenced as exc:
@@ -153,17 +156,18 @@ async def take_over(*, shard: int, transactions: NodeTransactions, bus: NodeBus,
     log.info("shard %d: claimed by %s (previous owner %s%s) in %s", shard, me, owner,
              f", fenced {sorted(fenced)}" if fenced else "", phases,
              extra={"shard": shard, "node": node_id})
-    return Resume(watermark, committed, claimer)
+    return Resume(watermark, committed, claimer, ahead)
 
 
 async def _claim(claimer: TxnProducer, settings: Settings, shard: int, watermark: int, me: str,
-                 node_id: str, clock: Clock) -> None:
-    """Commit the claim: the state record with `watermark` and owner `me`, alone in a
-    transaction of the shard's claimer. Raises Fenced when another claimer started since."""
+                 node_id: str, clock: Clock, ahead: tuple[int, int] | None = None) -> None:
+    """Commit the claim: the state record with `watermark` (and `ahead`, unchanged) and owner
+    `me`, alone in a transaction of the shard's claimer. Raises Fenced when another claimer
+    started since."""
     txn = await claimer.begin()
     try:
         claim = StateRecord(shard=shard, watermark=watermark, owner=me, node=node_id,
-                            at=clock.now_ms(), claim=True)
+                            at=clock.now_ms(), claim=True, ahead=ahead)
         await txn.publish(settings.state_topic, shard, StateRecord.key(shard), claim.encode(),
                           [])
         await txn.commit({})
@@ -284,12 +288,15 @@ def _publisher(value: bytes | None, shard: int, settings: Settings) -> str | Non
         settings.namespace)
 
 
-def _watermark(value: bytes | None, shard: int, settings: Settings, clock: Clock) -> int:
+def _position(value: bytes | None, shard: int, settings: Settings,
+              clock: Clock) -> tuple[int, tuple[int, int] | None]:
+    """Where the shard resumes: its record's watermark and `ahead` range."""
     if value is not None:
-        return _parse(value, shard, settings).watermark
+        record = _parse(value, shard, settings)
+        return record.watermark, record.ahead
     # Never initialised, or the state topic lost it: reload a fixed period back.
     lookback = settings.missing_watermark_lookback_ms
     found = clock.now_ms() - lookback
     log.warning("shard %d: no watermark in %s; loading from %d (%d s back)", shard,
                 settings.state_topic, found, lookback // 1000)
-    return found
+    return found, None
