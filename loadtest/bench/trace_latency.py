@@ -153,19 +153,21 @@ def markdown(stages: list[dict[str, Any]]) -> str:
 
 
 def server_pids() -> dict[str, int]:
-    """The local stack's JVMs, found by their main class (read only)."""
+    """The local stack's JVMs (`./run stack`), by the state directory on their command line:
+    other stacks (a test's secured or cluster one) may run beside it."""
+    state = os.environ.get("CHRONOWHEEL_STATE_DIR",
+                           str(Path.home() / ".cache" / "chronowheel" / "stack"))
     found: dict[str, int] = {}
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
-            cmd = (d / "cmdline").read_bytes()
+            args = (d / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"CassandraDaemon" in cmd:
-            found.setdefault("cassandra", int(d.name))
-        elif b"kafka.Kafka" in cmd:
-            found.setdefault("kafka", int(d.name))
+        for name in ("cassandra", "kafka"):
+            if f"-Dchronowheel.stack={state}/{name}".encode() in args:
+                found.setdefault(name, int(d.name))
     return found
 
 
