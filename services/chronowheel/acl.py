@@ -283,12 +283,16 @@ NODE_TABLES: dict[str, tuple[str, ...]] = {
     "job_requests": ("SELECT", "MODIFY"),
     "bucket_counts": ("SELECT", "MODIFY"),
     "calendars": ("SELECT", "MODIFY"),
+    "run_history": ("MODIFY",),  # the runs it published (history.py)
+    "run_counters": ("MODIFY",),
 }
 WORKER_TABLES: dict[str, tuple[str, ...]] = {
     "processed": ("SELECT", "MODIFY"),  # per-occurrence claims (conditional writes)
     "job_runs": ("SELECT", "MODIFY"),  # one run per job at a time (conditional writes)
     "worker_leases": ("SELECT", "MODIFY"),  # per-partition leases (conditional writes)
     "worker_marks": ("SELECT", "MODIFY"),  # done marks
+    "run_history": ("MODIFY",),  # each handling's run (history.py)
+    "run_counters": ("MODIFY",),
 }
 
 

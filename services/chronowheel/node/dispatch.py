@@ -34,6 +34,7 @@ from chronowheel.node.pending import (
     with_schedule,
 )
 from chronowheel.node.publisher import Publisher
+from chronowheel.node.runs import missed_sink, skipped_count
 from chronowheel.node.state import ShardState
 from chronowheel.node.writes import RowWriter, schedule_of
 from chronowheel.settings import Settings
@@ -73,6 +74,9 @@ class Dispatcher:
         self.missed = missed if missed is not None else Missed(
             shard=self.shard, namespace=settings.namespace, metrics=metrics)
         """Where occurrences beyond their lateness bound go (a hook for the run history)."""
+        if self.missed.sink is None:  # each missed occurrence is a run of the job's history
+            self.missed.sink = missed_sink(lambda: publisher.transactions.history,
+                                           publisher.node_id)
         self.pacer = Pacer(settings.catch_up_rate, clock.now_ms())
         self.gap = True
         """Whether the shard comes back from a gap in dispatch (a takeover, a clock-skew
@@ -266,6 +270,11 @@ class Dispatcher:
                          "fires %d", self.shard, p.job_id, p.scheduled_ms,
                          "the first on time" if on_time else "beyond the grace", job.catch_up,
                          len(fires), extra={"shard": self.shard, "job_id": p.job_id})
+                history = self.publisher.transactions.history
+                if history is not None:  # the job's `skipped` counter (run history)
+                    left_out = skipped_count(schedule, p.scheduled_ms, nxt, fires)
+                    if left_out:
+                        history.count(p.job_id, "skipped", left_out)
         for s in fires:
             # The bound is checked on what the catch-up policy chose: a missed one is not
             # published, and the schedule goes on from `nxt` all the same.

@@ -32,6 +32,7 @@ from chronowheel.core.shard import shard_of
 from chronowheel.errors import ConfigError
 from chronowheel.node.metrics import NodeMetrics, observe_many
 from chronowheel.node.pending import Pending
+from chronowheel.node.runs import fired_runs
 from chronowheel.node.state import Outgoing, ShardState
 from chronowheel.node.transactions import SET_ASIDE_SIZE, NodeTransactions, Republish
 from chronowheel.observe import tracing
@@ -143,6 +144,9 @@ class Publisher:
         for slot_ms, n in per_slot.items():
             observe_many(lateness, max(0, done - slot_ms) / 1000, n)
         self.metrics.fired.inc(len(published))
+        history = self.transactions.history
+        if history is not None:  # one queue append; the records are built off this path
+            history.add_lazy(published, fired_runs(done, self.node_id))
         for reason, n in Counter(reason for _, reason in dead if reason).items():
             self.metrics.dead_lettered.labels(reason).inc(n)
         if tracing.tracer() is not None:

@@ -26,6 +26,7 @@ from chronowheel.bus.ports import NodeBus, SubmitGroup
 from chronowheel.core.clock import Clock, SystemClock
 from chronowheel.core.model import ValidationPolicy
 from chronowheel.errors import ChronowheelError, ConfigError
+from chronowheel.history import RunRecorder, recorder_for
 from chronowheel.node.clock_guard import ClockGuard
 from chronowheel.node.metrics import NodeMetrics
 from chronowheel.node.pump import pump
@@ -33,14 +34,18 @@ from chronowheel.node.registry import Owned, ShardRegistry
 from chronowheel.node.transactions import NodeTransactions, node_transactional_id
 from chronowheel.observe.http import HttpEndpoint
 from chronowheel.settings import Settings
-from chronowheel.store.base import JobStore
+from chronowheel.store.base import JobStore, RunHistoryStore
 from chronowheel.store.cassandra import CassandraStore
+from chronowheel.store.cassandra_history import CassandraRunHistory
 from chronowheel.supervise import Supervisor
+from chronowheel.timeouts import within
 
 log = logging.getLogger(__name__)
 
 # The default of `stop_deadline_ms`, in seconds (what a node started without flags allows).
 STOP_DEADLINE_S = Settings.stop_deadline_ms / 1000
+HISTORY_FLUSH_S = 5.0
+"""At a graceful stop, how long the node writes the run history still queued, at most."""
 
 
 @dataclass
@@ -53,9 +58,12 @@ class NodeStatus:
 class Node:
     def __init__(self, settings: Settings, *, clock: Clock | None = None,
                  store: JobStore | None = None, node_id: str | None = None,
-                 bus: NodeBus | None = None, shards: int | None = None) -> None:
+                 bus: NodeBus | None = None, shards: int | None = None,
+                 history: RunHistoryStore | None = None) -> None:
         """Without `store` / `bus` the node opens Cassandra / Kafka itself; without `shards`
-        it reads the namespace's shard count from Cassandra."""
+        it reads the namespace's shard count from Cassandra. Runs are recorded in `history`,
+        or with a Cassandra store it opened itself in Cassandra's (`run_history` on); given
+        a `store` and no `history`, the node records no runs."""
         self.settings = settings
         self.clock = clock or SystemClock()
         self._store = store
@@ -70,6 +78,10 @@ class Node:
         self.supervisor = Supervisor("node")
         self._side_tasks: list[asyncio.Task[Any]] = []
         self._cassandra: CassandraStore | None = None
+        self._history_store = history
+        self.history: RunRecorder | None = None
+        """The run history writer (None: runs are not recorded)."""
+        self._history_task: asyncio.Task[Any] | None = None
         self.transactions: NodeTransactions | None = None
         self.clock_guard = ClockGuard(settings=settings, clock=self.clock, metrics=self.metrics,
                                       node_id=self.node_id, store=lambda: self.store,
@@ -140,6 +152,15 @@ class Node:
             producer=lambda: bus.producer(txn_id, self.group_id), clock=self.clock,
             metrics=self.metrics, on_fenced=registry.on_fenced, max_messages=s.max_batch)
         await self.transactions.start()
+        if s.run_history:
+            hstore = self._history_store
+            if hstore is None and self._cassandra is not None:
+                hstore = await asyncio.to_thread(CassandraRunHistory, self._cassandra.session,
+                                                 s.keyspace)
+            if hstore is not None:
+                self.history = recorder_for(hstore, s, self.metrics.registry)
+                self.transactions.history = self.history
+                self._history_task = self.supervisor.spawn(self.history.run(), "run-history")
         self._side_tasks = [self.supervisor.spawn(self.transactions.run(), "node-transactions")]
         group = self._bus.submit_group(
             group_id=self.group_id, client_id=self.node_id,
@@ -176,6 +197,13 @@ class Node:
         self._side_tasks.clear()
         if self.transactions is not None:
             await self.transactions.stop()
+        if self._history_task is not None and self.history is not None:
+            # Last: the shards' final commits are recorded too; within a bound, since
+            # history never holds a stop.
+            await self.supervisor.cancel_and_wait([self._history_task])
+            self._history_task = None
+            with contextlib.suppress(Exception):
+                await within(self.history.flush(), HISTORY_FLUSH_S)
         if self._group is not None:
             with contextlib.suppress(Exception):
                 await self._group.stop()  # leaves the group: others take over at once

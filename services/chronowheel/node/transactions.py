@@ -50,6 +50,7 @@ from chronowheel.bus.ports import (
 )
 from chronowheel.core.clock import Clock
 from chronowheel.errors import ChronowheelError
+from chronowheel.history import RunRecorder
 from chronowheel.node.metrics import NodeMetrics
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,9 @@ class NodeTransactions:
         self._kick = asyncio.Event()
         self._running = False
         self._once: dict[str, asyncio.Future[None]] = {}
+        self.history: RunRecorder | None = None
+        """The node's run history writer, told by each shard's publisher what a committed
+        part published (None: runs are not recorded)."""
         self.set_aside: OrderedDict[tuple[str, bytes, int], tuple[str, str] | None] = \
             OrderedDict()
         """Occurrences (target topic, job id, scheduled instant) the broker refused: the

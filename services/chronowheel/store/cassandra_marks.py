@@ -17,6 +17,7 @@ from chronowheel.errors import ConfigError
 from chronowheel.settings import Settings
 from chronowheel.store.base import BLOCK_BITS, Mark, WorkerStores, block_of
 from chronowheel.store.cassandra import TUPLES, CassandraStore, execute
+from chronowheel.store.cassandra_history import CassandraRunHistory
 
 
 class CassandraMarks:
@@ -111,7 +112,15 @@ class CassandraWorkerStores:
         except BaseException:
             self.store.close()
             raise
-        self.stores = WorkerStores(marks=marks, claims=self.store, runs=self.store)
+        history = None
+        if settings.run_history:
+            try:
+                history = CassandraRunHistory(self.store.session, settings.keyspace)
+            except BaseException:
+                self.store.close()
+                raise
+        self.stores = WorkerStores(marks=marks, claims=self.store, runs=self.store,
+                                   history=history)
 
     def close(self) -> None:
         self.store.close()

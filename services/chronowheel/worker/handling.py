@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from chronowheel.bus.ports import RecordRefused, WorkerProducer
-from chronowheel.core import wire
+from chronowheel.core import runs, wire
 from chronowheel.core.clock import Clock
+from chronowheel.history import RunRecorder
 from chronowheel.settings import Settings
 from chronowheel.timeouts import within
 from chronowheel.worker.intake import Intake, Item, Part
@@ -86,7 +87,8 @@ class Slots:
                  settings: Settings, clock: Clock, timer: Timer, ledger: Ledger | None,
                  producer: WorkerProducer, executor: concurrent.futures.Executor,
                  stats: WorkerStats, fail: Callable[[str, BaseException], None],
-                 overlap: Overlap | None = None) -> None:
+                 overlap: Overlap | None = None, history: RunRecorder | None = None,
+                 worker_id: str = "") -> None:
         self.intake = intake
         self.handlers = dict(handlers)
         self.is_async = {t: is_async_handler(h) for t, h in self.handlers.items()}
@@ -100,6 +102,10 @@ class Slots:
         self.stats = stats
         self._fail = fail
         self.overlap = overlap
+        self.history = history
+        """Where each handler's run is recorded (None: nowhere); see `_ran`."""
+        self.worker_id = worker_id
+        self._to_run = functools.partial(_run_record, worker_id)
         self.closed = False
         self.current: dict[asyncio.Task[None], list[Item]] = {}
         """Each slot and the records it works on (none between records)."""
@@ -263,13 +269,14 @@ class Slots:
 
     async def _admitted(self, item: Item, occ: Occurrence) -> None:
         part, rec, ticket = item
+        started = None if self.history is None else self.clock.now_ms()
         try:
             if occ.attempt > 1 and self.ledger is not None:
-                state = await self._retry_delivery(occ)
+                state = await self._retry_delivery(occ, started)
             elif self._governed(occ):
-                state = await self._with_overlap_policy(occ)
+                state = await self._with_overlap_policy(occ, started)
             else:
-                state = await self._settle(occ, await self._call(occ, None), None)
+                state = await self._settle(occ, await self._call(occ, None), None, started)
         finally:
             self.intake.release_running(part, occ.occurrence)
         self.intake.outcome(part, rec.offset, state, occ.occurrence, ticket)
@@ -292,16 +299,19 @@ class Slots:
         if not runnable:
             return
         loop = asyncio.get_running_loop()
+        # Each record's handler start, read in the thread (only when runs are recorded).
+        starts: list[int] | None = None if self.history is None else []
         call = loop.run_in_executor(self.executor, functools.partial(
             _run_sync_chunk, [self.handlers[o.topic] for _, o in runnable],
-            [o for _, o in runnable], [item.part.guard for item, _ in runnable]))
+            [o for _, o in runnable], [item.part.guard for item, _ in runnable],
+            starts, self.clock.now_ms))
         try:
             results = await asyncio.shield(call)
         except asyncio.CancelledError:
             for item, occ in runnable:
                 self.intake.release_running(item.part, occ.occurrence)
             raise
-        for (item, occ), result in zip(runnable, results, strict=True):
+        for i, ((item, occ), result) in enumerate(zip(runnable, results, strict=True)):
             part, rec, ticket = item
             if result is _NOT_STARTED:
                 self.intake.release_running(part, occ.occurrence)
@@ -311,7 +321,8 @@ class Slots:
             try:
                 if error is not None and not isinstance(error, Exception):
                     raise error  # KeyboardInterrupt, SystemExit: not a handler failure
-                state = await self._settle(occ, error, None)
+                state = await self._settle(occ, error, None,
+                                           None if starts is None else starts[i])
             finally:
                 self.intake.release_running(part, occ.occurrence)
             self.intake.outcome(part, rec.offset, state, occ.occurrence, ticket)
@@ -326,12 +337,13 @@ class Slots:
             return False
         return True
 
-    async def _with_overlap_policy(self, occ: Occurrence) -> str:
+    async def _with_overlap_policy(self, occ: Occurrence, started: int | None) -> str:
         assert self.overlap is not None
         run = await self.overlap.begin(occ)
         if isinstance(run, Skip):
             self.stats.overlap_skipped += 1
             log.info("%s: skipped: %s", occ.occurrence, run.reason)
+            self._ran(occ, runs.SKIPPED, None, None)
             return MARK_SKIPPED
         try:
             error = await self._call(occ, None, run)
@@ -340,12 +352,13 @@ class Slots:
                 self.stats.replaced += 1
                 log.info("%s: skipped: concurrency=replace: a newer occurrence replaced it",
                          occ.occurrence)
+                self._ran(occ, runs.CANCELLED, started, None)
                 return MARK_SKIPPED
-            return await self._settle(occ, error, None)
+            return await self._settle(occ, error, None, started)
         finally:
             await run.release()
 
-    async def _retry_delivery(self, occ: Occurrence) -> str:
+    async def _retry_delivery(self, occ: Occurrence, started: int | None) -> str:
         """A retry: claimed in the per-occurrence ledger, which knows every attempt handled so
         far wherever it was delivered."""
         assert self.ledger is not None
@@ -354,17 +367,30 @@ class Slots:
             self.stats.skipped += 1
             log.debug("%s attempt %d: already handled, skipped", occ.occurrence, occ.attempt)
             return MARK_SKIPPED
-        return await self._settle(occ, await self._call(occ, lease), lease)
+        return await self._settle(occ, await self._call(occ, lease), lease, started)
+
+    def _ran(self, occ: Occurrence, outcome: str, started: int | None,
+             error: BaseException | None) -> None:
+        """Record the run's outcome in the run history (a queue append: never waits)."""
+        history = self.history
+        if history is None:
+            return
+        # A plain tuple: the record is built by the history writer, off this path.
+        history.add_item((occ.job_id, occ.scheduled_ms, occ.attempt, occ.occurrence, outcome,
+                          started, self.clock.now_ms(), error), self._to_run)
 
     async def _settle(self, occ: Occurrence, error: BaseException | None,
-                      lease: Lease | None) -> str:
+                      lease: Lease | None, started: int | None = None) -> str:
         """Count the outcome; for a failure, produce the retry or dead letter first."""
         if error is None:
             self.stats.succeeded += 1
             if lease is not None:
                 await lease.done()
+            self._ran(occ, runs.SUCCEEDED, started, None)
             return MARK_DONE
         self.stats.failed += 1
+        unlettered = self.stats.unlettered
+        outcome = runs.DEAD_LETTERED
         if gives_up(occ, error):
             log.warning("%s attempt %d/%d failed, dead-lettered: %s", occ.occurrence,
                         occ.attempt, occ.max_attempts, error_text(error, 300))
@@ -385,11 +411,15 @@ class Slots:
                     occ.partition, occ.offset,
                     reason=refusal_reason("retry refused", refused.kind, refused.reason))
             else:
+                outcome = runs.RETRIED
                 self.stats.retried += 1
                 log.info("%s attempt %d/%d failed, retry submitted: %s", occ.occurrence,
                          occ.attempt, occ.max_attempts, error_text(error, 300))
         if lease is not None:
             await lease.failed()  # only after the retry/dead letter is durable
+        # Neither a retry nor a dead letter could be produced: the failure is only logged.
+        self._ran(occ, runs.FAILED if self.stats.unlettered != unlettered else outcome,
+                  started, error)
         return MARK_FAILED
 
     async def _malformed(self, item: Item, exc: MalformedOccurrence) -> None:
@@ -501,6 +531,17 @@ class Slots:
 
 _NOT_STARTED = object()
 
+RunItem = tuple[str, int, int, str, str, int | None, int, BaseException | None]
+"""What a handling hands the run history: job id, scheduled instant, attempt, occurrence key,
+outcome, handler start and end (ms), the error."""
+
+
+def _run_record(worker_id: str, item: RunItem) -> runs.RunRecord:
+    job_id, scheduled_ms, attempt, occurrence, outcome, started, ended, error = item
+    return runs.RunRecord(job_id, scheduled_ms, attempt, occurrence, started_ms=started,
+                          ended_ms=ended, outcome=outcome, worker_id=worker_id,
+                          error=None if error is None else error_text(error, 300))
+
 
 def is_async_handler(handler: Handler) -> bool:
     return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
@@ -517,11 +558,15 @@ def _run_sync(handler: Handler, occ: Occurrence) -> None:
 
 
 def _run_sync_chunk(handlers: list[Handler], occs: list[Occurrence],
-                    guards: list[PartitionGuard | None]) -> list[object]:
+                    guards: list[PartitionGuard | None], starts: list[int] | None = None,
+                    now_ms: Callable[[], int] | None = None) -> list[object]:
     """In a handler thread: each record's outcome (None or the exception), or _NOT_STARTED for
-    records whose partition lease stopped being valid before their turn (a pause, say)."""
+    records whose partition lease stopped being valid before their turn (a pause, say). With
+    `starts`, each record's start (`now_ms()`) is appended to it, in order."""
     out: list[object] = []
     for handler, occ, guard in zip(handlers, occs, guards, strict=True):
+        if starts is not None and now_ms is not None:
+            starts.append(now_ms())
         if guard is not None and not guard.holds():
             out.append(_NOT_STARTED)
             continue

@@ -38,10 +38,12 @@ from chronowheel.bus.ports import (
 )
 from chronowheel.core.clock import Clock, SystemClock
 from chronowheel.errors import ChronowheelError
+from chronowheel.history import RunRecorder, recorder_for
 from chronowheel.observe.http import HttpEndpoint
 from chronowheel.settings import Settings
 from chronowheel.store.base import WorkerStores
 from chronowheel.supervise import Supervisor, install_stop_signals
+from chronowheel.timeouts import within
 from chronowheel.worker.handling import Handler, Slots, WorkerStats
 from chronowheel.worker.intake import Intake
 from chronowheel.worker.ledger import Ledger
@@ -52,6 +54,9 @@ from chronowheel.worker.overlap import Overlap
 from chronowheel.worker.timing import RealTimer, Timer
 
 log = logging.getLogger(__name__)
+
+HISTORY_FLUSH_S = 5.0
+"""At shutdown, how long the worker writes the run history still queued, at most."""
 
 __all__ = ["Handler", "Worker", "WorkerError", "WorkerSettings", "WorkerStats",
            "default_group_id", "install_signal_handlers"]
@@ -92,6 +97,8 @@ class Worker:
         self._own_stores: Any = None
         self._ledger: Ledger | None = None
         self._overlap: Overlap | None = None
+        self.history: RunRecorder | None = None
+        """The run history writer (None: runs are not recorded; see docs/worker.md)."""
         self._consumer: WorkerConsumer | None = None
         self._producer: WorkerProducer | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -155,6 +162,9 @@ class Worker:
                                         lease_s=o.lease_s, clock=self.clock,
                                         poll_s=o.overlap_poll_s,
                                         replace_wait_s=o.replace_wait_s)
+            if stores.history is not None and self.settings.run_history:
+                self.history = recorder_for(stores.history, self.settings,
+                                            self.metrics.registry)
         if self._bus is None:
             from chronowheel.bus.kafka_worker import KafkaWorkerBus
 
@@ -177,13 +187,16 @@ class Worker:
                             settings=self.settings, clock=self.clock, timer=self.timer,
                             ledger=self._ledger, producer=self._producer,
                             executor=self._executor, stats=self.stats, fail=self._sup.fail,
-                            overlap=self._overlap)
+                            overlap=self._overlap, history=self.history,
+                            worker_id=self.worker_id)
         self._consumer = consumer  # before start(): an assignment can arrive during it
         await consumer.start()
         self._loops = [self._sup.spawn(self._fetch_loop(), "worker-fetch"),
                        self._sup.spawn(self._commit_loop(), "worker-commit")]
         if self._ledger is not None:
             self._loops.append(self._sup.spawn(self._lease_loop(), "worker-leases"))
+        if self.history is not None:
+            self._loops.append(self._sup.spawn(self.history.run(), "worker-history"))
         self._slots.start()
         log.info("worker %s started: group %s, topics %s, concurrency %d, idempotency %s",
                  self.worker_id, self.group_id, ", ".join(self.topics), o.concurrency,
@@ -223,6 +236,10 @@ class Worker:
                     await self._commit()
             with contextlib.suppress(Exception):
                 await intake.release_leases(parts)
+        if self.history is not None:
+            # What the last handlings recorded, within a bound: history never holds a stop.
+            with contextlib.suppress(Exception):
+                await within(self.history.flush(), HISTORY_FLUSH_S)
         if self._consumer is not None:
             with contextlib.suppress(Exception):
                 await self._consumer.stop()  # leaves the group: partitions move at once

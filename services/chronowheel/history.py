@@ -1,0 +1,263 @@
+"""The run-history writer of a node or a worker: records queued by the hot path, written in
+batches by a background task.
+
+Firing and handling never wait on history. `add` and `add_lazy` are plain appends to a bounded
+queue (`history_queue_rows`); when it is full, what does not fit is dropped and counted
+(`chronowheel_history_rows_total{outcome="dropped"}`), never waited for. The writer task
+(`run`, supervised by the service) takes up to `history_batch_rows` rows at a time, groups
+them by job, and writes each job's runs as one single-partition request and its counter
+deltas as one counter update, `history_writes_in_flight` requests at a time. A write that
+fails after the store's own retries is counted (`outcome="failed"`) and logged at most once a
+minute; the writer goes on with the next batch. So if Cassandra is slow, history is late;
+if it stays slow, history is dropped, and the jobs are neither.
+
+The node hands over a whole committed part at once (`add_lazy`: one append per commit, the
+records built by the writer task), so its cost on the publish path does not grow with the
+number of occurrences beyond a length check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from chronowheel.core.runs import RunRecord, add_counts
+from chronowheel.settings import Settings
+from chronowheel.store.base import RunHistoryStore
+
+log = logging.getLogger(__name__)
+
+LOG_EVERY_S = 60.0
+"""At most one log line per this interval about failed history writes."""
+
+Convert = Callable[[Any], RunRecord]
+
+
+class RunRecorder:
+    def __init__(self, store: RunHistoryStore, *, ttl_s: int, queue_rows: int,
+                 batch_rows: int, in_flight: int, writes_per_s: int = 0,
+                 registry: CollectorRegistry | None = None,
+                 monotonic: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        if queue_rows < 1 or batch_rows < 1 or in_flight < 1 or ttl_s < 1:
+            raise ValueError(f"run recorder: queue_rows ({queue_rows}), batch_rows "
+                             f"({batch_rows}), in_flight ({in_flight}) and ttl_s ({ttl_s}) "
+                             f"must be at least 1")
+        self.store = store
+        self.ttl_s = ttl_s
+        self.queue_rows = queue_rows
+        self.batch_rows = batch_rows
+        self.in_flight = in_flight
+        self.writes_per_s = writes_per_s
+        """Most requests a second the writer sends (0: no cap). What the writer costs the
+        process is about its requests: the cap bounds it, and past it the queue fills and
+        drops (counted) rather than the writer taking the process's time."""
+        self._sleep = sleep
+        self._queue: deque[tuple[Sequence[Any], Convert | None]] = deque()
+        self._counts: dict[str, dict[str, int]] = {}
+        """Counter deltas without a run row (`count`), added with the next batch."""
+        self._queued = 0
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._monotonic = monotonic
+        self._logged_at: float | None = None
+        self.written = 0
+        """Rows written."""
+        self.dropped = 0
+        """Rows dropped because the queue was full."""
+        self.failed = 0
+        """Rows whose write failed (after the store's retries)."""
+        if registry is not None:
+            registry.register(_Collector(self))
+
+    @property
+    def queued(self) -> int:
+        """Rows waiting to be written."""
+        return self._queued
+
+    # --- the hot path's side: never waits ---------------------------------------------------
+    def add(self, record: RunRecord) -> None:
+        """Queue one record, or drop and count it when the queue is full."""
+        if self._queued >= self.queue_rows:
+            self.dropped += 1
+            return
+        self._queue.append(((record,), None))
+        self._queued += 1
+        self._wake.set()
+
+    def add_item(self, item: Any, convert: Convert) -> None:
+        """Queue `convert(item)`, converted by the writer task (what is cheapest for the
+        caller: a tuple now, the record later), or drop and count it when the queue is full."""
+        if self._queued >= self.queue_rows:
+            self.dropped += 1
+            return
+        self._queue.append(((item,), convert))
+        self._queued += 1
+        self._wake.set()
+
+    def add_lazy(self, items: Sequence[Any], convert: Convert) -> None:
+        """Queue `convert(item)` of each of `items`, converted by the writer task; what does
+        not fit in the queue is dropped and counted."""
+        n = len(items)
+        if not n:
+            return
+        room = self.queue_rows - self._queued
+        if room < n:
+            self.dropped += n - max(0, room)
+            if room <= 0:
+                return
+            n = room
+        # A copy: the caller may reuse its list once this returns.
+        self._queue.append((tuple(items[:n]) if n < len(items) else tuple(items), convert))
+        self._queued += n
+        self._wake.set()
+
+    def count(self, job_id: str, name: str, n: int) -> None:
+        """Add `n` to a counter of the job with the next batch, without a run row (the
+        occurrences a catch-up left out). Dropped and counted when `queue_rows` jobs already
+        wait for such deltas."""
+        mine = self._counts.get(job_id)
+        if mine is None:
+            if len(self._counts) >= self.queue_rows:
+                self.dropped += 1
+                return
+            mine = self._counts[job_id] = {}
+        mine[name] = mine.get(name, 0) + n
+        self._wake.set()
+
+    # --- the writer task ----------------------------------------------------------------------
+    async def run(self) -> None:
+        """Write what is queued, batch after batch, for as long as the service runs."""
+        while True:
+            if not self._queue and not self._counts:
+                self._idle.set()
+                await self._wake.wait()
+            self._wake.clear()
+            self._idle.clear()
+            started = self._monotonic()
+            requests = await self.write_batch()
+            if self.writes_per_s > 0 and requests:
+                pause = requests / self.writes_per_s - (self._monotonic() - started)
+                if pause > 0:
+                    await self._sleep(pause)
+
+    async def flush(self) -> None:
+        """Write everything queued now (at shutdown; tests)."""
+        while self._queue or self._counts:
+            await self.write_batch()
+
+    async def settled(self) -> None:
+        """Return once the writer task has written everything queued (tests)."""
+        while self._queue or self._counts or not self._idle.is_set():
+            self._wake.set()
+            await self._idle.wait()
+            if self._queue or self._counts:
+                await asyncio.sleep(0)
+
+    def _take(self) -> list[RunRecord]:
+        out: list[RunRecord] = []
+        room = self.batch_rows
+        queue = self._queue
+        while queue and room > 0:
+            items, convert = queue[0]
+            if len(items) <= room:
+                queue.popleft()
+                chunk = items
+            else:
+                chunk, rest = items[:room], items[room:]
+                queue[0] = (rest, convert)
+            room -= len(chunk)
+            self._queued -= len(chunk)
+            out.extend(chunk if convert is None else map(convert, chunk))
+        return out
+
+    async def write_batch(self) -> int:
+        """Take up to `batch_rows` queued rows and write them: per job one request for its
+        runs and one for its counters, `in_flight` at a time; return the requests made.
+        Failures are counted, not raised (an error of history never stops the node or the
+        worker)."""
+        try:
+            records = self._take()
+        except Exception as exc:  # a conversion bug: those rows are lost, the writer goes on
+            self._failed(0, exc)
+            return 0
+        counts, self._counts = self._counts, {}
+        if not records and not counts:
+            return 0
+        by_job: dict[str, list[RunRecord]] = {}
+        for r in records:
+            by_job.setdefault(r.job_id, []).append(r)
+        add_counts(counts, records)
+        writes: list[tuple[int, Any]] = [
+            (len(runs), self.store.write_runs(job_id, runs, self.ttl_s))
+            for job_id, runs in by_job.items()]
+        writes += [(0, self.store.add_run_counts(job_id, c)) for job_id, c in counts.items()]
+        await self._bounded(writes)
+        return len(writes)
+
+    async def _bounded(self, writes: list[tuple[int, Any]]) -> None:
+        todo = iter(writes)
+
+        async def lane() -> None:
+            for rows, write in todo:
+                try:
+                    await write
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    self._failed(rows, exc)
+                else:
+                    self.written += rows
+
+        lanes = [lane() for _ in range(min(self.in_flight, len(writes)))]
+        try:
+            await asyncio.gather(*lanes)
+        finally:
+            for _rows, write in todo:  # cancelled part-way: never started, closed quietly
+                write.close()
+
+    def _failed(self, rows: int, exc: BaseException) -> None:
+        self.failed += rows
+        now = self._monotonic()
+        if self._logged_at is None or now - self._logged_at >= LOG_EVERY_S:
+            self._logged_at = now
+            log.warning("run history: a write failed (%s: %s); %d rows failed and %d dropped "
+                        "so far. Firing and handling go on; history is incomplete meanwhile",
+                        type(exc).__name__, exc, self.failed, self.dropped)
+
+
+def recorder_for(store: RunHistoryStore, settings: Settings,
+                 registry: CollectorRegistry | None) -> RunRecorder:
+    """The recorder of a node or worker configured by `settings` (the `history_*` ones)."""
+    return RunRecorder(store, ttl_s=max(1, settings.history_ttl_ms // 1000),
+                       queue_rows=settings.history_queue_rows,
+                       batch_rows=settings.history_batch_rows,
+                       in_flight=settings.history_writes_in_flight,
+                       writes_per_s=settings.history_writes_per_s, registry=registry)
+
+
+class _Collector(Collector):
+    def __init__(self, recorder: RunRecorder) -> None:
+        self._r = recorder
+
+    def collect(self) -> Iterable[CounterMetricFamily | GaugeMetricFamily]:
+        r = self._r
+        rows = CounterMetricFamily(
+            "chronowheel_history_rows", "run history rows by outcome: written; dropped (the "
+            "queue was full: Cassandra slower than the runs); failed (the write failed)",
+            labels=["outcome"])
+        rows.add_metric(["written"], r.written)
+        rows.add_metric(["dropped"], r.dropped)
+        rows.add_metric(["failed"], r.failed)
+        yield rows
+        yield GaugeMetricFamily("chronowheel_history_queue_rows",
+                                "run history rows waiting to be written", value=r.queued)

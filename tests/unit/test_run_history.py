@@ -1,0 +1,346 @@
+"""Run history and per-job counters without servers: the storage contract in memory, the
+outcome vocabulary, the recorder's batches, bounded queue and drop counting, and a node and a
+worker recording each run (a one-shot then reads as finished)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+
+import pytest
+from chronowheel.cli.job import describe, render, render_history
+from chronowheel.cli.jobs import view as jobs_view
+from chronowheel.core import runs
+from chronowheel.core.clock import ManualClock
+from chronowheel.core.runs import RunCounters, RunRecord, counter_deltas, shown_status
+from chronowheel.errors import RetriableError
+from chronowheel.history import RunRecorder
+from chronowheel.node.service import Node
+from chronowheel.ops.runs import read_job_history
+from chronowheel.store.base import JobPage, JobRow, JobSummary
+from chronowheel.store.memory_history import MemoryRunHistory
+from chronowheel.worker import Occurrence, Worker
+from prometheus_client import CollectorRegistry
+
+from tests.contract.run_history import PassTime, RunHistoryContract
+from tests.unit.node_rig import T0, NodeRig
+from tests.unit.worker_rig import WorkerRig
+
+
+class TestMemoryRunHistoryContract(RunHistoryContract):
+    @pytest.fixture
+    def clock(self) -> ManualClock:
+        return ManualClock(T0)
+
+    @pytest.fixture
+    def history(self, clock: ManualClock) -> MemoryRunHistory:
+        return MemoryRunHistory(clock=clock)
+
+    @pytest.fixture
+    def pass_time(self, clock: ManualClock) -> PassTime:
+        async def advance(seconds: float) -> None:
+            clock.advance(int(seconds * 1000))
+        return advance
+
+
+# --- the vocabulary ---------------------------------------------------------------------------
+def test_each_outcome_adds_to_its_counters() -> None:
+    fired = RunRecord("j", T0, fired_ms=T0 + 3, lateness_ms=3, node_id="n")
+    assert counter_deltas(fired) == {"fired": 1}
+    expected = {runs.SUCCEEDED: {"succeeded": 1}, runs.RETRIED: {"failed": 1},
+                runs.FAILED: {"failed": 1},
+                runs.DEAD_LETTERED: {"failed": 1, "dead_lettered": 1},
+                runs.SKIPPED: {"skipped": 1}, runs.MISSED: {"missed": 1},
+                runs.CANCELLED: {}}
+    assert set(expected) == set(runs.OUTCOMES)
+    for outcome, deltas in expected.items():
+        assert counter_deltas(RunRecord("j", T0, outcome=outcome)) == deltas, outcome
+    with pytest.raises(ValueError, match="not one of"):
+        RunRecord("j", T0, outcome="exploded")
+
+
+def test_a_run_reads_pending_then_fired_then_its_outcome() -> None:
+    r = RunRecord("j", T0)
+    assert r.state == "pending" and r.occurrence == f"j@{T0}"
+    r = r.merged(RunRecord("j", T0, fired_ms=T0 + 1))
+    assert r.state == runs.FIRED
+    r = r.merged(RunRecord("j", T0, started_ms=T0 + 5, ended_ms=T0 + 9,
+                           outcome=runs.SUCCEEDED))
+    assert (r.state, r.fired_ms, r.duration_ms) == (runs.SUCCEEDED, T0 + 1, 4)
+    with pytest.raises(ValueError, match="cannot merge"):
+        r.merged(RunRecord("j", T0, 2))
+
+
+def test_a_one_shot_with_a_run_at_its_instant_reads_as_finished() -> None:
+    done = RunRecord("j", T0, fired_ms=T0, outcome=runs.SUCCEEDED)
+    assert shown_status("scheduled", recurring=False, scheduled_ms=T0, last=done) == "finished"
+    assert shown_status("scheduled", recurring=False, scheduled_ms=T0,
+                        last=RunRecord("j", T0, fired_ms=T0)) == "finished"
+    assert shown_status("scheduled", recurring=False, scheduled_ms=T0,
+                        last=RunRecord("j", T0, outcome=runs.MISSED)) == "finished"
+    assert shown_status("scheduled", recurring=False, scheduled_ms=T0,
+                        last=RunRecord("j", T0, outcome=runs.RETRIED)) == "retrying"
+    # Not yet run, an earlier instant (re-armed since), a recurring job, a paused one: as stored.
+    assert shown_status("scheduled", recurring=False, scheduled_ms=T0, last=None) == "scheduled"
+    assert shown_status("scheduled", recurring=False, scheduled_ms=T0 + 1,
+                        last=done) == "scheduled"
+    assert shown_status("scheduled", recurring=True, scheduled_ms=T0, last=done) == "scheduled"
+    assert shown_status("paused", recurring=False, scheduled_ms=T0, last=done) == "paused"
+
+
+# --- the recorder -----------------------------------------------------------------------------
+def recorder(store: MemoryRunHistory, registry: CollectorRegistry | None = None,
+             **kw: int) -> RunRecorder:
+    opts = dict(ttl_s=3600, queue_rows=100, batch_rows=10, in_flight=4)
+    opts.update(kw)
+    return RunRecorder(store, registry=registry or CollectorRegistry(), **opts)
+
+
+async def test_a_batch_writes_each_jobs_runs_in_one_request_and_its_counters_in_another() -> None:
+    store = MemoryRunHistory()
+    rec = recorder(store, batch_rows=5)
+    for i in range(3):
+        rec.add(RunRecord("a", T0 + i, fired_ms=T0 + i))
+    rec.add_lazy([("b", T0), ("b", T0 + 1), ("c", T0)],
+                 lambda item: RunRecord(item[0], item[1], outcome=runs.SUCCEEDED))
+    assert rec.queued == 6 and store.writes == 0  # nothing written on the caller's path
+    await rec.write_batch()  # five rows: a a a b b
+    assert rec.queued == 1 and rec.written == 5
+    assert store.writes == 4  # runs of a, runs of b, counters of a, counters of b
+    assert store.counts == {"a": {"fired": 3}, "b": {"succeeded": 2}}
+    await rec.flush()
+    assert rec.queued == 0 and rec.written == 6 and store.counts["c"] == {"succeeded": 1}
+    assert [r.scheduled_ms for r in await store.job_runs("a", 10)] == [T0 + 2, T0 + 1, T0]
+
+
+async def test_a_full_queue_drops_and_counts_and_never_waits() -> None:
+    gate = asyncio.Event()
+
+    async def stuck() -> None:  # Cassandra not answering
+        await gate.wait()
+
+    store = MemoryRunHistory(delay=stuck)
+    registry = CollectorRegistry()
+    rec = recorder(store, registry, queue_rows=5, batch_rows=2)
+    task = asyncio.ensure_future(rec.run())
+    try:
+        for i in range(4):
+            rec.add(RunRecord("a", T0 + i, fired_ms=T0))
+        await asyncio.sleep(0)  # the writer takes two rows and waits on the store
+        assert rec.queued == 2
+        rec.add_lazy(list(range(4)), lambda i: RunRecord("b", T0 + i, fired_ms=T0))
+        rec.add(RunRecord("c", T0, fired_ms=T0))
+        assert rec.queued == 5 and rec.dropped == 2  # b's last one and c's
+        metrics = {s.name + str(s.labels): s.value
+                   for fam in registry.collect() for s in fam.samples}
+        assert metrics["chronowheel_history_rows_total{'outcome': 'dropped'}"] == 2
+        assert metrics["chronowheel_history_queue_rows{}"] == 5
+        gate.set()
+        await rec.settled()
+        assert rec.written == 7 and rec.queued == 0
+        assert sorted(r.scheduled_ms for r in await store.job_runs("b", 10)) == [
+            T0, T0 + 1, T0 + 2]
+    finally:
+        task.cancel()
+
+
+async def test_a_failed_write_is_counted_and_the_writer_goes_on() -> None:
+    class Flaky(MemoryRunHistory):
+        async def write_runs(self, job_id: str, runs_: object, ttl_s: int) -> None:
+            if job_id == "bad":
+                raise RetriableError("write a run: WriteTimeout")
+            await super().write_runs(job_id, runs_, ttl_s)  # type: ignore[arg-type]
+
+    store = Flaky()
+    rec = recorder(store)
+    rec.add(RunRecord("bad", T0, fired_ms=T0))
+    rec.add(RunRecord("good", T0, fired_ms=T0))
+    await rec.flush()
+    assert (rec.failed, rec.written) == (1, 1)
+    assert [r.job_id for r in await store.job_runs("good", 5)] == ["good"]
+    rec.add(RunRecord("good", T0 + 1, fired_ms=T0))
+    await rec.flush()
+    assert rec.written == 2
+
+
+async def test_the_writer_keeps_to_its_request_rate() -> None:
+    slept: list[float] = []
+    done = asyncio.Event()
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        done.set()
+        await asyncio.Event().wait()  # the test ends the writer here
+
+    store = MemoryRunHistory()
+    rec = RunRecorder(store, ttl_s=60, queue_rows=100, batch_rows=100, in_flight=4,
+                      writes_per_s=4, monotonic=lambda: 0.0, sleep=sleep)
+    for job in ("a", "b", "c"):
+        rec.add(RunRecord(job, T0, fired_ms=T0))
+    task = asyncio.ensure_future(rec.run())
+    try:
+        await asyncio.wait_for(done.wait(), 5)
+        # Three jobs: three run writes and three counter updates, at four a second.
+        assert slept == [1.5] and store.writes == 6
+    finally:
+        task.cancel()
+
+
+# --- a node and a worker recording runs --------------------------------------------------------
+@pytest.fixture
+async def rigs() -> AsyncIterator[tuple[NodeRig, WorkerRig, MemoryRunHistory]]:
+    # No pacing of the writers: it would sleep in real time, and the rigs' time is manual.
+    async with NodeRig(history_writes_per_s=0) as nodes, WorkerRig(node=nodes) as workers:
+        yield nodes, workers, MemoryRunHistory(clock=nodes.clock)
+
+
+async def start_node(nodes: NodeRig, history: MemoryRunHistory) -> Node:
+    node = Node(nodes.settings, clock=nodes.clock, store=nodes.store, bus=nodes.bus,
+                shards=nodes.settings.shards, node_id="n1", history=history)
+    nodes.nodes.append(node)
+    await node.start()
+    await nodes.settle()
+    return node
+
+
+async def start_worker(workers: WorkerRig, history: MemoryRunHistory,
+                       handler: object) -> Worker:
+    worker = workers.worker(handler, worker_id="w1")  # type: ignore[arg-type]
+    # The rig's stores with a run history added (the rig makes them without one).
+    worker._stores = dataclasses.replace(worker._stores, history=history)  # type: ignore[arg-type]
+    await workers.during(worker.start())
+    return worker
+
+
+async def test_a_one_shot_and_a_failing_job_are_recorded_with_their_outcomes(
+        rigs: tuple[NodeRig, WorkerRig, MemoryRunHistory]) -> None:
+    nodes, workers, history = rigs
+
+    async def handler(occ: Occurrence) -> None:
+        if occ.job_id.startswith("bad"):
+            raise RuntimeError(f"no such account (attempt {occ.attempt})")
+
+    await start_node(nodes, history)
+    worker = await start_worker(workers, history, handler)
+    nodes.upsert("good-1", at=T0 + 1_000)
+    nodes.upsert("bad-1", at=T0 + 1_000, max_attempts=2, backoff="1s")
+    await workers.until("bad-1's last attempt", lambda: worker.stats.dead == 1)
+    assert worker.history is not None
+    await worker.history.settled()
+    await nodes.nodes[0].history.settled()  # type: ignore[union-attr]
+
+    good = await read_job_history(history, "good-1", 10)
+    (run,) = good.runs
+    assert (run.state, run.attempt, run.node_id, run.worker_id) == (runs.SUCCEEDED, 1, "n1",
+                                                                    "w1")
+    assert run.fired_ms is not None and run.fired_ms >= T0 + 1_000
+    assert run.lateness_ms == run.fired_ms - (T0 + 1_000)
+    assert run.started_ms is not None and run.ended_ms is not None
+    assert run.fired_ms <= run.started_ms <= run.ended_ms
+    assert good.counters == RunCounters(fired=1, succeeded=1, last_outcome=runs.SUCCEEDED)
+
+    bad = await read_job_history(history, "bad-1", 10)
+    assert [(r.attempt, r.state) for r in bad.runs] == [(2, runs.DEAD_LETTERED),
+                                                         (1, runs.RETRIED)]
+    assert bad.runs[0].error == "RuntimeError: no such account (attempt 2)"
+    assert bad.counters == RunCounters(fired=2, failed=2, dead_lettered=1,
+                                       last_outcome=runs.DEAD_LETTERED)
+
+    # `job show` and `jobs list`: the fired one-shot reads as finished, with its counters.
+    row = await nodes.store.get_job("good-1")
+    assert row is not None and row.status == "scheduled"
+    shown = describe(row, 2, None, nodes.clock.now_ms(), good)
+    assert (shown["status"], shown["stored_status"]) == ("finished", "scheduled")
+    assert shown["counters"]["succeeded"] == 1 and shown["last_run"]["state"] == "succeeded"
+    assert "finished (stored: scheduled" in render(shown, nodes.clock.now_ms())
+    listed = jobs_view(JobPage([JobSummary("good-1", row.shard, row.status, None,
+                                           row.scheduled_ms, row.version)], None),
+                       {"good-1": good.counters}, {"good-1": good.runs[0]})
+    assert listed["jobs"][0]["status"] == "finished"
+    assert listed["jobs"][0]["counters"]["fired"] == 1
+    table = render_history(bad)
+    assert "dead-lettered" in table and "retried" in table and "RuntimeError" in table
+
+
+async def test_history_that_cannot_be_written_does_not_hold_firing_back(
+        rigs: tuple[NodeRig, WorkerRig, MemoryRunHistory]) -> None:
+    nodes, _, _ = rigs
+    gate = asyncio.Event()
+
+    async def stuck() -> None:
+        await gate.wait()
+
+    history = MemoryRunHistory(clock=nodes.clock, delay=stuck)
+    nodes.settings = nodes.settings.replace(history_queue_rows=3, history_batch_rows=1)
+    node = await start_node(nodes, history)
+    for i in range(6):
+        nodes.upsert(f"tick-{i}", at=T0 + 1_000 + i)
+    await nodes.advance(2_000)
+    assert len(nodes.fired()) == 6  # every occurrence published, on time
+    recorder_ = node.history
+    assert recorder_ is not None
+    # At most one row in the writer's hands (waiting on the store) and three queued: the
+    # rest was dropped and counted.
+    assert recorder_.written == 0 and recorder_.queued <= 3 and recorder_.dropped >= 2
+    assert recorder_.queued + recorder_.dropped == 5
+    gate.set()
+    await recorder_.settled()
+    assert recorder_.written + recorder_.dropped == 6 and recorder_.written >= 1
+
+
+def test_a_job_without_runs_shows_empty_history() -> None:
+    from chronowheel.core.runs import JobHistory
+
+    text = render_history(JobHistory("j", [], RunCounters()))
+    assert "no runs recorded" in text and "fired 0" in text
+    shown = describe(JobRow("j", 0, b'{"id":"j","at":1}', 1, "scheduled", T0, T0), 2, None, T0,
+                     JobHistory("j", [], RunCounters()))
+    assert shown["status"] == "scheduled" and shown["last_run"] is None
+
+
+async def test_counts_without_a_run_go_with_the_next_batch() -> None:
+    store = MemoryRunHistory()
+    rec = recorder(store)
+    rec.count("j", "skipped", 3)
+    rec.count("j", "skipped", 2)
+    rec.add(RunRecord("j", T0, fired_ms=T0))
+    await rec.flush()
+    assert store.counts == {"j": {"skipped": 5, "fired": 1}}
+    assert len(await store.job_runs("j", 10)) == 1
+
+
+def test_a_catch_up_counts_what_it_left_out() -> None:
+    from chronowheel.core.recurrence import compile_schedule
+    from chronowheel.node.runs import skipped_count
+
+    every_2s = compile_schedule(cron=None, every_ms=2_000, tz="UTC", start_ms=None,
+                                end_ms=None, dst="skip")
+    # Paused 24 s: 13 occurrences from T0 to T0 + 24 s; coalesce fired the latest, the
+    # schedule goes on at T0 + 26 s: twelve left out.
+    assert skipped_count(every_2s, T0, T0 + 26_000, (T0 + 24_000,)) == 12
+    # `all` fired every one of them: none left out.
+    fired_all = tuple(range(T0, T0 + 26_000, 2_000))
+    assert skipped_count(every_2s, T0, T0 + 26_000, fired_all) == 0
+    # The walk is capped (a job every second paused for a day).
+    assert skipped_count(every_2s, T0, T0 + 86_400_000, (), cap=100) == 100
+
+
+async def test_an_occurrence_beyond_its_lateness_bound_is_recorded_as_missed(
+        rigs: tuple[NodeRig, WorkerRig, MemoryRunHistory]) -> None:
+    nodes, _, history = rigs
+    node = await start_node(nodes, history)
+    nodes.upsert("stale", at=T0 - 60_000, max_lateness="10s")  # a minute late on arrival
+    nodes.upsert("fresh", at=T0 + 500, max_lateness="10s")
+    await nodes.advance(2_000)
+    assert [m.key for m in nodes.fired()] == [b"fresh"]
+    assert node.history is not None
+    await node.history.settled()
+    stale = await read_job_history(history, "stale", 5)
+    (run,) = stale.runs
+    assert (run.state, run.node_id, run.fired_ms) == (runs.MISSED, "n1", None)
+    assert run.lateness_ms is not None and run.lateness_ms >= 60_000
+    assert stale.counters == RunCounters(missed=1, last_outcome=runs.MISSED)
+    row = await nodes.store.get_job("stale")
+    assert row is not None
+    assert describe(row, 2, None, nodes.clock.now_ms(), stale)["status"] == "finished"
