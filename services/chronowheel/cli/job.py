@@ -1,4 +1,4 @@
-"""`chronowheel job show|cancel|pause|resume|trigger|backfill ID`."""
+"""`chronowheel job show|history|cancel|pause|resume|trigger|backfill ID`."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from typing import Any
 
 import orjson
 
+from chronowheel.core.runs import MAX_HISTORY_LIMIT, JobHistory, RunRecord, shown_status
 from chronowheel.core.shard import shard_of
 from chronowheel.errors import ChronowheelError
-from chronowheel.ops.format import relative, rfc3339
+from chronowheel.ops.format import relative, rfc3339, table
 from chronowheel.settings import (
     CONNECTION_SETTINGS,
     Settings,
@@ -25,7 +26,8 @@ from chronowheel.store.base import JobRow
 
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "job", help="inspect, cancel, pause, resume, trigger or backfill one job",
+        "job", help="inspect, cancel, pause, resume, trigger or backfill one job, or show its "
+                    "run history",
         description="Inspect one job of a namespace, or send it a command.")
     actions = p.add_subparsers(dest="job_command", metavar="ACTION", required=True)
 
@@ -34,12 +36,33 @@ def register(sub: Any) -> None:
         description="Print the job's row in the jobs table: status, version, the spec as "
                     "submitted, the next scheduled instant and its effective firing slot "
                     "(RFC 3339, UTC), the shard, and whether that occurrence is already "
-                    "published (slot at or before the shard's committed watermark). Exit "
+                    "published (slot at or before the shard's committed watermark), its run "
+                    "counters (fired, succeeded, failed, dead-lettered, skipped, missed) and "
+                    "last outcome. A one-shot whose occurrence has a recorded run reads as "
+                    "finished (the stored row keeps `scheduled`: see `stored_status`). Exit "
                     "status 1 when there is no such job.")
     show.add_argument("id", metavar="ID")
     show.add_argument("--json", action="store_true", help="one JSON object")
     add_settings_arguments(show, CONNECTION_SETTINGS)
     show.set_defaults(func=run_show)
+
+    history = actions.add_parser(
+        "history", help="the job's last runs and its counters",
+        description="Print the job's last runs, newest first by scheduled instant (a retry "
+                    "is a run of its own, attempt 2 and up): scheduled instant, attempt, "
+                    "state (succeeded, failed, retried, dead-lettered, skipped, missed, "
+                    "cancelled; `fired` while no handler outcome is recorded), fired-at and "
+                    "lateness, node, the worker's handler start, duration and worker id, and "
+                    "the error of a failure; then the job's counters. Runs are recorded by "
+                    "nodes and workers in batches, so the newest may show a moment late; "
+                    "each row is kept `history_ttl_ms`.")
+    history.add_argument("id", metavar="ID")
+    history.add_argument("--limit", type=int, metavar="N",
+                         help=f"the last N runs (1..{MAX_HISTORY_LIMIT}; default: the "
+                              f"history_limit setting, CHRONOWHEEL_HISTORY_LIMIT, 20)")
+    history.add_argument("--json", action="store_true", help="one JSON object")
+    add_settings_arguments(history, CONNECTION_SETTINGS)
+    history.set_defaults(func=run_history)
 
     cancel = actions.add_parser(
         "cancel", help="send a cancel command for the job",
@@ -102,8 +125,10 @@ def register(sub: Any) -> None:
 
 # --- show --------------------------------------------------------------------------------
 
-def describe(row: JobRow, shards: int, watermark: int | None, now_ms: int) -> dict[str, Any]:
-    """The JSON view of a jobs row (pure: unit-tested)."""
+def describe(row: JobRow, shards: int, watermark: int | None, now_ms: int,
+             history: JobHistory | None = None) -> dict[str, Any]:
+    """The JSON view of a jobs row, with its run counters and last run when `history` is
+    given (pure: unit-tested)."""
     try:
         spec: Any = orjson.loads(row.spec) if row.spec else None
     except orjson.JSONDecodeError:
@@ -111,8 +136,15 @@ def describe(row: JobRow, shards: int, watermark: int | None, now_ms: int) -> di
     published = None
     if row.status == "scheduled" and row.slot_ms is not None and watermark is not None:
         published = row.slot_ms <= watermark
+    last = history.runs[0] if history is not None and history.runs else None
+    recurring = isinstance(spec, dict) and ("cron" in spec or "every" in spec)
+    status = shown_status(row.status, recurring=recurring, scheduled_ms=row.scheduled_ms,
+                          last=last)
     return {
-        "id": row.job_id, "shard": row.shard, "shards": shards, "status": row.status,
+        "id": row.job_id, "shard": row.shard, "shards": shards, "status": status,
+        "stored_status": row.status,
+        "counters": None if history is None else history.counters.as_json(),
+        "last_run": None if last is None else last.as_json(),
         "version": row.version,
         "next_scheduled": None if row.scheduled_ms is None else rfc3339(row.scheduled_ms),
         "next_scheduled_ms": row.scheduled_ms,
@@ -128,7 +160,9 @@ def describe(row: JobRow, shards: int, watermark: int | None, now_ms: int) -> di
 def render(view: dict[str, Any], now_ms: int) -> str:
     lines = [f"job        {view['id']}",
              f"shard      {view['shard']} of {view['shards']}",
-             f"status     {view['status']}",
+             f"status     {view['status']}"
+             + ("" if view["status"] == view.get("stored_status", view["status"])
+                else f" (stored: {view['stored_status']}; its occurrence has run)"),
              f"version    {view['version']}"]
     if view["next_scheduled_ms"] is not None:
         lines.append(f"next       {view['next_scheduled']}  "
@@ -142,6 +176,15 @@ def render(view: dict[str, Any], now_ms: int) -> str:
         state = ("yes: the shard's watermark is past it" if view["published"]
                  else "not yet")
         lines.append(f"published  {state} (watermark {view['shard_watermark']})")
+    counters = view.get("counters")
+    if counters is not None:
+        lines.append("runs       " + ", ".join(
+            f"{name.replace('_', '-')} {counters[name]}" for name in
+            ("fired", "succeeded", "failed", "dead_lettered", "skipped", "missed")))
+        last = view.get("last_run")
+        if last is not None:
+            lines.append(f"last run   {last['state']} (attempt {last['attempt']} of "
+                         f"{rfc3339(last['scheduled_ms'])}; `job history` for more)")
     spec = orjson.dumps(view["spec"], option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
     lines.append("spec")
     lines.extend("  " + ln for ln in spec.decode().splitlines())
@@ -158,11 +201,15 @@ def run_show(args: argparse.Namespace) -> int:
 
 async def _show(settings: Settings, job_id: str, as_json: bool) -> int:
     from chronowheel.ops.cluster import open_store, read_state_records, recorded_shards
+    from chronowheel.ops.runs import open_history, read_job_history
 
     store = await open_store(settings)
     try:
         shards = await recorded_shards(store, settings)
         row = await store.get_job(job_id)
+        history = None
+        if row is not None:
+            history = await read_job_history(await open_history(store, settings), job_id, 1)
     finally:
         await asyncio.to_thread(store.close)
     if row is None:
@@ -176,8 +223,66 @@ async def _show(settings: Settings, job_id: str, as_json: bool) -> int:
         rec = records.get(row.shard)
         watermark = rec.watermark if rec is not None else None
     now = time.time_ns() // 1_000_000
-    view = describe(row, shards, watermark, now)
+    view = describe(row, shards, watermark, now, history)
     print(orjson.dumps(view).decode() if as_json else render(view, now))
+    return 0
+
+
+# --- history -----------------------------------------------------------------------------
+
+def _ms(value: int | None) -> str:
+    return "-" if value is None else rfc3339(value)
+
+
+def render_history(history: JobHistory) -> str:
+    """The table of `job history` (pure: unit-tested)."""
+    c = history.counters
+    lines = [f"job {history.job_id}: fired {c.fired}, succeeded {c.succeeded}, failed "
+             f"{c.failed}, dead-lettered {c.dead_lettered}, skipped {c.skipped}, missed "
+             f"{c.missed}; last outcome {c.last_outcome or '-'}"]
+    if not history.runs:
+        lines.append("no runs recorded")
+        return "\n".join(lines)
+    rows = [_history_row(r) for r in history.runs]
+    lines.append(table(["SCHEDULED", "ATTEMPT", "STATE", "FIRED", "LATE", "NODE", "STARTED",
+                        "TOOK", "WORKER", "ERROR"], rows, right=(1, 4, 7)))
+    return "\n".join(lines)
+
+
+def _history_row(r: RunRecord) -> list[str]:
+    scheduled = rfc3339(r.scheduled_ms)
+    if r.occurrence != f"{r.job_id}@{r.scheduled_ms}":
+        scheduled += " " + r.occurrence.rpartition("@")[2].split("/", 1)[-1]  # origin/request
+    duration = r.duration_ms
+    return [scheduled, str(r.attempt), r.state, _ms(r.fired_ms),
+            "-" if r.lateness_ms is None else f"{r.lateness_ms} ms", r.node_id or "-",
+            _ms(r.started_ms), "-" if duration is None else f"{duration} ms",
+            r.worker_id or "-", (r.error or "")[:80] or "-"]
+
+
+def run_history(args: argparse.Namespace) -> int:
+    from chronowheel.ops.cluster import quiet_kafka_logs
+
+    quiet_kafka_logs()
+    settings = settings_from_args(args)
+    limit = settings.history_limit if args.limit is None else args.limit
+    if not 1 <= limit <= MAX_HISTORY_LIMIT:
+        from chronowheel.errors import ValidationError
+
+        raise ValidationError("--limit", f"must be 1..{MAX_HISTORY_LIMIT}", limit)
+    return asyncio.run(_history(settings, args.id, limit, args.json))
+
+
+async def _history(settings: Settings, job_id: str, limit: int, as_json: bool) -> int:
+    from chronowheel.ops.cluster import open_store
+    from chronowheel.ops.runs import open_history, read_job_history
+
+    store = await open_store(settings)
+    try:
+        history = await read_job_history(await open_history(store, settings), job_id, limit)
+    finally:
+        await asyncio.to_thread(store.close)
+    print(orjson.dumps(history.as_json()).decode() if as_json else render_history(history))
     return 0
 
 

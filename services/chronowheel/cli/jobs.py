@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
+from chronowheel.core.runs import RunCounters, RunRecord, shown_status
 from chronowheel.ops.format import relative, rfc3339, table
 from chronowheel.settings import (
     CONNECTION_SETTINGS,
@@ -16,7 +18,7 @@ from chronowheel.settings import (
     add_settings_arguments,
     settings_from_args,
 )
-from chronowheel.store.base import JOB_STATUSES, MAX_LIST_LIMIT, JobPage
+from chronowheel.store.base import JOB_STATUSES, MAX_LIST_LIMIT, JobPage, JobSummary
 
 
 def register(sub: Any) -> None:
@@ -33,8 +35,10 @@ def register(sub: Any) -> None:
                     "--prefix is applied to the rows read. A page holds at most --limit jobs "
                     "and may hold fewer (a page reads at most 5000 rows); when more may "
                     "follow, the last line gives the --page cursor of the next page (use it "
-                    "with the same filters). A fired one-shot keeps the status scheduled, its "
-                    "due time in the past.")
+                    "with the same filters). Each job shows its run counters (fired, "
+                    "succeeded, failed, dead-lettered, skipped, missed) and last outcome. A "
+                    "fired one-shot is stored as scheduled (--status scheduled finds it) and "
+                    "shows as finished once its run is recorded.")
     ls.add_argument("--tenant", metavar="T", help="jobs whose tenant is T")
     ls.add_argument("--status", choices=JOB_STATUSES, help="jobs in this state")
     ls.add_argument("--prefix", metavar="P", help="job ids starting with P")
@@ -54,26 +58,51 @@ def register(sub: Any) -> None:
     register_actions(actions)
 
 
-def view(page: JobPage) -> dict[str, Any]:
-    """The JSON view of a page (pure: unit-tested)."""
+def _status(j: JobSummary, last: Mapping[str, RunRecord]) -> str:
+    # Not knowing whether the job recurs is fine here: a recurring job's pending occurrence
+    # moves on (stored before the one it follows is published), so only a one-shot's run can
+    # share its pending instant.
+    return shown_status(j.status, recurring=False, scheduled_ms=j.scheduled_ms,
+                        last=last.get(j.job_id))
+
+
+def view(page: JobPage, counters: Mapping[str, RunCounters] | None = None,
+         last: Mapping[str, RunRecord] | None = None) -> dict[str, Any]:
+    """The JSON view of a page, with each job's run counters when given (pure:
+    unit-tested)."""
+    last = last or {}
     return {
-        "jobs": [{"id": j.job_id, "status": j.status, "tenant": j.tenant, "shard": j.shard,
+        "jobs": [{"id": j.job_id, "status": _status(j, last), "stored_status": j.status,
+                  "tenant": j.tenant, "shard": j.shard,
                   "version": j.version, "due_ms": j.scheduled_ms,
-                  "due": None if j.scheduled_ms is None else rfc3339(j.scheduled_ms)}
+                  "due": None if j.scheduled_ms is None else rfc3339(j.scheduled_ms),
+                  "counters": None if counters is None or j.job_id not in counters
+                  else counters[j.job_id].as_json()}
                  for j in page.jobs],
         "next_page": page.next_token,
     }
 
 
-def render(page: JobPage, now_ms: int) -> str:
-    rows = [[j.job_id, j.status, j.tenant or "-",
+def render(page: JobPage, now_ms: int, counters: Mapping[str, RunCounters] | None = None,
+           last: Mapping[str, RunRecord] | None = None) -> str:
+    last = last or {}
+    counters = counters or {}
+    rows = [[j.job_id, _status(j, last), j.tenant or "-",
              "-" if j.scheduled_ms is None
-             else f"{rfc3339(j.scheduled_ms)} ({relative(j.scheduled_ms, now_ms)})"]
+             else f"{rfc3339(j.scheduled_ms)} ({relative(j.scheduled_ms, now_ms)})",
+             _runs(counters.get(j.job_id))]
             for j in page.jobs]
-    lines = [table(["ID", "STATUS", "TENANT", "DUE"], rows)] if rows else ["no jobs on this page"]
+    lines = [table(["ID", "STATUS", "TENANT", "DUE", "RUNS (FIRED/OK/FAILED/LAST)"], rows)] \
+        if rows else ["no jobs on this page"]
     if page.next_token is not None:
         lines.append(f"more: --page {page.next_token}")
     return "\n".join(lines)
+
+
+def _runs(c: RunCounters | None) -> str:
+    if c is None:
+        return "-"
+    return f"{c.fired}/{c.succeeded}/{c.failed}/{c.last_outcome or '-'}"
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -92,6 +121,7 @@ def run_list(args: argparse.Namespace) -> int:
 async def _list(settings: Settings, filters: dict[str, Any], as_json: bool) -> int:
     from chronowheel.client.scheduler import job_query
     from chronowheel.ops.cluster import open_store
+    from chronowheel.ops.runs import open_history, read_counters
 
     query = job_query(**filters)  # a bad filter fails before anything is opened
     store = await open_store(settings)
@@ -102,8 +132,11 @@ async def _list(settings: Settings, filters: dict[str, Any], as_json: bool) -> i
             from chronowheel.errors import ValidationError
 
             raise ValidationError("--page", str(exc)) from None
+        counters, last = await read_counters(await open_history(store, settings),
+                                             [j.job_id for j in page.jobs])
     finally:
         await asyncio.to_thread(store.close)
     now = time.time_ns() // 1_000_000
-    print(orjson.dumps(view(page)).decode() if as_json else render(page, now))
+    print(orjson.dumps(view(page, counters, last)).decode() if as_json
+          else render(page, now, counters, last))
     return 0

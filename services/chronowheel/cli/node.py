@@ -7,7 +7,12 @@ import asyncio
 import logging
 from typing import Any
 
-from chronowheel.settings import NODE_TUNABLES, add_settings_arguments, settings_from_args
+from chronowheel.settings import (
+    HISTORY_SETTINGS,
+    NODE_TUNABLES,
+    add_settings_arguments,
+    settings_from_args,
+)
 
 log = logging.getLogger("chronowheel.node")
 
@@ -19,7 +24,7 @@ NODE_SETTINGS = (
     "node_instance_id", "retention_ms", "allowed_topics", "max_id_bytes",
     "max_payload_bytes", "max_horizon_ms", "min_period_ms", "max_lateness_ms",
     "store_batch_fail_bytes",
-    *NODE_TUNABLES,
+    *NODE_TUNABLES, *HISTORY_SETTINGS,
 )
 
 

@@ -10,6 +10,7 @@
         summary = await client.bulk_pause(tenant="acme", prefix="inv-", wait=60)
         letters = await client.dead_letters(tenant="acme", reason="Timeout")
         redrive = await client.redrive(tenant="acme", reason="Timeout")
+        history = await client.job_history("standup", limit=20)  # runs and counters
     # leaving the block waits until Kafka acknowledged every command
 
 See `chronowheel.client.scheduler` for the details.
@@ -32,9 +33,10 @@ from chronowheel.client.scheduler import (
     SubmitReport,
     job_query,
 )
+from chronowheel.core.runs import JobHistory, RunCounters, RunRecord
 from chronowheel.store.base import JobPage, JobSummary
 
 __all__ = ["BulkProgress", "BulkSummary", "DeadLetterInfo", "DeadLetterPage", "Delivery",
-           "DeliveryError", "FileJournal", "JobPage", "JobSelector", "JobSummary",
-           "MemoryJournal", "RedriveSummary", "SchedulerClient", "SubmitProgress",
-           "SubmitReport", "job_query", "job_selector"]
+           "DeliveryError", "FileJournal", "JobHistory", "JobPage", "JobSelector",
+           "JobSummary", "MemoryJournal", "RedriveSummary", "RunCounters", "RunRecord",
+           "SchedulerClient", "SubmitProgress", "SubmitReport", "job_query", "job_selector"]

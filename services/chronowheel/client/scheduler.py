@@ -53,7 +53,9 @@ from chronowheel.core.model import (
     parse_command,
     routing_key,
 )
+from chronowheel.core.runs import MAX_HISTORY_LIMIT, JobHistory, RunCounters
 from chronowheel.errors import ChronowheelError, RetriableError, ValidationError
+from chronowheel.ops.runs import open_history, read_counters, read_job_history
 from chronowheel.settings import Settings
 from chronowheel.store.base import (
     JOB_STATUSES,
@@ -62,6 +64,7 @@ from chronowheel.store.base import (
     JobQuery,
     JobStore,
     JobSummary,
+    RunHistoryStore,
 )
 
 if TYPE_CHECKING:
@@ -144,7 +147,8 @@ class SchedulerClient:
                  linger_ms: int = 5, producer: _Producer | None = None,
                  now_ms: Callable[[], int] | None = None,
                  store: JobStore | None = None,
-                 dead_letters: LetterReader | None = None) -> None:
+                 dead_letters: LetterReader | None = None,
+                 history: RunHistoryStore | None = None) -> None:
         self.settings = settings if settings is not None else Settings.from_env()
         self.policy = policy if policy is not None else ValidationPolicy.from_settings(
             self.settings)
@@ -162,6 +166,7 @@ class SchedulerClient:
         self._store: JobStore | None = store
         self._own_store = store is None
         self._dead_read: LetterReader | None = dead_letters
+        self._history: RunHistoryStore | None = history
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> SchedulerClient:
@@ -342,6 +347,29 @@ class SchedulerClient:
             token = page.next_token
             if token is None:
                 return
+
+    async def job_history(self, id: str, *, limit: int | None = None) -> JobHistory:
+        """The job's last `limit` runs (default: the `history_limit` setting), newest first by
+        scheduled instant, each with fired-at, lateness, node, handler start and end, outcome,
+        attempt and worker, and its counters (fired, succeeded, failed, dead-lettered,
+        skipped, missed, last outcome). A job with no recorded run has an empty history."""
+        _check_id(id)
+        n = self.settings.history_limit if limit is None else limit
+        if not isinstance(n, int) or not 1 <= n <= MAX_HISTORY_LIMIT:
+            raise ValidationError("limit", f"must be an integer 1..{MAX_HISTORY_LIMIT}", n)
+        return await read_job_history(await self._history_store(), id, n)
+
+    async def job_counters(self, ids: Sequence[str]) -> dict[str, RunCounters]:
+        """Each job's counters and last outcome (zeros for a job with none)."""
+        for id in ids:
+            _check_id(id)
+        counters, _ = await read_counters(await self._history_store(), list(ids))
+        return counters
+
+    async def _history_store(self) -> RunHistoryStore:
+        if self._history is None:
+            self._history = await open_history(await self._job_store(), self.settings)
+        return self._history
 
     async def _job_store(self) -> JobStore:
         if self._store is None:

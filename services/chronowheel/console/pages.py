@@ -20,6 +20,7 @@ from chronowheel.console.actions import JobAction
 from chronowheel.console.sources import ClusterView, DuePage, HeatMap, JobView
 from chronowheel.core import wire
 from chronowheel.core.buckets import MINUTE_MS
+from chronowheel.core.runs import JobHistory, shown_status
 from chronowheel.ops.format import count, human_ms, relative, rfc3339
 
 NAV = (("cluster", "/", "Cluster"), ("upcoming", "/upcoming", "Upcoming load"),
@@ -307,9 +308,16 @@ def job_page(view: JobView, *, namespace: str, nonce: str, now_ms: int,
     if row.status == "scheduled" and row.slot_ms is not None and view.watermark_ms is not None:
         published = ("yes (the shard's watermark is past it)" if row.slot_ms <= view.watermark_ms
                      else "not yet")
+    history = view.history
+    last = history.runs[0] if history is not None and history.runs else None
+    recurring = isinstance(view.spec, dict) and ("cron" in view.spec or "every" in view.spec)
+    status = shown_status(row.status, recurring=recurring, scheduled_ms=row.scheduled_ms,
+                          last=last)
     facts = table(["Field", "Value"], [
         ["Id", f"<code>{esc(row.job_id)}</code>"],
-        ["Status", f'<b id="job-status">{esc(row.status)}</b>'],
+        ["Status", f'<b id="job-status">{esc(status)}</b>'
+                   + (f' <span class="muted">(stored: {esc(row.status)}; its occurrence has '
+                      f"run)</span>" if status != row.status else "")],
         ["Version", str(row.version)],
         ["Shard", str(row.shard)],
         ["Next scheduled", when(row.scheduled_ms, now_ms)],
@@ -335,6 +343,7 @@ def job_page(view: JobView, *, namespace: str, nonce: str, now_ms: int,
          else esc(human_ms(f.fired_ms - f.scheduled_ms)),
          esc(f.attempt or "-"), f"{f.partition}@{f.offset}"] for f in view.fired],
         attrs='id="fired"') if view.fired else '<p class="muted">None found.</p>'
+    runs = runs_section(history, now_ms)
     spec = orjson.dumps(view.spec, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode() \
         if view.spec is not None else row.spec.decode("utf-8", "replace")
     buttons = " ".join(
@@ -344,12 +353,37 @@ def job_page(view: JobView, *, namespace: str, nonce: str, now_ms: int,
     body = (f"<h1>Job {esc(row.job_id)}</h1>{notice}{lookup_form()}"
             f"<p>{buttons}</p>{facts}"
             f"<h2>Next occurrences</h2>{nexts}"
+            f"<h2>Runs</h2>{runs}"
             f"<h2>Last fired occurrences</h2><p class=\"muted\">From the last "
             f"{count(view.fired_scanned)} messages of the job's partition of "
             f"<code>{esc(view.target_topic)}</code>.</p>{fired}"
             f"<h2>Spec</h2><pre id=\"spec\">{esc(spec)}</pre>")
     return page(title=f"Job {row.job_id}", active="jobs", namespace=namespace, nonce=nonce,
                 body=body)
+
+
+def runs_section(history: JobHistory | None, now_ms: int) -> str:
+    """A job's counters and last runs (newest first), as `chronowheel job history` shows
+    them."""
+    if history is None:
+        return '<p class="muted">Not read.</p>'
+    c = history.counters
+    counters = table(["Fired", "Succeeded", "Failed", "Dead-lettered", "Skipped", "Missed",
+                      "Last outcome"],
+                     [[str(c.fired), str(c.succeeded), str(c.failed), str(c.dead_lettered),
+                       str(c.skipped), str(c.missed), esc(c.last_outcome or "-")]],
+                     attrs='id="run-counters"')
+    if not history.runs:
+        return counters + '<p class="muted">No runs recorded.</p>'
+    rows = [[when(r.scheduled_ms, now_ms), esc(r.attempt), f"<b>{esc(r.state)}</b>",
+             when(r.fired_ms, now_ms),
+             "-" if r.lateness_ms is None else esc(human_ms(r.lateness_ms)),
+             esc(r.node_id or "-"), when(r.started_ms, now_ms),
+             "-" if r.duration_ms is None else esc(human_ms(r.duration_ms)),
+             esc(r.worker_id or "-"), esc(r.error or "-")] for r in history.runs]
+    return counters + table(["Scheduled", "Attempt", "State", "Fired", "Late by", "Node",
+                             "Handler start", "Took", "Worker", "Error"], rows,
+                            attrs='id="runs"')
 
 
 def confirm_page(action: JobAction, job_id: str, *, namespace: str, nonce: str,

@@ -27,6 +27,7 @@ from chronowheel.core import wire
 from chronowheel.core.buckets import MINUTE_MS, minute_of
 from chronowheel.core.model import ValidationPolicy, decode_stored_job
 from chronowheel.core.recurrence import compile_schedule, latest_at_or_before, occurrences
+from chronowheel.core.runs import JobHistory
 from chronowheel.core.shard import shard_of
 from chronowheel.core.wire import StateRecord
 from chronowheel.errors import ChronowheelError
@@ -36,10 +37,11 @@ from chronowheel.ops.cluster import (
     nodes_group,
     read_state_positions,
 )
+from chronowheel.ops.runs import open_history, read_job_history
 from chronowheel.ops.status import BEHIND_MS_DEFAULT, ShardStatus, shard_status
 from chronowheel.ops.tail import TailMessage, decimal, message_json
 from chronowheel.settings import Settings
-from chronowheel.store.base import DueRow, JobRow
+from chronowheel.store.base import DueRow, JobRow, RunHistoryStore
 from chronowheel.store.cassandra import HOUR_MS, CassandraStore
 from chronowheel.timeouts import wait_event
 
@@ -172,6 +174,7 @@ class JobView:
     fired: tuple[FiredOccurrence, ...]
     fired_scanned: int              # messages looked at for `fired`
     target_topic: str
+    history: JobHistory | None = None  # its last runs and counters (None: not read)
 
 
 @dataclass
@@ -251,6 +254,7 @@ class Sources:
         self._probe: asyncio.Task[None] | None = None
         self._upcoming: UpcomingLoad | None = None
         self._upcoming_read: asyncio.Task[UpcomingLoad] | None = None
+        self._history: RunHistoryStore | None = None
 
     async def start(self) -> None:
         self._admin = await open_admin(self.settings)
@@ -416,8 +420,12 @@ class Sources:
             problem = str(exc)
         rec = self.state.records.get(row.shard)
         fired, scanned = await self.last_fired(job_id, target, fired_scan)
+        if self._history is None:
+            self._history = await open_history(self.store, self.settings)
+        history = await read_job_history(self._history, job_id, self.settings.history_limit)
         return JobView(row, spec, tz, nexts, prev, problem,
-                       None if rec is None else rec.watermark, tuple(fired), scanned, target)
+                       None if rec is None else rec.watermark, tuple(fired), scanned, target,
+                       history)
 
     async def partition_count(self, topic: str) -> int | None:
         n = self._partitions.get(topic)
