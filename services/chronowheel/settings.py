@@ -105,7 +105,8 @@ class Settings:
     max_clock_skew_ms: int = _opt(500, "stop dispatching when clock and Cassandra disagree more")
     tick_ms: int = _opt(1, "timing wheel tick in milliseconds")
     gc_young_threshold: int = _opt(
-        50_000, "node process: allocations between young garbage collections (Python's "
+        50_000, "node and worker processes: allocations between young garbage "
+                "collections (Python's "
                 "default is 700; 0 keeps it). Larger lets the Cassandra driver's short-lived "
                 "reference cycles die young instead of triggering full collections, which "
                 "pause the event loop ~0.5 s per million objects")

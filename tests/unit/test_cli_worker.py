@@ -56,3 +56,14 @@ def test_bad_handler_exits_2_with_a_message(capsys: pytest.CaptureFixture[str]) 
     code = cli.main(["worker", "--topic", "a", "--handler", "nope"])
     assert code == 2
     assert "expected module:function" in capsys.readouterr().err
+
+
+def test_the_workers_collector_setting_is_a_flag_and_a_variable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from chronowheel.settings import settings_from_args
+
+    base = ["worker", "--topic", "a", "--handler", "m:f", "--namespace", "ns"]
+    args = cli.build_parser().parse_args([*base, "--gc-young-threshold", "1234"])
+    assert settings_from_args(args).gc_young_threshold == 1234
+    monkeypatch.setenv("CHRONOWHEEL_GC_YOUNG_THRESHOLD", "0")
+    assert settings_from_args(cli.build_parser().parse_args(base)).gc_young_threshold == 0

@@ -14,6 +14,9 @@ threshold, 1 with 50,000).
 So `chronowheel node` (the process entry point, never a node run inside another program)
 raises the young threshold (`gc_young_threshold`) so that those cycles die young, and freezes
 what exists at start-up (modules, classes, the settings), so no later collection walks it.
+`chronowheel worker` does the same: its lease and mark writes make the same cycles (in a
+traced 1,000/s run, 11 to 31 collections of 5 ms or more in the 16 s around the window, up to
+0.6 s each, before; one after).
 `GcPauses` reports each collection's pause as `chronowheel_gc_pause_seconds{generation}`.
 """
 
