@@ -5,12 +5,19 @@ missed (those without a bound fire late); on resume the paused job publishes onl
 occurrences its bound allows, counts the others, and every later occurrence is published; a
 one-shot due after the restart fires. Each occurrence once and never early, as a read_committed
 reader sees it. Barriers are the node group's submit offsets and the shards' committed
-watermarks (`applied`, `settled`), and the clock for the outage itself."""
+watermarks (`applied`, `settled`), and the clock for the outage itself.
+
+Through a failover: a node catching up at a paced rate after an outage is killed with SIGKILL
+halfway; the next owner finishes the catch-up from the state record's `ahead` range, and every
+late occurrence is published once."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import subprocess
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +26,7 @@ from chronowheel.store.cassandra import CassandraStore
 
 from testkit.fleet import until
 from tests.integration.harness import (
+    NodeProcess,
     applied,
     collecting,
     make_namespace,
@@ -93,3 +101,65 @@ async def test_occurrences_beyond_max_lateness_are_missed_counted_and_the_job_go
     tick_missed = (ticks[0] - withheld_from) // 1_000
     assert tick_missed >= 3, (withheld_from, ticks[0])  # paused for 6 s and more
     assert missed == len(BOUNDED) + tick_missed
+
+
+SLOW_RATE = 10  # late occurrences a second per shard: the catch-up lasts about 20 s
+LATE_JOBS = 400
+
+
+async def test_a_node_killed_halfway_through_a_paced_catch_up_loses_and_repeats_nothing(
+        stack: Any, namespace: str, tmp_path: Path) -> None:
+    settings = await make_namespace(stack, namespace, shards=2)
+    async with collecting(settings) as seen:
+        async with running_node(settings, node_id="before") as before:
+            due = now_ms() + 4_000
+            late = {f"late-{i:04d}": due + i * 5 for i in range(LATE_JOBS)}
+            async with SchedulerClient(settings) as client:
+                for job_id, at in late.items():
+                    await client.schedule(job_id, at, {"job": job_id})
+                await client.flush()
+            await applied(settings)
+            assert before.owned  # it stops before they are due
+        # Nobody runs: the jobs become more than catch_up_lag_ms late.
+        await until(lambda: now_ms() > due + 2 * settings.catch_up_lag_ms, 60,
+                    "the outage to make them late")
+        catching_up = NodeProcess(settings, "catching-up", tmp_path)
+        try:
+            catching_up.start(CHRONOWHEEL_CATCH_UP_RATE=str(SLOW_RATE))
+            await catching_up.wait_ready()
+            # On-time work while it catches up: published past the cut, so a next owner that
+            # ignored the record's `ahead` range would publish these twice.
+            during = {f"during-{k}": now_ms() + 1_000 + 100 * k for k in range(5)}
+            async with SchedulerClient(settings) as client:
+                for job_id, at in during.items():
+                    await client.schedule(job_id, at, {"job": job_id})
+                await client.flush()
+
+            def got(prefix: bytes) -> int:
+                return sum(1 for m in seen.messages if (m.key or b"").startswith(prefix))
+
+            await until(lambda: got(b"during-") == len(during) and got(b"late-") >= SLOW_RATE,
+                        60, "on-time work published while the catch-up is under way")
+            catching_up.kill()  # SIGKILL, halfway: its open transaction is left to the fence
+            at_kill = got(b"late-")
+        finally:
+            if catching_up.proc is not None and catching_up.proc.poll() is None:
+                catching_up.proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                catching_up.wait(30)
+        assert at_kill < LATE_JOBS, "the catch-up was over before the kill"
+        async with running_node(settings, node_id="next"):
+            on_time = {f"after-{k}": now_ms() + 2_000 + 500 * k for k in range(4)}
+            async with SchedulerClient(settings) as client:
+                for job_id, at in on_time.items():
+                    await client.schedule(job_id, at, {"job": job_id})
+                await client.flush()
+            everything = set(late) | set(during) | set(on_time)
+            await seen.wait_for(lambda ms: {(m.key or b"").decode() for m in ms} >= everything,
+                                120, "every late and on-time job")
+            await settled(settings, seen, upto_ms=max(on_time.values()) + 1_000)
+
+    fired = seen.messages
+    assert set(Counter(m.occurrence for m in fired).values()) == {1}, "exactly once"
+    assert all(m.fired_ms >= m.scheduled_ms for m in fired), "never early"
+    assert sorted((m.key or b"").decode() for m in fired) == sorted(everything)
