@@ -427,3 +427,13 @@ def test_the_queue_gives_nothing_past_the_loaded_horizon() -> None:
         q.push(entry(job_id, slot))
     assert [p.job_id for p in q.pop(5, lambda p: False, upto=19)] == ["a"]
     assert sorted(p.job_id for p in q.pop(5, lambda p: False, upto=20)) == ["b", "c"]
+
+
+async def test_a_one_shot_submitted_further_in_the_past_than_its_bound_is_missed_at_once(
+        rig: NodeRig) -> None:
+    node = await rig.start()
+    rig.upsert("too-old", at=T0 - 10_000, max_lateness="5s")
+    rig.upsert("old-enough", at=T0 - 2_000, max_lateness="5s")
+    await rig.advance(300, step_ms=50)
+    assert [job_of(m) for m in rig.fired()] == ["old-enough"]
+    assert missed_total(node) == 1
