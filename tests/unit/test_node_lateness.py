@@ -437,3 +437,18 @@ async def test_a_one_shot_submitted_further_in_the_past_than_its_bound_is_missed
     await rig.advance(300, step_ms=50)
     assert [job_of(m) for m in rig.fired()] == ["old-enough"]
     assert missed_total(node) == 1
+
+
+async def test_an_invalid_bound_goes_to_rejected_with_the_field_and_the_limit(
+        rig: NodeRig) -> None:
+    await rig.start()
+    rig.upsert("too-tight", at=T0 + 5_000, max_lateness="500ms")
+    rig.upsert("in-window", every="1h", window="10m", max_lateness="5m")
+    await rig.advance(300, step_ms=50)
+    reasons = {job_of(m): (m.header(wire.REASON) or b"").decode()
+               for m in rig.bus.messages(rig.settings.rejected_topic)}
+    assert reasons["too-tight"].startswith(
+        "job.max_lateness: must be between 1s and 3653d (limits.MIN_MAX_LATENESS_MS")
+    assert reasons["in-window"].startswith("job.max_lateness: must be longer than window (10m)")
+    await rig.advance(5_000)
+    assert rig.fired() == []
