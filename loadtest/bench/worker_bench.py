@@ -278,10 +278,15 @@ async def worker_consume(settings: Settings, n: int, kind: str, idempotency: boo
                 raise RuntimeError(f"worker failed: {worker.failure!r}")
             await asyncio.sleep(0.2)
     finally:
+        # Run history as it stood when the last record was handled (the shutdown then
+        # writes what is queued for at most a few seconds).
+        h = worker.history
+        history = None if h is None else {"written": h.written, "dropped": h.dropped,
+                                           "failed": h.failed, "queued": h.queued}
         await worker.shutdown()
     return {"kind": kind, "idempotency": idempotency, "handled": done,
             "rate_incl_join": round(n / (last - t0)), "rate": round(n / max(last - first, 1e-9)),
-            "stats": str(worker.stats)}
+            "stats": str(worker.stats), "history": history}
 
 
 async def backlog(n: int, variants: list[str]) -> dict[str, Any]:
@@ -301,7 +306,8 @@ async def backlog(n: int, variants: list[str]) -> dict[str, Any]:
         r["ratio_to_raw"] = round(r["rate"] / raw, 3)
         say(f"worker {kind} handler, idempotency {'on' if r['idempotency'] else 'off'}: "
             f"{r['rate']:,} handled/s ({r['ratio_to_raw']:.2f} of raw; "
-            f"{r['rate_incl_join']:,}/s counting the group join)")
+            f"{r['rate_incl_join']:,}/s counting the group join); run history "
+            f"{r['history'] or 'off'}")
         out["runs"].append(r)
     return out
 

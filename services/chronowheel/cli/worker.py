@@ -8,7 +8,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from chronowheel.errors import ConfigError
-from chronowheel.settings import CONNECTION_SETTINGS, add_settings_arguments, settings_from_args
+from chronowheel.settings import (
+    CONNECTION_SETTINGS,
+    HISTORY_SETTINGS,
+    add_settings_arguments,
+    settings_from_args,
+)
 
 if TYPE_CHECKING:
     from chronowheel.worker import WorkerSettings
@@ -46,7 +51,8 @@ def register(sub: Any) -> None:
                    help="seconds in-flight handlers get to finish on stop (default 30)")
     p.add_argument("--session-timeout-ms", type=int, default=10_000,
                    help="Kafka group session timeout (default 10000)")
-    add_settings_arguments(p, (*CONNECTION_SETTINGS, "http_port", "gc_young_threshold"))
+    add_settings_arguments(p, (*CONNECTION_SETTINGS, "http_port", *HISTORY_SETTINGS,
+                               "gc_young_threshold"))
     p.set_defaults(func=run)
 
 
