@@ -188,6 +188,10 @@ class Settings:
         20_000, "on a graceful stop, wait this long at most for a shard's ingest batch")
     stop_deadline_ms: int = _opt(
         30_000, "on a graceful stop or a revocation, abort shards still running after this")
+    warm_grace_ms: int = _opt(
+        30_000, "a shard revoked cleanly is kept in memory (warm) this long for the next "
+                "assignment, which resumes it without a reload if it comes back (0: never "
+                "kept warm)")
     missing_watermark_lookback_ms: int = _opt(
         3_600_000, "without a watermark record, a shard loads from this far back")
     skew_check_interval_ms: int = _opt(5_000, "measure the clock skew to Cassandra this often")
@@ -279,6 +283,9 @@ class Settings:
             raise ConfigError(f"malloc_threshold_bytes: must be 0 (glibc's dynamic thresholds) "
                               f"to {1 << 25} (32 MiB, glibc's most), "
                               f"got {self.malloc_threshold_bytes}")
+        if self.warm_grace_ms < 0:
+            raise ConfigError(f"warm_grace_ms: must be 0 (no shard kept warm) or more, "
+                              f"got {self.warm_grace_ms}")
         if self.catch_up_rate < 0:
             raise ConfigError(f"catch_up_rate: must be 0 (no pacing) or more, "
                               f"got {self.catch_up_rate}")
@@ -567,8 +574,8 @@ NODE_TUNABLES = (
     "backfill_rows_per_cycle",
     "backfill_cycle_ms", "calendar_refresh_ms",
     "idle_commit_ms", "idle_commit_clearance_ms", "skip_empty_after_ms", "stop_drain_ms",
-    "stop_deadline_ms", "missing_watermark_lookback_ms", "skew_check_interval_ms",
-    "pump_fetch_records", "pump_pause_rows", "pump_resume_rows", "gc_young_threshold",
-    "malloc_threshold_bytes",
+    "stop_deadline_ms", "warm_grace_ms", "missing_watermark_lookback_ms",
+    "skew_check_interval_ms", "pump_fetch_records", "pump_pause_rows", "pump_resume_rows",
+    "gc_young_threshold", "malloc_threshold_bytes",
 )
 """Settings only the node reads: `chronowheel node` has a flag for each."""

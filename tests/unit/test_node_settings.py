@@ -16,6 +16,7 @@ FORMER_CONSTANTS = {
     "skip_empty_after_ms": 600_000, "stop_drain_ms": 20_000, "stop_deadline_ms": 30_000,
     "missing_watermark_lookback_ms": 3_600_000, "skew_check_interval_ms": 5_000,
     "pump_fetch_records": 5_000, "pump_pause_rows": 20_000, "pump_resume_rows": 5_000,
+    "warm_grace_ms": 30_000,  # WARM_GRACE_MS of node/registry.py
 }
 # Deliberate changes since, and tunables added later (issue 10: ingest in logged groups, its
 # offset committed every few hundred records; a submit backlog left in Kafka rather than

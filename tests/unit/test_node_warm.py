@@ -180,3 +180,50 @@ async def test_warm_shards_not_given_back_are_dropped(rig: NodeRig) -> None:
     assert not node.owned[1].actor.resumed_warm
     await rig.advance(5_000)
     assert_each_once_never_early(rig, Counter({job_on(1, "a"): 1}))
+
+
+async def revoked(rig: NodeRig, job_id: str, at_ms: int) -> Node:
+    """A node that took both shards, `job_id` due at `at_ms`, and a revocation of both after a
+    second."""
+    node = await rig.start("me")
+    rig.upsert(job_id, at=at_ms)
+    await rig.advance(1_000)
+    await group(node).revoke([0, 1])
+    await rig.settle()
+    return node
+
+
+async def assert_given_back_in_full(rig: NodeRig, node: Node) -> None:
+    """Both shards assigned again are taken over in full: reloaded, not resumed warm."""
+    loads = count_loads(rig)
+    await group(node).assign([0, 1])
+    await rig.settle()
+    assert not any(o.actor.resumed_warm for o in node.owned.values())
+    assert loads[0] and loads[1]
+    assert takeovers(node) == {"warm": 0, "full": 4}
+
+
+async def test_warm_shards_are_dropped_when_the_grace_passes_on_the_node_s_clock() -> None:
+    async with NodeRig(warm_grace_ms=5_000) as rig:
+        node = await revoked(rig, job_on(1, "a"), T0 + 9_000)
+        kept = dict(registry(node).warm)
+        assert sorted(kept) == [0, 1]
+        await rig.advance(4_900)  # the manual clock alone moves: short of the grace
+        assert registry(node).warm == kept
+        assert all(a.claimer is not None and a.clean for a in kept.values())
+        await rig.advance(100)  # the grace is over
+        assert registry(node).warm == {}
+        assert all(a.claimer is None and not a.clean for a in kept.values())
+        # Given back after the grace: nothing lost or early.
+        await assert_given_back_in_full(rig, node)
+        await rig.advance(4_000)
+        assert_each_once_never_early(rig, Counter({job_on(1, "a"): 1}))
+
+
+async def test_a_grace_of_0_keeps_no_shard_warm() -> None:
+    async with NodeRig(warm_grace_ms=0) as rig:
+        node = await revoked(rig, job_on(0, "a"), T0 + 3_000)
+        assert registry(node).warm == {}
+        await assert_given_back_in_full(rig, node)
+        await rig.advance(3_000)
+        assert_each_once_never_early(rig, Counter({job_on(0, "a"): 1}))

@@ -11,7 +11,8 @@ A shard whose actor ended cleanly on its revocation (released, nothing in flight
 its actor and wheel in memory: if the next assignment gives it back to this node, the same
 actor runs again and resumes without reloading when `resume_warm` proves nobody took the shard
 meanwhile (`node/takeover.py`). Warm shards the assignment does not give back have moved and
-are dropped, as are all of them after `WARM_GRACE_MS` without an assignment.
+are dropped, as are all of them when `warm_grace_ms` passes on the node's clock without an
+assignment (0: nothing is kept warm).
 """
 
 from __future__ import annotations
@@ -38,9 +39,6 @@ log = logging.getLogger(__name__)
 
 # Attempts to ask the group coordinator whether we are still a member, after a fence.
 MEMBERSHIP_CHECKS = 5
-# How long a revoked shard is kept warm when no assignment follows (a rebalance that takes
-# longer reloads it; a node leaving its group frees the memory after this).
-WARM_GRACE_MS = 30_000
 
 
 @dataclass
@@ -215,6 +213,7 @@ class ShardRegistry:
             for o in owned:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await o.task
+        keep_warm = keep_warm and self.settings.warm_grace_ms > 0
         for o in owned:
             if keep_warm and o.actor.clean and not self.supervisor.stopping:
                 self.warm[o.actor.shard] = o.actor
@@ -238,10 +237,16 @@ class ShardRegistry:
             self._warm_expiry = None
 
     async def _expire_warm(self) -> None:
-        await asyncio.sleep(WARM_GRACE_MS / 1000)
+        # On the node's clock, as its other timers: a rebalance that takes longer than the
+        # grace reloads the shards it gives back, and a node left without an assignment (it
+        # left its group) frees their memory.
+        grace = self.settings.warm_grace_ms
+        deadline = self.clock.now_ms() + grace
+        while self.clock.now_ms() < deadline:
+            await self.clock.sleep_until(deadline)  # may return early: checked again
         if self.warm:
-            log.info("node %s: no assignment within %d s: shards %s are no longer kept warm",
-                     self.node_id, WARM_GRACE_MS // 1000, sorted(self.warm))
+            log.info("node %s: no assignment within warm_grace_ms (%d ms): shards %s are no "
+                     "longer kept warm", self.node_id, grace, sorted(self.warm))
         await self.drop_warm()
 
     # --- group assignment -----------------------------------------------------------------
