@@ -100,8 +100,19 @@ async def test_cron_every_cancel_and_bytes_payload() -> None:
     assert [k for _t, k, _v in p.sent] == [b"standup", b"utc", b"poll", b"old"]
 
 
+async def test_max_lateness_on_every_kind_of_job() -> None:
+    p = FakeProducer()
+    async with client(p) as c:
+        await c.schedule("once", NOW + 60_000, max_lateness=timedelta(minutes=5))
+        await c.cron("daily", "@daily", max_lateness="1h")
+        await c.every("poll", "15m", max_lateness=90_000)
+        p.ack()
+    assert [d["job"]["max_lateness"] for d in p.docs()] == ["5m", "1h", "90s"]
+
+
 @pytest.mark.parametrize(("call", "path"), [
     (lambda c: c.schedule("a", "2027-02-01T09:00:00"), "job.at"),          # no offset
+    (lambda c: c.every("a", "1m", max_lateness="500ms"), "job.max_lateness"),  # under 1 s
     (lambda c: c.schedule("a", NOW + 11 * 366 * 86_400_000), "job.at"),    # beyond horizon
     (lambda c: c.cron("a", "0 9 * * *", tz="Europe/Lundon"), "job.tz"),
     (lambda c: c.cron("a", "61 * * * *"), "job.cron"),
