@@ -130,6 +130,22 @@ class Settings:
             "restarted within the session timeout gets its shards back without a rebalance, "
             "but a stopped one keeps them until the timeout (empty = dynamic membership)")
     retention_ms: int = _opt(7 * 86_400_000, "keep fired due rows this long (TTL)")
+    run_history: bool = _opt(
+        True, "record each run (fired-at, handler start and end, outcome) and per-job "
+              "counters, in batches off the hot path (node and worker)")
+    history_limit: int = _opt(20, "runs a job's history shows: its last N")
+    history_ttl_ms: int = _opt(
+        7 * 86_400_000, "keep each run history row this long (TTL): with the job's rate it "
+                        "bounds what a job's history stores")
+    history_queue_rows: int = _opt(
+        100_000, "run history rows a process queues at most; more are dropped and counted, "
+                 "never waited for")
+    history_batch_rows: int = _opt(2_000, "run history rows written per batch")
+    history_writes_in_flight: int = _opt(
+        32, "run history requests in flight per process (one per job and batch)")
+    history_writes_per_s: int = _opt(
+        2_000, "most run history requests a second per process (0: no cap): bounds what "
+               "history costs; past it rows queue, then drop (counted)")
     allowed_topics: str = _opt(
         "", "regex of extra target topics jobs may fire to (besides <ns>.fired)"
     )
@@ -279,6 +295,17 @@ class Settings:
         for name in ("backfill_rows_per_cycle", "backfill_cycle_ms"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be at least 1, got {getattr(self, name)}")
+        for name in ("history_limit", "history_queue_rows", "history_batch_rows",
+                     "history_writes_in_flight"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}: must be at least 1, got {getattr(self, name)}")
+        if self.history_writes_per_s < 0:
+            raise ConfigError(f"history_writes_per_s: must be 0 (no cap) or more, got "
+                              f"{self.history_writes_per_s}")
+        if not 1000 <= self.history_ttl_ms <= limits.CASSANDRA_MAX_TTL_S * 1000:
+            raise ConfigError(f"history_ttl_ms: must be 1000 (a second) to "
+                              f"{limits.CASSANDRA_MAX_TTL_S * 1000} (Cassandra's largest TTL), "
+                              f"got {self.history_ttl_ms}")
         if not 0 <= self.malloc_threshold_bytes <= 1 << 25:
             raise ConfigError(f"malloc_threshold_bytes: must be 0 (glibc's dynamic thresholds) "
                               f"to {1 << 25} (32 MiB, glibc's most), "
@@ -579,3 +606,8 @@ NODE_TUNABLES = (
     "gc_young_threshold", "malloc_threshold_bytes",
 )
 """Settings only the node reads: `chronowheel node` has a flag for each."""
+
+HISTORY_SETTINGS = ("run_history", "history_limit", "history_ttl_ms", "history_queue_rows",
+                    "history_batch_rows", "history_writes_in_flight", "history_writes_per_s")
+"""Settings of run history (`chronowheel node` and `chronowheel worker` have a flag for each;
+`job history` and the console read `history_limit`)."""
