@@ -249,7 +249,8 @@ async def test_late_occurrences_go_at_the_catch_up_rate_and_on_time_ones_first(
     assert state.ahead is None and state.watermark >= rig.clock.now_ms() - 3_000
 
 
-async def test_missed_occurrences_cost_no_catch_up_turn(paced: NodeRig) -> None:
+async def test_missed_occurrences_cost_no_catch_up_turn(
+        paced: NodeRig, missed_log: pytest.LogCaptureFixture) -> None:
     rig = paced
     await rig.start()
     ids: list[str] = []
@@ -269,6 +270,12 @@ async def test_missed_occurrences_cost_no_catch_up_turn(paced: NodeRig) -> None:
     # 50 missed in the first step, and the 5 behind them within the first token bucket.
     assert missed_total(node) == 50
     assert sorted(job_of(m) for m in rig.fired()) == sorted(kept)
+    # Each is counted; the log names the first 20 of a step and sums up the rest in one line.
+    assert len(missed_lines(missed_log)) == 20
+    assert [r.getMessage() for r in missed_log.records if "more occurrences missed" in
+            r.getMessage()] == ["shard 0: 30 more occurrences missed in this step (up to "
+                                f"{OUTAGE_MS - 1_000 - 1} ms late); not published, counted in "
+                                "chronowheel_occurrences_missed_total"]
 
 
 async def test_a_takeover_in_the_middle_of_a_catch_up_publishes_each_once(

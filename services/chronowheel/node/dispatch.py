@@ -217,6 +217,7 @@ class Dispatcher:
                 writes.append(self._fire_recurring(p, p.recurring, now, fired))
         if writes:
             await asyncio.gather(*writes)
+        self.missed.step_done()
         return fired
 
     async def _fire_recurring(self, p: Pending, rec: Recurring, now: int,

@@ -42,6 +42,11 @@ from chronowheel.node.pending import Pending, RequestedPending
 
 log = logging.getLogger(__name__)
 
+LOGGED_PER_STEP = 20
+"""Missed occurrences a shard logs one by one per dispatch step; the rest of the step's are
+summed up in one line (`Missed.step_done`). After a long outage a namespace-wide bound may
+miss a whole herd at once, and a line each would hold the event loop for seconds."""
+
 PACE_TICK_MS = 50
 """A shard paced by its catch-up rate takes its share at most this often (one step per
 occurrence at high rates would cost more than the publishing)."""
@@ -74,22 +79,37 @@ class Missed:
         self.namespace = namespace
         self.counter = metrics.missed.labels(namespace)
         self.sink = sink
+        self._in_step = 0
+        self._latest = 0
 
     def record(self, p: Pending, lateness_ms: int, bound_ms: int) -> None:
         self.counter.inc()
+        self._in_step += 1
+        self._latest = max(self._latest, lateness_ms)
         occurrence = wire.occurrence_id(p.job_id, p.scheduled_ms)
-        log.info("shard %d: job %s: occurrence %s missed: %d ms late, over its max_lateness "
-                 "of %d ms; not published", self.shard, p.job_id, occurrence, lateness_ms,
-                 bound_ms,
-                 extra={"shard": self.shard, "job_id": p.job_id, "occurrence": occurrence,
-                        "outcome": "missed", "lateness_ms": lateness_ms,
-                        "max_lateness_ms": bound_ms})
+        if self._in_step <= LOGGED_PER_STEP:
+            log.info("shard %d: job %s: occurrence %s missed: %d ms late, over its "
+                     "max_lateness of %d ms; not published", self.shard, p.job_id, occurrence,
+                     lateness_ms, bound_ms,
+                     extra={"shard": self.shard, "job_id": p.job_id, "occurrence": occurrence,
+                            "outcome": "missed", "lateness_ms": lateness_ms,
+                            "max_lateness_ms": bound_ms})
         if self.sink is not None:
             try:
                 self.sink(p, lateness_ms)
             except Exception:  # a record of one occurrence must never stop the shard
                 log.exception("shard %d: recording the missed occurrence %s failed",
                               self.shard, occurrence, extra={"shard": self.shard})
+
+    def step_done(self) -> None:
+        """End of a dispatch step: one line for the missed occurrences not logged singly."""
+        more = self._in_step - LOGGED_PER_STEP
+        if more > 0:
+            log.info("shard %d: %d more occurrences missed in this step (up to %d ms late); "
+                     "not published, counted in chronowheel_occurrences_missed_total",
+                     self.shard, more, self._latest,
+                     extra={"shard": self.shard})
+        self._in_step = self._latest = 0
 
 
 class LateQueue:
