@@ -29,8 +29,10 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from xdist.scheduler import LoadScheduling
 
 from tests.namespace_pool import NamespacePool, new_name
 
@@ -235,58 +237,154 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             item.add_marker(pytest.mark.timeout(base + more), append=False)
 
 
-# Run on two processes (`./run test` uses pytest-xdist with `--dist loadgroup`), the tests that
-# need the servers form one group, run one after another on a single process; the tests that
-# need none (the unit tier, the deploy files) spread over both. Most server tests check a
-# bound in seconds (a job due 3 s after its submission, fired within 2 s of its instant,
-# recovery within the session timeout plus 10 s), and two of them side by side on two cores
-# miss those bounds on a busy machine (seen: test_node_oneshot's 2 s bound and the 3 s lead
-# of test_node_behaviour's cancel/edit test, each missed twice beside the node fault tests;
-# the latter passed alone). The group starts
-# with tests/chaos/test_node_faults.py, whose bounds are loose, while the other process runs
-# the unit tier. (The grouping is by path in the scheduler below, not by `xdist_group`
-# markers: pytest-xdist 3.8 marks a grouped test by rewriting `item._nodeid`, which pytest 9
-# no longer reads, so its groups fall apart silently.)
-SERIAL_GROUP = "serial"
-SERIAL_PATHS = (
+# Run on two processes (`./run test` and CI use pytest-xdist with `--dist loadgroup`), the
+# scheduler below gives each test a lane:
+#
+# - "solo": the tests that must not overlap one another, run one after another on one process
+#   (the solo lane), in SOLO_ORDER: the node fault tests (kill -9, SIGSTOP past a session, a
+#   busy or hung event loop, clock steps, cut-offs: timing-sensitive on purpose), the security
+#   tests (they start and stop a secured stack of their own from one session fixture, so they
+#   must share one process), the end-to-end fuzz run (commands at and past every server limit)
+#   and the console's browser test (a headless Chromium, most of a core while it starts);
+# - "timed": the other server tests (tests/integration, each in a namespace of its own), which
+#   check bounds of a few seconds; they run on both processes;
+# - "untimed": server tests that check no bound in seconds (contracts and smoke checks of the
+#   servers: conditions with 60 s limits), and "free": the tests that need no server.
+#
+# While the solo lane has work, the other process takes free tests first, then untimed ones,
+# and timed tests only when nothing else is left: the node fault tests load the machine on
+# purpose, and a timed test beside them is the pairing most likely to miss its bound (seen
+# when only the fault-driving files were grouped: test_node_oneshot's 2 s bound and a 3 s lead
+# of test_node_behaviour, each missed twice beside them). Once the solo lane is done, it takes
+# timed tests too: the longest first (SLOW_FIRST, from the durations CI lists), so that the two
+# processes end together.
+# A process is shut down once nothing is left it may run. (Grouping by path in a scheduler,
+# not by `xdist_group` markers: pytest-xdist 3.8 marks a grouped test by rewriting
+# `item._nodeid`, which pytest 9 no longer reads, so its groups fall apart silently.)
+SOLO_ORDER = (
+    "tests/security/",  # first: its secured stack boots beside the unit tier
+    "tests/chaos/test_node_faults.py::test_a_node_whose_loop_is_busy",
+    "tests/chaos/test_node_faults.py::test_a_node_whose_loop_hangs",
+    "tests/chaos/test_node_faults.py::test_kill_9",
+    "tests/chaos/test_node_faults.py::test_a_rolling_restart",
     "tests/chaos/",
-    "tests/fuzz/",
-    "tests/integration/",
-    "tests/security/",
+    "tests/integration/test_console_browser.py",
+    "tests/fuzz/test_e2e.py",
 )
-# Server tests outside the group: contracts and smoke checks of the servers themselves, which
-# wait for conditions (60 s limits) but check no bound in seconds; they run beside the node
-# fault tests at the head of the group.
-UNGROUPED_SERVER_PATHS = (
+SERVER_PATHS = ("tests/integration/",)
+UNTIMED_SERVER_PATHS = (
     "tests/integration/test_stack_smoke.py",
     "tests/integration/test_store_contract.py",
     "tests/integration/test_worker_bus_contract.py",
     "tests/integration/test_worker_store_contract.py",
 )
+# Timed tests of 20 s or more in the last CI run, longest first (a hint for the end of the run;
+# a test not listed runs after these, in collection order).
+SLOW_FIRST = (
+    "tests/integration/test_failover.py::test_a_node_paused_past_its_session",
+    "tests/integration/test_overlap.py::test_forbid_and_replace",
+    "tests/integration/test_catch_up.py",
+    "tests/integration/test_failover.py::test_a_hot_bucket",
+    "tests/integration/test_failover.py::test_sigterm",
+    "tests/integration/test_scale_out.py",
+    "tests/integration/test_controls.py::test_a_backfill_survives",
+    "tests/integration/test_failover.py::test_kill_9",
+    "tests/integration/test_locust_capacity.py",
+    "tests/integration/test_locust_kit.py",
+    "tests/integration/test_worker.py::test_a_killed_worker",
+)
+LANES = ("solo", "timed", "untimed", "free")
 
 
-def in_serial_group(nodeid: str) -> bool:
-    """Whether a test (its node id, relative to the repository) is one of SERIAL_PATHS."""
-    path = nodeid.split("::", 1)[0]
-    if path in UNGROUPED_SERVER_PATHS:
-        return False
-    return any(path == p or (p.endswith("/") and path.startswith(p)) for p in SERIAL_PATHS)
+def _first_match(nodeid: str, prefixes: tuple[str, ...]) -> int | None:
+    for i, prefix in enumerate(prefixes):
+        if nodeid.startswith(prefix):
+            return i
+    return None
+
+
+def lane_of(nodeid: str) -> str:
+    """The lane of a test, by its node id (relative to the repository)."""
+    if _first_match(nodeid, SOLO_ORDER) is not None:
+        return "solo"
+    if _first_match(nodeid, UNTIMED_SERVER_PATHS) is not None:
+        return "untimed"
+    if _first_match(nodeid, SERVER_PATHS) is not None:
+        return "timed"
+    return "free"
+
+
+def run_order(nodeid: str) -> int:
+    """Rank within a lane (lower first; ties keep collection order)."""
+    hint = _first_match(nodeid, SOLO_ORDER if lane_of(nodeid) == "solo" else SLOW_FIRST)
+    return len(SOLO_ORDER) + len(SLOW_FIRST) if hint is None else hint
+
+
+class LaneScheduling(LoadScheduling):
+    """LoadScheduling's bookkeeping (node2pending, pending, crash handling), with its own
+    choice of what a process runs next. A worker runs a test only once it knows the next
+    one (or is told to shut down), so each process is kept two tests ahead."""
+
+    collection: list[str] | None
+    lanes: list[str]
+
+    def schedule(self) -> None:
+        assert self.collection_is_completed
+        if self.collection is None:
+            if not self._check_nodes_have_same_collection():
+                self.log("**Different tests collected, aborting run**")
+                return
+            ids = next(iter(self.node2collection.values()))
+            self.collection = ids
+            self.lanes = [lane_of(nodeid) for nodeid in ids]
+            self.pending[:] = sorted(range(len(ids)), key=lambda i: (run_order(ids[i]), i))
+        for node in self.nodes:
+            self.check_schedule(node)
+
+    def _solo_node(self) -> Any:
+        """The process of the solo lane: the first one still running."""
+        for node in self.nodes:
+            if not node.shutting_down:
+                return node
+        return None
+
+    def _pick(self, node: Any) -> int | None:
+        solo = self._solo_node()
+        if node is solo:
+            order: tuple[str, ...] = LANES
+        else:
+            assert solo is not None
+            solo_busy = any(self.lanes[i] == "solo"
+                            for i in (*self.pending, *self.node2pending[solo]))
+            order = ("free", "untimed", "timed") if solo_busy else ("timed", "untimed", "free")
+        for lane in order:
+            for i in self.pending:
+                if self.lanes[i] == lane:
+                    return i
+        return None
+
+    def check_schedule(self, node: Any, duration: float = 0) -> None:
+        if node.shutting_down or self.collection is None:
+            return
+        queue = self.node2pending[node]
+        while len(queue) < 2:
+            index = self._pick(node)
+            if index is None:
+                # Nothing left this process may run (what remains is the solo lane's):
+                # it runs the test it holds and ends.
+                node.shutdown()
+                return
+            self.pending.remove(index)
+            queue.append(index)
+            node.send_runtest_some([index])
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """`--dist loadgroup`: each test a unit of its own, the SERIAL_PATHS one unit together."""
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LaneScheduling | None:
+    """`--dist loadgroup`: the lanes above."""
     if config.getoption("dist", None) != "loadgroup":
         return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class SerialGroupScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            if nodeid.rfind("@") > nodeid.rfind("]"):  # an explicit xdist_group
-                return nodeid.split("@")[-1]
-            return SERIAL_GROUP if in_serial_group(nodeid) else nodeid
-
-    return SerialGroupScheduling(config, log)
+    return LaneScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
