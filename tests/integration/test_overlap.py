@@ -52,6 +52,10 @@ def start_worker(settings: Settings, topic: str, group: str, scope: str, log: Pa
     cmd = [sys.executable, "-m", "chronowheel", "worker", "--topic", topic,
            "--handler", "tests.integration.worker_handlers:overlapping", "--group", group,
            "--idempotency-scope", scope, "--concurrency", "8", "--session-timeout-ms", "6000",
+           # At the end each worker still runs a minute-long refresh: stopping, it cancels
+           # that at once instead of letting it run up to the default deadline of 30 s (the
+           # test checks the runs' overlap, not the stop).
+           "--shutdown-deadline-s", "1",
            # Two workers on one host: each its own free metrics port.
            "--http-port", "0"]
     return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=out.open("wb"),
