@@ -44,6 +44,7 @@ from chronowheel.core.shard import shard_of
 from chronowheel.settings import Settings
 from chronowheel.testing import committed_past
 from chronowheel.testing.node_process import NodeProcess
+from chronowheel.timeouts import wait_event
 
 from testkit import REPO
 from testkit.faults import (
@@ -153,23 +154,27 @@ class SteadyLoad:
         self.lead_ms = lead_ms
         self.jobs: dict[str, int] = {}
         self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
         self._round = 0
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             due = int(now_ms()) + self.lead_ms
             batch = ticks(self.shards, due, due + 1_000, prefix=f"tick-{self._round:04d}")
             self._round += 1
             await submit_jobs(self.settings, batch)
             self.jobs |= batch
-            await asyncio.sleep(max(0.0, (due - self.lead_ms + 1_000 - now_ms()) / 1000))
+            await wait_event(self._stopping,
+                             max(0.0, (due - self.lead_ms + 1_000 - now_ms()) / 1000))
 
     async def stop(self) -> dict[str, int]:
+        """Ends the load after the batch being sent, if any: a batch cancelled in the middle
+        of its submission could fire without being counted as expected."""
+        self._stopping.set()
         if self._task is not None:
-            self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         return dict(self.jobs)
@@ -201,6 +206,12 @@ def max_gap_s(tally: Tally, shards: set[int], after_ms: float) -> float:
                        and m.fired_ms >= after_ms)
         worst = max(worst, *(b - a for a, b in itertools.pairwise(times)), 0)
     return worst / 1000
+
+
+def served_since(tally: Tally, shards: int, after_ms: float) -> bool:
+    """Whether every shard has fired a tick due after `after_ms`."""
+    return {m.partition for m in tally.messages
+            if m.job_id.startswith("tick") and m.scheduled_ms > after_ms} == set(range(shards))
 
 
 # --- 3a. kill -9 during a herd ------------------------------------------------------------
@@ -309,7 +320,9 @@ async def test_a_rolling_restart_of_all_three_nodes(
     load = SteadyLoad(fleet.settings, shards)
     try:
         await load.start()
-        await asyncio.sleep(5)
+        # The load is flowing once every shard fired a tick.
+        await fleet.until(lambda: served_since(tally, shards, 0), 60,
+                          "a tick fired on every shard before the restarts")
         began = now_ms()
         for node in nodes:
             node.signal(signal.SIGTERM)
@@ -319,7 +332,10 @@ async def test_a_rolling_restart_of_all_three_nodes(
             await fleet.until(lambda: fleet.sharing(*nodes), 180,
                               f"{node.name} back and the shards shared")
         restarted_s = (now_ms() - began) / 1000
-        await asyncio.sleep(5)
+        # Load until every shard fired a tick due after the last restart: each served again.
+        back = now_ms()
+        await fleet.until(lambda: served_since(tally, shards, back), 60,
+                          "a tick due after the last restart fired on every shard")
         jobs = await load.stop()
         await wait_all(tally, jobs, fleet, 120)
         outcome = judge(tally.messages, jobs)
