@@ -151,9 +151,6 @@ def install_worker(out: Out) -> None:
     from chronowheel.bus import kafka_worker
     from chronowheel.worker import intake
 
-    # A/B runs of the marks' pacing without editing the package (0: write when the last ended).
-    if (every := os.environ.get("CHRONOWHEEL_TRACE_MARKS_EVERY_S")) is not None:
-        intake.MARKS_EVERY_S = float(every)
 
     def fetched(_self: Any, batches: dict[Any, list[Any]], *_a: Any, **_k: Any) -> None:
         if not batches:

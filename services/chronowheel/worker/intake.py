@@ -45,8 +45,6 @@ class Part:
     """Handled, with the mark queued or being written (their tickets are not finished yet)."""
     acquiring: asyncio.Task[None] | None = None
     flushing: bool = False
-    wrote_at: float | None = None
-    """When the last write of its marks began (the worker's monotonic time)."""
     gone: bool = False
     """Revoked: nothing more of it starts; what is running finishes or is cancelled."""
 
@@ -63,16 +61,6 @@ class Item(NamedTuple):
     ticket: Ticket[TopicPartition]
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[None]"]
-
-MARKS_EVERY_S = 0.1
-"""A busy partition's marks are written at most once per this interval (a quiet one's at
-once). Written as soon as the previous write ended, the count of writes followed the record
-rate as closely as Cassandra answered (up to one write per mark when writes are fast; 2,298
-writes for 10,000 marks at 1,000 records/s on a loaded machine, against 1,021-1,261 with the
-interval), and that work, the driver's on the event loop and Cassandra's on the same cores,
-comes before the next records' fetch and handler start. Offsets are committed every
-`commit_interval_s` (0.5 s) and wait for the marks anyway; what a crash can make run again
-grows to the records handled in the last interval."""
 
 
 class Intake:
@@ -268,19 +256,12 @@ class Intake:
             self._spawn(self._flush(part), f"marks-{part.tp.partition}")
 
     async def _flush(self, part: Part) -> None:
-        """Write the partition's queued marks, one row per round; while a write is under way,
-        and until MARKS_EVERY_S after it began, the next outcomes queue up and go together in
-        the next one (a revoked partition's and a stopping worker's go at once)."""
+        """Write the partition's queued marks, one row per round; while a write is under way
+        the next outcomes queue up and go together in the next one."""
         guard = part.guard
         assert guard is not None
-        timer = self.timer
         try:
             while guard.pending:
-                if part.wrote_at is not None and not (part.gone or self.draining):
-                    wait = part.wrote_at + MARKS_EVERY_S - timer.monotonic()
-                    if wait > 0:  # more outcomes join this write meanwhile
-                        await timer.sleep(wait)
-                part.wrote_at = timer.monotonic()
                 marks, tickets = guard.take_pending()
                 await guard.write(marks)
                 part.unmarked -= len(tickets)
