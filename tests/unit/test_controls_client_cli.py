@@ -99,15 +99,18 @@ def test_the_listing_views() -> None:
     page = JobPage([JobSummary("inv-1", 3, "paused", "acme", T, 4),
                     JobSummary("inv-2", 1, "cancelled", None, None, 2)], "abc")
     assert orjson.loads(orjson.dumps(jobs.view(page))) == {
-        "jobs": [{"id": "inv-1", "status": "paused", "tenant": "acme", "shard": 3,
-                  "version": 4, "due_ms": T, "due": "2026-12-01T09:00:00.000Z"},
-                 {"id": "inv-2", "status": "cancelled", "tenant": None, "shard": 1,
-                  "version": 2, "due_ms": None, "due": None}],
+        "jobs": [{"id": "inv-1", "status": "paused", "stored_status": "paused",
+                  "tenant": "acme", "shard": 3, "version": 4, "due_ms": T,
+                  "due": "2026-12-01T09:00:00.000Z", "counters": None},
+                 {"id": "inv-2", "status": "cancelled", "stored_status": "cancelled",
+                  "tenant": None, "shard": 1, "version": 2, "due_ms": None, "due": None,
+                  "counters": None}],
         "next_page": "abc"}
     text = jobs.render(page, T - 60_000)
     lines = text.splitlines()
-    assert lines[0].split() == ["ID", "STATUS", "TENANT", "DUE"]
+    assert lines[0].split() == ["ID", "STATUS", "TENANT", "DUE", "RUNS",
+                                "(FIRED/OK/FAILED/LAST)"]
     assert lines[1].split()[:4] == ["inv-1", "paused", "acme", "2026-12-01T09:00:00.000Z"]
-    assert lines[2].split() == ["inv-2", "cancelled", "-", "-"]
+    assert lines[2].split() == ["inv-2", "cancelled", "-", "-", "-"]
     assert lines[-1] == "more: --page abc"
     assert jobs.render(JobPage([], None), T) == "no jobs on this page"

@@ -38,6 +38,7 @@ FLOORS: dict[str, int] = {
     "chronowheel.store": 2,
     "chronowheel.bus": 2,
     "chronowheel.observe": 2,
+    "chronowheel.history": 2,  # the run history writer, under the node and the worker
     "chronowheel.node": 3,
     "chronowheel.worker": 3,
     "chronowheel.client": 3,
