@@ -273,6 +273,7 @@ SOLO_ORDER = (
 )
 SERVER_PATHS = ("tests/integration/",)
 UNTIMED_SERVER_PATHS = (
+    "tests/integration/test_run_history_contract.py",
     "tests/integration/test_stack_smoke.py",
     "tests/integration/test_store_contract.py",
     "tests/integration/test_worker_bus_contract.py",
