@@ -158,7 +158,13 @@ class Dispatcher:
             state.watermark = state.late_cut = cut
         if state.late_cut is None:
             return []
-        budget = self.pacer.available(now) if rate > 0 else len(state.late)
+        if rate <= 0 or len(state.wheel) + len(state.late) >= s.bucket_cap_rows:
+            # Unpaced, or a backlog larger than the memory cap: the loader waits for room, so
+            # pacing would hold the on-time work behind it for (backlog - cap) / rate seconds.
+            # Such a backlog goes as fast as it can, as a herd does.
+            budget = len(state.late)
+        else:
+            budget = self.pacer.available(now)
         default = s.max_lateness_ms
 
         def free(p: Pending) -> bool:  # a one-shot it will not publish costs no token

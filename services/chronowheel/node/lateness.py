@@ -121,11 +121,19 @@ class LateQueue:
     def __init__(self) -> None:
         self._heap: list[tuple[int, int, Pending]] = []
         self._seq = itertools.count()
+        # What is queued, by occurrence key (Pending hashes and compares by it): the loader
+        # reads a millisecond again after it stopped inside it at the memory cap, and a row
+        # queued twice would be published twice.
+        self._queued: set[Pending] = set()
 
     def __len__(self) -> int:
         return len(self._heap)
 
     def push(self, p: Pending) -> None:
+        """Queue `p` unless the same occurrence is queued already."""
+        if p in self._queued:
+            return
+        self._queued.add(p)
         heapq.heappush(self._heap, (p.slot_ms, next(self._seq), p))
 
     def oldest(self) -> int | None:
@@ -151,6 +159,7 @@ class LateQueue:
             if left <= 0 and slot != last and paid:
                 break
             heapq.heappop(heap)
+            self._queued.discard(p)
             out.append(p)
             last = slot
             if paid:
