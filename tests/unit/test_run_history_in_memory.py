@@ -81,6 +81,12 @@ def test_a_one_shot_with_a_run_at_its_instant_reads_as_finished() -> None:
                         last=RunRecord("j", T0, outcome=runs.MISSED)) == "finished"
     assert shown_status("scheduled", recurring=False, scheduled_ms=T0,
                         last=RunRecord("j", T0, outcome=runs.RETRIED)) == "retrying"
+    # Attempt 2 published, not yet handled: still retrying; handled: finished.
+    assert shown_status("scheduled", recurring=False, scheduled_ms=T0,
+                        last=RunRecord("j", T0, 2, fired_ms=T0 + 900)) == "retrying"
+    assert shown_status("scheduled", recurring=False, scheduled_ms=T0,
+                        last=RunRecord("j", T0, 2, fired_ms=T0 + 900,
+                                       outcome=runs.SUCCEEDED)) == "finished"
     # Not yet run, an earlier instant (re-armed since), a recurring job, a paused one: as stored.
     assert shown_status("scheduled", recurring=False, scheduled_ms=T0, last=None) == "scheduled"
     assert shown_status("scheduled", recurring=False, scheduled_ms=T0 + 1,

@@ -182,9 +182,10 @@ def shown_status(status: str, *, recurring: bool, scheduled_ms: int | None,
     pending occurrence has a recorded run reads as `finished`."""
     if status == "scheduled" and not recurring and last is not None \
             and last.scheduled_ms == scheduled_ms and last.state != "pending":
-        # Fired (its outcome alongside) or missed; a failed attempt with a retry to come is
-        # not over yet.
-        return "retrying" if last.outcome == RETRIED else "finished"
+        # Fired (its outcome alongside) or missed; a failed attempt with a retry to come, or
+        # a retry published and not yet handled, is not over yet.
+        retrying = last.outcome == RETRIED or (last.attempt > 1 and last.outcome is None)
+        return "retrying" if retrying else "finished"
     return status
 
 
