@@ -6,6 +6,7 @@ outcome and the counters."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import orjson
@@ -102,3 +103,40 @@ async def test_runs_of_a_recurring_job_and_a_one_shot_show_with_outcomes_and_cou
     assert listed["once"]["counters"]["fired"] == 1
     assert listed["beat"]["status"] == "scheduled"
     assert listed["beat"]["counters"]["last_outcome"] in (runs.DEAD_LETTERED, runs.FIRED)
+
+
+async def test_a_namespace_without_the_history_tables_still_fires_and_handles(
+        stack: Any, namespace: str, caplog: pytest.LogCaptureFixture) -> None:
+    # A namespace created before run history, not `init`ed since: the node and the worker say
+    # so and go on without history instead of refusing to start.
+    from chronowheel.store.cassandra import connect
+
+    settings = await make_namespace(stack, namespace, shards=2)
+    ks = settings.keyspace
+    cluster, session = await asyncio.to_thread(connect, settings)
+    try:
+        for table in ("run_history", "run_counters"):
+            await asyncio.to_thread(session.execute, f"DROP TABLE {ks}.{table}", timeout=60)
+    finally:
+        await asyncio.to_thread(cluster.shutdown)
+    handled: list[str] = []
+
+    async def handler(occ: Occurrence) -> None:
+        handled.append(occ.job_id)
+
+    caplog.set_level(logging.ERROR)
+    worker = Worker(settings, handlers={settings.fired_topic: handler}, worker_id="old-w",
+                    session_timeout_ms=6000)
+    async with running_node(settings, node_id="old-n"):
+        await worker.start()
+        try:
+            async with SchedulerClient(settings) as client:
+                await (await client.schedule("once", now_ms() + 1_500, {"n": 1}))
+                await until(lambda: handled == ["once"], 60, "the one-shot handled")
+        finally:
+            await worker.shutdown()
+        assert worker.failure is None
+    off = [r for r in caplog.records if r.getMessage().startswith("run history off")]
+    assert {r.name for r in off} == {"chronowheel.node.service",
+                                     "chronowheel.store.cassandra_marks"}, off
+    assert all("chronowheel init" in r.getMessage() for r in off)

@@ -155,8 +155,13 @@ class Node:
         if s.run_history:
             hstore = self._history_store
             if hstore is None and self._cassandra is not None:
-                hstore = await asyncio.to_thread(CassandraRunHistory, self._cassandra.session,
-                                                 s.keyspace)
+                try:
+                    hstore = await asyncio.to_thread(CassandraRunHistory,
+                                                     self._cassandra.session, s.keyspace)
+                except ConfigError as exc:
+                    # A namespace from before run history (not `init`ed since): history is
+                    # an operator's aid, never a reason to stop firing.
+                    log.error("run history off: %s", exc)
             if hstore is not None:
                 self.history = recorder_for(hstore, s, self.metrics.registry)
                 self.transactions.history = self.history

@@ -5,6 +5,7 @@ outcome marks in `worker_marks` (plain writes, one row per flush); claims and ru
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,8 @@ from chronowheel.settings import Settings
 from chronowheel.store.base import BLOCK_BITS, Mark, WorkerStores, block_of
 from chronowheel.store.cassandra import TUPLES, CassandraStore, execute
 from chronowheel.store.cassandra_history import CassandraRunHistory
+
+log = logging.getLogger(__name__)
 
 
 class CassandraMarks:
@@ -116,6 +119,10 @@ class CassandraWorkerStores:
         if settings.run_history:
             try:
                 history = CassandraRunHistory(self.store.session, settings.keyspace)
+            except ConfigError as exc:
+                # A namespace from before run history (not `init`ed since): history is an
+                # operator's aid, never a reason not to handle.
+                log.error("run history off: %s", exc)
             except BaseException:
                 self.store.close()
                 raise
