@@ -85,9 +85,11 @@ async def scene(stack: Any, namespace: str, tmp_path: Path) -> AsyncIterator[dic
         now = now_ms()
         # The herd: the minute after next, far enough ahead that nothing of it fires here.
         herd_minute = minute_of(now) + 20 * MINUTE_MS
-        # The cancel through the page comes about 6 s after this (asserted below): 30 s
-        # leaves room on a slow machine without waiting long for the control job.
-        fire_at = now + 30_000
+        # The cancel through the page must come before this (asserted below): about 6 s
+        # after it on a quiet machine, but over 30 s once on a loaded CI machine (the browser's
+        # start and the cluster page's refresh); 90 s leaves room, at the cost of waiting for
+        # the control job.
+        fire_at = now + 90_000
         async with SchedulerClient(settings) as client:
             for i in range(HERD):
                 await client.schedule(f"herd-{i:04d}", herd_minute + 30_000, {"i": i})
