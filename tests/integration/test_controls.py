@@ -108,6 +108,10 @@ async def test_backfill_publishes_each_occurrence_once_and_on_time_work_stays_on
         await client.flush()
         # A backfill run again would be out within four cycles (50 rows each, 100 ms apart).
         await settled(settings, seen, more_ms=1_000)
+        # A quick backfill can be over within two heartbeats: wait for a third (each checked
+        # for lateness below).
+        await seen.wait_for(lambda ms: sum(m.key == b"heartbeat" for m in ms) >= 3, 30,
+                            "three heartbeats")
 
     backfilled = [m for m in seen.on(fired_topic) if wire.BACKFILL in m.headers]
     assert Counter(m.scheduled_ms for m in backfilled) == Counter(
