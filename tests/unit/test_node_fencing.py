@@ -214,3 +214,36 @@ async def test_a_herd_goes_one_shard_part_per_transaction_past_max_batch() -> No
         assert herd_parts == herd_txns
     finally:
         await rig.stop_all()
+
+
+async def test_a_failed_transaction_renews_the_producer_and_takes_the_shards_again(
+        rig: NodeRig) -> None:
+    node = await rig.start("me")
+    rig.upsert("before", at=T0 + 1_000)
+    await rig.advance(1_500)
+    # A transaction fails for a reason that is neither a fence nor refused records (a broker
+    # error, or a producer its Kafka client gave up on): it concerns those shards, not the node.
+    rig.bus.fail_commits = 1
+    rig.upsert("during", at=T0 + 2_000)
+    rig.upsert("after", at=T0 + 4_000)
+    await rig.advance(3_500)
+    assert node.failure is None
+    assert node.transactions is not None and node.transactions.session == 1
+    assert sorted(node.owned) == [0, 1]
+    assert all(o.actor.session == 1 for o in node.owned.values())
+    assert Counter(m.key for m in rig.fired()) == Counter([b"before", b"during", b"after"])
+    for m in rig.fired():
+        assert scheduled_at(m) <= m.committed_ms  # never early
+    assert node.metrics.txn_failed._value.get() == 1
+    assert_claim_before_publish(rig)
+
+
+async def test_transactions_that_keep_failing_stop_the_node(rig: NodeRig) -> None:
+    node = await rig.start("me")
+    rig.bus.fail_commits = 1_000
+    rig.bus.fail_commits_of = node_id("me")  # the node's transactions; the claims go through
+    rig.upsert("never", at=T0 + 1_000)
+    await rig.advance(10_000)
+    assert node.failure is not None
+    assert "in a row" in str(node.failure)
+    assert rig.fired() == []

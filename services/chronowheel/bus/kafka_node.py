@@ -40,6 +40,7 @@ from chronowheel.bus.ports import (
     Fenced,
     Headers,
     Prepared,
+    ProducerBroken,
     RecordsRefused,
     Refusal,
     ShardsChanged,
@@ -84,13 +85,43 @@ def refusal_of(exc: BaseException) -> tuple[str, bool] | None:
     return None
 
 
+def broken_cause(producer: AIOKafkaProducer) -> BaseException | None:
+    """Why `producer` can no longer be used, or None while it can. When aiokafka's sender task
+    dies, it puts the producer's transaction state in FATAL_ERROR, and from then on every
+    transactional call fails with an AssertionError about an invalid state transition."""
+    txn = getattr(producer, "_txn_manager", None)
+    if txn is None or not txn.is_fatal_error():
+        return None
+    sender = getattr(producer, "_sender", None)
+    task = getattr(sender, "sender_task", None)
+    if task is not None and task.done() and not task.cancelled():
+        cause = task.exception()
+        if cause is not None:
+            return cause
+    return KafkaError("the producer's transaction state is FATAL_ERROR")
+
+
+def _is_fence(exc: BaseException) -> bool:
+    return isinstance(exc, _FENCED) or isinstance(exc.__cause__, _FENCED)
+
+
 @contextlib.contextmanager
-def _translated(what: str) -> Iterator[None]:
+def _translated(what: str, producer: AIOKafkaProducer | None = None) -> Iterator[None]:
+    """Kafka's errors as the bus port's: Fenced, ProducerBroken (when `producer` is given and
+    its client gave up on it), BusError."""
     try:
         yield
     except _FENCED as exc:
         raise Fenced(f"{what}: fenced by a newer owner ({exc})") from exc
-    except KafkaError as exc:
+    except (KafkaError, AssertionError) as exc:
+        cause = broken_cause(producer) if producer is not None else None
+        if cause is not None:
+            if _is_fence(cause):
+                raise Fenced(f"{what}: fenced by a newer owner ({cause!r})") from exc
+            raise ProducerBroken(f"{what}: the producer can no longer be used "
+                                 f"({_describe(cause)})") from exc
+        if isinstance(exc, AssertionError):
+            raise
         raise BusError(f"{what}: {exc!r}") from exc
 
 
@@ -170,7 +201,7 @@ class KafkaTransaction:
         if batch is not None and batch.append(key=key, value=value, timestamp=None,
                                               headers=headers) is not None:
             return
-        with _translated(f"{self._id}: publishing to {topic}[{partition}]"):
+        with _translated(f"{self._id}: publishing to {topic}[{partition}]", self._producer):
             if batch is not None:
                 self._sent.append((await self._producer.send_batch(  # full
                     batch, topic, partition=partition), None, (), topic))
@@ -180,7 +211,7 @@ class KafkaTransaction:
 
     async def send(self, prepared: Prepared) -> None:
         assert isinstance(prepared, KafkaPrepared)
-        with _translated(f"{self._id}: sending prepared batches"):
+        with _translated(f"{self._id}: sending prepared batches", self._producer):
             for topic, partition, batch, indexes in prepared.batches:
                 try:
                     future = await self._producer.send_batch(batch, topic, partition=partition)
@@ -195,7 +226,7 @@ class KafkaTransaction:
         prepared.batches.clear()
 
     async def commit(self, submit_offsets: Mapping[int, int]) -> None:
-        with _translated(f"{self._id}: committing a transaction"):
+        with _translated(f"{self._id}: committing a transaction", self._producer):
             for (topic, part), batch in self._batches.items():
                 self._sent.append((await self._producer.send_batch(batch, topic, partition=part),
                                    None, (), topic))
@@ -309,7 +340,10 @@ class KafkaTxnProducer:
         await self._producer.stop()
 
     async def begin(self) -> KafkaTransaction:
-        with _translated(f"{self._id}: begin transaction"):
+        with _translated(f"{self._id}: begin transaction", self._producer):
+            cause = broken_cause(self._producer)
+            if cause is not None:  # checked first: aiokafka would fail an assertion
+                raise KafkaError(f"begin refused: {cause!r}")
             await self._producer.begin_transaction()
         s = self._settings
         return KafkaTransaction(self._producer, self._id, self._submit_topic, self._group_id,

@@ -95,6 +95,8 @@ class MemoryBus:
         self.commits = 0
         self.fail_commits = 0
         """Make this many next commits fail with BusError (after nothing was applied)."""
+        self.fail_commits_of: str | None = None
+        """Only commits by the producer of this transactional id fail (None: any)."""
         self._seq = itertools.count(1)
         self._arrived = asyncio.Event()
 
@@ -297,7 +299,7 @@ class MemoryTransaction:
         producer.check_epoch()
         if self.aborted:
             raise Fenced(f"producer {producer.transactional_id}: transaction aborted")
-        if bus.fail_commits:
+        if bus.fail_commits and bus.fail_commits_of in (None, producer.transactional_id):
             bus.fail_commits -= 1
             raise BusError("commit failed (injected)")
         if self.refusals:

@@ -25,6 +25,13 @@ class Fenced(BusError):
     """A newer producer with the same transactional id exists: this one may not commit."""
 
 
+class ProducerBroken(BusError):
+    """The producer can no longer be used, for a reason other than a fence: its client gave
+    up on it (aiokafka's sender task died, e.g. on OutOfOrderSequenceNumber while a partition
+    leader moved, and left the producer's transaction state FATAL_ERROR, where every later
+    call fails). A new producer of the same transactional id can go on."""
+
+
 @dataclass(frozen=True, eq=False)
 class Refusal:
     """The broker refused the records `indexes` (in the order they were added) of `prepared`:

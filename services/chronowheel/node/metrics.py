@@ -112,6 +112,11 @@ class NodeMetrics:
             "shards taken by this node, by kind: full (claimed and loaded from the watermark) "
             "or warm (given back after a rebalance and resumed with its wheel kept)", ["kind"],
             registry=r)
+        self.txn_failed = Counter(
+            "chronowheel_transaction_failed_total",
+            "node transactions that failed for a reason other than a fence or refused "
+            "records (the node then starts a new session: its shards are claimed and "
+            "published again from committed state)", registry=r)
         self.fenced = Counter("chronowheel_node_fenced_total",
                               "times the node's producer was found fenced", registry=r)
         self.clock_skew = Gauge("chronowheel_clock_skew_seconds",

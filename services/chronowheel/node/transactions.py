@@ -25,6 +25,13 @@ it could undo a fence by another node, so the node recovers as from a fence: a n
 a new producer, every shard claimed again and published from its committed watermark, the
 culprits dead-lettered. Nothing is lost, a read_committed reader sees each occurrence once.
 
+A failed transaction (any other Kafka error, or a producer its client gave up on: aiokafka
+leaves a producer whose sender task died in a state where every later call fails) concerns the
+shards in it, not the node: it is aborted, and the node recovers as from a fence (a new
+session and producer, every shard claimed again from its committed state). Only when
+MAX_FAILED_IN_ROW transactions fail in a row, each after a fresh producer and fresh claims, is
+the trouble taken as lasting: the parts then fail as errors, which stops the node.
+
 Size: a transaction takes queued parts up to `max_messages` messages (at least one part; the
 rest wait for the next). Without that cap a herd (every shard's step full at once) made one
 transaction of ~100,000 messages per cycle, and a read_committed reader saw nothing of it
@@ -60,6 +67,10 @@ SET_ASIDE_SIZE = 10_000
 
 # Event loop turns the loop lets pass before it takes the queue (see `run`).
 NEXT_PART_TURNS = 3
+
+# Transactions that may fail in a row (each followed by a new producer and a new claim of
+# every shard) before the node takes the failure as lasting and stops.
+MAX_FAILED_IN_ROW = 5
 
 Fill = Callable[[Transaction], Awaitable[int]]
 """Writes a shard's messages into the open transaction; returns how many it wrote."""
@@ -124,6 +135,7 @@ class NodeTransactions:
         self._kick = asyncio.Event()
         self._running = False
         self._once: dict[str, asyncio.Future[None]] = {}
+        self._failed_in_row = 0
         self.history: RunRecorder | None = None
         """The node's run history writer, told by each shard's publisher what a committed
         part published (None: runs are not recorded)."""
@@ -286,12 +298,12 @@ class NodeTransactions:
             await self._new_session(f"the broker refused records of a transaction ({exc})")
             return
         except (BusError, ChronowheelError) as exc:
-            self._fail(parts, ChronowheelError(
-                f"node transaction of shards {sorted({p.shard for p in parts})} failed: {exc}"))
+            await self._failed(parts, exc)
             return
         except Exception as exc:  # a fill bug: every part's shard fails loudly
             self._fail(parts, exc)
             return
+        self._failed_in_row = 0
         m = self.metrics
         m.txn_seconds.observe((self.clock.now_ms() - started) / 1000)
         m.txn_messages.inc(messages)
@@ -304,6 +316,20 @@ class NodeTransactions:
         for p in parts:
             if not p.done.done():
                 p.done.set_exception(exc)
+
+    async def _failed(self, parts: list[_Part], exc: BaseException) -> None:
+        """The transaction failed (not fenced, nothing refused): see the module's docstring."""
+        shards = sorted({p.shard for p in parts})
+        self._failed_in_row += 1
+        self.metrics.txn_failed.inc()
+        if self._failed_in_row > MAX_FAILED_IN_ROW:
+            self._fail(parts, ChronowheelError(
+                f"node transaction of shards {shards} failed, the {self._failed_in_row}th in a "
+                f"row, each after a new producer and new claims: {exc}"))
+            return
+        self._fail(parts, NodeFenced(f"node transaction of shards {shards} failed ({exc}); "
+                                     f"the node takes its shards again with a new producer"))
+        await self._new_session(f"a transaction of shards {shards} failed ({exc})")
 
     async def _fenced(self, parts: list[_Part], exc: Fenced) -> None:
         """Our open transaction was aborted by a newer producer of our id: end the session

@@ -1,0 +1,78 @@
+"""A transactional producer its Kafka client gave up on is told apart from a fence and from a
+passing error: aiokafka's sender task, when it dies (OutOfOrderSequenceNumber after a partition
+leader moved, an unexpected error), leaves the producer's transaction state FATAL_ERROR, where
+`begin_transaction` fails an assertion. The node must see `ProducerBroken` (and start a new
+producer), or `Fenced` when what killed it was a fence, never that assertion."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiokafka.errors import KafkaError, OutOfOrderSequenceNumber, ProducerFenced
+from chronowheel.bus.kafka_node import KafkaTxnProducer, broken_cause
+from chronowheel.bus.ports import Fenced, ProducerBroken
+from chronowheel.settings import Settings
+
+
+async def _dead(exc: BaseException) -> KafkaTxnProducer:
+    """A producer (never connected) whose sender task ended with `exc`, left as aiokafka's
+    `Sender._fail_all` leaves it."""
+    producer = KafkaTxnProducer(Settings(kafka="127.0.0.1:1"), "t-broken", "g")
+    inner = producer.aiokafka
+    loop = asyncio.get_running_loop()
+    inner._txn_manager._transaction_waiter = loop.create_future()
+
+    async def die() -> None:
+        raise exc
+
+    task = inner._sender._sender_task = loop.create_task(die())
+    with pytest.raises(type(exc)):
+        await task
+    inner._sender._fail_all(task)
+    inner._txn_manager._transaction_waiter.exception()  # retrieved: nobody waits on it here
+    return producer
+
+
+@pytest.mark.asyncio
+async def test_a_usable_producer_is_not_broken() -> None:
+    producer = KafkaTxnProducer(Settings(kafka="127.0.0.1:1"), "t-fine", "g")
+    try:
+        assert broken_cause(producer.aiokafka) is None
+    finally:
+        await producer.aiokafka.stop()
+
+
+@pytest.mark.asyncio
+async def test_begin_on_a_producer_whose_sender_died_raises_producer_broken() -> None:
+    producer = await _dead(OutOfOrderSequenceNumber())
+    cause = broken_cause(producer.aiokafka)
+    assert isinstance(cause, OutOfOrderSequenceNumber)
+    # aiokafka itself would fail an assertion here, which the node took for a bug and stopped.
+    with pytest.raises(AssertionError, match="FATAL_ERROR"):
+        producer.aiokafka._txn_manager.begin_transaction()
+    with pytest.raises(ProducerBroken, match="OutOfOrderSequenceNumber"):
+        await producer.begin()
+    await producer.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_sender_killed_by_a_fence_is_a_fence() -> None:
+    producer = await _dead(ProducerFenced())
+    with pytest.raises(Fenced):
+        await producer.begin()
+    await producer.stop()
+
+
+@pytest.mark.asyncio
+async def test_an_unexpected_sender_error_is_broken_with_its_cause() -> None:
+    try:
+        raise KafkaError("Unexpected error during batch delivery") from RuntimeError("bug")
+    except KafkaError as exc:
+        error = exc
+    producer = await _dead(error)
+    with pytest.raises(ProducerBroken) as raised:
+        await producer.begin()
+    assert not isinstance(raised.value, Fenced)
+    assert "Unexpected error during batch delivery" in str(raised.value)
+    await producer.stop()
