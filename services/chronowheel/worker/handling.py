@@ -389,13 +389,13 @@ class Slots:
             self._ran(occ, runs.SUCCEEDED, started, None)
             return MARK_DONE
         self.stats.failed += 1
-        unlettered = self.stats.unlettered
         outcome = runs.DEAD_LETTERED
         if gives_up(occ, error):
             log.warning("%s attempt %d/%d failed, dead-lettered: %s", occ.occurrence,
                         occ.attempt, occ.max_attempts, error_text(error, 300))
-            await self.dead_letter(occ.job_id.encode(), occ.payload, occ.raw_headers, error,
-                                   occ.topic, occ.partition, occ.offset)
+            if not await self.dead_letter(occ.job_id.encode(), occ.payload, occ.raw_headers,
+                                          error, occ.topic, occ.partition, occ.offset):
+                outcome = runs.FAILED
         else:
             key, value = retry_command(occ, self.clock.now_ms())
             try:
@@ -406,10 +406,11 @@ class Slots:
                 log.error("%s attempt %d/%d failed and its retry was refused by the broker "
                           "(%s: %s); dead-lettered instead", occ.occurrence, occ.attempt,
                           occ.max_attempts, refused.kind, refused.reason)
-                await self.dead_letter(
-                    occ.job_id.encode(), occ.payload, occ.raw_headers, error, occ.topic,
-                    occ.partition, occ.offset,
-                    reason=refusal_reason("retry refused", refused.kind, refused.reason))
+                if not await self.dead_letter(
+                        occ.job_id.encode(), occ.payload, occ.raw_headers, error, occ.topic,
+                        occ.partition, occ.offset,
+                        reason=refusal_reason("retry refused", refused.kind, refused.reason)):
+                    outcome = runs.FAILED
             else:
                 outcome = runs.RETRIED
                 self.stats.retried += 1
@@ -417,9 +418,10 @@ class Slots:
                          occ.attempt, occ.max_attempts, error_text(error, 300))
         if lease is not None:
             await lease.failed()  # only after the retry/dead letter is durable
-        # Neither a retry nor a dead letter could be produced: the failure is only logged.
-        self._ran(occ, runs.FAILED if self.stats.unlettered != unlettered else outcome,
-                  started, error)
+        # FAILED: neither a retry nor a dead letter of this occurrence could be produced (the
+        # failure is only logged). Told by this occurrence's own sends, never by the shared
+        # stats, which other slots change meanwhile.
+        self._ran(occ, outcome, started, error)
         return MARK_FAILED
 
     async def _malformed(self, item: Item, exc: MalformedOccurrence) -> None:
@@ -433,28 +435,31 @@ class Slots:
     async def dead_letter(self, key: bytes | None, value: bytes,
                           headers: tuple[tuple[str, bytes], ...], error: BaseException,
                           topic: str, partition: int, offset: int, *,
-                          reason: bytes | None = None) -> None:
+                          reason: bytes | None = None) -> bool:
         """Publish the record to `<ns>.dead` with why, when and where it failed (`reason`:
         a `cw-reason` to add). A refusal by the broker of this one record never stops the
-        worker: the record is quarantined (`_quarantine`). Anything else raises."""
+        worker: the record is quarantined (`_quarantine`). Anything else raises. Returns
+        whether a dead letter (in full or without its payload) was published: False when
+        the record was only logged."""
         letter = dead_headers(headers, error, self.clock.now_ms(), topic, partition, offset)
         if reason is not None:
             letter.append((wire.REASON, reason))
         try:
             await self.producer.send(self.settings.dead_topic, key, value, letter)
         except RecordRefused as refused:
-            await self._quarantine(key, value, letter, refused, topic, partition, offset)
-            return
+            return await self._quarantine(key, value, letter, refused, topic, partition,
+                                          offset)
         self.stats.dead += 1
+        return True
 
     async def _quarantine(self, key: bytes | None, value: bytes,
                           letter: list[tuple[str, bytes]], refused: RecordRefused,
-                          topic: str, partition: int, offset: int) -> None:
+                          topic: str, partition: int, offset: int) -> bool:
         """The broker refused the dead letter itself: send one without the payload and the
         job's headers, saying why; if that is refused too, say it loudly in the log. Either
         way the record counts as handled (its offset is committed: one record never blocks
         its partition) and stays readable where it was, at `topic[partition]@offset`, for as
-        long as the topic keeps it."""
+        long as the topic keeps it. Returns whether the payload-less letter was published."""
         self.stats.quarantined += 1
         where = f"{topic}[{partition}]@{offset}"
         reason = refusal_reason("dead letter refused", refused.kind, refused.reason)
@@ -469,11 +474,12 @@ class Slots:
                       again.kind, again.reason, where,
                       dict(letter).get(wire.ERROR, b"").decode("utf-8", "replace"),
                       extra={"source": where})
-            return
+            return False
         self.stats.dead += 1
         log.error("%s: dead-lettered without its payload (%d bytes, still at the source): "
                   "the broker refused the full dead letter (%s: %s)", where, len(value),
                   refused.kind, refused.reason, extra={"source": where})
+        return True
 
     async def _call(self, occ: Occurrence, lease: Lease | None,
                     run: Run | None = None) -> Exception | None:
