@@ -309,6 +309,46 @@ async def test_a_takeover_in_the_middle_of_a_catch_up_publishes_each_once(
     assert {job_of(m) for m in fired} >= set(after)
 
 
+@pytest.mark.parametrize("handover", [False, True])
+async def test_a_cancel_a_pause_and_an_edit_take_queued_late_occurrences_out(
+        paced: NodeRig, handover: bool) -> None:
+    # Late occurrences waiting in the catch-up queue are not published yet: a cancel, a pause
+    # and an edit treat them as they treat an entry of the wheel (the entry goes, its due row
+    # too, so a next owner does not load it back into its queue).
+    rig = paced
+    await rig.start("first")
+    late = late_jobs(rig, 60, 0, T0 + 2_000)
+    tick = on_shard(rig, "tick", 0)
+    rig.upsert(tick, every="1h", start=T0 + 2_100)  # its first occurrence queued, last
+    back = T0 + 1_000 + OUTAGE_MS
+    await rig.advance(500)
+    await rig.stop_all()
+    rig.clock.set(back)
+    await rig.start("catching-up")
+    await rig.advance(200, step_ms=50)
+    cancelled, edited = late[-2], late[-1]
+    published = {job_of(m) for m in rig.fired()}
+    assert published and not published & {cancelled, edited, tick}  # still queued
+    rig.cancel(cancelled)
+    rig.submit(tick, encode_control("pause", tick))
+    moved_to = rig.clock.now_ms() + 3_000
+    rig.upsert(edited, at=moved_to)
+    await rig.advance(200, step_ms=50)
+    if handover:  # the next owner loads the queue's rows again from the state record
+        await rig.stop_all()
+        await rig.start("next")
+    await rig.advance(10_000, step_ms=50)
+    fired = rig.fired()
+    once_each_never_early(fired)
+    assert rig.fired(cancelled) == []
+    assert rig.fired(tick) == []
+    assert [scheduled_at(m) for m in rig.fired(edited)] == [moved_to]
+    assert sorted(job_of(m) for m in fired if job_of(m) in late[:-2]) == sorted(late[:-2])
+    rig.submit(tick, encode_control("resume", tick))  # the paused occurrence was withheld
+    await rig.advance(300, step_ms=50)
+    assert [scheduled_at(m) for m in rig.fired(tick)] == [T0 + 2_100]
+
+
 async def test_a_backlog_over_the_memory_cap_goes_unpaced_each_once() -> None:
     # 45 late one-shots, 15 of them on one millisecond, with room for 20 rows: the loader
     # stops at the cap, inside that millisecond too, reads it again, and waits for room.

@@ -217,7 +217,8 @@ class Ingest:
     def _has_pending_row(self, row: JobRow | None) -> bool:
         """Whether a new version of the job must first delete its unpublished due row."""
         return row is not None and row.status == "scheduled" and row.slot_ms is not None \
-            and row.scheduled_ms is not None and row.slot_ms > self.state.watermark
+            and row.scheduled_ms is not None \
+            and self.state.unpublished(row.slot_ms, (row.job_id, row.scheduled_ms, 1))
 
     async def _precount(self, chains: dict[str, list[Command]], now: int) -> None:
         """Count the batch's rows per minute before writing any of them: one counter update

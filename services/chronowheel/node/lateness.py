@@ -38,7 +38,7 @@ from collections.abc import Callable
 
 from chronowheel.core import wire
 from chronowheel.node.metrics import NodeMetrics
-from chronowheel.node.pending import Pending, RequestedPending
+from chronowheel.node.pending import OccurrenceKey, Pending, RequestedPending
 
 log = logging.getLogger(__name__)
 
@@ -115,29 +115,47 @@ class Missed:
 class LateQueue:
     """Late occurrences taken from the wheel, waiting for their turn, oldest slot first.
 
-    They count as taken for publishing, like the entries of an open transaction: a cancel, an
-    edit or a pause that arrives meanwhile applies from the job's next occurrence."""
+    They are not published yet: a cancel, an edit or a pause that arrives meanwhile takes the
+    job's occurrence out of the queue (`remove`), as it takes it out of the wheel, and deletes
+    its due row, so a later owner does not load it back (`ShardState.unpublished`)."""
 
     def __init__(self) -> None:
         self._heap: list[tuple[int, int, Pending]] = []
         self._seq = itertools.count()
-        # What is queued, by occurrence key (Pending hashes and compares by it): the loader
-        # reads a millisecond again after it stopped inside it at the memory cap, and a row
-        # queued twice would be published twice.
-        self._queued: set[Pending] = set()
+        # What is queued, by occurrence key (Pending hashes and compares by it), with the
+        # sequence number of its heap entry: the loader reads a millisecond again after it
+        # stopped inside it at the memory cap, and a row queued twice would be published
+        # twice. A removed occurrence leaves its heap entry behind, dead (its sequence number
+        # is no longer the one recorded here), skipped when it comes up.
+        self._queued: dict[Pending | OccurrenceKey, int] = {}
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return len(self._queued)
+
+    def __contains__(self, key: Pending | OccurrenceKey) -> bool:
+        return key in self._queued
 
     def push(self, p: Pending) -> None:
         """Queue `p` unless the same occurrence is queued already."""
         if p in self._queued:
             return
-        self._queued.add(p)
-        heapq.heappush(self._heap, (p.slot_ms, next(self._seq), p))
+        seq = next(self._seq)
+        self._queued[p] = seq
+        heapq.heappush(self._heap, (p.slot_ms, seq, p))
+
+    def remove(self, key: OccurrenceKey) -> bool:
+        """Take the occurrence `key` out of the queue (its job was cancelled, paused or
+        edited); False when it is not queued."""
+        return self._queued.pop(key, None) is not None
+
+    def _drop_dead(self) -> None:
+        heap, queued = self._heap, self._queued
+        while heap and queued.get(heap[0][2]) != heap[0][1]:
+            heapq.heappop(heap)
 
     def oldest(self) -> int | None:
         """The smallest slot held, None when empty."""
+        self._drop_dead()
         return self._heap[0][0] if self._heap else None
 
     def pop(self, budget: int, free: Callable[[Pending], bool],
@@ -147,19 +165,22 @@ class LateQueue:
         millisecond taken: the state record's watermark is the queue's oldest slot minus one,
         so a millisecond is never left half taken. Nothing after `upto` (the loaded horizon:
         a minute being read may still add rows to its last millisecond)."""
-        heap = self._heap
+        heap, queued = self._heap, self._queued
         out: list[Pending] = []
         left = budget
         last: int | None = None
         while heap:
-            slot, _, p = heap[0]
+            slot, seq, p = heap[0]
+            if queued.get(p) != seq:  # removed (a cancel, an edit, a pause)
+                heapq.heappop(heap)
+                continue
             if upto is not None and slot > upto:
                 break
             paid = not free(p)
             if left <= 0 and slot != last and paid:
                 break
             heapq.heappop(heap)
-            self._queued.discard(p)
+            del queued[p]
             out.append(p)
             last = slot
             if paid:

@@ -116,15 +116,16 @@ class Loader:
         # After a takeover of a shard that was catching up, its late rows (behind_from,
         # late_cut] are loaded again, into the catch-up queue; (late_cut, watermark] is
         # published.
-        cut = state.late_cut
-        behind = state.behind_from if cut is not None else watermark
+        catching_up = state.late_cut is not None
         for row in rows:
+            if row.attempt == 1 and not row.origin and touched.get(row.job_id, 0) >= seq0:
+                # Ingest or dispatch changed this job after the read began: the row may be
+                # gone (a cancel, an edit, a pause), and a row it wrote is put in by it.
+                continue
             if row.slot_ms <= watermark:
-                if cut is not None and behind < row.slot_ms <= cut:
+                if catching_up and state.late_range(row.slot_ms):
                     state.late.push(pending_from_row(row))
                 continue  # published already
-            if row.attempt == 1 and not row.origin and touched.get(row.job_id, 0) >= seq0:
-                continue  # ingest or dispatch changed this job after the read began
             p = pending_from_row(row)
             insert(p, p.slot_ms, p)
 

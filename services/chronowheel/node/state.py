@@ -238,12 +238,32 @@ class ShardState:
         a loader page applied meanwhile cannot leave a stale entry behind."""
         if old_key is not None:
             self.wheel.cancel(old_key)
+            self.late.remove(old_key)
         if new is not None and self.insert_bound(new.slot_ms):
             self.wheel.insert(new, new.slot_ms, new)
         self.touch(job_id)
         self.wake.set()
 
     # --- paced catch-up ------------------------------------------------------------------
+    def late_range(self, slot: int) -> bool:
+        """Whether a row at `slot` (at or below the watermark) belongs to the catch-up queue:
+        the shard catches up and the slot is in (behind_from, late_cut]."""
+        cut = self.late_cut
+        return cut is not None and self.behind_from < slot <= cut
+
+    def unpublished(self, slot: int, key: OccurrenceKey) -> bool:
+        """Whether the job's occurrence `key`, whose due row has `slot`, is not published
+        yet, so that a cancel, an edit or a pause must delete its row and drop its entry:
+        beyond the watermark, or waiting in the catch-up queue (or, after a takeover of a
+        shard that was catching up, still to be loaded into it). Taken out of the queue by a
+        dispatch step, it is published (or in the transaction being committed), as taken out
+        of the wheel."""
+        if slot > self.watermark:
+            return True
+        if not self.late_range(slot):
+            return False
+        return slot > self.horizon_ms or key in self.late
+
     def record_watermark(self) -> tuple[int, tuple[int, int] | None]:
         """What the state record says is published: every slot up to the first value, and,
         while catching up, also the range (cut, high] of the second. Nothing in `late` is
