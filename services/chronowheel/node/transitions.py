@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Set
-from dataclasses import replace
 
 import orjson
 
@@ -45,11 +44,7 @@ from chronowheel.node.rejections import Rejections
 from chronowheel.node.state import ShardState
 from chronowheel.node.writes import RowWriter, schedule_of
 from chronowheel.observe import tracing
-from chronowheel.store.base import CLEAR_NOTE, DueKey, DueRow, JobRow, JobStore, RequestRow
-
-PAUSE_REQUEST = "pause"
-"""`RequestRow.kind` of a pause applied with a request id (kept for the retention period: the
-same request id again changes nothing)."""
+from chronowheel.store.base import DueKey, DueRow, JobRow, JobStore, RequestRow
 
 STORED = "stored"
 """`outcome` label of chronowheel_ingested_total: the command changed what is stored."""
@@ -120,9 +115,8 @@ class Transitions:
                  if job.recurring else job.at_ms)
         if first is None:  # a recurring job whose end has passed
             old_key = await self._remove_pending(existing)
-            await self.store.put_job(replace(
-                self.writer.finished(job.id, job.canonical, version, job.tenant),
-                note=_cleared(existing)))
+            await self.store.put_job(self.writer.finished(job.id, job.canonical, version,
+                                                          job.tenant))
             self.state.apply_job_change(job.id, old_key, None)
             return True
         if existing is not None and existing.status == "paused":
@@ -135,8 +129,7 @@ class Transitions:
         return True
 
     async def _schedule(self, job: JobSpec, first: int, version: int, now: int, *,
-                        replacing: JobRow | None, precounted: bool,
-                        clear_note: bool = False) -> None:
+                        replacing: JobRow | None, precounted: bool) -> None:
         """Store version `version` of the job as scheduled at `first` and put it in the wheel:
         an upsert's new version (`replacing` the stored row, whose unpublished due row goes in
         the same logged batch, so an edit the store refuses leaves it as it was), or a paused
@@ -148,8 +141,6 @@ class Transitions:
         try:
             due, job_row = self.writer.scheduled(job, slot=slot, first=first, version=version,
                                                  now=now)
-            if clear_note:
-                job_row = replace(job_row, note=CLEAR_NOTE)
             old_key, replaces = self._pending_of(replacing)
             # write_due checks the limits before anything is written: an edit over a limit
             # leaves the old version as it is.
@@ -187,7 +178,7 @@ class Transitions:
         old_key = await self._remove_pending(existing)
         await self.store.put_job(JobRow(job_id, self.shard, existing.spec, existing.version + 1,
                                         "cancelled", None, None, self.writer.retention_s,
-                                        existing.tenant, _cleared(existing)))
+                                        existing.tenant))
         self.state.apply_job_change(job_id, old_key, None)
         return True
 
@@ -222,11 +213,6 @@ class Transitions:
             return False
         if row.status == "paused":
             return False
-        if cmd.request_id is not None and await self.store.get_request(
-                self.shard, cmd.id, cmd.request_id) is not None:
-            # Applied before (and perhaps resumed since): an auto-pause sent twice, or late,
-            # by workers that counted the same streak pauses once.
-            return False
         job = self._stored(row)
         held = row.scheduled_ms  # the first occurrence the pause withholds
         if held is not None and row.slot_ms is not None \
@@ -240,16 +226,8 @@ class Transitions:
             return False
         old_key = await self._remove_pending(row)
         await self.store.put_job(JobRow(row.job_id, self.shard, row.spec, row.version + 1,
-                                        "paused", held, None, 0, row.tenant,
-                                        cmd.note if cmd.note is not None else _cleared(row)))
+                                        "paused", held, None, 0, row.tenant))
         self.state.apply_job_change(row.job_id, old_key, None)
-        if cmd.request_id is not None:
-            # After the jobs row: a crash in between re-applies the command, which finds the
-            # job paused; never a request row without its pause.
-            now = self.clock.now_ms()
-            await self.store.put_request(RequestRow(
-                self.shard, cmd.id, cmd.request_id, PAUSE_REQUEST, now, now, None, 0, 0,
-                row.spec, self.writer.retention_s))
         return True
 
     async def _resume(self, cmd: Resume, row: JobRow | None, now: int) -> bool:
@@ -259,10 +237,8 @@ class Transitions:
         if row.status != "paused" or row.scheduled_ms is None:
             return False  # not paused: nothing to do
         # A paused job has no pending occurrence to replace; resumes are not precounted.
-        # The withheld occurrence starts the job's schedule again (`since_ms`): a streak of
-        # failed runs counts from it, and the pause's note goes.
         await self._schedule(self._stored(row), row.scheduled_ms, row.version + 1, now,
-                             replacing=None, precounted=False, clear_note=row.note is not None)
+                             replacing=None, precounted=False)
         return True
 
     async def _trigger(self, cmd: Trigger, row: JobRow | None, now: int) -> bool:
@@ -333,9 +309,3 @@ class Transitions:
         finally:
             state.release_slot(slot)
         return True
-
-
-def _cleared(row: JobRow | None) -> str | None:
-    """The note of a row written over `row` that leaves the paused state: removed if there
-    is one (else left unset: nothing to remove, no tombstone)."""
-    return CLEAR_NOTE if row is not None and row.note is not None else None
