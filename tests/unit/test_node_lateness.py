@@ -162,6 +162,27 @@ async def test_the_namespace_default_bounds_jobs_without_their_own() -> None:
         assert [scheduled_at(m) for m in rig.fired("recurring")] == [T0 + 12_000, T0 + 13_000]
 
 
+async def test_a_missed_occurrence_is_recorded_once_when_its_transaction_fails(
+        rig: NodeRig, missed_log: pytest.LogCaptureFixture) -> None:
+    # The part that takes a missed occurrence does not commit: the node renews its producer
+    # and takes the shard again from its committed watermark, and takes the occurrence again.
+    # It is recorded when a part that covers it commits: once.
+    await rig.start()
+    rig.upsert("bounded", at=T0 + 2_000, max_lateness="3s")
+    await rig.advance(500)
+    await rig.stop_all()
+    rig.clock.set(T0 + 1_000 + OUTAGE_MS)
+    rig.bus.fail_commits = 1
+    rig.bus.fail_commits_of = f"{rig.settings.namespace}-node-second"  # not its claims
+    second = await rig.start("second")
+    await rig.advance(3_000, step_ms=100)
+    assert second.metrics.txn_failed._value.get() == 1
+    assert second.transactions is not None and second.transactions.session == 1
+    assert rig.fired("bounded") == []
+    assert missed_total(second) == 1
+    assert [(job, at) for job, at, _ in missed_lines(missed_log)] == [("bounded", T0 + 2_000)]
+
+
 async def test_without_a_bound_nothing_is_missed(rig: NodeRig) -> None:
     assert rig.settings.max_lateness_ms == 0  # the default: no bound, as before
     await rig.start()

@@ -83,6 +83,14 @@ class Dispatcher:
         block): only then do late occurrences go through the catch-up queue. A shard that
         merely fell behind (a herd) goes on in order as fast as it can."""
         self._schedules: OrderedDict[bytes, tuple[JobSpec, Schedule]] = OrderedDict()
+        self._missed: list[tuple[Pending, int, int]] = []
+        """Occurrences found beyond their bound (with their lateness and bound) by steps
+        whose transaction has not committed yet: they are recorded (`Missed.record`) once
+        one has. A part that does not commit ends the shard's actor, and the next owner
+        takes them again from the committed watermark: recorded at the take, an aborted
+        transaction would count them twice."""
+        self._skipped: list[tuple[str, int]] = []
+        """(job id, occurrences) a catch-up left out, counted after the commit likewise."""
 
     async def step(self, *, final: bool = False) -> None:
         """Fire what is due and commit; `final` (graceful stop) commits at once and releases
@@ -105,8 +113,26 @@ class Dispatcher:
                                       and (nd is None or nd > now + s.idle_commit_clearance_ms))))
         # The final commit of a graceful stop always goes: it releases the shard (its record
         # names no owner), so the next owner has no reason to fence this node.
-        if fired or state.outbox or state.offset_to_commit is not None or idle_commit or final:
+        # Missed occurrences are recorded by the commit that covers them: it goes at once.
+        if fired or state.outbox or state.offset_to_commit is not None or idle_commit or final \
+                or self._missed:
             await self.publisher.commit(fired, release=final)
+            self._committed()
+
+    def _committed(self) -> None:
+        """A part committed: everything taken before it is settled, the missed occurrences
+        and skipped counts of its steps too."""
+        if self._missed:
+            missed, self._missed = self._missed, []
+            for p, late_by, bound in missed:
+                self.missed.record(p, late_by, bound)
+            self.missed.step_done()
+        if self._skipped:
+            skipped, self._skipped = self._skipped, []
+            history = self.publisher.transactions.history
+            if history is not None:
+                for job_id, n in skipped:
+                    history.count(job_id, "skipped", n)
 
     async def wait(self) -> None:
         """Sleep until the next due entry, the next idle commit, or a wake-up."""
@@ -190,7 +216,7 @@ class Dispatcher:
         late_by = now - p.scheduled_ms
         if late_by <= bound:
             return True
-        self.missed.record(p, late_by, bound)
+        self._missed.append((p, late_by, bound))  # recorded once its part commits
         return False
 
     async def _take_due(self, limit: int, now: int,
@@ -223,7 +249,6 @@ class Dispatcher:
                 writes.append(self._fire_recurring(p, p.recurring, now, fired))
         if writes:
             await asyncio.gather(*writes)
-        self.missed.step_done()
         return fired
 
     async def _fire_recurring(self, p: Pending, rec: Recurring, now: int,
@@ -280,8 +305,8 @@ class Dispatcher:
                 history = self.publisher.transactions.history
                 if history is not None:  # the job's `skipped` counter (run history)
                     left_out = skipped_count(schedule, p.scheduled_ms, nxt, fires)
-                    if left_out:
-                        history.count(p.job_id, "skipped", left_out)
+                    if left_out:  # counted once the part commits, as missed ones
+                        self._skipped.append((p.job_id, left_out))
         for s in fires:
             # The bound is checked on what the catch-up policy chose: a missed one is not
             # published, and the schedule goes on from `nxt` all the same.

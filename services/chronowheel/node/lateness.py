@@ -24,9 +24,11 @@ backfill asked for) that would be published more than `max_lateness` after its *
 instant is not published: it is recorded as missed (`Missed`): the metric
 `chronowheel_occurrences_missed_total`, a log line, and the `sink` that the run history
 takes it from. A recurring job goes on with its next occurrence. The bound is checked when
-dispatch takes the occurrence; a one-shot missed that way leaves the catch-up queue at no cost
-to its rate (a recurring one costs a turn: its catch-up policy may still fire a later
-occurrence).
+dispatch takes the occurrence, and the occurrence is recorded once the part that covers it
+(the step's, which then commits at once) has committed: a part that does not commit ends the
+shard's actor, and whoever takes the shard next takes the occurrence again, so it is recorded
+once. A one-shot missed that way leaves the catch-up queue at no cost to its rate (a recurring
+one costs a turn: its catch-up policy may still fire a later occurrence).
 """
 
 from __future__ import annotations
