@@ -317,7 +317,7 @@ async def test_a_takeover_in_the_middle_of_a_catch_up_publishes_each_once(
     assert after[0] in published and 0 < len(published & set(late)) < len(late)
     record = last_record(rig, 0)
     assert record.ahead is not None  # published past the cut while late ones wait
-    cut, high = record.ahead
+    [(cut, high)] = record.ahead
     assert record.watermark < cut < high
     # The node stops (gracefully: its release carries `ahead` too); the next owner reloads
     # the late rows that are left and nothing it published after the cut.
@@ -368,6 +368,59 @@ async def test_a_cancel_a_pause_and_an_edit_take_queued_late_occurrences_out(
     rig.submit(tick, encode_control("resume", tick))  # the paused occurrence was withheld
     await rig.advance(300, step_ms=50)
     assert [scheduled_at(m) for m in rig.fired(tick)] == [T0 + 2_100]
+
+
+async def test_a_takeover_from_a_record_with_ahead_paces_what_came_due_since(
+        paced: NodeRig) -> None:
+    # A node catching up stops with late ones still queued; the shard is then owned by nobody
+    # for a while, and what came due meanwhile, after the record's published range, is late
+    # too: the next owner queues it behind the rows it loads back (a second range in the
+    # state record), not all at once. A third owner takes over from that record.
+    rig = paced
+    await rig.start("first")
+    late = late_jobs(rig, 80, 0, T0 + 2_000)
+    back = T0 + 1_000 + OUTAGE_MS
+    wave: list[str] = []  # due after the catching-up node stopped, before the next owner
+    i = 0
+    while len(wave) < 40:
+        job_id = f"wave-{i}"
+        i += 1
+        if shard_of(job_id, rig.settings.shards) == 0:
+            wave.append(job_id)
+            rig.upsert(job_id, at=back + 3_000 + 100 * len(wave))
+    second_back = back + 2_000 + OUTAGE_MS
+    on_time = on_shard(rig, "on-time", 0)
+    rig.upsert(on_time, at=second_back + 800)
+    await rig.advance(500)
+    await rig.stop_all()
+    rig.clock.set(back)
+    await rig.start("catching-up")
+    await rig.advance(1_500, step_ms=50)
+    await rig.stop_all()  # its release names its published range
+    [(_cut, high)] = last_record(rig, 0).ahead or [(0, 0)]
+    assert high < back + 3_000 and not {job_of(m) for m in rig.fired()} & set(wave)
+    waiting = len([j for j in late if not rig.fired(j)])
+    assert waiting > 2 * RATE + 1
+    rig.clock.set(second_back)  # the wave is 5.1 to 9 s late: more than catch_up_lag_ms
+    await rig.start("next")
+    await rig.advance(1_000, step_ms=50)
+    # About 2 * RATE in the first second (a full bucket, then the rate), the oldest first:
+    # the wave waits behind the late ones loaded back.
+    since = [m for m in rig.fired() if m.committed_ms >= second_back and job_of(m) != on_time]
+    assert RATE <= len(since) <= 2 * RATE + 1
+    assert all(job_of(m) in late for m in since[:waiting])
+    m = rig.fired(on_time)[0]  # on-time work goes first
+    assert scheduled_at(m) <= m.committed_ms < scheduled_at(m) + 200
+    ranges = last_record(rig, 0).ahead
+    assert ranges is not None and len(ranges) == 2
+    await rig.stop_all()
+    await rig.start("third")
+    await rig.advance(12_000, step_ms=50)
+    fired = rig.fired()
+    once_each_never_early(fired)
+    assert sorted(job_of(m) for m in fired if job_of(m) in late + wave) == sorted(late + wave)
+    await rig.advance(3_000, step_ms=100)
+    assert last_record(rig, 0).ahead is None  # caught up
 
 
 async def test_a_backlog_over_the_memory_cap_goes_unpaced_each_once() -> None:

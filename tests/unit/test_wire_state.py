@@ -25,7 +25,9 @@ def test_key_names_the_shard_and_reads_back() -> None:
     StateRecord(shard=0, watermark=T0, owner=None, node="init", at=T0),
     StateRecord(shard=1, watermark=T0, node="old", at=T0, without_owner=True),
     StateRecord(shard=2, watermark=T0, owner="ns-node-a", node="a", at=T0,
-                ahead=(T0 + 10, T0 + 5_000)),
+                ahead=((T0 + 10, T0 + 5_000),)),
+    StateRecord(shard=2, watermark=T0, owner="ns-node-a", node="a", at=T0,
+                ahead=((T0 + 10, T0 + 5_000), (T0 + 6_000, T0 + 9_000))),
 ])
 def test_round_trip(record: StateRecord) -> None:
     assert StateRecord.parse(record.encode(), shard=record.shard) == record
@@ -87,9 +89,13 @@ def test_malformed_input_raises_a_clear_error(value: bytes) -> None:
 
 def test_the_ahead_range_of_a_catch_up_is_checked_not_ignored() -> None:
     # Ignoring a malformed range would make a takeover publish the range again.
-    record = StateRecord(shard=2, watermark=T0, ahead=(T0, T0 + 1)).encode()
-    assert orjson.loads(record)["ahead"] == [T0, T0 + 1]
-    for bad in ([T0 - 1, T0 + 5], [T0 + 5, T0 + 5], [T0 + 5], "x", [T0 + 1, 1.5]):
+    record = StateRecord(shard=2, watermark=T0, ahead=((T0, T0 + 1),)).encode()
+    assert orjson.loads(record)["ahead"] == [T0, T0 + 1]  # one range: as the first version
+    two = StateRecord(shard=2, watermark=T0, ahead=((T0, T0 + 1), (T0 + 3, T0 + 4))).encode()
+    assert orjson.loads(two)["ahead"] == [[T0, T0 + 1], [T0 + 3, T0 + 4]]
+    for bad in ([T0 - 1, T0 + 5], [T0 + 5, T0 + 5], [T0 + 5], "x", [T0 + 1, 1.5], [],
+                [[T0, T0 + 5], [T0 + 5, T0 + 9]], [[T0, T0 + 5], [T0 + 2, T0 + 9]],
+                [[T0 + 6, T0 + 9], [T0, T0 + 5]], [[T0, T0 + 5], "x"]):
         value = orjson.dumps({"watermark": T0, "ahead": bad})
         with pytest.raises(StateRecordError, match="ahead must be"):
             StateRecord.parse(value, shard=2)

@@ -171,17 +171,35 @@ class StateRecordError(ValueError):
 _STATE_KEY_PREFIX: Final = "shard-"
 
 
-def _ahead(value: object, watermark: int, shard: int) -> tuple[int, int] | None:
-    """The `ahead` range of a state record: absent, or [cut, high] with watermark <= cut <
-    high. Anything else is refused, not ignored: reading past it would publish twice."""
+Ahead = tuple[tuple[int, int], ...]
+"""The ranges (cut, high] a shard catching up has published beyond its watermark, in order."""
+
+
+def _pair(value: object) -> tuple[int, int] | None:
+    if isinstance(value, list) and len(value) == 2 and all(type(v) is int for v in value):
+        return value[0], value[1]
+    return None
+
+
+def _ahead(value: object, watermark: int, shard: int) -> Ahead | None:
+    """The `ahead` ranges of a state record: absent, one [cut, high], or a list of them
+    [[cut, high], ...], with watermark <= cut < high < next cut. Anything else is refused,
+    not ignored: reading past it would publish twice."""
     if value is None:
         return None
-    if isinstance(value, list) and len(value) == 2 and all(type(v) is int for v in value):
-        cut, high = value
-        if watermark <= cut < high:
-            return cut, high
-    raise StateRecordError(f"state record of shard {shard}: ahead must be [cut, high] with "
-                           f"watermark {watermark} <= cut < high, got {value!r}")
+    one = _pair(value)
+    pairs = [one] if one is not None else \
+        [_pair(v) for v in value] if isinstance(value, list) and value else [None]
+    ranges: list[tuple[int, int]] = []
+    low = watermark
+    for pair in pairs:
+        if pair is None or not low <= pair[0] < pair[1] or (ranges and pair[0] == low):
+            raise StateRecordError(
+                f"state record of shard {shard}: ahead must be [cut, high] or a list of them, "
+                f"with watermark {watermark} <= cut < high < the next cut, got {value!r}")
+        ranges.append(pair)
+        low = pair[1]
+    return tuple(ranges)
 
 
 def _opt_int(doc: dict[str, Any], name: str) -> int | None:
@@ -220,10 +238,14 @@ class StateRecord:
     clock (then `skew` is absent too)"""
     claim: bool = False
     """a takeover's claim: only the owner changes, the watermark is the one it read"""
-    ahead: tuple[int, int] | None = None
-    """(cut, high) while the shard catches up at a paced rate: the slots in (cut, high] are
-    published too, beyond `watermark` (the late ones at or before the cut still wait); None
-    otherwise. A version that ignores it publishes that range again: twice, never lost"""
+    ahead: Ahead | None = None
+    """((cut, high), ...) while the shard catches up at a paced rate: the slots in each
+    (cut, high] are published too, beyond `watermark` (the late ones between the ranges and
+    at or before the first cut still wait); None otherwise. Encoded as [cut, high] when there
+    is one range (as the first version that wrote it), [[cut, high], ...] when there are more
+    (a takeover in the middle of a catch-up that found more late work). A version that
+    ignores the field publishes those ranges again: twice, never lost (docs/design.md,
+    "Lateness and catch-up", on rolling upgrades)"""
     without_owner: bool = False
     """the old form, with no `owner` field: written by the per-shard producer of versions from
     before node transactions, which may still publish with the shard's claimer id"""
@@ -256,7 +278,8 @@ class StateRecord:
         if self.claim:
             doc["claim"] = True
         if self.ahead is not None:
-            doc["ahead"] = list(self.ahead)
+            doc["ahead"] = list(self.ahead[0]) if len(self.ahead) == 1 else \
+                [list(r) for r in self.ahead]
         return orjson.dumps(doc)
 
     @classmethod

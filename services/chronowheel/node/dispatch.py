@@ -45,6 +45,11 @@ log = logging.getLogger(__name__)
 # Compiled schedules of recurring specs kept for their next fires (least recently used out).
 SCHEDULE_CACHE_SIZE = 10_000
 
+MAX_AHEAD_RANGES = 8
+"""The most published ranges a catching-up shard's state record names (`ahead`): each gap in
+the middle of a catch-up (a takeover, a clock-skew block) that finds more late work adds one
+until the queue drains past it. Beyond it such late work goes unpaced, as without pacing."""
+
 
 def stored_policy(policy: ValidationPolicy) -> ValidationPolicy:
     """Specs already accepted stay valid if the operator tightens limits or the allowlist."""
@@ -173,10 +178,13 @@ class Dispatcher:
             elif limit >= behind:
                 self.gap = False  # loaded past the cut and nothing late: back to normal
         elif rate > 0 and state.late_cut is not None:
-            # The cut moves on while nothing past it has been published (a takeover still
-            # loading a backlog: all it loads is late); after that, on-time work goes on from
-            # the watermark.
-            begin = state.late_cut == state.watermark and cut > state.watermark
+            if state.late_cut == state.watermark:
+                # The cut moves on while nothing past it has been published (a takeover
+                # still loading a backlog: all it loads is late); after that, on-time work
+                # goes on from the watermark.
+                begin = cut > state.watermark
+            elif self.gap:
+                begin = self._cut_again(cut, limit >= behind, now)
         if begin:
             for _due, _key, p in state.wheel.advance(cut):
                 state.late.push(p)
@@ -206,7 +214,34 @@ class Dispatcher:
             log.info("shard %d: caught up (late occurrences up to %d are out)", self.shard,
                      state.late_cut, extra={"shard": self.shard})
             state.late_cut = None
+            state.ahead.clear()
         return taken
+
+    def _cut_again(self, cut: int, loaded: bool, now: int) -> bool:
+        """Back from a gap in the middle of a catch-up (a takeover of a shard whose record
+        has `ahead`, the end of a clock-skew block) with late occurrences past the watermark
+        in the wheel: they are queued too, behind the ones already waiting. What was published
+        past the old cut becomes a closed range of `state.ahead` (the state record names each
+        such range), and the new cut begins another. True when it does."""
+        state = self.state
+        assert state.late_cut is not None
+        nd = state.wheel.next_deadline()
+        if nd is None or nd > cut:
+            if loaded:
+                self.gap = False  # loaded past the cut and nothing late: back to normal
+            return False
+        self.gap = False
+        if len(state.ahead) + 1 >= MAX_AHEAD_RANGES:
+            log.warning("shard %d: %d ms late occurrences after another gap in the middle of "
+                        "a catch-up go unpaced: the state record already names %d published "
+                        "ranges", self.shard, now - nd, MAX_AHEAD_RANGES,
+                        extra={"shard": self.shard})
+            return False
+        state.ahead.append((state.late_cut, state.watermark))
+        log.info("shard %d: catching up again: occurrences due up to %d, %d ms late and more, "
+                 "are queued behind the %d waiting", self.shard, cut, now - nd,
+                 len(state.late), extra={"shard": self.shard})
+        return True
 
     def _publishable(self, p: Pending, now: int) -> bool:
         """False when `p` is beyond its lateness bound: it is then recorded as missed."""

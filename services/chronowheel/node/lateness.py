@@ -17,7 +17,10 @@ larger than it can publish within the lag) is not a gap: it goes on in order, at
 The state record says what is published meanwhile: everything up to its `watermark` (the
 queue's oldest slot, minus one), and also the range `ahead` (the cut, the shard's watermark],
 so a takeover loads the queue's rows again and nothing after the cut twice
-(`ShardState.record_watermark`, `node/loader.py`).
+(`ShardState.record_watermark`, `node/loader.py`). A shard back from another gap in the middle
+of a catch-up (a takeover of such a record, a clock-skew block) cuts again: what came due
+since is queued behind what waits, and the record names each published range
+(`Dispatcher._cut_again`).
 
 The lateness bound. An occurrence of a job's own schedule (not a retry, not one a trigger or
 backfill asked for) that would be published more than `max_lateness` after its *scheduled*

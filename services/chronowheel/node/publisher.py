@@ -55,11 +55,11 @@ Item = Pending | Outgoing
 def state_record(*, shard: int, watermark: int, state: ShardState, node_id: str,
                  owner: str | None, at: int,
                  clock: tuple[int | None, bool] | None = None,
-                 ahead: tuple[int, int] | None = None) -> bytes:
+                 ahead: wire.Ahead | None = None) -> bytes:
     """The shard's record in `<ns>.state` for a commit of this part: its watermark and its
     owner (the transactional id that may publish for it from this record on; None: released),
     with the wheel's horizon and size. `clock` is the node's last measured skew to Cassandra and
-    whether it blocks dispatch; `ahead` the range published beyond the watermark while the
+    whether it blocks dispatch; `ahead` the ranges published beyond the watermark while the
     shard catches up (`ShardState.record_watermark`)."""
     skew, blocked = (None, None) if clock is None else clock
     return wire.StateRecord(shard=shard, watermark=watermark, owner=owner, node=node_id, at=at,

@@ -252,9 +252,12 @@ class ShardActor:
             state.horizon_ms = state.reading_upto = resume.watermark
             if resume.ahead is not None:
                 # The previous owner was catching up: its late rows are loaded again into the
-                # catch-up queue, and what it published after its cut is not (node/loader.py).
+                # catch-up queue, and what it published after its cuts is not (node/loader.py).
+                # What came due since its last range is late too: dispatch cuts again
+                # (`Dispatcher._take_late`).
                 state.behind_from = resume.watermark
-                state.late_cut, state.watermark = resume.ahead
+                *closed, (state.late_cut, state.watermark) = resume.ahead
+                state.ahead = list(closed)
         else:
             # The wheel, the horizon and the watermark stay. A pre-warm read that the stop
             # cut short is done again; backfills are read again from their stored requests.

@@ -10,8 +10,9 @@ actor (`node/shard.py`), which creates it, starts the tasks and sets `stopping`.
 Invariants (they carry the contract's musts; see docs/design.md):
 - `watermark`: every due row of this shard with slot <= watermark has been published (or is in
   the transaction being committed), except, while the shard catches up at a paced rate, the
-  late rows at or before `late_cut`, which are in `late` (or, after a takeover, still to be
-  loaded into it: `behind_from` < slot <= `late_cut`). Ingest never writes a slot <= watermark;
+  late rows at or before `late_cut` outside the published ranges of `ahead`, which are in
+  `late` (or, after a takeover, still to be loaded into it: `behind_from` < slot <= `late_cut`,
+  `late_range`). Ingest never writes a slot <= watermark;
   the loader never puts a row with slot <= watermark into the wheel; so nothing is published
   twice. The state record says the same (`record_watermark`).
 - `horizon_ms`: every due row with slot <= horizon_ms is in the wheel (or already published).
@@ -84,7 +85,12 @@ class ShardState:
         than being published in order (None otherwise). The watermark is at or above it."""
         self.behind_from = 0
         """While catching up: every row with slot <= behind_from is published. The loader
-        puts rows in (behind_from, late_cut] into `late` (after a takeover)."""
+        puts rows in (behind_from, late_cut] outside `ahead` into `late` (after a takeover)."""
+        self.ahead: list[tuple[int, int]] = []
+        """While catching up: ranges (cut, high] below `late_cut`, in order, that are
+        published although late rows before and between them still wait (a takeover or the
+        end of a clock-skew block in the middle of a catch-up cut again: the range the shard
+        had published past its cut is closed here, and the new late work is queued)."""
 
         self.horizon_ms = 0
         """Every row with slot <= horizon_ms is in the wheel (or published). Raised only by the
@@ -247,9 +253,22 @@ class ShardState:
     # --- paced catch-up ------------------------------------------------------------------
     def late_range(self, slot: int) -> bool:
         """Whether a row at `slot` (at or below the watermark) belongs to the catch-up queue:
-        the shard catches up and the slot is in (behind_from, late_cut]."""
+        the shard catches up and the slot is in (behind_from, late_cut], outside the
+        published ranges of `ahead`."""
         cut = self.late_cut
-        return cut is not None and self.behind_from < slot <= cut
+        if cut is None or not self.behind_from < slot <= cut:
+            return False
+        return not any(c < slot <= h for c, h in self.ahead)
+
+    def _queued_ranges(self) -> list[tuple[int, int]]:
+        """The ranges (low, high] whose rows go through the catch-up queue, in order."""
+        assert self.late_cut is not None
+        out, low = [], self.behind_from
+        for c, h in self.ahead:
+            out.append((low, c))
+            low = h
+        out.append((low, self.late_cut))
+        return out
 
     def unpublished(self, slot: int, key: OccurrenceKey) -> bool:
         """Whether the job's occurrence `key`, whose due row has `slot`, is not published
@@ -264,22 +283,32 @@ class ShardState:
             return False
         return slot > self.horizon_ms or key in self.late
 
-    def record_watermark(self) -> tuple[int, tuple[int, int] | None]:
+    def record_watermark(self) -> tuple[int, tuple[tuple[int, int], ...] | None]:
         """What the state record says is published: every slot up to the first value, and,
-        while catching up, also the range (cut, high] of the second. Nothing in `late` is
+        while catching up, also the ranges (cut, high] of the second. Nothing in `late` is
         published (the entries a step takes from it are, in the transaction it commits)."""
         cut = self.late_cut
         if cut is None:
             return self.watermark, None
         oldest = self.late.oldest()
         low = cut if oldest is None else oldest - 1
-        # Rows not loaded yet (a takeover is still reading the late range) are not published.
-        low = max(self.behind_from, min(low, self.horizon_ms))
-        if low >= cut:
-            return self.watermark, None
-        if self.watermark <= cut:  # nothing past the cut published yet
-            return low, None
-        return low, (cut, self.watermark)
+        # Rows of a queued range not loaded yet (a takeover is still reading it) are not
+        # published.
+        for lo, hi in self._queued_ranges():
+            if hi > self.horizon_ms:
+                low = min(low, max(lo, self.horizon_ms))
+                break
+        low = max(self.behind_from, low)
+        published = [*self.ahead, *([(cut, self.watermark)] if self.watermark > cut else [])]
+        ranges = []
+        for c, h in published:
+            if h <= low:
+                continue
+            if c <= low:  # everything up to its start is published: the watermark covers it
+                low = h
+                continue
+            ranges.append((c, h))
+        return low, tuple(ranges) or None
 
     def dispatch_lag_ms(self, now: int) -> int:
         oldest = self.wheel.next_deadline()

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from chronowheel.bus.ports import BusError, Fenced, NodeBus, SubmitPositions, TxnProducer
 from chronowheel.core.clock import Clock
-from chronowheel.core.wire import StateRecord, StateRecordError, claimer_transactional_id
+from chronowheel.core.wire import Ahead, StateRecord, StateRecordError, claimer_transactional_id
 from chronowheel.errors import ChronowheelError
 from chronowheel.node.publisher import stop_quietly
 from chronowheel.node.transactions import NodeTransactions, ShardLost
@@ -67,9 +67,9 @@ class Resume:
     claimer: TxnProducer | None = field(default=None, compare=False)
     """The shard's claimer, kept started (the caller stops it when it gives the shard up for
     good): a later `resume_warm` commits its claim with it."""
-    ahead: tuple[int, int] | None = None
-    """The record's `ahead` range: the previous owner was catching up at a paced rate, and
-    the slots in (cut, high] are published too (`node/lateness.py`)."""
+    ahead: Ahead | None = None
+    """The record's `ahead` ranges: the previous owner was catching up at a paced rate, and
+    the slots in each (cut, high] are published too (`node/lateness.py`)."""
 
 
 @dataclass
@@ -160,7 +160,7 @@ async def take_over(*, shard: int, transactions: NodeTransactions, bus: NodeBus,
 
 
 async def _claim(claimer: TxnProducer, settings: Settings, shard: int, watermark: int, me: str,
-                 node_id: str, clock: Clock, ahead: tuple[int, int] | None = None) -> None:
+                 node_id: str, clock: Clock, ahead: Ahead | None = None) -> None:
     """Commit the claim: the state record with `watermark` (and `ahead`, unchanged) and owner
     `me`, alone in a transaction of the shard's claimer. Raises Fenced when another claimer
     started since."""
@@ -289,8 +289,8 @@ def _publisher(value: bytes | None, shard: int, settings: Settings) -> str | Non
 
 
 def _position(value: bytes | None, shard: int, settings: Settings,
-              clock: Clock) -> tuple[int, tuple[int, int] | None]:
-    """Where the shard resumes: its record's watermark and `ahead` range."""
+              clock: Clock) -> tuple[int, Ahead | None]:
+    """Where the shard resumes: its record's watermark and `ahead` ranges."""
     if value is not None:
         record = _parse(value, shard, settings)
         return record.watermark, record.ahead
