@@ -2,8 +2,10 @@
 batches by a background task.
 
 Firing and handling never wait on history. `add` and `add_lazy` are plain appends to a bounded
-queue (`history_queue_rows`); when it is full, what does not fit is dropped and counted
-(`chronowheel_history_rows_total{outcome="dropped"}`), never waited for. The writer task
+queue (`history_queue_rows` rows and `history_queue_bytes` bytes, whichever is reached first:
+each append says about how many bytes its items hold, `ROW_BYTES` a row plus its strings and,
+for the node's occurrences, their payloads); when it is full, what does not fit is dropped and
+counted (`chronowheel_history_rows_total{outcome="dropped"}`), never waited for. The writer task
 (`run`, supervised by the service) takes up to `history_batch_rows` rows at a time, groups
 them by job, and writes each job's runs as one single-partition request and its counter
 deltas as one counter update, `history_writes_in_flight` requests at a time. A write that
@@ -40,20 +42,35 @@ LOG_EVERY_S = 60.0
 
 Convert = Callable[[Any], RunRecord]
 
+ROW_BYTES = 256
+"""What one queued row is counted beside its strings and payload, for the byte bound: about a
+row's objects in CPython (a tuple or a record and its integers), an estimate."""
+DEFAULT_QUEUE_BYTES = 32 << 20
+
+
+def record_bytes(record: RunRecord) -> int:
+    """About what a queued `RunRecord` holds."""
+    return ROW_BYTES + len(record.job_id) + len(record.occurrence) + len(record.error or "") \
+        + len(record.node_id or "") + len(record.worker_id or "")
+
 
 class RunRecorder:
     def __init__(self, store: RunHistoryStore, *, ttl_s: int, queue_rows: int,
                  batch_rows: int, in_flight: int, writes_per_s: int = 0,
+                 queue_bytes: int = DEFAULT_QUEUE_BYTES,
                  registry: CollectorRegistry | None = None,
                  monotonic: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
-        if queue_rows < 1 or batch_rows < 1 or in_flight < 1 or ttl_s < 1:
+        if queue_rows < 1 or batch_rows < 1 or in_flight < 1 or ttl_s < 1 \
+                or queue_bytes < ROW_BYTES:
             raise ValueError(f"run recorder: queue_rows ({queue_rows}), batch_rows "
                              f"({batch_rows}), in_flight ({in_flight}) and ttl_s ({ttl_s}) "
-                             f"must be at least 1")
+                             f"must be at least 1, queue_bytes ({queue_bytes}) at least "
+                             f"{ROW_BYTES}")
         self.store = store
         self.ttl_s = ttl_s
         self.queue_rows = queue_rows
+        self.queue_bytes = queue_bytes
         self.batch_rows = batch_rows
         self.in_flight = in_flight
         self.writes_per_s = writes_per_s
@@ -61,10 +78,12 @@ class RunRecorder:
         process is about its requests: the cap bounds it, and past it the queue fills and
         drops (counted) rather than the writer taking the process's time."""
         self._sleep = sleep
-        self._queue: deque[tuple[Sequence[Any], Convert | None]] = deque()
+        self._queue: deque[tuple[Sequence[Any], Convert | None, int]] = deque()
+        """(items, how each becomes a record (None: it is one), the bytes they hold)"""
         self._counts: dict[str, dict[str, int]] = {}
         """Counter deltas without a run row (`count`), added with the next batch."""
         self._queued = 0
+        self._queued_bytes = 0
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -84,41 +103,48 @@ class RunRecorder:
         """Rows waiting to be written."""
         return self._queued
 
+    @property
+    def queued_bytes(self) -> int:
+        """About the bytes the rows waiting to be written hold."""
+        return self._queued_bytes
+
     # --- the hot path's side: never waits ---------------------------------------------------
     def add(self, record: RunRecord) -> None:
         """Queue one record, or drop and count it when the queue is full."""
-        if self._queued >= self.queue_rows:
-            self.dropped += 1
-            return
-        self._queue.append(((record,), None))
-        self._queued += 1
-        self._wake.set()
+        self.add_item(record, None, record_bytes(record))
 
-    def add_item(self, item: Any, convert: Convert) -> None:
+    def add_item(self, item: Any, convert: Convert | None, nbytes: int = ROW_BYTES) -> None:
         """Queue `convert(item)`, converted by the writer task (what is cheapest for the
-        caller: a tuple now, the record later), or drop and count it when the queue is full."""
-        if self._queued >= self.queue_rows:
+        caller: a tuple now, the record later; None: `item` is a record), or drop and count it
+        when the queue is full. `nbytes`: about what `item` holds."""
+        if self._queued >= self.queue_rows or self._queued_bytes + nbytes > self.queue_bytes:
             self.dropped += 1
             return
-        self._queue.append(((item,), convert))
+        self._queue.append(((item,), convert, nbytes))
         self._queued += 1
+        self._queued_bytes += nbytes
         self._wake.set()
 
-    def add_lazy(self, items: Sequence[Any], convert: Convert) -> None:
+    def add_lazy(self, items: Sequence[Any], convert: Convert, extra_bytes: int = 0) -> None:
         """Queue `convert(item)` of each of `items`, converted by the writer task; what does
-        not fit in the queue is dropped and counted."""
-        n = len(items)
+        not fit in the queue is dropped and counted. `extra_bytes`: about what the items hold
+        beyond `ROW_BYTES` each (their payloads), all together."""
+        n = total = len(items)
         if not n:
             return
-        room = self.queue_rows - self._queued
+        per_row = ROW_BYTES + extra_bytes / n
+        room = min(self.queue_rows - self._queued,
+                   int((self.queue_bytes - self._queued_bytes) // per_row))
         if room < n:
             self.dropped += n - max(0, room)
             if room <= 0:
                 return
             n = room
+        nbytes = round(per_row * n)
         # A copy: the caller may reuse its list once this returns.
-        self._queue.append((tuple(items[:n]) if n < len(items) else tuple(items), convert))
+        self._queue.append((tuple(items[:n]) if n < total else tuple(items), convert, nbytes))
         self._queued += n
+        self._queued_bytes += nbytes
         self._wake.set()
 
     def count(self, job_id: str, name: str, n: int) -> None:
@@ -168,15 +194,18 @@ class RunRecorder:
         room = self.batch_rows
         queue = self._queue
         while queue and room > 0:
-            items, convert = queue[0]
+            items, convert, nbytes = queue[0]
             if len(items) <= room:
                 queue.popleft()
                 chunk = items
+                taken = nbytes
             else:
                 chunk, rest = items[:room], items[room:]
-                queue[0] = (rest, convert)
+                taken = nbytes * room // len(items)
+                queue[0] = (rest, convert, nbytes - taken)
             room -= len(chunk)
             self._queued -= len(chunk)
+            self._queued_bytes -= taken
             out.extend(chunk if convert is None else map(convert, chunk))
         return out
 
@@ -240,6 +269,7 @@ def recorder_for(store: RunHistoryStore, settings: Settings,
     """The recorder of a node or worker configured by `settings` (the `history_*` ones)."""
     return RunRecorder(store, ttl_s=max(1, settings.history_ttl_ms // 1000),
                        queue_rows=settings.history_queue_rows,
+                       queue_bytes=settings.history_queue_bytes,
                        batch_rows=settings.history_batch_rows,
                        in_flight=settings.history_writes_in_flight,
                        writes_per_s=settings.history_writes_per_s, registry=registry)
@@ -261,3 +291,6 @@ class _Collector(Collector):
         yield rows
         yield GaugeMetricFamily("chronowheel_history_queue_rows",
                                 "run history rows waiting to be written", value=r.queued)
+        yield GaugeMetricFamily("chronowheel_history_queue_bytes",
+                                "about the bytes the run history rows waiting hold",
+                                value=r.queued_bytes)

@@ -140,6 +140,10 @@ class Settings:
     history_queue_rows: int = _opt(
         100_000, "run history rows a process queues at most; more are dropped and counted, "
                  "never waited for")
+    history_queue_bytes: int = _opt(
+        32 << 20, "run history bytes a process queues at most (about: each row's strings, "
+                  "and on a node the occurrence's payload, kept until written); more are "
+                  "dropped and counted, never waited for")
     history_batch_rows: int = _opt(2_000, "run history rows written per batch")
     history_writes_in_flight: int = _opt(
         32, "run history requests in flight per process (one per job and batch)")
@@ -299,6 +303,9 @@ class Settings:
                      "history_writes_in_flight"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be at least 1, got {getattr(self, name)}")
+        if self.history_queue_bytes < 1024:
+            raise ConfigError(f"history_queue_bytes: must be at least 1024, got "
+                              f"{self.history_queue_bytes}")
         if self.history_writes_per_s < 0:
             raise ConfigError(f"history_writes_per_s: must be 0 (no cap) or more, got "
                               f"{self.history_writes_per_s}")
@@ -608,6 +615,7 @@ NODE_TUNABLES = (
 """Settings only the node reads: `chronowheel node` has a flag for each."""
 
 HISTORY_SETTINGS = ("run_history", "history_limit", "history_ttl_ms", "history_queue_rows",
-                    "history_batch_rows", "history_writes_in_flight", "history_writes_per_s")
+                    "history_queue_bytes", "history_batch_rows", "history_writes_in_flight",
+                    "history_writes_per_s")
 """Settings of run history (`chronowheel node` and `chronowheel worker` have a flag for each;
 `job history` and the console read `history_limit`)."""

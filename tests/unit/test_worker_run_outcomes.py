@@ -1,11 +1,14 @@
 """The outcome a worker records for a failed run is its own occurrence's, whatever other slots
-do meanwhile. The handler slots (`worker/handling.py`) driven directly, with a producer whose
-sends a test holds and refuses."""
+do meanwhile, and what it queues for the run history keeps only what the row needs (no
+exception, so no traceback holding the occurrence and its payload). The handler slots
+(`worker/handling.py`) driven directly, with a producer whose sends a test holds and refuses."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
+import weakref
 from typing import Any, cast
 
 from chronowheel.bus.ports import RecordRefused
@@ -117,3 +120,36 @@ async def test_a_refused_retry_with_a_refused_dead_letter_is_recorded_failed() -
     await history.flush()
     [run] = await cast(MemoryRunHistory, history.store).job_runs("j", 1)
     assert (run.outcome, run.error) == (runs.FAILED, "RuntimeError: down")
+
+
+async def test_a_queued_failure_keeps_no_exception_nor_the_occurrence() -> None:
+    settings = Settings(namespace="unit", shards=1)
+    producer = HeldProducer(settings.dead_topic)
+    stats = WorkerStats()
+    history = recorder()
+    s = slots(producer, settings, history, stats)
+
+    class Boom(RuntimeError):
+        pass
+
+    def handler(occ: Occurrence) -> None:  # the traceback's frame holds `occ`
+        raise Boom("x" * 1_000)
+
+    occ = occurrence("j", 1)
+    try:
+        handler(occ)
+    except Boom as exc:
+        error: Boom | None = exc
+    assert error is not None
+    await s._settle(occ, error, None, T0)
+    gone = weakref.ref(error)
+    held = weakref.ref(occ)
+    del error, occ
+    gc.collect()
+    # Only the history queue could still hold them: it does not.
+    assert gone() is None and held() is None
+    assert history.queued == 1
+    await history.flush()
+    [run] = await cast(MemoryRunHistory, history.store).job_runs("j", 1)
+    assert run.error is not None and run.error.startswith("Boom: xxx")
+    assert len(run.error.encode()) <= 300

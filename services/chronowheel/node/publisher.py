@@ -146,7 +146,10 @@ class Publisher:
         self.metrics.fired.inc(len(published))
         history = self.transactions.history
         if history is not None:  # one queue append; the records are built off this path
-            history.add_lazy(published, fired_runs(done, self.node_id))
+            # It keeps the occurrences, payloads too, until written: their bytes count
+            # against the queue's byte bound.
+            history.add_lazy(published, fired_runs(done, self.node_id),
+                             sum(len(p.payload) + len(p.job_id) for p in published))
         for reason, n in Counter(reason for _, reason in dead if reason).items():
             self.metrics.dead_lettered.labels(reason).inc(n)
         if tracing.tracer() is not None:

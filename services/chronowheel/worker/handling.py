@@ -22,7 +22,7 @@ from typing import Any, cast
 from chronowheel.bus.ports import RecordRefused, WorkerProducer
 from chronowheel.core import runs, wire
 from chronowheel.core.clock import Clock
-from chronowheel.history import RunRecorder
+from chronowheel.history import ROW_BYTES, RunRecorder
 from chronowheel.settings import Settings
 from chronowheel.timeouts import within
 from chronowheel.worker.intake import Intake, Item, Part
@@ -375,9 +375,14 @@ class Slots:
         history = self.history
         if history is None:
             return
-        # A plain tuple: the record is built by the history writer, off this path.
+        # A plain tuple: the record is built by the history writer, off this path. The error
+        # goes as its text (a failure's path only), never the exception: its traceback holds
+        # the handler's frames and through them the occurrence and its payload.
+        text = None if error is None else error_text(error, 300)
         history.add_item((occ.job_id, occ.scheduled_ms, occ.attempt, occ.occurrence, outcome,
-                          started, self.clock.now_ms(), error), self._to_run)
+                          started, self.clock.now_ms(), text), self._to_run,
+                         # Its size for the queue's byte bound (the key holds the job id).
+                         ROW_BYTES + 2 * len(occ.occurrence) + (len(text) if text else 0))
 
     async def _settle(self, occ: Occurrence, error: BaseException | None,
                       lease: Lease | None, started: int | None = None) -> str:
@@ -537,16 +542,15 @@ class Slots:
 
 _NOT_STARTED = object()
 
-RunItem = tuple[str, int, int, str, str, int | None, int, BaseException | None]
+RunItem = tuple[str, int, int, str, str, int | None, int, str | None]
 """What a handling hands the run history: job id, scheduled instant, attempt, occurrence key,
-outcome, handler start and end (ms), the error."""
+outcome, handler start and end (ms), the error's text."""
 
 
 def _run_record(worker_id: str, item: RunItem) -> runs.RunRecord:
     job_id, scheduled_ms, attempt, occurrence, outcome, started, ended, error = item
     return runs.RunRecord(job_id, scheduled_ms, attempt, occurrence, started_ms=started,
-                          ended_ms=ended, outcome=outcome, worker_id=worker_id,
-                          error=None if error is None else error_text(error, 300))
+                          ended_ms=ended, outcome=outcome, worker_id=worker_id, error=error)
 
 
 def is_async_handler(handler: Handler) -> bool:
