@@ -26,6 +26,7 @@ from chronowheel.node.lateness import LateQueue, Missed, Pacer
 from chronowheel.node.metrics import NodeMetrics
 from chronowheel.node.pending import Pending, delivery
 from chronowheel.node.service import Node
+from chronowheel.node.state import ShardState
 
 from tests.unit.node_rig import T0, NodeRig, scheduled_at
 
@@ -581,6 +582,30 @@ def test_missed_counts_logs_and_tells_its_sink_which_may_fail_alone(
     missed.sink = broken
     missed.record(entry("b", 1_000, 2_000), 3_000, 2_000)  # does not raise
     assert metrics.missed.labels("acme")._value.get() == 2
+
+
+def test_the_record_names_each_published_range_until_the_watermark_covers_it() -> None:
+    # A shard taken over from a record with one range, (200, 300], that cut again at 400 and
+    # has published up to 450 since: the late rows of (100, 200] and (300, 400] go through
+    # its queue, the others are published.
+    state = ShardState(shard=0, start_ms=0, tick_ms=10, ingest_slack_ms=50)
+    state.behind_from, state.late_cut, state.watermark, state.horizon_ms = 100, 200, 300, 100
+    assert state.record_watermark() == (100, ((200, 300),))  # nothing loaded back yet
+    assert state.late_range(150) and not state.late_range(250)
+    state.ahead, state.late_cut, state.watermark, state.horizon_ms = [(200, 300)], 400, 450, 460
+    assert [s for s in (100, 150, 200, 250, 300, 350, 400, 420) if state.late_range(s)] == [
+        150, 200, 350, 400]
+    assert state.unpublished(350, ("x", 350, 1)) is False  # not queued: taken already
+    state.late.push(entry("x", 350))
+    assert state.unpublished(350, ("x", 350, 1)) and not state.unpublished(250, ("y", 250, 1))
+    state.late.push(entry("a", 150))
+    assert state.record_watermark() == (149, ((200, 300), (400, 450)))
+    state.late.remove(("a", 150, 1))  # (100, 200] drained: the watermark covers (200, 300]
+    assert state.record_watermark() == (349, ((400, 450),))
+    state.late.remove(("x", 350, 1))
+    assert state.record_watermark() == (450, None)
+    state.horizon_ms = 320  # (300, 400] not all loaded: its rows from 321 on still wait
+    assert state.record_watermark() == (320, ((400, 450),))
 
 
 def test_the_queue_gives_nothing_past_the_loaded_horizon() -> None:
