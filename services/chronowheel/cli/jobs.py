@@ -60,8 +60,8 @@ def register(sub: Any) -> None:
 
 def _status(j: JobSummary, last: Mapping[str, RunRecord]) -> str:
     # Not knowing whether the job recurs is fine here: a recurring job's pending occurrence
-    # moves on (stored before the one it follows is published), so only a one-shot's run can
-    # share its pending instant.
+    # moves on (stored before the one it follows is published), so only a one-shot has a run
+    # at or after its pending instant.
     return shown_status(j.status, recurring=False, scheduled_ms=j.scheduled_ms,
                         last=last.get(j.job_id))
 

@@ -179,9 +179,12 @@ def shown_status(status: str, *, recurring: bool, scheduled_ms: int | None,
                  last: RunRecord | None) -> str:
     """The status to show for a jobs row. A one-shot's row keeps `scheduled` after it fires
     (the node writes nothing to it at publish: that is the hot path), so a one-shot whose
-    pending occurrence has a recorded run reads as `finished`."""
+    newest recorded run (`last`) is of its pending instant, or of a later one (a trigger or
+    backfill run after it fired: a shard publishes in the order of the instants), reads as
+    `finished`, or `retrying` while that run's retry is to come."""
     if status == "scheduled" and not recurring and last is not None \
-            and last.scheduled_ms == scheduled_ms and last.state != "pending":
+            and scheduled_ms is not None and last.scheduled_ms >= scheduled_ms \
+            and last.state != "pending":
         # Fired (its outcome alongside) or missed; a failed attempt with a retry to come, or
         # a retry published and not yet handled, is not over yet.
         retrying = last.outcome == RETRIED or (last.attempt > 1 and last.outcome is None)
