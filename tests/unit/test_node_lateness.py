@@ -29,6 +29,7 @@ from chronowheel.node.service import Node
 from chronowheel.node.state import ShardState
 
 from tests.unit.node_rig import T0, NodeRig, scheduled_at
+from tests.unit.test_node_clock_steps import SteppedClock, start_node
 
 OUTAGE_MS = 10_000
 
@@ -422,6 +423,47 @@ async def test_a_takeover_from_a_record_with_ahead_paces_what_came_due_since(
     assert sorted(job_of(m) for m in fired if job_of(m) in late + wave) == sorted(late + wave)
     await rig.advance(3_000, step_ms=100)
     assert last_record(rig, 0).ahead is None  # caught up
+
+
+async def test_a_clock_skew_block_in_the_middle_of_a_catch_up_paces_what_came_due_meanwhile(
+        ) -> None:
+    # The node catching up has its clock stepped 20 s forward: dispatch stops. What comes due
+    # while it is blocked is late when the clock agrees again, and goes through the pacer
+    # behind the late ones still waiting, not at once.
+    async with NodeRig(shards=1, catch_up_rate=RATE) as rig:
+        await rig.start("first")
+        late = late_jobs(rig, 60, 0, T0 + 2_000)
+        back = T0 + 1_000 + OUTAGE_MS
+        wave = [f"wave-{i}" for i in range(40)]
+        for i, job_id in enumerate(wave):
+            rig.upsert(job_id, at=back + 1_500 + 50 * i)
+        await rig.advance(500)
+        await rig.stop_all()
+        rig.clock.set(back)
+        clock = SteppedClock(rig.clock)
+        node = await start_node(rig, clock)
+        await rig.advance(1_000, step_ms=50)
+        assert not {job_of(m) for m in rig.fired()} & set(wave)
+        clock.step(20_000)
+        for o in node.owned.values():
+            o.actor.wake.set()
+        await rig.settle()
+        assert node.blocked
+        await rig.advance_to(back + 10_000, step_ms=100)  # the wave: 6.5 to 8.5 s late
+        waiting = len(late) - len([m for m in rig.fired() if job_of(m) in late])
+        clock.step(-20_000)
+        node.clock_guard.recheck.set()
+        await rig.settle()
+        unblocked = rig.clock.now_ms()
+        await rig.advance(1_000, step_ms=50)
+        assert not node.blocked
+        since = [m for m in rig.fired() if m.committed_ms >= unblocked]
+        assert RATE <= len(since) <= 2 * RATE + 1  # paced, the oldest first
+        assert all(job_of(m) in late for m in since[:waiting])
+        await rig.advance(12_000, step_ms=100)
+        fired = rig.fired()
+        once_each_never_early(fired)
+        assert sorted(job_of(m) for m in fired) == sorted(late + wave)
 
 
 async def test_a_backlog_over_the_memory_cap_goes_unpaced_each_once() -> None:
