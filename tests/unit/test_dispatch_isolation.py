@@ -165,6 +165,9 @@ async def test_the_node_refused_its_own_fired_topic_stops_with_the_acl_named() -
         await rig.advance_to(T0 + 1_000, step_ms=5)
         assert node.failure is not None
         assert f"may not write topic {rig.settings.fired_topic}" in str(node.failure)
+        # At once: not taken for a passing Kafka failure, which renews the producer and retries.
+        assert node.transactions is not None and node.transactions.session == 0
+        assert node.metrics.txn_failed._value.get() == 0
         assert rig.bus.messages(rig.settings.dead_topic) == []
         assert rig.fired() == []
     finally:

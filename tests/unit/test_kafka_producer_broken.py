@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from aiokafka.errors import KafkaError, OutOfOrderSequenceNumber, ProducerFenced
-from chronowheel.bus.kafka_node import KafkaTxnProducer, broken_cause
-from chronowheel.bus.ports import Fenced, ProducerBroken
+from aiokafka.errors import IllegalOperation, KafkaError, OutOfOrderSequenceNumber, ProducerFenced
+from chronowheel.bus.kafka_node import KafkaTransaction, KafkaTxnProducer, broken_cause
+from chronowheel.bus.ports import BusError, Fenced, ProducerBroken
 from chronowheel.settings import Settings
 
 
@@ -76,3 +76,36 @@ async def test_an_unexpected_sender_error_is_broken_with_its_cause() -> None:
     assert not isinstance(raised.value, Fenced)
     assert "Unexpected error during batch delivery" in str(raised.value)
     await producer.stop()
+
+
+class _EndedTransactionProducer:
+    """An aiokafka producer whose transaction a failed batch has already ended: aiokafka then
+    refuses every further batch with IllegalOperation."""
+
+    def __init__(self) -> None:
+        self._txn_manager = None
+
+    async def send_batch(self, batch: object, topic: str, partition: int) -> None:
+        raise IllegalOperation("Can't send messages while not in transaction")
+
+
+@pytest.mark.asyncio
+async def test_a_batch_refused_after_the_transaction_ended_reports_what_ended_it() -> None:
+    # The state record's batch goes after the fired batch failed; what the node must act on
+    # is the fired batch's failure (here a fence), not aiokafka's "not in transaction".
+    txn = KafkaTransaction(_EndedTransactionProducer(), "t-ended", "ns.submit", "g")  # type: ignore[arg-type]
+    failed: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+    failed.set_exception(ProducerFenced())
+    txn._sent.append((failed, None, (), "ns.fired"))
+    txn._batches[("ns.state", 0)] = object()
+    with pytest.raises(Fenced):
+        await txn.commit({})
+
+
+@pytest.mark.asyncio
+async def test_a_batch_refused_after_the_transaction_ended_is_a_bus_error_without_a_cause(
+        ) -> None:
+    txn = KafkaTransaction(_EndedTransactionProducer(), "t-ended", "ns.submit", "g")  # type: ignore[arg-type]
+    txn._batches[("ns.state", 0)] = object()
+    with pytest.raises(BusError, match="no longer open"):
+        await txn.commit({})

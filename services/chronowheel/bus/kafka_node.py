@@ -14,6 +14,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import (
     CommitFailedError,
+    IllegalOperation,
     IllegalStateError,
     InvalidProducerEpoch,
     InvalidSessionTimeoutError,
@@ -189,6 +190,17 @@ class KafkaTransaction:
                                str]] = []
         self._refusals: list[Refusal] = []
 
+    async def _send_batch(self, batch: Any, topic: str, partition: int) -> asyncio.Future[Any]:
+        try:
+            return await self._producer.send_batch(batch, topic, partition=partition)
+        except IllegalOperation as exc:
+            # aiokafka ended the transaction already: a batch sent earlier failed (it moves the
+            # transaction to an abortable error at once). What failed it is among the batches
+            # sent, and the answer for it (a refusal, our own topic refused, a fence) is the
+            # one to give, not this consequence.
+            await self._check_sent()
+            raise BusError(f"{self._id}: the transaction is no longer open ({exc})") from exc
+
     def append(self, topic: str, partition: int, key: bytes | None, value: bytes,
                headers: Headers) -> bool:
         batch = self._batches.get((topic, partition))
@@ -203,8 +215,8 @@ class KafkaTransaction:
             return
         with _translated(f"{self._id}: publishing to {topic}[{partition}]", self._producer):
             if batch is not None:
-                self._sent.append((await self._producer.send_batch(  # full
-                    batch, topic, partition=partition), None, (), topic))
+                self._sent.append((await self._send_batch(batch, topic, partition),  # full
+                                   None, (), topic))
             batch = self._batches[(topic, partition)] = self._producer.create_batch()
         if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
             raise BusError(f"{self._id}: message for {topic} too large for one batch")
@@ -214,7 +226,7 @@ class KafkaTransaction:
         with _translated(f"{self._id}: sending prepared batches", self._producer):
             for topic, partition, batch, indexes in prepared.batches:
                 try:
-                    future = await self._producer.send_batch(batch, topic, partition=partition)
+                    future = await self._send_batch(batch, topic, partition)
                 except (UnknownTopicOrPartitionError, TopicAuthorizationFailedError) as exc:
                     # Raised by the metadata wait, before the batch joined the transaction.
                     self._raise_if_about_the_node(exc, topic)
@@ -228,8 +240,7 @@ class KafkaTransaction:
     async def commit(self, submit_offsets: Mapping[int, int]) -> None:
         with _translated(f"{self._id}: committing a transaction", self._producer):
             for (topic, part), batch in self._batches.items():
-                self._sent.append((await self._producer.send_batch(batch, topic, partition=part),
-                                   None, (), topic))
+                self._sent.append((await self._send_batch(batch, topic, part), None, (), topic))
             self._batches.clear()
             if submit_offsets:
                 await self._producer.send_offsets_to_transaction(

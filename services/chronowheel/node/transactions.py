@@ -297,8 +297,12 @@ class NodeTransactions:
             self._fail(parts, Republish(exc.refusals, shards))
             await self._new_session(f"the broker refused records of a transaction ({exc})")
             return
-        except (BusError, ChronowheelError) as exc:
+        except BusError as exc:  # Kafka trouble, or a producer its client gave up on
             await self._failed(parts, exc)
+            return
+        except ChronowheelError as exc:  # e.g. a refused ACL on our own topic: the node's to fix
+            self._fail(parts, ChronowheelError(
+                f"node transaction of shards {sorted({p.shard for p in parts})} failed: {exc}"))
             return
         except Exception as exc:  # a fill bug: every part's shard fails loudly
             self._fail(parts, exc)
