@@ -4,8 +4,10 @@ rejections that depend on a job's state."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from chronowheel.core import wire
@@ -260,3 +262,33 @@ async def test_a_retry_of_a_backfilled_occurrence_keeps_its_key_and_marker(
                            f"sweep@{T0 - 60_000}".encode()}
     kept = by_key[f"sweep@{T0 - 60_000}/backfill/b-9".encode()]
     assert kept.header(wire.BACKFILL) == b"b-9" and kept.header(wire.ATTEMPT) == b"2"
+
+
+@pytest.mark.parametrize("step_ms", [10, 100])
+async def test_a_pause_that_arrives_as_its_occurrence_comes_due_withholds_it_or_lets_it_go(
+        rig: NodeRig, step_ms: int) -> None:
+    # The pause reads the job's row, finds its occurrence not published yet, and then waits
+    # for its store writes (held here) while the occurrence comes due. Dispatch must not
+    # publish it meanwhile: the paused row says it is withheld, and the resume fires it; had it
+    # gone out, the resume would fire it a second time.
+    await rig.start()
+    rig.upsert("mail", at=T0 + 2_000)
+    await rig.advance_to(T0 + 1_900)
+    release = asyncio.Event()
+    delete_due = rig.store.delete_due
+
+    async def held_delete_due(*args: Any) -> None:
+        await release.wait()
+        await delete_due(*args)
+
+    rig.store.delete_due = held_delete_due  # type: ignore[method-assign]
+    rig.submit("mail", encode_control("pause", "mail"))
+    await rig.advance_to(T0 + 3_000, step_ms=step_ms)
+    assert rig.fired("mail") == []
+    release.set()
+    await rig.advance(500)
+    assert await status(rig, "mail") == "paused"
+    assert rig.fired("mail") == []
+    rig.submit("mail", encode_control("resume", "mail"))
+    await rig.advance(2_000)
+    assert [scheduled_at(m) for m in rig.fired("mail")] == [T0 + 2_000]

@@ -182,37 +182,43 @@ class Ingest:
             # row (ingest, a recurring fire) holds the job's lock.
             wanted = [j for j, cmds in chains.items() if not isinstance(cmds[0], Retry)]
             existing = await self.store.get_jobs(wanted) if wanted else {}
-            fresh: list[tuple[Upsert, JobRow | None]] = []
-            one_by_one: list[tuple[str, list[Command]]] = []
-            for job_id, cmds in chains.items():
-                cmd = cmds[0]
-                if len(cmds) == 1 and isinstance(cmd, Upsert):
-                    row = existing.get(job_id)
-                    if unchanged(row, cmd.job):
-                        self.metrics.ingested.labels(cmd.op, UNCHANGED).inc()
-                        continue
-                    # A paused job stays paused through an edit (`Transitions`).
-                    if not self._has_pending_row(row) \
-                            and (row is None or row.status != "paused"):
-                        fresh.append((cmd, row))
-                        continue
-                one_by_one.append((job_id, cmds))
-            sem = asyncio.Semaphore(self.settings.ingest_concurrency)
+            # From here until the step's changes are in the wheel, dispatch stays below the
+            # pending occurrences of these jobs (no await in between: one it took meanwhile
+            # is beyond the watermark no more, and counts as published).
+            pending = (r.slot_ms for r in existing.values()
+                       if r.status == "scheduled" and r.slot_ms is not None)
+            with state.holding(pending):
+                fresh: list[tuple[Upsert, JobRow | None]] = []
+                one_by_one: list[tuple[str, list[Command]]] = []
+                for job_id, cmds in chains.items():
+                    cmd = cmds[0]
+                    if len(cmds) == 1 and isinstance(cmd, Upsert):
+                        row = existing.get(job_id)
+                        if unchanged(row, cmd.job):
+                            self.metrics.ingested.labels(cmd.op, UNCHANGED).inc()
+                            continue
+                        # A paused job stays paused through an edit (`Transitions`).
+                        if not self._has_pending_row(row) \
+                                and (row is None or row.status != "paused"):
+                            fresh.append((cmd, row))
+                            continue
+                    one_by_one.append((job_id, cmds))
+                sem = asyncio.Semaphore(self.settings.ingest_concurrency)
 
-            async def run_chain(job_id: str, cmds: list[Command]) -> None:
-                async with sem:
-                    for i, cmd in enumerate(cmds):
-                        try:
-                            await self.transitions.apply(
-                                cmd, self.clock.now_ms(),
-                                existing.get(job_id) if i == 0 else READ)
-                        except Exception as exc:
-                            # Only this command is set aside; the job's later ones read
-                            # what is stored (READ) and apply to that.
-                            self.rejections.quarantine(cmd, exc)
+                async def run_chain(job_id: str, cmds: list[Command]) -> None:
+                    async with sem:
+                        for i, cmd in enumerate(cmds):
+                            try:
+                                await self.transitions.apply(
+                                    cmd, self.clock.now_ms(),
+                                    existing.get(job_id) if i == 0 else READ)
+                            except Exception as exc:
+                                # Only this command is set aside; the job's later ones read
+                                # what is stored (READ) and apply to that.
+                                self.rejections.quarantine(cmd, exc)
 
-            await asyncio.gather(self.new_jobs.write(fresh, sem),
-                                 *(run_chain(j, c) for j, c in one_by_one))
+                await asyncio.gather(self.new_jobs.write(fresh, sem),
+                                     *(run_chain(j, c) for j, c in one_by_one))
 
     def _has_pending_row(self, row: JobRow | None) -> bool:
         """Whether a new version of the job must first delete its unpublished due row."""

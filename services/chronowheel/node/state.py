@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -118,9 +118,11 @@ class ShardState:
         cleared when the last one ends."""
 
         self.ingest_slots: dict[int, int] = {}
-        """slot -> ingest writes in flight for it. Dispatch never moves the watermark up to
-        the smallest of these, so it cannot pass a row that is written but not yet in the
-        wheel. Claimed and released only through `claim_slot` / `release_slot`."""
+        """slot -> ingest writes in flight for it, or changes of a job whose unpublished
+        occurrence is there (`holding`). Dispatch never moves the watermark up to the smallest
+        of these, so it cannot pass a row that is written but not yet in the wheel, nor publish
+        an occurrence a command is withdrawing. Changed only through `claim_slot` /
+        `release_slot` and `holding`."""
 
         self.outbox: list[Outgoing] = []
         """Messages ingest produced (forwards, rejections), published by the next
@@ -216,6 +218,23 @@ class ShardState:
         else:
             del self.ingest_slots[slot]
         self.wake.set()
+
+    @contextlib.contextmanager
+    def holding(self, slots: Iterable[int]) -> Iterator[None]:
+        """Hold dispatch below each of `slots` still beyond the watermark while commands change
+        the jobs whose pending occurrences are there. A command decides that an occurrence is
+        not published yet, then awaits its writes before it drops the wheel entry: dispatch
+        must not publish the occurrence in between (a pause would then withhold an occurrence
+        that is out, and its resume would publish it again; a cancel or an edit would report
+        withdrawn an occurrence that fired)."""
+        held = [s for s in slots if s > self.watermark]
+        for s in held:
+            self.ingest_slots[s] = self.ingest_slots.get(s, 0) + 1
+        try:
+            yield
+        finally:
+            for s in held:
+                self.release_slot(s)
 
     def dispatch_limit(self, now: int) -> int:
         """How far dispatch may fire: never early, never past the loaded horizon, never up to
