@@ -163,3 +163,57 @@ async def test_a_node_killed_halfway_through_a_paced_catch_up_loses_and_repeats_
     assert set(Counter(m.occurrence for m in fired).values()) == {1}, "exactly once"
     assert all(m.fired_ms >= m.scheduled_ms for m in fired), "never early"
     assert sorted((m.key or b"").decode() for m in fired) == sorted(everything)
+
+
+async def test_a_cancel_and_an_edit_of_queued_late_jobs_hold_through_a_kill(
+        stack: Any, namespace: str, tmp_path: Path) -> None:
+    # Late one-shots wait in a catching-up node's queue; some are cancelled, one is moved to a
+    # later instant, and the node is killed (SIGKILL) before its queue reaches them. Neither
+    # it nor the next owner, which loads the queued range again from Cassandra, publishes a
+    # cancelled one or the edited one's old occurrence.
+    settings = await make_namespace(stack, namespace, shards=2)
+    async with collecting(settings) as seen:
+        async with running_node(settings, node_id="before"):
+            due = now_ms() + 4_000
+            late = {f"late-{i:04d}": due + i * 5 for i in range(LATE_JOBS)}
+            async with SchedulerClient(settings) as client:
+                for job_id, at in late.items():
+                    await client.schedule(job_id, at, {"job": job_id})
+                await client.flush()
+            await applied(settings)
+        await until(lambda: now_ms() > due + 2 * settings.catch_up_lag_ms, 60,
+                    "the outage to make them late")
+        cancelled = sorted(late)[-20:]
+        edited = sorted(late)[-21]
+        catching_up = NodeProcess(settings, "catching-up", tmp_path)
+        try:
+            catching_up.start(CHRONOWHEEL_CATCH_UP_RATE=str(SLOW_RATE))
+            await catching_up.wait_ready()
+            async with SchedulerClient(settings) as client:
+                for job_id in cancelled:
+                    await client.cancel(job_id)
+                moved_to = now_ms() + 3_000
+                await client.schedule(edited, moved_to, {"job": edited})
+                await client.flush()
+            await applied(settings)
+            published = {(m.key or b"").decode() for m in seen.messages}
+            assert not published & {*cancelled, edited}, "the queue reached them: too fast"
+            catching_up.kill()
+        finally:
+            if catching_up.proc is not None and catching_up.proc.poll() is None:
+                catching_up.proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                catching_up.wait(30)
+        async with running_node(settings, node_id="next"):
+            expected = set(late) - set(cancelled)
+            await seen.wait_for(lambda ms: {(m.key or b"").decode() for m in ms} >= expected,
+                                120, "every late job left")
+            await settled(settings, seen, upto_ms=max(now_ms(), moved_to) + 1_000)
+
+    fired = seen.messages
+    assert set(Counter(m.occurrence for m in fired).values()) == {1}, "exactly once"
+    assert all(m.fired_ms >= m.scheduled_ms for m in fired), "never early"
+    keys = Counter((m.key or b"").decode() for m in fired)
+    assert not any(keys[j] for j in cancelled), "a cancelled job was published"
+    assert [m.scheduled_ms for m in fired if m.key == edited.encode()] == [moved_to]
+    assert sorted(keys) == sorted(expected)
