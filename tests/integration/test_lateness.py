@@ -9,7 +9,8 @@ watermarks (`applied`, `settled`), and the clock for the outage itself.
 
 Through a failover: a node catching up at a paced rate after an outage is killed with SIGKILL
 halfway; the next owner finishes the catch-up from the state record's `ahead` range, and every
-late occurrence is published once."""
+late occurrence is published once. A cancel and an edit of late jobs still queued hold through
+such a kill: the next owner loads the queue's rows again, and theirs are gone."""
 
 from __future__ import annotations
 

@@ -6,7 +6,10 @@
   with its next occurrence, on time.
 - Late occurrences (more than `catch_up_lag_ms` behind) go at most `catch_up_rate` a second per
   shard, while on-time ones go as they come due; each occurrence once, never early, also when
-  the shard changes hands in the middle of a catch-up.
+  the shard changes hands in the middle of a catch-up, and what comes due during such a gap
+  (or a clock-skew block) is paced too.
+- A queued late occurrence is not published yet: a cancel, a pause or an edit takes it out.
+- A missed occurrence is recorded once, when the part covering it commits.
 
 On the in-memory store and bus with a manual clock (tests/unit/node_rig.py).
 """
