@@ -283,7 +283,8 @@ NODE_TABLES: dict[str, tuple[str, ...]] = {
     "job_requests": ("SELECT", "MODIFY"),
     "bucket_counts": ("SELECT", "MODIFY"),
     "calendars": ("SELECT", "MODIFY"),
-    "run_history": ("MODIFY",),  # the runs it published (history.py)
+    # the runs it published (history.py); read: a job's streak of failed runs (auto-pause)
+    "run_history": ("SELECT", "MODIFY"),
     "run_counters": ("MODIFY",),
 }
 WORKER_TABLES: dict[str, tuple[str, ...]] = {

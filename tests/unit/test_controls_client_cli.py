@@ -101,10 +101,10 @@ def test_the_listing_views() -> None:
     assert orjson.loads(orjson.dumps(jobs.view(page))) == {
         "jobs": [{"id": "inv-1", "status": "paused", "stored_status": "paused",
                   "tenant": "acme", "shard": 3, "version": 4, "due_ms": T,
-                  "due": "2026-12-01T09:00:00.000Z", "counters": None},
+                  "due": "2026-12-01T09:00:00.000Z", "counters": None, "note": None},
                  {"id": "inv-2", "status": "cancelled", "stored_status": "cancelled",
                   "tenant": None, "shard": 1, "version": 2, "due_ms": None, "due": None,
-                  "counters": None}],
+                  "counters": None, "note": None}],
         "next_page": "abc"}
     text = jobs.render(page, T - 60_000)
     lines = text.splitlines()

@@ -89,6 +89,10 @@ def register(sub: Any) -> None:
                         "A command that does not fit the job's state (no such job, a "
                         "cancelled one) is refused to <ns>.rejected with the reason.")
         control.add_argument("id", metavar="ID")
+        if op == "pause":
+            control.add_argument("--note", metavar="TEXT",
+                                 help="why (up to 500 characters): shown by `job show` and "
+                                      "`jobs list` until the job is resumed")
         add_settings_arguments(control, CONNECTION_SETTINGS)
         control.set_defaults(func=run_control, op=op)
 
@@ -143,6 +147,7 @@ def describe(row: JobRow, shards: int, watermark: int | None, now_ms: int,
     return {
         "id": row.job_id, "shard": row.shard, "shards": shards, "status": status,
         "stored_status": row.status,
+        "note": row.note,
         "counters": None if history is None else history.counters.as_json(),
         "last_run": None if last is None else last.as_json(),
         "version": row.version,
@@ -164,6 +169,8 @@ def render(view: dict[str, Any], now_ms: int) -> str:
              + ("" if view["status"] == view.get("stored_status", view["status"])
                 else f" (stored: {view['stored_status']}; its occurrence has run)"),
              f"version    {view['version']}"]
+    if view.get("note"):
+        lines.append(f"note       {view['note']}")
     if view["next_scheduled_ms"] is not None:
         lines.append(f"next       {view['next_scheduled']}  "
                      f"({relative(view['next_scheduled_ms'], now_ms)})")
@@ -339,7 +346,8 @@ def run_control(args: argparse.Namespace) -> int:
     from chronowheel.ops.cluster import quiet_kafka_logs
 
     quiet_kafka_logs()
-    return asyncio.run(_send(settings_from_args(args), args.op, args.id, None, None, None))
+    return asyncio.run(_send(settings_from_args(args), args.op, args.id, None, None, None,
+                             note=getattr(args, "note", None)))
 
 
 def run_trigger(args: argparse.Namespace) -> int:
@@ -361,12 +369,13 @@ def run_backfill(args: argparse.Namespace) -> int:
 
 
 async def _send(settings: Settings, op: str, job_id: str, request_id: str | None,
-                start: str | int | None, end: str | int | None) -> int:
+                start: str | int | None, end: str | int | None, *,
+                note: str | None = None) -> int:
     from chronowheel.client import SchedulerClient
 
     async with SchedulerClient(settings) as client:
         if op == "pause":
-            delivery = await client.pause(job_id)
+            delivery = await client.pause(job_id, note=note)
         elif op == "resume":
             delivery = await client.resume(job_id)
         elif op == "trigger":

@@ -73,7 +73,7 @@ def view(page: JobPage, counters: Mapping[str, RunCounters] | None = None,
     last = last or {}
     return {
         "jobs": [{"id": j.job_id, "status": _status(j, last), "stored_status": j.status,
-                  "tenant": j.tenant, "shard": j.shard,
+                  "tenant": j.tenant, "shard": j.shard, "note": j.note,
                   "version": j.version, "due_ms": j.scheduled_ms,
                   "due": None if j.scheduled_ms is None else rfc3339(j.scheduled_ms),
                   "counters": None if counters is None or j.job_id not in counters
@@ -94,6 +94,9 @@ def render(page: JobPage, now_ms: int, counters: Mapping[str, RunCounters] | Non
             for j in page.jobs]
     lines = [table(["ID", "STATUS", "TENANT", "DUE", "RUNS (FIRED/OK/FAILED/LAST)"], rows)] \
         if rows else ["no jobs on this page"]
+    notes = [f"  {j.job_id}: {j.note}" for j in page.jobs if j.note]
+    if notes:  # why each paused job was paused (a pause's note), below the table
+        lines += ["notes", *notes]
     if page.next_token is not None:
         lines.append(f"more: --page {page.next_token}")
     return "\n".join(lines)

@@ -145,7 +145,8 @@ def job_from_flags(args: argparse.Namespace, now_ms: int) -> dict[str, Any]:
     if args.exclude_date:
         job["exclude_dates"] = args.exclude_date
     for flag in ("topic", "dst", "catch_up", "max_catch_up", "window", "max_attempts",
-                 "backoff", "tenant", "calendar", "concurrency", "max_lateness"):
+                 "backoff", "tenant", "calendar", "concurrency", "max_lateness",
+                 "pause_after_failures"):
         value = getattr(args, flag)
         if value is not None:
             job[flag] = value
@@ -240,6 +241,9 @@ def register(sub: Any) -> None:
     one.add_argument("--max-lateness", metavar="DURATION",
                      help="an occurrence not published within this long after its instant is "
                           "missed, not published (default: the namespace's max_lateness_ms)")
+    one.add_argument("--pause-after-failures", type=int, metavar="N",
+                     help="recurring: pause the job after N consecutive failed runs (1-100), "
+                          "with a note saying why and when; resume clears it")
     p.add_argument("--dry-run", action="store_true",
                    help="validate and print the wire command(s); send nothing")
     p.set_defaults(func=run)

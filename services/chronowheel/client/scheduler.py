@@ -247,13 +247,15 @@ class SchedulerClient:
                    exclude_dates: Iterable[date | str] | None = None,
                    calendar: str | None = None,
                    concurrency: Concurrency | None = None,
-                   max_lateness: Duration | None = None) -> Delivery:
+                   max_lateness: Duration | None = None,
+                   pause_after_failures: int | None = None) -> Delivery:
         """A cron job read in IANA zone `tz` (5 fields, 6 with seconds first, or @daily...).
 
         `exclude_dates` (dates or `YYYY-MM-DD` strings) and the named `calendar`'s dates are
         local dates in `tz` on which it does not fire. `concurrency` is the workers' overlap
         policy (allow, forbid, replace; docs/worker.md). An occurrence that cannot be
-        published within `max_lateness` of its instant is missed, not published."""
+        published within `max_lateness` of its instant is missed, not published. With
+        `pause_after_failures` N the job is paused after N consecutive failed runs."""
         kind: dict[str, Any] = {"cron": expr}
         if tz != "UTC":  # the wire default: leaving it out keeps the canonical spec minimal
             kind["tz"] = tz
@@ -264,7 +266,7 @@ class SchedulerClient:
             window=window, max_attempts=max_attempts, backoff=backoff, tenant=tenant,
             dst=dst, start=start, end=end, catch_up=catch_up, max_catch_up=max_catch_up,
             exclude_dates=days, calendar=calendar, concurrency=concurrency,
-            max_lateness=max_lateness))
+            max_lateness=max_lateness, pause_after_failures=pause_after_failures))
 
     async def every(self, id: str, interval: Duration, payload: Any = None, *,
                     start: Instant | None = None, end: Instant | None = None,
@@ -274,14 +276,16 @@ class SchedulerClient:
                     window: Duration | None = None, max_attempts: int | None = None,
                     backoff: Duration | None = None, tenant: str | None = None,
                     concurrency: Concurrency | None = None,
-                    max_lateness: Duration | None = None) -> Delivery:
+                    max_lateness: Duration | None = None,
+                    pause_after_failures: int | None = None) -> Delivery:
         """A fixed-interval job (first occurrence at `start`, or when the node ingests it);
-        `max_lateness` as for `cron`."""
+        `max_lateness` and `pause_after_failures` as for `cron`."""
         return await self.submit(_job_fields(
             id, {"every": interval}, payload, topic=topic, headers=headers,
             payload_b64=payload_b64, window=window, max_attempts=max_attempts, backoff=backoff,
             tenant=tenant, start=start, end=end, catch_up=catch_up, max_catch_up=max_catch_up,
-            concurrency=concurrency, max_lateness=max_lateness))
+            concurrency=concurrency, max_lateness=max_lateness,
+            pause_after_failures=pause_after_failures))
 
     async def cancel(self, id: str) -> Delivery:
         """Cancel job `id`: no occurrence not yet published will fire."""
@@ -289,9 +293,11 @@ class SchedulerClient:
             raise ValidationError("id", "must be a string", id)
         return await self._send(id, encode_cancel(id))
 
-    async def pause(self, id: str) -> Delivery:
-        """Pause job `id`: it publishes nothing until `resume`."""
-        return await self._control("pause", id)
+    async def pause(self, id: str, *, note: str | None = None) -> Delivery:
+        """Pause job `id`: it publishes nothing until `resume`. `note` (why) is shown with
+        the paused job (`job show`, `jobs list`) until it is resumed."""
+        _check_id(id)
+        return await self._send(id, encode_control("pause", id, note=note))
 
     async def resume(self, id: str) -> Delivery:
         """Resume paused job `id`; what the pause missed follows the job's catch_up policy

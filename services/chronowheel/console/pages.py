@@ -318,6 +318,7 @@ def job_page(view: JobView, *, namespace: str, nonce: str, now_ms: int,
         ["Status", f'<b id="job-status">{esc(status)}</b>'
                    + (f' <span class="muted">(stored: {esc(row.status)}; its occurrence has '
                       f"run)</span>" if status != row.status else "")],
+        *([["Note", f'<span id="job-note">{esc(row.note)}</span>']] if row.note else []),
         ["Version", str(row.version)],
         ["Shard", str(row.shard)],
         ["Next scheduled", when(row.scheduled_ms, now_ms)],

@@ -71,6 +71,17 @@ milliseconds late, and a bound near that would drop on-time work as missed."""
 MAX_MAX_LATENESS_MS: Final = 3653 * 86_400_000
 """Longest lateness bound a job may have (ten years, the default horizon): longer means none."""
 
+MAX_PAUSE_AFTER_FAILURES: Final = 100
+"""Most consecutive failed runs `pause_after_failures` may wait for before it pauses a job."""
+
+AUTO_PAUSE_RUNS: Final = 1_000
+"""Runs of a job the worker reads to find its streak of failed runs (one history read, the
+most `job history` reads): `pause_after_failures` times `max_attempts` (each failed run may
+hold that many attempts) must fit in it."""
+
+MAX_PAUSE_NOTE_CHARS: Final = 500
+"""Longest note a pause may carry (why the job was paused, shown by `job show`)."""
+
 MAX_RECURRENCE_STEPS: Final = 100_000
 """Most candidate instants a recurrence may examine to find its next occurrence; a schedule
 whose next occurrence is not found within them (excluded on almost every date, or matching

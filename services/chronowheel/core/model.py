@@ -63,6 +63,9 @@ class JobSpec:
     max_lateness_ms: int | None = None
     """An occurrence not published within this long after its scheduled instant is dropped
     as missed (None: the namespace's default, `Settings.max_lateness_ms`, applies)."""
+    pause_after_failures: int | None = None
+    """Recurring jobs: the worker library pauses the job after this many consecutive failed
+    runs (None: never)."""
     # The canonical JSON of the job as submitted (orjson, sorted keys): equal bytes = same spec,
     # which is what makes an identical re-submit a no-op.
     canonical: bytes = field(default=b"", compare=False)
@@ -83,6 +86,8 @@ class JobSpec:
             extra += ((wire.CONCURRENCY, self.concurrency),)
         if self.max_lateness_ms is not None:
             extra += ((wire.MAX_LATENESS_MS, str(self.max_lateness_ms)),)
+        if self.pause_after_failures is not None:
+            extra += ((wire.PAUSE_AFTER_FAILURES, str(self.pause_after_failures)),)
         return (*self.headers, *extra) if extra else self.headers
 
 
@@ -124,14 +129,27 @@ class Retry:
     """"trigger" or "backfill" when retrying an occurrence such a request published (it keeps
     that occurrence's key and marker header); "" otherwise."""
     request_id: str = ""
+    pause_after_failures: int | None = None
+    """The job's `pause_after_failures`, carried so that the retried delivery carries it too
+    (`cw-pause-after-failures`): the worker decides on auto-pause at a run's last attempt."""
     op: Literal["retry"] = "retry"
 
 
 @dataclass(frozen=True, slots=True)
 class Pause:
-    """Stop publishing a job's occurrences until a `Resume` (wire: {"v":1,"op":"pause","id":..})."""
+    """Stop publishing a job's occurrences until a `Resume` (wire: {"v":1,"op":"pause","id":..,
+    "note":..,"request_id":..,"after_failures":n}; all but id optional)."""
 
     id: str
+    note: str | None = None
+    """Why: stored with the paused job and shown with it until a resume."""
+    request_id: str | None = None
+    """With one, the node applies this pause once: the same request id again (from any
+    sender, also after a resume) changes nothing, for the retention period."""
+    after_failures: int | None = None
+    """Pause only if the job's last `after_failures` runs failed (its streak as run history
+    records it, since the job was last stored or resumed): what the worker library sends
+    for a job's `pause_after_failures`. Otherwise the command changes nothing."""
     op: Literal["pause"] = "pause"
 
 
@@ -347,7 +365,7 @@ UPSERT_FIELDS: Final = frozenset({"v", "op", "job"})
 CANCEL_FIELDS: Final = frozenset({"v", "op", "id"})
 RETRY_FIELDS: Final = frozenset(
     {"v", "op", "id", "scheduled_at", "attempt", "at", "topic", "payload_b64", "headers"}
-    | {"max_attempts", "backoff", "origin", "request_id"}
+    | {"max_attempts", "backoff", "origin", "request_id", "pause_after_failures"}
 )
 PUT_CALENDAR_FIELDS: Final = frozenset({"v", "op", "name", "dates"})
 DELETE_CALENDAR_FIELDS: Final = frozenset({"v", "op", "name"})
@@ -355,9 +373,10 @@ JOB_FIELDS: Final = frozenset(
     {"id", "at", "cron", "tz", "every", "start", "end", "topic", "payload", "payload_b64"}
     | {"headers", "catch_up", "max_catch_up", "dst", "window", "max_attempts", "backoff"}
     | {"tenant", "exclude_dates", "calendar", "concurrency", "max_lateness"}
+    | {"pause_after_failures"}
 )
-PAUSE_FIELDS: Final = frozenset({"v", "op", "id"})
-RESUME_FIELDS: Final = PAUSE_FIELDS
+PAUSE_FIELDS: Final = frozenset({"v", "op", "id", "note", "request_id", "after_failures"})
+RESUME_FIELDS: Final = frozenset({"v", "op", "id"})
 TRIGGER_FIELDS: Final = frozenset({"v", "op", "id", "request_id"})
 BACKFILL_FIELDS: Final = frozenset({"v", "op", "id", "request_id", "from", "to"})
 _OPS: Final = {"upsert": UPSERT_FIELDS, "cancel": CANCEL_FIELDS, "retry": RETRY_FIELDS,
@@ -367,7 +386,8 @@ _OPS: Final = {"upsert": UPSERT_FIELDS, "cancel": CANCEL_FIELDS, "retry": RETRY_
 _OP_NAMES: Final = ", ".join(_OPS)
 _CATCH_UP: Final = ("coalesce", "all", "skip")
 _DST: Final = ("skip", "cron")
-_RECURRING_ONLY: Final = ("start", "end", "catch_up", "max_catch_up", "concurrency")
+_RECURRING_ONLY: Final = ("start", "end", "catch_up", "max_catch_up", "concurrency",
+                          "pause_after_failures")
 _CRON_ONLY: Final = ("tz", "dst", "exclude_dates", "calendar")
 # Calendar names: like topic names, so they are safe in keys, logs and CLI arguments.
 CALENDAR_NAME_PATTERN: Final = r"^[a-zA-Z0-9._-]{1,128}$"
@@ -406,7 +426,13 @@ def parse_command(
     if op == "cancel":
         return Cancel(job_id)
     if op == "pause":
-        return Pause(job_id)
+        note = _note(doc["note"]) if "note" in doc else None
+        request_id = _request_id(doc["request_id"]) if "request_id" in doc else None
+        after = None
+        if "after_failures" in doc:
+            after = _integer(doc["after_failures"], "after_failures", 1,
+                             limits.MAX_PAUSE_AFTER_FAILURES)
+        return Pause(job_id, note, request_id, after)
     if op == "resume":
         return Resume(job_id)
     if op == "trigger":
@@ -575,6 +601,10 @@ def _parse_job(job: object, key: bytes | None, policy: ValidationPolicy, now_ms:
     max_lateness_ms = None
     if "max_lateness" in job:
         max_lateness_ms = _max_lateness(job["max_lateness"], window_ms)
+    pause_after_failures = None
+    if "pause_after_failures" in job:
+        pause_after_failures = _pause_after_failures(job["pause_after_failures"],
+                                                     "job.pause_after_failures", max_attempts)
 
     if kind != "at":
         schedule = _compile_recurrence(cron, every_ms, tz, start_ms, end_ms, dst, exclude_dates)
@@ -602,6 +632,7 @@ def _parse_job(job: object, key: bytes | None, policy: ValidationPolicy, now_ms:
         calendar=calendar,
         concurrency=concurrency,
         max_lateness_ms=max_lateness_ms,
+        pause_after_failures=pause_after_failures,
         canonical=kept(_dumps(job, "job", orjson.OPT_SORT_KEYS)),
     )
     _check_stored_size(spec, policy)
@@ -766,6 +797,11 @@ def _parse_retry(doc: dict[str, Any], job_id: str, policy: ValidationPolicy, now
         origin = _enum(_required(doc, "origin", ""), "origin",
                        (wire.TRIGGER_ORIGIN, wire.BACKFILL_ORIGIN))
         request_id = _request_id(_required(doc, "request_id", ""))
+    pause_after_failures = None
+    if "pause_after_failures" in doc:
+        pause_after_failures = _pause_after_failures(
+            doc["pause_after_failures"], "pause_after_failures",
+            wire.DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts)
     return Retry(
         id=job_id,
         scheduled_ms=scheduled_ms,
@@ -778,6 +814,7 @@ def _parse_retry(doc: dict[str, Any], job_id: str, policy: ValidationPolicy, now
         backoff_ms=backoff_ms,
         origin=origin,
         request_id=request_id,
+        pause_after_failures=pause_after_failures,
     )
 
 
@@ -869,6 +906,26 @@ def _max_lateness(value: object, window_ms: int) -> int:
         raise ValidationError(path, f"must be longer than window ({format_duration(window_ms)})",
                               value)
     return bound
+
+
+def _pause_after_failures(value: object, path: str, max_attempts: int) -> int:
+    n = _integer(value, path, 1, limits.MAX_PAUSE_AFTER_FAILURES)
+    # The worker looks for the streak in one read of the job's newest runs, and each failed
+    # run may take max_attempts of them.
+    if n * max_attempts > limits.AUTO_PAUSE_RUNS:
+        raise ValidationError(
+            path, f"times max_attempts ({max_attempts}) must be at most "
+                  f"{limits.AUTO_PAUSE_RUNS} (limits.AUTO_PAUSE_RUNS: the runs the worker "
+                  "reads to find the streak)", value)
+    return n
+
+
+def _note(value: object) -> str:
+    text = _string(value, "note", 1, limits.MAX_PAUSE_NOTE_CHARS)
+    if not UNSAFE_CHARACTERS.isdisjoint(text):
+        raise ValidationError("note", "must not contain control, line-separator or "
+                                      "bidirectional-control characters", value)
+    return text
 
 
 def _time_zone(value: object, path: str) -> str:
@@ -1094,11 +1151,22 @@ def encode_cancel(id: str) -> bytes:
     return orjson.dumps({"v": 1, "op": "cancel", "id": id})
 
 
-def encode_control(op: str, id: str) -> bytes:
-    """Wire bytes of a pause or resume of job `id`."""
+def encode_control(op: str, id: str, *, note: str | None = None,
+                   request_id: str | None = None, after_failures: int | None = None) -> bytes:
+    """Wire bytes of a pause or resume of job `id`; a pause may carry a `note` (why), a
+    `request_id` (applied once) and `after_failures` (only after that many failed runs)."""
     if op not in ("pause", "resume"):
         raise ValueError(f"op must be pause or resume, got {op!r}")
-    return orjson.dumps({"v": 1, "op": op, "id": id})
+    doc: dict[str, Any] = {"v": 1, "op": op, "id": id}
+    if op == "resume" and (note, request_id, after_failures) != (None, None, None):
+        raise ValueError("a resume carries no note, request_id nor after_failures")
+    if after_failures is not None:
+        doc["after_failures"] = after_failures
+    if note is not None:
+        doc["note"] = note
+    if request_id is not None:
+        doc["request_id"] = request_id
+    return orjson.dumps(doc)
 
 
 def encode_trigger(id: str, request_id: str) -> bytes:
@@ -1129,6 +1197,7 @@ def encode_retry(
     backoff_ms: int | None = None,
     origin: str = "",
     request_id: str = "",
+    pause_after_failures: int | None = None,
 ) -> bytes:
     """Wire bytes of a retry (what a worker sends); parses back to the equal Retry."""
     doc: dict[str, Any] = {
@@ -1151,6 +1220,8 @@ def encode_retry(
     if origin or request_id:
         doc["origin"] = origin
         doc["request_id"] = request_id
+    if pause_after_failures is not None:
+        doc["pause_after_failures"] = pause_after_failures
     return orjson.dumps(doc)
 
 

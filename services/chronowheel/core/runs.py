@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
+from datetime import UTC, datetime
 
 # --- the vocabulary ---------------------------------------------------------------------------
 SUCCEEDED = "succeeded"
@@ -42,6 +43,9 @@ OUTCOMES: tuple[str, ...] = (SUCCEEDED, FAILED, RETRIED, DEAD_LETTERED, SKIPPED,
 """Every outcome a run record may carry."""
 FAILURES = frozenset({FAILED, RETRIED, DEAD_LETTERED})
 """Outcomes of a handler call that raised (each counts as a failed run)."""
+FINAL_FAILURES = frozenset({FAILED, DEAD_LETTERED})
+"""Outcomes that end an occurrence as failed: no retry of it is to come (auto-pause counts
+these; `retried` is an attempt, not yet a failed run)."""
 
 MAX_HISTORY_LIMIT = 1_000
 """The most runs one history read returns (`job history --limit`, `job_history(limit=)`)."""
@@ -203,3 +207,50 @@ class JobHistory:
     def as_json(self) -> dict[str, object]:
         return {"id": self.job_id, "counters": self.counters.as_json(),
                 "runs": [r.as_json() for r in self.runs]}
+
+
+def iso_ms(ms: int) -> str:
+    """Epoch ms as RFC 3339 UTC to the second, for notes and messages."""
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True, slots=True)
+class Streak:
+    """A job's newest consecutive failed runs (`failure_streak`)."""
+
+    count: int
+    """Failed runs in a row, newest first, back to a success or the boundary."""
+    newest: RunRecord | None
+    """The last attempt of the newest failed run (None when `count` is 0)."""
+
+
+def failure_streak(runs: Iterable[RunRecord], *, job_id: str, since_ms: int) -> Streak:
+    """The streak of failed runs that auto-pause (`pause_after_failures`) counts, from the
+    job's runs as history returns them (any order).
+
+    Only the job's own occurrences count (a trigger's or backfill's has its own occurrence
+    key), and only those scheduled at or after `since_ms` (the job's schedule as last stored
+    or resumed). An occurrence's state is that of its highest attempt. Walking from the
+    newest scheduled instant back: a run that ended failed (`dead-lettered`, `failed`) adds
+    one; one that succeeded ends the streak; the others neither count nor end it (one whose
+    retry is to come, published and not handled yet, skipped, missed or cancelled), so two
+    workers finishing runs out of order see the same streak once both are recorded.
+    """
+    last: dict[int, RunRecord] = {}
+    for r in runs:
+        if r.job_id != job_id or r.scheduled_ms < since_ms \
+                or r.occurrence != f"{job_id}@{r.scheduled_ms}":
+            continue
+        seen = last.get(r.scheduled_ms)
+        if seen is None or r.attempt > seen.attempt:
+            last[r.scheduled_ms] = r
+    count, newest = 0, None
+    for scheduled in sorted(last, reverse=True):
+        r = last[scheduled]
+        if r.outcome == SUCCEEDED:
+            break
+        if r.outcome in FINAL_FAILURES:
+            count += 1
+            if newest is None:
+                newest = r
+    return Streak(count, newest)

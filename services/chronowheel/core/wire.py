@@ -84,6 +84,9 @@ MAX_LATENESS_MS: Final = "cw-max-lateness-ms"
 """the job's lateness bound (`max_lateness`) in milliseconds, decimal ASCII; absent: the job
 has none of its own. An occurrence dispatched later than this after its scheduled instant is
 not published (missed)"""
+PAUSE_AFTER_FAILURES: Final = "cw-pause-after-failures"
+"""the job's `pause_after_failures` (N), decimal ASCII; absent: the job has none. The worker
+library pauses the job after N consecutive failed runs (docs/worker.md, "Auto-pause")"""
 CONCURRENCY_ALLOW: Final = "allow"
 CONCURRENCY_FORBID: Final = "forbid"
 CONCURRENCY_REPLACE: Final = "replace"

@@ -18,10 +18,12 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 
+from chronowheel.core import limits
 from chronowheel.core.buckets import slot_for
 from chronowheel.core.clock import Clock, sleep_until_or_event
 from chronowheel.core.model import JobSpec, ValidationPolicy, decode_stored_job
 from chronowheel.core.recurrence import Schedule, catch_up, is_excluded, next_after
+from chronowheel.core.runs import iso_ms
 from chronowheel.node import failures
 from chronowheel.node.calendars import Calendars
 from chronowheel.node.lateness import Missed, Pacer, lateness_bound
@@ -379,8 +381,12 @@ class Dispatcher:
         log.warning("shard %d: job %s paused: its next occurrence (%d) cannot be stored: %s",
                     self.shard, job_id, nxt, failures.describe(exc),
                     extra={"shard": self.shard, "job_id": job_id})
+        note = limits.cut_reason(
+            f"paused by node {self.publisher.node_id} at {iso_ms(self.clock.now_ms())}: its "
+            f"next occurrence ({iso_ms(nxt)}) cannot be stored: {failures.describe(exc)}",
+            limits.MAX_PAUSE_NOTE_CHARS)
         await self.store.put_job(JobRow(job_id, self.shard, rec.spec, rec.version + 1,
-                                        "paused", nxt, None, 0, tenant))
+                                        "paused", nxt, None, 0, tenant, note))
         self.state.touch(job_id)
 
     def _recurring(self, spec: bytes) -> tuple[JobSpec, Schedule]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from chronowheel.bus.ports import SubmitRecord
 from chronowheel.core.buckets import minute_of, slot_for
@@ -43,7 +43,7 @@ from chronowheel.node.state import Outgoing, ShardState
 from chronowheel.node.transitions import READ, STORED, UNCHANGED, Transitions, unchanged
 from chronowheel.node.writes import RowWriter, schedule_of
 from chronowheel.settings import Settings
-from chronowheel.store.base import JobRow, JobStore
+from chronowheel.store.base import JobRow, JobStore, RunHistoryStore
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,8 @@ log = logging.getLogger(__name__)
 class Ingest:
     def __init__(self, *, state: ShardState, shards: int, settings: Settings, store: JobStore,
                  writer: RowWriter, clock: Clock, metrics: NodeMetrics,
-                 policy: ValidationPolicy, calendars: Calendars) -> None:
+                 policy: ValidationPolicy, calendars: Calendars,
+                 history: Callable[[], RunHistoryStore | None] = lambda: None) -> None:
         self.state = state
         self.shard = state.shard
         self.shards = shards
@@ -74,7 +75,8 @@ class Ingest:
                                      metrics=metrics)
         self.transitions = Transitions(state=state, store=store, writer=writer, clock=clock,
                                        metrics=metrics, policy=policy, calendars=calendars,
-                                       rejections=self.rejections, counted=self.counted)
+                                       rejections=self.rejections, counted=self.counted,
+                                       history=history)
         self.new_jobs = NewJobs(state=state, settings=settings, store=store, writer=writer,
                                 clock=clock, metrics=metrics, calendars=calendars,
                                 rejections=self.rejections, counted=self.counted)

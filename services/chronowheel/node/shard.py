@@ -42,7 +42,7 @@ from chronowheel.node.takeover import Resume, Warm, resume_warm, take_over
 from chronowheel.node.transactions import NodeTransactions, ShardLost
 from chronowheel.node.writes import RowWriter
 from chronowheel.settings import Settings
-from chronowheel.store.base import JobStore
+from chronowheel.store.base import JobStore, RunHistoryStore
 
 __all__ = ["ShardActor", "ShardLost"]
 
@@ -91,6 +91,11 @@ class ShardActor:
         self._build()
         self._stopped = asyncio.Event()
 
+    def _history_store(self) -> RunHistoryStore | None:
+        """The node's run history store, while it records runs."""
+        recorder = self.transactions.history
+        return None if recorder is None else recorder.store
+
     def _build(self) -> None:
         """Fresh state and the tasks' parts around it (a new actor, or a warm one that could
         not be resumed)."""
@@ -102,7 +107,8 @@ class ShardActor:
         calendars = Calendars(store=store, clock=clock, refresh_ms=settings.calendar_refresh_ms)
         self.ingest = Ingest(state=self.state, shards=self.shards, settings=settings,
                              store=store, writer=writer, clock=clock, metrics=metrics,
-                             policy=policy, calendars=calendars)
+                             policy=policy, calendars=calendars,
+                             history=self._history_store)
         self.loader = Loader(state=self.state, settings=settings, store=store, clock=clock)
         self.publisher = Publisher(state=self.state, transactions=self.transactions,
                                    settings=settings, clock=clock, metrics=metrics,

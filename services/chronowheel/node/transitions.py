@@ -12,11 +12,12 @@ state durably before the wheel learns of it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Set
+from collections.abc import Callable, Set
+from dataclasses import replace
 
 import orjson
 
-from chronowheel.core import wire
+from chronowheel.core import limits, wire
 from chronowheel.core.buckets import minute_of, slot_for
 from chronowheel.core.clock import Clock
 from chronowheel.core.model import (
@@ -36,6 +37,7 @@ from chronowheel.core.model import (
     routing_key,
 )
 from chronowheel.core.recurrence import next_after
+from chronowheel.core.runs import failure_streak
 from chronowheel.node.calendars import Calendars
 from chronowheel.node.dispatch import stored_policy
 from chronowheel.node.metrics import NodeMetrics
@@ -44,7 +46,19 @@ from chronowheel.node.rejections import Rejections
 from chronowheel.node.state import ShardState
 from chronowheel.node.writes import RowWriter, schedule_of
 from chronowheel.observe import tracing
-from chronowheel.store.base import DueKey, DueRow, JobRow, JobStore, RequestRow
+from chronowheel.store.base import (
+    CLEAR_NOTE,
+    DueKey,
+    DueRow,
+    JobRow,
+    JobStore,
+    RequestRow,
+    RunHistoryStore,
+)
+
+PAUSE_REQUEST = "pause"
+"""`RequestRow.kind` of a pause applied with a request id (kept for the retention period: the
+same request id again changes nothing)."""
 
 STORED = "stored"
 """`outcome` label of chronowheel_ingested_total: the command changed what is stored."""
@@ -68,7 +82,8 @@ def unchanged(row: JobRow | None, job: JobSpec) -> bool:
 class Transitions:
     def __init__(self, *, state: ShardState, store: JobStore, writer: RowWriter, clock: Clock,
                  metrics: NodeMetrics, policy: ValidationPolicy, calendars: Calendars,
-                 rejections: Rejections, counted: Set[int]) -> None:
+                 rejections: Rejections, counted: Set[int],
+                 history: Callable[[], RunHistoryStore | None] = lambda: None) -> None:
         self.state = state
         self.shard = state.shard
         self.store = store
@@ -80,6 +95,9 @@ class Transitions:
         self.rejections = rejections
         self.counted = counted
         """Minutes whose bucket counts the current batch already raised (ingest's precount)."""
+        self.history = history
+        """The node's run history store, None when it records none (a conditional pause,
+        `after_failures`, reads the job's streak in it)."""
 
     async def apply(self, cmd: Command, now: int, existing: JobRow | Read | None) -> None:
         """One command; `existing` is the job's row read under its lock, or READ to read it
@@ -115,8 +133,9 @@ class Transitions:
                  if job.recurring else job.at_ms)
         if first is None:  # a recurring job whose end has passed
             old_key = await self._remove_pending(existing)
-            await self.store.put_job(self.writer.finished(job.id, job.canonical, version,
-                                                          job.tenant))
+            await self.store.put_job(replace(
+                self.writer.finished(job.id, job.canonical, version, job.tenant),
+                note=_cleared(existing)))
             self.state.apply_job_change(job.id, old_key, None)
             return True
         if existing is not None and existing.status == "paused":
@@ -129,7 +148,8 @@ class Transitions:
         return True
 
     async def _schedule(self, job: JobSpec, first: int, version: int, now: int, *,
-                        replacing: JobRow | None, precounted: bool) -> None:
+                        replacing: JobRow | None, precounted: bool,
+                        clear_note: bool = False) -> None:
         """Store version `version` of the job as scheduled at `first` and put it in the wheel:
         an upsert's new version (`replacing` the stored row, whose unpublished due row goes in
         the same logged batch, so an edit the store refuses leaves it as it was), or a paused
@@ -141,6 +161,8 @@ class Transitions:
         try:
             due, job_row = self.writer.scheduled(job, slot=slot, first=first, version=version,
                                                  now=now)
+            if clear_note:
+                job_row = replace(job_row, note=CLEAR_NOTE)
             old_key, replaces = self._pending_of(replacing)
             # write_due checks the limits before anything is written: an edit over a limit
             # leaves the old version as it is.
@@ -178,7 +200,7 @@ class Transitions:
         old_key = await self._remove_pending(existing)
         await self.store.put_job(JobRow(job_id, self.shard, existing.spec, existing.version + 1,
                                         "cancelled", None, None, self.writer.retention_s,
-                                        existing.tenant))
+                                        existing.tenant, _cleared(existing)))
         self.state.apply_job_change(job_id, old_key, None)
         return True
 
@@ -213,7 +235,14 @@ class Transitions:
             return False
         if row.status == "paused":
             return False
+        if cmd.request_id is not None and await self.store.get_request(
+                self.shard, cmd.id, cmd.request_id) is not None:
+            # Applied before (and perhaps resumed since): an auto-pause sent twice, or late,
+            # by workers that counted the same streak pauses once.
+            return False
         job = self._stored(row)
+        if cmd.after_failures is not None and not await self._failed_enough(cmd, row, job):
+            return False
         held = row.scheduled_ms  # the first occurrence the pause withholds
         if held is not None and row.slot_ms is not None \
                 and not self.state.unpublished(row.slot_ms, (row.job_id, held, 1)):
@@ -226,9 +255,38 @@ class Transitions:
             return False
         old_key = await self._remove_pending(row)
         await self.store.put_job(JobRow(row.job_id, self.shard, row.spec, row.version + 1,
-                                        "paused", held, None, 0, row.tenant))
+                                        "paused", held, None, 0, row.tenant,
+                                        cmd.note if cmd.note is not None else _cleared(row)))
         self.state.apply_job_change(row.job_id, old_key, None)
+        if cmd.request_id is not None:
+            # After the jobs row: a crash in between re-applies the command, which finds the
+            # job paused; never a request row without its pause.
+            now = self.clock.now_ms()
+            await self.store.put_request(RequestRow(
+                self.shard, cmd.id, cmd.request_id, PAUSE_REQUEST, now, now, None, 0, 0,
+                row.spec, self.writer.retention_s))
         return True
+
+    async def _failed_enough(self, cmd: Pause, row: JobRow, job: JobSpec) -> bool:
+        """Whether the job's last `cmd.after_failures` runs failed, counted from the job's
+        `since_ms` (so a resume, or an edit, starts a new streak) in its run history. Read
+        here, under the job's lock, by the only writer of the job's state: two workers that
+        each report a failed run, a report sent twice, or one that arrives after a resume,
+        pause the job at most once for one streak. Without run history the command is
+        rejected: the streak cannot be read."""
+        assert cmd.after_failures is not None
+        store = self.history()
+        if store is None:
+            self.rejections.reject(
+                cmd, "after_failures: this node records no run history (setting run_history "
+                     "off, or the namespace has no history tables): a job cannot be paused "
+                     "after failed runs")
+            return False
+        n = cmd.after_failures
+        recent = await store.job_runs(
+            cmd.id, min(limits.AUTO_PAUSE_RUNS, 2 * n * max(1, job.max_attempts) + 10))
+        streak = failure_streak(recent, job_id=cmd.id, since_ms=row.since_ms or 0)
+        return streak.count >= n
 
     async def _resume(self, cmd: Resume, row: JobRow | None, now: int) -> bool:
         row = self._accepted(cmd, row, "resume")
@@ -237,8 +295,10 @@ class Transitions:
         if row.status != "paused" or row.scheduled_ms is None:
             return False  # not paused: nothing to do
         # A paused job has no pending occurrence to replace; resumes are not precounted.
+        # The withheld occurrence starts the job's schedule again (`since_ms`): a streak of
+        # failed runs counts from it, and the pause's note goes.
         await self._schedule(self._stored(row), row.scheduled_ms, row.version + 1, now,
-                             replacing=None, precounted=False)
+                             replacing=None, precounted=False, clear_note=row.note is not None)
         return True
 
     async def _trigger(self, cmd: Trigger, row: JobRow | None, now: int) -> bool:
@@ -309,3 +369,9 @@ class Transitions:
         finally:
             state.release_slot(slot)
         return True
+
+
+def _cleared(row: JobRow | None) -> str | None:
+    """The note of a row written over `row` that leaves the paused state: removed if there
+    is one (else left unset: nothing to remove, no tombstone)."""
+    return CLEAR_NOTE if row is not None and row.note is not None else None

@@ -70,8 +70,9 @@ class RowWriter:
         # A one-shot's jobs row outlives its occurrence by the retention period (so an
         # identical re-submit stays a no-op that long); a recurring one lives until changed.
         ttl = 0 if job.recurring else self.ttl_s(slot, now)
+        # `since_ms`: a streak of failed runs (auto-pause) counts from this version's first.
         return due, JobRow(job.id, self.shard, job.canonical, version, "scheduled", first, slot,
-                           ttl, job.tenant)
+                           ttl, job.tenant, since_ms=first)
 
     def finished(self, job_id: str, spec: bytes, version: int, tenant: str | None) -> JobRow:
         return JobRow(job_id, self.shard, spec, version, "finished", None, None,

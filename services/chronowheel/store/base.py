@@ -29,6 +29,18 @@ class JobRow:
     ttl_s: int = 0
     tenant: str | None = None
     """The job's `tenant`, copied out of the spec so that jobs can be listed by it."""
+    note: str | None = None
+    """Why the job is paused (a pause's `note`). Written as a three-way choice, so that the
+    rows written at every fire cost nothing for it: None leaves what is stored, `CLEAR_NOTE`
+    removes it, any other text replaces it. Read back as None when there is none."""
+    since_ms: int | None = None
+    """The scheduled instant this version of the job's schedule starts from (its first
+    occurrence when stored, the withheld one when resumed): a streak of failed runs
+    (`pause_after_failures`) counts runs from it on. None leaves what is stored."""
+
+
+CLEAR_NOTE = ""
+"""`JobRow.note` that removes a stored note (a resume, a cancel)."""
 
 
 DueKey = tuple[int, int, int, str, int]
@@ -98,7 +110,9 @@ class DueRow:
     def for_retry(cls, cmd: Retry, *, shard: int, slot_ms: int) -> DueRow:
         """The delivery a worker's retry command asks for, published at `slot_ms`."""
         return cls(minute_of(slot_ms), shard, slot_ms, cmd.id, cmd.attempt, cmd.scheduled_ms,
-                   0, cmd.topic, cmd.payload, cmd.headers, None,
+                   0, cmd.topic, cmd.payload, cmd.headers if cmd.pause_after_failures is None
+                   else (*cmd.headers, (wire.PAUSE_AFTER_FAILURES,
+                                        str(cmd.pause_after_failures))), None,
                    wire.DEFAULT_MAX_ATTEMPTS if cmd.max_attempts is None else cmd.max_attempts,
                    wire.DEFAULT_BACKOFF_MS if cmd.backoff_ms is None else cmd.backoff_ms,
                    cmd.origin, cmd.request_id)
@@ -169,6 +183,8 @@ class JobSummary:
     tenant: str | None
     scheduled_ms: int | None
     version: int
+    note: str | None = None
+    """Why the job is paused (`JobRow.note`), None when there is no note."""
 
 
 @dataclass(frozen=True, slots=True)

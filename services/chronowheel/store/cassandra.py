@@ -398,12 +398,12 @@ class CassandraStore:
         ks = settings.keyspace
         p = session.prepare
         self._get_job = p(f"SELECT job_id, shard, spec, version, status, scheduled_ms, slot_ms, "
-                          f"tenant FROM {ks}.jobs WHERE job_id = ?")
+                          f"tenant, note, since_ms FROM {ks}.jobs WHERE job_id = ?")
         self._get_jobs = p(f"SELECT job_id, shard, spec, version, status, scheduled_ms, "
-                           f"slot_ms, tenant FROM {ks}.jobs WHERE job_id IN ?")
+                           f"slot_ms, tenant, note, since_ms FROM {ks}.jobs WHERE job_id IN ?")
         self._put_job = p(f"INSERT INTO {ks}.jobs (job_id, shard, spec, version, status, "
-                          f"scheduled_ms, slot_ms, tenant, updated_at) VALUES (?, ?, ?, ?, ?, "
-                          f"?, ?, ?, toTimestamp(now())) USING TTL ?")
+                          f"scheduled_ms, slot_ms, tenant, note, since_ms, updated_at) VALUES "
+                          f"(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, toTimestamp(now())) USING TTL ?")
         self._put_due = p(f"INSERT INTO {ks}.due (minute, shard, slot_ms, job_id, attempt, "
                           f"scheduled_ms, version, topic, payload, headers, spec, max_attempts, "
                           f"backoff_ms, origin, request_id) "
@@ -478,9 +478,9 @@ class CassandraStore:
         row = rs.one()
         if row is None:
             return None
-        job, shard, spec, version, status, scheduled_ms, slot_ms, tenant = row
+        job, shard, spec, version, status, scheduled_ms, slot_ms, tenant, note, since = row
         return JobRow(job, shard, spec or b"", version or 0, cast(JobStatus, status or ""),
-                      scheduled_ms, slot_ms, 0, tenant)
+                      scheduled_ms, slot_ms, 0, tenant, note or None, since)
 
     async def get_jobs(self, job_ids: Sequence[str]) -> dict[str, JobRow]:
         # A few dozen partition keys per request: one request (and one answer to settle)
@@ -492,11 +492,11 @@ class CassandraStore:
             for group in groups))
         out: dict[str, JobRow] = {}
         for rs in results:
-            for job, shard, spec, version, status, scheduled_ms, slot_ms, tenant \
-                    in rs.current_rows:
+            for job, shard, spec, version, status, scheduled_ms, slot_ms, tenant, note, \
+                    since in rs.current_rows:
                 out[job] = JobRow(job, shard, spec or b"", version or 0,
                                   cast(JobStatus, status or ""), scheduled_ms, slot_ms, 0,
-                                  tenant)
+                                  tenant, note or None, since)
         return out
 
     async def put_job(self, row: JobRow) -> None:
@@ -513,8 +513,12 @@ class CassandraStore:
 
     @staticmethod
     def _job_params(row: JobRow) -> tuple[Any, ...]:
+        # Unset, not null, for a note or since_ms of None: the rows written at every fire
+        # leave them as stored and write no tombstone; CLEAR_NOTE ("") binds a null.
+        note = UNSET_VALUE if row.note is None else (row.note or None)
         return (row.job_id, row.shard, row.spec, row.version, row.status, row.scheduled_ms,
-                row.slot_ms, UNSET_VALUE if row.tenant is None else row.tenant, row.ttl_s)
+                row.slot_ms, UNSET_VALUE if row.tenant is None else row.tenant, note,
+                UNSET_VALUE if row.since_ms is None else row.since_ms, row.ttl_s)
 
     # --- due rows -----------------------------------------------------------------------
     async def put_due(self, row: DueRow, ttl_s: int) -> None:
@@ -738,11 +742,11 @@ class CassandraStore:
             # so every row read is either returned or filtered out, never skipped.
             bound.fetch_size = min(query.limit - len(found), LIST_SCAN_ROWS - read)
             rs = await self._list_page(bound, paging_state)
-            for job_id, shard, status, tenant, scheduled_ms, version in rs.current_rows:
+            for job_id, shard, status, tenant, scheduled_ms, version, note in rs.current_rows:
                 read += 1
                 if query.prefix is None or job_id.startswith(query.prefix):
                     found.append(JobSummary(job_id, shard, status or "", tenant, scheduled_ms,
-                                            version or 0))
+                                            version or 0, note or None))
             paging_state = rs.paging_state
             if not paging_state or len(found) >= query.limit or read >= LIST_SCAN_ROWS:
                 break
@@ -757,7 +761,7 @@ class CassandraStore:
             where = [w for w, on in (("tenant = ?", tenant), ("status = ?", status),
                                      ("scheduled_ms < ?", due),
                                      ("scheduled_ms >= ?", due_after)) if on]
-            cql = (f"SELECT job_id, shard, status, tenant, scheduled_ms, version "
+            cql = (f"SELECT job_id, shard, status, tenant, scheduled_ms, version, note "
                    f"FROM {self.settings.keyspace}.jobs")
             if where:
                 cql += " WHERE " + " AND ".join(where)

@@ -112,7 +112,18 @@ class MemoryStore:
 
     async def put_job(self, row: JobRow) -> None:
         await self._enter()
-        self.jobs[row.job_id] = (replace(row, ttl_s=0), self._expiry(row.ttl_s))
+        self._put_job(row)
+
+    def _put_job(self, row: JobRow) -> None:
+        # Like Cassandra's INSERT with unset columns: a note or since_ms of None leaves the
+        # stored one; CLEAR_NOTE removes the note.
+        hit = self.jobs.get(row.job_id)
+        old = hit[0] if hit is not None and self._alive(hit[1]) else None
+        note = row.note if row.note is not None else (old.note if old is not None else None)
+        since = row.since_ms if row.since_ms is not None else (
+            old.since_ms if old is not None else None)
+        self.jobs[row.job_id] = (replace(row, ttl_s=0, note=note or None, since_ms=since),
+                                 self._expiry(row.ttl_s))
 
     async def put_jobs(self, rows: Sequence[JobRow]) -> None:
         for row in rows:
@@ -141,7 +152,7 @@ class MemoryStore:
         if bucket is not None:
             bucket.pop((slot_ms, entry, attempt), None)
         self._put_due(row, ttl_s)
-        self.jobs[job.job_id] = (replace(job, ttl_s=0), self._expiry(job.ttl_s))
+        self._put_job(job)
 
     async def put_dues_and_jobs(self, rows: Sequence[tuple[DueRow, int, JobRow]]) -> None:
         await self._enter()
@@ -151,7 +162,7 @@ class MemoryStore:
             self._expiry(job.ttl_s)
         for row, ttl_s, job in rows:  # no await in between: atomic
             self._put_due(row, ttl_s)
-            self.jobs[job.job_id] = (replace(job, ttl_s=0), self._expiry(job.ttl_s))
+            self._put_job(job)
 
     def _check_batch(self, rows: Sequence[tuple[DueRow, int, JobRow | None]]) -> None:
         size = sum(_rows_bytes(due, job) for due, _ttl, job in rows)
@@ -274,7 +285,7 @@ class MemoryStore:
             last = job_id
             if self._alive(expires) and _matches(row, query):
                 found.append(JobSummary(row.job_id, row.shard, row.status, row.tenant,
-                                        row.scheduled_ms, row.version))
+                                        row.scheduled_ms, row.version, row.note))
             if len(found) >= query.limit or read >= LIST_SCAN_ROWS:
                 break
         await self._return()

@@ -25,6 +25,7 @@ from chronowheel.core.clock import Clock
 from chronowheel.history import ROW_BYTES, RunRecorder
 from chronowheel.settings import Settings
 from chronowheel.timeouts import within
+from chronowheel.worker.autopause import AutoPause
 from chronowheel.worker.intake import Intake, Item, Part
 from chronowheel.worker.ledger import Lease, Ledger
 from chronowheel.worker.occurrence import MalformedOccurrence, Occurrence
@@ -88,7 +89,7 @@ class Slots:
                  producer: WorkerProducer, executor: concurrent.futures.Executor,
                  stats: WorkerStats, fail: Callable[[str, BaseException], None],
                  overlap: Overlap | None = None, history: RunRecorder | None = None,
-                 worker_id: str = "") -> None:
+                 worker_id: str = "", autopause: AutoPause | None = None) -> None:
         self.intake = intake
         self.handlers = dict(handlers)
         self.is_async = {t: is_async_handler(h) for t, h in self.handlers.items()}
@@ -105,6 +106,10 @@ class Slots:
         self.history = history
         """Where each handler's run is recorded (None: nowhere); see `_ran`."""
         self.worker_id = worker_id
+        self.autopause = autopause
+        """Records the final runs of jobs with `pause_after_failures` and pauses them after
+        that many failed in a row (None: they are not auto-paused; logged once)."""
+        self._no_autopause_logged = False
         self._to_run = functools.partial(_run_record, worker_id)
         self.closed = False
         self.current: dict[asyncio.Task[None], list[Item]] = {}
@@ -391,7 +396,10 @@ class Slots:
             self.stats.succeeded += 1
             if lease is not None:
                 await lease.done()
-            self._ran(occ, runs.SUCCEEDED, started, None)
+            if occ.pause_after_failures is None:
+                self._ran(occ, runs.SUCCEEDED, started, None)
+            else:
+                await self._ran_final(occ, runs.SUCCEEDED, started, None)
             return MARK_DONE
         self.stats.failed += 1
         outcome = runs.DEAD_LETTERED
@@ -426,8 +434,30 @@ class Slots:
         # FAILED: neither a retry nor a dead letter of this occurrence could be produced (the
         # failure is only logged). Told by this occurrence's own sends, never by the shared
         # stats, which other slots change meanwhile.
-        self._ran(occ, outcome, started, error)
+        if occ.pause_after_failures is None or outcome == runs.RETRIED:
+            self._ran(occ, outcome, started, error)
+        else:
+            await self._ran_final(occ, outcome, started, error)
         return MARK_FAILED
+
+    async def _ran_final(self, occ: Occurrence, outcome: str, started: int | None,
+                         error: BaseException | None) -> None:
+        """The final outcome of a run of a job with `pause_after_failures`: recorded by the
+        auto-pause (awaited, before the record's outcome is marked), which pauses the job
+        after that many failed runs in a row (`worker/autopause.py`)."""
+        if self.autopause is None:
+            if not self._no_autopause_logged:
+                self._no_autopause_logged = True
+                log.warning("job %s has pause_after_failures %d, but this worker records no "
+                            "run history (run_history off, idempotency off, or a namespace "
+                            "without the history tables): it auto-pauses no job",
+                            occ.job_id, occ.pause_after_failures)
+            self._ran(occ, outcome, started, error)
+            return
+        await self.autopause.ran(occ, runs.RunRecord(
+            occ.job_id, occ.scheduled_ms, occ.attempt, occ.occurrence, started_ms=started,
+            ended_ms=self.clock.now_ms(), outcome=outcome, worker_id=self.worker_id,
+            error=None if error is None else error_text(error, 300)))
 
     async def _malformed(self, item: Item, exc: MalformedOccurrence) -> None:
         part, rec, ticket = item

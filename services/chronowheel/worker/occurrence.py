@@ -43,6 +43,8 @@ class Occurrence:
     raw_headers: tuple[tuple[str, bytes], ...] = field(default=(), repr=False)
     concurrency: str = wire.CONCURRENCY_ALLOW
     """The job's overlap policy (`cw-concurrency`): allow, forbid or replace."""
+    pause_after_failures: int | None = None
+    """The job's `pause_after_failures` (`cw-pause-after-failures`), None without one."""
     _stop: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
 
     def cancelled(self) -> bool:
@@ -96,7 +98,17 @@ class Occurrence:
             payload=value or b"", headers=text, raw_headers=raw,
             # An unknown policy (from a newer node) falls back to the default, allow.
             concurrency=policy if policy in wire.CONCURRENCY_POLICIES else wire.CONCURRENCY_ALLOW,
+            pause_after_failures=_optional_count(text.get(wire.PAUSE_AFTER_FAILURES)),
         )
+
+
+def _optional_count(raw: str | None) -> int | None:
+    """A positive decimal count, None when absent or not one (an auto-pause is an aid: a bad
+    header turns it off for the record rather than dead-lettering it)."""
+    if raw is None or not raw.isdigit():
+        return None
+    value = int(raw)
+    return value if value >= 1 else None
 
 
 def _int(headers: dict[str, str], name: str, default: int | None, low: int) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from typing import TypedDict
 
 from chronowheel.core import limits, wire
 from chronowheel.core.model import DAY_MS, MAX_ATTEMPTS, MAX_BACKOFF_MS, encode_retry
@@ -48,11 +49,16 @@ def retry_command(occ: Occurrence, now_ms: int) -> tuple[bytes, bytes]:
         id=occ.job_id, scheduled_ms=occ.scheduled_ms, attempt=occ.attempt + 1,
         at_ms=now_ms + retry_delay_ms(backoff, occ.attempt), topic=occ.topic,
         payload=occ.payload, headers=occ.job_headers, max_attempts=max_attempts,
-        backoff_ms=backoff, **requested_by(occ))
+        backoff_ms=backoff, pause_after_failures=occ.pause_after_failures, **requested_by(occ))
     return occ.job_id.encode(), value
 
 
-def requested_by(occ: Occurrence) -> dict[str, str]:
+class Requested(TypedDict, total=False):
+    origin: str
+    request_id: str
+
+
+def requested_by(occ: Occurrence) -> Requested:
     """The retry fields that keep a triggered or backfilled occurrence's key and marker."""
     for header, origin in ((wire.TRIGGERED, wire.TRIGGER_ORIGIN),
                            (wire.BACKFILL, wire.BACKFILL_ORIGIN)):

@@ -44,6 +44,7 @@ from chronowheel.settings import Settings
 from chronowheel.store.base import WorkerStores
 from chronowheel.supervise import Supervisor, install_stop_signals
 from chronowheel.timeouts import within
+from chronowheel.worker.autopause import AutoPause
 from chronowheel.worker.handling import Handler, Slots, WorkerStats
 from chronowheel.worker.intake import Intake
 from chronowheel.worker.ledger import Ledger
@@ -183,12 +184,17 @@ class Worker:
             keep_s=o.keep_s, poll_s=self._ledger.poll_s if self._ledger else 1.0,
             spawn=self._sup.job, end_offset=consumer.end_offset, timer=self.timer)
         handlers = {t: observed(h, t, self.metrics) for t, h in self.handlers.items()}
+        autopause = None
+        if self.history is not None:
+            autopause = AutoPause(recorder=self.history, producer=self._producer,
+                                  submit_topic=self.settings.submit_topic, clock=self.clock,
+                                  worker_id=self.worker_id)
         self._slots = Slots(self._intake, handlers, concurrency=o.concurrency,
                             settings=self.settings, clock=self.clock, timer=self.timer,
                             ledger=self._ledger, producer=self._producer,
                             executor=self._executor, stats=self.stats, fail=self._sup.fail,
                             overlap=self._overlap, history=self.history,
-                            worker_id=self.worker_id)
+                            worker_id=self.worker_id, autopause=autopause)
         self._consumer = consumer  # before start(): an assignment can arrive during it
         await consumer.start()
         self._loops = [self._sup.spawn(self._fetch_loop(), "worker-fetch"),
