@@ -26,6 +26,7 @@ from chronowheel.core.model import (
     parse_command,
 )
 from chronowheel.core.runs import RunRecord, failure_streak
+from chronowheel.core.shard import shard_of
 from chronowheel.errors import ValidationError
 from chronowheel.node.service import Node
 from chronowheel.store.base import DueRow, JobPage, JobQuery
@@ -220,6 +221,64 @@ async def test_the_node_pauses_once_per_streak_whoever_reports_it(
     await nodes.settle()
     row = await nodes.store.get_job("j")
     assert row is not None and row.status == "scheduled"
+
+
+async def test_a_pause_reapplied_after_a_failover_pauses_once_and_publishes_each_once(
+        rigs: tuple[NodeRig, WorkerRig, MemoryRunHistory]) -> None:
+    # The node that applies the report stops mid-commit (its transaction open); another node
+    # fences it and applies the report again from the committed offset.
+    nodes, _, history = rigs
+
+    async def node_named(name: str) -> Node:
+        node = Node(nodes.settings, clock=nodes.clock, store=nodes.store, bus=nodes.bus,
+                    shards=nodes.settings.shards, node_id=name, history=history)
+        nodes.nodes.append(node)
+        await node.start()
+        await nodes.settle()
+        return node
+
+    await node_named("first")
+    nodes.upsert("j", every="10s", start=T0 + 10_000, pause_after_failures=2)
+    await nodes.advance_to(T0 + 20_500)
+    await failed_runs(history, "j", T0 + 10_000, T0 + 20_000)
+    hold = nodes.bus.hold_commits(f"{nodes.settings.namespace}-node-first")
+    report(nodes, "j", 2, "auto-pause:20000:1", note="two failed")
+    await nodes.advance(300)
+    assert await paused(nodes, "j")  # stored; its offset not committed
+    second = await node_named("second")
+    await nodes.advance(15_000)
+    assert shard_of("j", nodes.settings.shards) in second.owned  # taken over
+    hold.set()
+    await nodes.advance(500)
+    row = await nodes.store.get_job("j")
+    assert row is not None and (row.status, row.note) == ("paused", "two failed")
+    assert reasons(nodes) == []
+    instants = [scheduled_at(m) for m in nodes.fired("j")]
+    assert sorted(instants) == [T0 + 10_000, T0 + 20_000]  # once each, nothing while paused
+    nodes.submit("j", encode_control("resume", "j"))
+    await nodes.advance(11_000)
+    after = [scheduled_at(m) for m in nodes.fired("j")]
+    assert len(after) == len(set(after)) and len(after) > 2
+    assert all(scheduled_at(m) <= m.committed_ms for m in nodes.fired("j"))  # never early
+
+
+async def test_a_report_about_an_ended_job_changes_nothing_quietly(
+        rigs: tuple[NodeRig, WorkerRig, MemoryRunHistory]) -> None:
+    nodes, _, history = rigs
+    await start_node(nodes, history)
+    nodes.upsert("gone", every="10s", pause_after_failures=1)
+    await nodes.settle()
+    nodes.cancel("gone")
+    report(nodes, "gone", 1, "r")  # its last occurrence failed after the cancel
+    report(nodes, "never", 1, "r")
+    await nodes.settle()
+    row = await nodes.store.get_job("gone")
+    assert row is not None and row.status == "cancelled"
+    assert reasons(nodes) == []
+    # A plain pause of them is still refused with the reason.
+    nodes.submit("gone", encode_control("pause", "gone"))
+    await nodes.settle()
+    assert reasons(nodes) == ["id: job 'gone' is cancelled; there is nothing to pause"]
 
 
 async def test_without_run_history_the_node_refuses_a_conditional_pause(

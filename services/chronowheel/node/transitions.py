@@ -230,6 +230,11 @@ class Transitions:
         return row
 
     async def _pause(self, cmd: Pause, row: JobRow | None) -> bool:
+        if cmd.after_failures is not None and (row is None
+                                               or row.status in ("finished", "cancelled")):
+            # A worker's report of a failed run of a job that has ended (its last occurrence
+            # still ran): nothing to pause, and no one's mistake to reject.
+            return False
         row = self._accepted(cmd, row, "pause")
         if row is None:
             return False
