@@ -18,6 +18,7 @@ import pytest
 from chronowheel.core import limits, wire
 from chronowheel.errors import StoreRefused
 from chronowheel.store.base import (
+    CLEAR_NOTE,
     Claim,
     DueRow,
     JobQuery,
@@ -79,6 +80,26 @@ class JobStoreContract:
         # The TTL is not read back: a returned row always says 0.
         assert await store.get_job(ids.job("a")) == JobRow(
             ids.job("a"), ids.shard, b'{"id":"a"}', 2, "finished", None, None, 0)
+
+    async def test_a_note_and_since_are_kept_by_writes_without_them_and_a_note_is_cleared(
+            self, store: JobStore, ids: Ids) -> None:
+        # What a recurring fire writes (neither) leaves them as stored; CLEAR_NOTE removes
+        # the note (a resume, a cancel); a listing shows the note.
+        j = ids.job("n")
+        spec = b'{"id":"n","every":"1s"}'
+        await store.put_job(JobRow(j, ids.shard, spec, 1, "scheduled", T0, T0, since_ms=T0))
+        await store.put_job(JobRow(j, ids.shard, spec, 2, "paused", T0 + 1000, None,
+                                   note="why: it failed"))
+        row = await store.get_job(j)
+        assert row is not None and (row.note, row.since_ms) == ("why: it failed", T0)
+        assert (await store.get_jobs([j]))[j] == row
+        page = await store.list_jobs(JobQuery(prefix=j, status="paused", limit=10))
+        assert [(s.job_id, s.note) for s in page.jobs] == [(j, "why: it failed")]
+        await store.put_job(JobRow(j, ids.shard, spec, 3, "scheduled", T0 + 1000, T0 + 1000,
+                                   note=CLEAR_NOTE, since_ms=T0 + 1000))
+        await store.put_job(JobRow(j, ids.shard, spec, 3, "scheduled", T0 + 2000, T0 + 2000))
+        assert await store.get_job(j) == JobRow(j, ids.shard, spec, 3, "scheduled", T0 + 2000,
+                                                T0 + 2000, since_ms=T0 + 1000)
 
     async def test_jobs_rows_read_together_as_get_job_reads_them(
             self, store: JobStore, ids: Ids) -> None:
