@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
 
 import chronowheel
@@ -106,10 +107,16 @@ def imports(module: str, path: Path) -> Iterator[tuple[int, str]]:
 
 
 def edges() -> Iterator[tuple[str, int, str]]:
-    for module, path in MODULES.items():
-        for line, imported in imports(module, path):
-            if within(imported, "chronowheel"):
-                yield module, line, imported
+    return iter(_edges())
+
+
+@cache
+def _edges() -> tuple[tuple[str, int, str], ...]:
+    """Every module parsed once per test process: the tests here read the same sources."""
+    return tuple((module, line, imported)
+                 for module, path in MODULES.items()
+                 for line, imported in imports(module, path)
+                 if within(imported, "chronowheel"))
 
 
 def test_every_module_has_a_floor() -> None:
