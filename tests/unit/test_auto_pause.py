@@ -183,7 +183,8 @@ async def failed_runs(history: MemoryRunHistory, job_id: str, *instants: int) ->
 
 
 async def test_the_node_pauses_once_per_streak_whoever_reports_it(
-        rigs: tuple[NodeRig, WorkerRig, MemoryRunHistory]) -> None:
+        rigs: tuple[NodeRig, WorkerRig, MemoryRunHistory],
+        caplog: pytest.LogCaptureFixture) -> None:
     nodes, _, history = rigs
     await start_node(nodes, history)
     nodes.upsert("j", every="10s", start=T0 + 10_000, pause_after_failures=3)
@@ -203,7 +204,11 @@ async def test_the_node_pauses_once_per_streak_whoever_reports_it(
     report(nodes, "j", 3, "auto-pause:3", note="from w1")
     report(nodes, "j", 3, "auto-pause:3b", note="from w2")
     report(nodes, "j", 3, "auto-pause:3", note="from w1 again")
-    await nodes.settle()
+    with caplog.at_level(logging.WARNING, logger="chronowheel.node.transitions"):
+        await nodes.settle()
+    said = [r.getMessage() for r in caplog.records if "consecutive failed runs" in r.getMessage()]
+    shard = shard_of("j", nodes.settings.shards)
+    assert said == [f"shard {shard}: job j paused after 3 consecutive failed runs: from w1"]
     row = await nodes.store.get_job("j")
     assert row is not None and (row.status, row.note) == ("paused", "from w1")
     version = row.version

@@ -12,6 +12,7 @@ state durably before the wheel learns of it.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Set
 from dataclasses import replace
 
@@ -55,6 +56,8 @@ from chronowheel.store.base import (
     RequestRow,
     RunHistoryStore,
 )
+
+log = logging.getLogger(__name__)
 
 PAUSE_REQUEST = "pause"
 """`RequestRow.kind` of a pause applied with a request id (kept for the retention period: the
@@ -270,6 +273,10 @@ class Transitions:
             await self.store.put_request(RequestRow(
                 self.shard, cmd.id, cmd.request_id, PAUSE_REQUEST, now, now, None, 0, 0,
                 row.spec, self.writer.retention_s))
+        if cmd.after_failures is not None:
+            log.warning("shard %d: job %s paused after %d consecutive failed runs: %s",
+                        self.shard, cmd.id, cmd.after_failures, cmd.note or "",
+                        extra={"shard": self.shard, "job_id": cmd.id})
         return True
 
     async def _failed_enough(self, cmd: Pause, row: JobRow, job: JobSpec) -> bool:
