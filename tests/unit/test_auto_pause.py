@@ -468,3 +468,26 @@ def test_the_consoles_job_page_shows_the_note_escaped() -> None:
                     None, (), 0, "ns.fired")
     assert 'id="job-note"' not in job_page(plain, namespace="ns", nonce="n", now_ms=T0,
                                            actions=[])
+
+
+async def test_the_client_sends_the_field_and_a_note_and_refuses_bad_ones_first() -> None:
+    from tests.unit.test_client import FakeProducer, client
+
+    p = FakeProducer()
+    async with client(p) as c:
+        await c.every("poll", "1m", pause_after_failures=3)
+        await c.cron("daily", "@daily", pause_after_failures=1, max_attempts=10)
+        await c.pause("poll", note="provider down, INC-7")
+        p.ack()
+        for call, path in ((c.every("x", "1m", pause_after_failures=0),
+                            "job.pause_after_failures"),
+                           (c.submit({"id": "x", "at": T0 + 60_000, "pause_after_failures": 2}),
+                            "job.pause_after_failures"),
+                           (c.pause("x", note="two\nlines"), "note")):
+            with pytest.raises(ValidationError) as err:
+                await call
+            assert err.value.path == path
+    docs = p.docs()
+    assert [d.get("job", {}).get("pause_after_failures") for d in docs[:2]] == [3, 1]
+    assert docs[2] == {"v": 1, "op": "pause", "id": "poll", "note": "provider down, INC-7"}
+    assert len(p.sent) == 3
