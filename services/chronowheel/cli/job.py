@@ -78,7 +78,8 @@ def register(sub: Any) -> None:
 
     for op, text in (
             ("pause", "A paused job publishes nothing until it is resumed; its status reads "
-                      "`paused`."),
+                      "`paused`, with the --note given, which `job show` and `jobs list` "
+                      "print until a resume removes it."),
             ("resume", "A recurring job picks up from the first occurrence the pause withheld; "
                        "what the pause missed follows the job's catch_up policy (coalesce: "
                        "the latest, all: every one up to max_catch_up, skip: none). A paused "

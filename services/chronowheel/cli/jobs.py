@@ -38,7 +38,8 @@ def register(sub: Any) -> None:
                     "with the same filters). Each job shows its run counters (fired, "
                     "succeeded, failed, dead-lettered, skipped, missed) and last outcome. A "
                     "fired one-shot is stored as scheduled (--status scheduled finds it) and "
-                    "shows as finished once its run is recorded.")
+                    "shows as finished once its run is recorded. A paused job's note (why it "
+                    "was paused, e.g. by auto-pause) is listed below the table.")
     ls.add_argument("--tenant", metavar="T", help="jobs whose tenant is T")
     ls.add_argument("--status", choices=JOB_STATUSES, help="jobs in this state")
     ls.add_argument("--prefix", metavar="P", help="job ids starting with P")
