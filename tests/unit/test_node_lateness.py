@@ -16,9 +16,11 @@ On the in-memory store and bus with a manual clock (tests/unit/node_rig.py).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from chronowheel.bus.memory import Message
@@ -333,6 +335,42 @@ async def test_a_takeover_in_the_middle_of_a_catch_up_publishes_each_once(
     once_each_never_early(fired)
     assert sorted(job_of(m) for m in fired if job_of(m) in late) == sorted(late)
     assert {job_of(m) for m in fired} >= set(after)
+
+
+async def test_a_pause_of_a_queued_late_occurrence_holds_the_queue_until_it_is_stored(
+        paced: NodeRig) -> None:
+    # The pause finds the job's occurrence in the catch-up queue and waits for its store
+    # writes (held here) while the pacer would reach it: the queue must not give it out
+    # meanwhile (the paused row says it is withheld, so the resume would publish it again).
+    rig = paced
+    await rig.start("first")
+    late = late_jobs(rig, 60, 0, T0 + 2_000)
+    await rig.advance(500)
+    await rig.stop_all()
+    rig.clock.set(T0 + 1_000 + OUTAGE_MS)
+    await rig.start("catching-up")
+    await rig.advance(200, step_ms=50)
+    paused = late[15]
+    assert rig.fired(paused) == [] and rig.fired()  # still queued, the queue under way
+    release = asyncio.Event()
+    delete_due = rig.store.delete_due
+
+    async def held_delete_due(*args: Any) -> None:
+        await release.wait()
+        await delete_due(*args)
+
+    rig.store.delete_due = held_delete_due  # type: ignore[method-assign]
+    rig.submit(paused, encode_control("pause", paused))
+    await rig.advance(3_000, step_ms=50)  # the pacer would have reached it by now
+    assert rig.fired(paused) == []
+    release.set()
+    await rig.advance(500, step_ms=50)
+    assert rig.fired(paused) == []
+    rig.submit(paused, encode_control("resume", paused))
+    await rig.advance(8_000, step_ms=50)
+    once_each_never_early(rig.fired())
+    assert [scheduled_at(m) for m in rig.fired(paused)] == [T0 + 2_000 + 16]
+    assert sorted(job_of(m) for m in rig.fired()) == sorted(late)
 
 
 @pytest.mark.parametrize("handover", [False, True])

@@ -187,7 +187,8 @@ class Ingest:
             # From here until the step's changes are in the wheel, dispatch stays below the
             # pending occurrences of these jobs (no await in between: one it took meanwhile
             # is beyond the watermark no more, and counts as published).
-            pending = (r.slot_ms for r in existing.values()
+            pending = ((r.slot_ms, None if r.scheduled_ms is None
+                        else (r.job_id, r.scheduled_ms, 1)) for r in existing.values()
                        if r.status == "scheduled" and r.slot_ms is not None)
             with state.holding(pending):
                 fresh: list[tuple[Upsert, JobRow | None]] = []

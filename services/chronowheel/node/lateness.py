@@ -39,6 +39,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+from collections import Counter
 from collections.abc import Callable
 
 from chronowheel.core import wire
@@ -133,6 +134,9 @@ class LateQueue:
         # twice. A removed occurrence leaves its heap entry behind, dead (its sequence number
         # is no longer the one recorded here), skipped when it comes up.
         self._queued: dict[Pending | OccurrenceKey, int] = {}
+        # Occurrences a command is changing (`ShardState.holding`): the queue gives nothing
+        # from the first of them on until they are released, as the wheel stays below them.
+        self._held: Counter[Pending | OccurrenceKey] = Counter()
 
     def __len__(self) -> int:
         return len(self._queued)
@@ -147,6 +151,16 @@ class LateQueue:
         seq = next(self._seq)
         self._queued[p] = seq
         heapq.heappush(self._heap, (p.slot_ms, seq, p))
+
+    def hold(self, keys: list[OccurrenceKey]) -> None:
+        """Give nothing from any of `keys` on (queued now or later) until `release`."""
+        self._held.update(keys)
+
+    def release(self, keys: list[OccurrenceKey]) -> None:
+        self._held.subtract(keys)
+        for key in keys:
+            if self._held[key] <= 0:
+                self._held.pop(key, None)
 
     def remove(self, key: OccurrenceKey) -> bool:
         """Take the occurrence `key` out of the queue (its job was cancelled, paused or
@@ -180,6 +194,10 @@ class LateQueue:
                 heapq.heappop(heap)
                 continue
             if upto is not None and slot > upto:
+                break
+            if self._held and p in self._held:
+                # A command is changing its job: nothing from here on (the state record's
+                # watermark is the oldest queued slot minus one, so none after it either).
                 break
             paid = not free(p)
             if left <= 0 and slot != last and paid:

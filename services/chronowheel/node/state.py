@@ -220,21 +220,32 @@ class ShardState:
         self.wake.set()
 
     @contextlib.contextmanager
-    def holding(self, slots: Iterable[int]) -> Iterator[None]:
-        """Hold dispatch below each of `slots` still beyond the watermark while commands change
-        the jobs whose pending occurrences are there. A command decides that an occurrence is
-        not published yet, then awaits its writes before it drops the wheel entry: dispatch
-        must not publish the occurrence in between (a pause would then withhold an occurrence
-        that is out, and its resume would publish it again; a cancel or an edit would report
-        withdrawn an occurrence that fired)."""
-        held = [s for s in slots if s > self.watermark]
+    def holding(self, pending: Iterable[tuple[int, OccurrenceKey | None]]) -> Iterator[None]:
+        """Hold dispatch below each pending occurrence (slot, key) still beyond the watermark,
+        and the catch-up queue at each one in its queued range, while commands change the jobs
+        whose pending occurrences they are. A command decides that an occurrence is not
+        published yet, then awaits its writes before it drops the wheel entry or the queued
+        one: dispatch must not publish the occurrence in between (a pause would then withhold
+        an occurrence that is out, and its resume would publish it again; a cancel or an edit
+        would report withdrawn an occurrence that fired)."""
+        held: list[int] = []
+        pinned: list[OccurrenceKey] = []
+        for slot, key in pending:
+            if slot > self.watermark:
+                held.append(slot)
+            elif key is not None and self.late_range(slot):
+                pinned.append(key)  # queued, or loaded into the queue meanwhile
         for s in held:
             self.ingest_slots[s] = self.ingest_slots.get(s, 0) + 1
+        self.late.hold(pinned)
         try:
             yield
         finally:
             for s in held:
                 self.release_slot(s)
+            if pinned:
+                self.late.release(pinned)
+                self.wake.set()
 
     def dispatch_limit(self, now: int) -> int:
         """How far dispatch may fire: never early, never past the loaded horizon, never up to
