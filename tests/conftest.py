@@ -280,7 +280,7 @@ UNTIMED_SERVER_PATHS = (
     "tests/integration/test_worker_store_contract.py",
 )
 # Timed tests of 20 s or more in the last CI run, longest first (a hint for the end of the run;
-# a test not listed runs after these, in collection order).
+# a test not listed runs after these, in collection order), then the unit tier's longest.
 SLOW_FIRST = (
     "tests/integration/test_failover.py::test_a_node_paused_past_its_session",
     "tests/integration/test_overlap.py::test_forbid_and_replace",
@@ -293,6 +293,18 @@ SLOW_FIRST = (
     "tests/integration/test_locust_capacity.py",
     "tests/integration/test_locust_kit.py",
     "tests/integration/test_worker.py::test_a_killed_worker",
+    # The unit tier's longest (free lane; `./run unit` schedules with these lanes too): first,
+    # so that neither process is left with one of them at the end.
+    "tests/unit/test_shard_invariants.py",
+    "tests/unit/test_wheel.py::TestWheelMachine",
+    "tests/unit/test_wheel.py::TestBareWheelMachine",
+    "tests/unit/test_entry_memory.py",
+    "tests/unit/test_recurrence.py::test_day_fields_match_brute_force",
+    "tests/unit/test_recurrence.py::test_exclusions_drop_exactly_the_excluded_local_dates",
+    "tests/unit/test_wheel.py::test_bulk_random_schedule",
+    "tests/unit/test_recurrence.py::test_dst_matches_brute_force",
+    "tests/unit/test_recurrence.py::test_time_fields_match_brute_force",
+    "tests/unit/test_layers.py",
 )
 LANES = ("solo", "timed", "untimed", "free")
 

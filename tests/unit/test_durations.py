@@ -17,6 +17,8 @@ from chronowheel.errors import ValidationError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.property_budget import examples
+
 S = 1_000
 M = 60 * S
 H = 60 * M
@@ -138,7 +140,7 @@ def test_format_rejects_bad_input() -> None:
 
 
 @given(st.integers(min_value=0, max_value=MAX_DURATION_MS))
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_format_round_trips_and_matches_the_grammar_regex(ms: int) -> None:
     text = format_duration(ms)
     assert parse_duration(text) == ms
@@ -167,13 +169,13 @@ def _brute_shortest(index: int, rest: int) -> int:
         st.integers(min_value=1, max_value=12).map(lambda n: n * M + 7),
     )
 )
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 def test_format_is_the_shortest_spelling(ms: int) -> None:
     assert len(format_duration(ms)) == _brute_shortest(0, ms)
 
 
 @given(st.text(alphabet="0123456789dhms-. xM", max_size=12))
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 def test_parser_and_grammar_regex_agree(text: str) -> None:
     """The JSON Schema's pattern (plus minLength 1) accepts exactly what the parser accepts."""
     schema_ok = text != "" and re.fullmatch(DURATION_PATTERN, text) is not None

@@ -24,6 +24,8 @@ from chronowheel.errors import ValidationError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.property_budget import examples
+
 
 def ms(text: str) -> int:
     return int(datetime.fromisoformat(text).timestamp() * 1000)
@@ -131,7 +133,7 @@ def exclusion_runs(draw: Callable[..., Any], centre: date) -> set[date]:
     return out
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     zone=st.sampled_from(ZONES),
     expr=st.sampled_from(CRONS),

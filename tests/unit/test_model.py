@@ -33,6 +33,8 @@ from chronowheel.settings import Settings
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
+from tests.property_budget import examples
+
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((ROOT / "schema" / "submit.v1.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
@@ -967,7 +969,7 @@ def test_encode_cancel_round_trips() -> None:
     backoff=st.none() | st.integers(0, DAY),
     delay=st.integers(-DAY, HORIZON),
 )
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 def test_encode_retry_round_trips(
     payload: bytes, attempt: int, headers: dict[str, str], backoff: int | None, delay: int
 ) -> None:
@@ -1191,7 +1193,7 @@ def _parser_verdict(raw: bytes) -> Command | ValidationError:
 
 
 @given(mutated_command())
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(600), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_whatever_the_schema_rejects_the_parser_rejects(doc: dict[str, Any]) -> None:
     raw = orjson.dumps(doc)
     wire = orjson.loads(raw)  # what the parser sees: judge the schema on the same value
@@ -1201,7 +1203,7 @@ def test_whatever_the_schema_rejects_the_parser_rejects(doc: dict[str, Any]) -> 
 
 
 @given(valid_command())
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_generated_valid_commands_pass_both(doc: dict[str, Any]) -> None:
     assert schema_valid(doc), list(VALIDATOR.iter_errors(doc))
     raw = orjson.dumps(doc)
@@ -1231,7 +1233,7 @@ def test_the_mutation_generator_reaches_both_sides_of_the_schema() -> None:
 
 
 @given(st.binary(max_size=200) | json_value.map(orjson.dumps))
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_arbitrary_bytes_get_a_verdict_never_a_crash(raw: bytes) -> None:
     verdict = _parser_verdict(raw)
     if isinstance(verdict, ValidationError):

@@ -31,6 +31,8 @@ from croniter import croniter
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from tests.property_budget import examples
+
 
 def ms(text: str) -> int:
     return int(datetime.fromisoformat(text).timestamp() * 1000)
@@ -767,7 +769,7 @@ def test_bad_arguments(kwargs: dict[str, Any], path: str) -> None:
     assert err.value.path == path
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     expr=st.one_of(
         st.text(max_size=40),
@@ -1032,7 +1034,7 @@ def utc_expressions(draw: st.DrawFn) -> str:
     return " ".join(fields)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     expr=utc_expressions(),
     start=st.integers(ms("2000-01-01T00:00:00Z"), ms("2040-01-01T00:00:00Z")),
@@ -1140,7 +1142,7 @@ def _oracle(expr: str, zone_name: str, lo: int, hi: int, dst: str) -> list[int]:
     return sorted(out)
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(250), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(window=dst_windows(), expr=local_expressions(), dst=st.sampled_from(["skip", "cron"]))
 def test_dst_matches_brute_force(window: tuple[str, int, int, int], expr: str, dst: str) -> None:
     zone, t, _before, _after = window
@@ -1186,7 +1188,7 @@ def _schedules() -> st.SearchStrategy[Schedule]:
 
 
 def _checked(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return settings(max_examples=200, deadline=None)(fn)
+    return settings(max_examples=examples(200), deadline=None)(fn)
 
 
 @_checked
@@ -1355,7 +1357,7 @@ def _day_of_week_field(draw: st.DrawFn) -> str:
     return ",".join(draw(st.lists(item, min_size=1, max_size=3)))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     dom=_day_of_month_field(),
     month=_wrapping_field(1, 12),
@@ -1385,7 +1387,7 @@ def test_day_fields_match_brute_force(dom: str, month: str, dow: str, start_day:
     assert got == want
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     minute=_wrapping_field(0, 59),
     hour=_wrapping_field(0, 23),
@@ -1480,7 +1482,7 @@ def test_exclusion_dates_are_for_cron_only() -> None:
     assert excluding(base, [date(2026, 1, 1)]) != base
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     window=dst_windows(),
     expr=local_expressions(),

@@ -155,3 +155,21 @@ def test_one_or_three_processes_run_everything(workers: int) -> None:
     ran = simulate(IDS, workers)
     assert sorted(r.nodeid for r in ran) == sorted(IDS)
     assert len({r.worker for r in ran if lane_of(r.nodeid) == "solo"}) == 1
+
+
+def test_the_unit_tiers_longest_tests_start_first() -> None:
+    """`./run unit` schedules with these lanes too: its longest tests (SLOW_FIRST) start
+    first, so that neither process is left with one of them at the end."""
+    ids = [f"tests/unit/test_a.py::test_{i}" for i in range(6)] + [
+        "tests/unit/test_wheel.py::TestWheelMachine::runTest",
+        "tests/unit/test_b.py::test_z",
+        "tests/unit/test_shard_invariants.py::TestShardInvariants::runTest",
+    ]
+    ran = simulate(ids)
+    assert sorted(r.nodeid for r in ran) == sorted(ids)
+    assert {r.nodeid for r in ran if r.start == 0} >= {ids[8]}
+    long_ones = {ids[6], ids[8]}
+    for worker in {r.worker for r in ran}:
+        order = [r.nodeid in long_ones for r in sorted(ran, key=lambda r: r.start)
+                 if r.worker == worker]
+        assert order == sorted(order, reverse=True), (worker, order)  # long ones before

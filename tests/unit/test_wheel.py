@@ -14,6 +14,8 @@ from hypothesis.stateful import (
     rule,
 )
 
+from tests.property_budget import examples
+
 DAY = 86_400_000
 T0 = 1_796_115_600_000  # 2026-12-01T09:00:00Z
 
@@ -587,7 +589,7 @@ TestWheelMachine = WheelMachine.TestCase
 TestWheelMachine.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     dues=st.lists(st.integers(0, 100_000), max_size=300),
     cancels=st.sets(st.integers(0, 299)),
