@@ -148,8 +148,9 @@ class Settings:
     history_writes_in_flight: int = _opt(
         32, "run history requests in flight per process (one per job and batch)")
     history_writes_per_s: int = _opt(
-        500, "most run history requests a second per process (0: no cap): bounds what "
-             "history costs; past it rows queue, then drop (counted)")
+        50, "most run history requests a second per process (0: no cap; a request holds the "
+             "runs, or the counters, of up to 10 jobs): bounds what history costs; past it "
+             "rows queue, then drop (counted)")
     allowed_topics: str = _opt(
         "", "regex of extra target topics jobs may fire to (besides <ns>.fired)"
     )

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 from chronowheel.core import runs
 from chronowheel.core.runs import RunRecord
-from chronowheel.store.base import RunHistoryStore
+from chronowheel.store.base import RUN_WRITE_JOBS, RunHistoryStore
 
 PassTime = Callable[[float], Awaitable[None]]
 T = 1_796_115_600_000
@@ -99,3 +99,43 @@ class RunHistoryContract:
             self, history: RunHistoryStore, job: str) -> None:
         with pytest.raises(ValueError, match="in a write of job"):
             await history.write_runs(job, [RunRecord(job + "-b", T)], 3600)
+
+    async def test_runs_and_counters_of_several_jobs_in_one_write(
+            self, history: RunHistoryStore, job: str) -> None:
+        jobs = [f"{job}-{i}" for i in range(RUN_WRITE_JOBS)]
+        # Each job's node and worker parts, several runs of one job, in one write.
+        await history.write_runs_of_jobs(
+            {j: [RunRecord(j, T, fired_ms=T + 5, lateness_ms=5, node_id="n1")] for j in jobs},
+            3600)
+        await history.write_runs_of_jobs(
+            {jobs[0]: [RunRecord(jobs[0], T, started_ms=T + 6, ended_ms=T + 9,
+                                 outcome=runs.SUCCEEDED, worker_id="w1"),
+                       RunRecord(jobs[0], T + 1000, fired_ms=T + 1001)],
+             jobs[1]: [RunRecord(jobs[1], T, outcome=runs.RETRIED, error="E: x")]}, 3600)
+        await history.write_runs_of_jobs({jobs[2]: [RunRecord(jobs[2], T + 1, fired_ms=T)]},
+                                         3600)  # one job, one row
+        first = await history.job_runs(jobs[0], 5)
+        assert [(r.scheduled_ms, r.state) for r in first] == [(T + 1000, runs.FIRED),
+                                                              (T, runs.SUCCEEDED)]
+        assert (first[1].node_id, first[1].worker_id, first[1].lateness_ms) == ("n1", "w1", 5)
+        assert [r.state for r in await history.job_runs(jobs[1], 5)] == [runs.RETRIED]
+        assert len(await history.job_runs(jobs[2], 5)) == 2
+        await history.add_run_counts_of_jobs({j: {"fired": 1} for j in jobs})
+        await history.add_run_counts_of_jobs({jobs[0]: {"succeeded": 1, "fired": 1},
+                                              jobs[1]: {"failed": 1}, jobs[3]: {}})
+        counts = await history.run_counts(jobs)
+        assert counts[jobs[0]] == {"fired": 2, "succeeded": 1}
+        assert counts[jobs[1]] == {"fired": 1, "failed": 1}
+        assert all(counts[j] == {"fired": 1} for j in jobs[2:])
+
+    async def test_a_write_of_several_jobs_is_bounded_and_checked(
+            self, history: RunHistoryStore, job: str) -> None:
+        many = {f"{job}-{i}": [RunRecord(f"{job}-{i}", T)] for i in range(RUN_WRITE_JOBS + 1)}
+        with pytest.raises(ValueError, match="at most"):
+            await history.write_runs_of_jobs(many, 3600)
+        with pytest.raises(ValueError, match="at most"):
+            await history.add_run_counts_of_jobs({j: {"fired": 1} for j in many})
+        with pytest.raises(ValueError, match="in a write of job"):
+            await history.write_runs_of_jobs({job: [RunRecord(job + "-b", T)]}, 3600)
+        with pytest.raises(ValueError, match="counter 'bogus'"):
+            await history.add_run_counts_of_jobs({job: {"bogus": 1}})

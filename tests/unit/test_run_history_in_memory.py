@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from chronowheel.cli.job import describe, render, render_history
@@ -15,7 +16,7 @@ from chronowheel.core import runs
 from chronowheel.core.clock import ManualClock
 from chronowheel.core.runs import RunCounters, RunRecord, counter_deltas, shown_status
 from chronowheel.errors import RetriableError
-from chronowheel.history import RunRecorder
+from chronowheel.history import RunRecorder, run_groups
 from chronowheel.node.service import Node
 from chronowheel.ops.runs import read_job_history
 from chronowheel.store.base import JobPage, JobRow, JobSummary
@@ -103,7 +104,7 @@ def recorder(store: MemoryRunHistory, registry: CollectorRegistry | None = None,
     return RunRecorder(store, registry=registry or CollectorRegistry(), **opts)
 
 
-async def test_a_batch_writes_each_jobs_runs_in_one_request_and_its_counters_in_another() -> None:
+async def test_a_batch_writes_its_jobs_runs_in_one_request_and_their_counters_in_another() -> None:
     store = MemoryRunHistory()
     rec = recorder(store, batch_rows=5)
     for i in range(3):
@@ -113,11 +114,30 @@ async def test_a_batch_writes_each_jobs_runs_in_one_request_and_its_counters_in_
     assert rec.queued == 6 and store.writes == 0  # nothing written on the caller's path
     await rec.write_batch()  # five rows: a a a b b
     assert rec.queued == 1 and rec.written == 5
-    assert store.writes == 4  # runs of a, runs of b, counters of a, counters of b
+    assert store.writes == 2  # runs of a and b, counters of a and b
     assert store.counts == {"a": {"fired": 3}, "b": {"succeeded": 2}}
     await rec.flush()
     assert rec.queued == 0 and rec.written == 6 and store.counts["c"] == {"succeeded": 1}
     assert [r.scheduled_ms for r in await store.job_runs("a", 10)] == [T0 + 2, T0 + 1, T0]
+
+
+async def test_a_request_writes_at_most_ten_jobs_and_about_4000_bytes() -> None:
+    store = MemoryRunHistory()
+    rec = recorder(store, batch_rows=100)
+    for i in range(25):  # 25 jobs, a run each: three requests of runs, three of counters
+        rec.add(RunRecord(f"j{i}", T0, fired_ms=T0))
+    await rec.write_batch()
+    assert store.writes == 6 and rec.written == 25
+    assert all(store.counts[f"j{i}"] == {"fired": 1} for i in range(25))
+    # One job's runs over the bytes of a request go in several: 30 runs with 300-byte errors
+    # (about 400 bytes a row) in three requests, and one of counters.
+    big = [RunRecord("k", T0 + i, outcome=runs.FAILED, error="e" * 300) for i in range(30)]
+    groups = run_groups({"k": big})
+    assert [len(g["k"]) for g in groups] == [10, 10, 10]
+    for r in big:
+        rec.add(r)
+    await rec.write_batch()
+    assert store.writes == 6 + 4 and len(await store.job_runs("k", 100)) == 30
 
 
 async def test_a_full_queue_drops_and_counts_and_never_waits() -> None:
@@ -153,13 +173,13 @@ async def test_a_full_queue_drops_and_counts_and_never_waits() -> None:
 
 async def test_a_failed_write_is_counted_and_the_writer_goes_on() -> None:
     class Flaky(MemoryRunHistory):
-        async def write_runs(self, job_id: str, runs_: object, ttl_s: int) -> None:
-            if job_id == "bad":
+        async def write_runs_of_jobs(self, runs_: Any, ttl_s: int) -> None:
+            if "bad" in runs_:
                 raise RetriableError("write a run: WriteTimeout")
-            await super().write_runs(job_id, runs_, ttl_s)  # type: ignore[arg-type]
+            await super().write_runs_of_jobs(runs_, ttl_s)
 
     store = Flaky()
-    rec = recorder(store)
+    rec = recorder(store, batch_rows=1)
     rec.add(RunRecord("bad", T0, fired_ms=T0))
     rec.add(RunRecord("good", T0, fired_ms=T0))
     await rec.flush()
@@ -168,6 +188,12 @@ async def test_a_failed_write_is_counted_and_the_writer_goes_on() -> None:
     rec.add(RunRecord("good", T0 + 1, fired_ms=T0))
     await rec.flush()
     assert rec.written == 2
+    # A request of several jobs fails as a whole: each of its rows is counted.
+    rec.batch_rows = 10
+    rec.add(RunRecord("bad", T0 + 1, fired_ms=T0))
+    rec.add(RunRecord("other", T0, fired_ms=T0))
+    await rec.flush()
+    assert (rec.failed, rec.written) == (3, 2)
 
 
 async def test_the_writer_keeps_to_its_request_rate() -> None:
@@ -182,13 +208,39 @@ async def test_the_writer_keeps_to_its_request_rate() -> None:
     store = MemoryRunHistory()
     rec = RunRecorder(store, ttl_s=60, queue_rows=100, batch_rows=100, in_flight=4,
                       writes_per_s=4, monotonic=lambda: 0.0, sleep=sleep)
-    for job in ("a", "b", "c"):
-        rec.add(RunRecord(job, T0, fired_ms=T0))
+    for job in range(12):
+        rec.add(RunRecord(f"j{job}", T0, fired_ms=T0))
     task = asyncio.ensure_future(rec.run())
     try:
         await asyncio.wait_for(done.wait(), 5)
-        # Three jobs: three run writes and three counter updates, at four a second.
-        assert slept == [1.5] and store.writes == 6
+        # Twelve jobs: two requests of runs (ten jobs and two) and two of counters, at four
+        # a second.
+        assert slept == [1.0] and store.writes == 4
+    finally:
+        task.cancel()
+
+
+async def test_a_paced_writer_takes_about_a_second_of_requests_at_a_time() -> None:
+    slept: list[float] = []
+    two = asyncio.Event()
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) == 2:
+            two.set()
+            await asyncio.Event().wait()  # the test ends the writer here
+
+    store = MemoryRunHistory()
+    rec = RunRecorder(store, ttl_s=60, queue_rows=100, batch_rows=100, in_flight=4,
+                      writes_per_s=2, monotonic=lambda: 0.0, sleep=sleep)
+    for job in range(25):
+        rec.add(RunRecord(f"j{job}", T0, fired_ms=T0))
+    task = asyncio.ensure_future(rec.run())
+    try:
+        await asyncio.wait_for(two.wait(), 5)
+        # Two requests a second: ten rows (one request of runs, one of counters) a batch and
+        # a second's pause after each, not 25 rows (six requests) and three seconds.
+        assert slept == [1.0, 1.0] and store.writes == 4 and rec.queued == 5
     finally:
         task.cancel()
 

@@ -452,6 +452,16 @@ class RunStore(Protocol):
         ...
 
 
+RUN_WRITE_JOBS = 10
+"""The most jobs (partitions) one run history request writes: Cassandra warns about an
+unlogged or counter batch over more partitions (its unlogged_batch_across_partitions_warn_
+threshold, 10). Ten jobs' rows in one request cost the writing process about a fifth of the
+CPU of ten requests (loadtest/RESULTS.md, "Run history's cost on the worker")."""
+RUN_WRITE_BYTES = 4_000
+"""About the most bytes of run rows in one request (strings and integers): under Cassandra's
+`batch_size_warn_threshold` (5 KiB)."""
+
+
 class RunHistoryStore(Protocol):
     """Run history and per-job counters (tables `run_history`, `run_counters`; pure types in
     `core/runs.py`). Implementations: `store/cassandra_history.py` and
@@ -469,6 +479,17 @@ class RunHistoryStore(Protocol):
     async def add_run_counts(self, job_id: str, counts: Mapping[str, int]) -> None:
         """Add `counts` (a name of `core.runs.COUNTERS` -> n) to the job's counters. Not
         idempotent (a retried call may count twice) and never expiring."""
+        ...
+
+    async def write_runs_of_jobs(self, runs: Mapping[str, Sequence[RunRecord]],
+                                 ttl_s: int) -> None:
+        """`write_runs` of several jobs (job id -> its runs; at most `RUN_WRITE_JOBS` of
+        them) in one request."""
+        ...
+
+    async def add_run_counts_of_jobs(self, counts: Mapping[str, Mapping[str, int]]) -> None:
+        """`add_run_counts` of several jobs (job id -> its counts; at most `RUN_WRITE_JOBS`)
+        in one request."""
         ...
 
     async def job_runs(self, job_id: str, limit: int) -> list[RunRecord]:

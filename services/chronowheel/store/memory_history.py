@@ -11,6 +11,7 @@ from chronowheel.core import limits
 from chronowheel.core.clock import Clock
 from chronowheel.core.runs import COUNTERS, RunRecord
 from chronowheel.errors import StoreRefused
+from chronowheel.store.base import RUN_WRITE_JOBS
 
 _Key = tuple[int, int, str]  # clustering key: (scheduled_ms, attempt, occurrence)
 
@@ -39,6 +40,9 @@ class MemoryRunHistory:
     async def write_runs(self, job_id: str, runs: Sequence[RunRecord], ttl_s: int) -> None:
         if self.delay is not None:
             await self.delay()
+        await self._write_runs(job_id, runs, ttl_s)
+
+    async def _write_runs(self, job_id: str, runs: Sequence[RunRecord], ttl_s: int) -> None:
         expires = self._expiry(ttl_s)
         self.writes += 1
         rows = self.runs.setdefault(job_id, {})
@@ -57,11 +61,33 @@ class MemoryRunHistory:
         if self.delay is not None:
             await self.delay()
         self.writes += 1
+        _check_counters(counts)
+        self._add(job_id, counts)
+
+    def _add(self, job_id: str, counts: Mapping[str, int]) -> None:
         mine = self.counts.setdefault(job_id, {})
         for name, n in counts.items():
-            if name not in COUNTERS:
-                raise ValueError(f"counter {name!r}: not one of {', '.join(COUNTERS)}")
             mine[name] = mine.get(name, 0) + n
+
+    async def write_runs_of_jobs(self, runs: Mapping[str, Sequence[RunRecord]],
+                                 ttl_s: int) -> None:
+        _check_jobs(runs)
+        if self.delay is not None:
+            await self.delay()
+        writes = self.writes
+        for job_id, mine in runs.items():
+            await self._write_runs(job_id, mine, ttl_s)
+        self.writes = writes + 1  # one request
+
+    async def add_run_counts_of_jobs(self, counts: Mapping[str, Mapping[str, int]]) -> None:
+        _check_jobs(counts)
+        for mine in counts.values():
+            _check_counters(mine)
+        if self.delay is not None:
+            await self.delay()
+        for job_id, mine in counts.items():
+            self._add(job_id, mine)
+        self.writes += 1  # one request
 
     async def job_runs(self, job_id: str, limit: int) -> list[RunRecord]:
         rows = self.runs.get(job_id, {})
@@ -79,3 +105,15 @@ class MemoryRunHistory:
             if runs:
                 out[j] = runs[0]
         return out
+
+
+def _check_jobs(per_job: Mapping[str, object]) -> None:
+    if len(per_job) > RUN_WRITE_JOBS:
+        raise ValueError(f"a run history write of {len(per_job)} jobs: at most "
+                         f"{RUN_WRITE_JOBS} a request")
+
+
+def _check_counters(counts: Mapping[str, int]) -> None:
+    for name in counts:
+        if name not in COUNTERS:
+            raise ValueError(f"counter {name!r}: not one of {', '.join(COUNTERS)}")
