@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import platform
@@ -271,12 +272,16 @@ async def worker_consume(settings: Settings, n: int, kind: str, idempotency: boo
     worker = Worker(settings, handlers={settings.fired_topic: handler}, group_id=group,
                     idempotency=idempotency)
     t0 = time.monotonic()
+    cpu0 = time.process_time()  # every thread of this process: the loop's and the driver's
+    gc0 = [g["collections"] for g in gc.get_stats()]
     await worker.start()
     try:
         while done < n:
             if worker.failure is not None:
                 raise RuntimeError(f"worker failed: {worker.failure!r}")
             await asyncio.sleep(0.2)
+        cpu_s = time.process_time() - cpu0
+        collections = [g["collections"] - c for g, c in zip(gc.get_stats(), gc0, strict=True)]
     finally:
         # Run history as it stood when the last record was handled (the shutdown then
         # writes what is queued for at most a few seconds).
@@ -286,7 +291,11 @@ async def worker_consume(settings: Settings, n: int, kind: str, idempotency: boo
         await worker.shutdown()
     return {"kind": kind, "idempotency": idempotency, "handled": done,
             "rate_incl_join": round(n / (last - t0)), "rate": round(n / max(last - first, 1e-9)),
-            "stats": str(worker.stats), "history": history}
+            "stats": str(worker.stats), "history": history,
+            # CPU of the whole process from the worker's start to its last record: less
+            # sensitive than handled/s to what else the machine runs.
+            "cpu_s": round(cpu_s, 2), "cpu_us_per_record": round(cpu_s / n * 1e6, 1),
+            "gc_collections": collections}
 
 
 async def backlog(n: int, variants: list[str]) -> dict[str, Any]:
@@ -306,8 +315,9 @@ async def backlog(n: int, variants: list[str]) -> dict[str, Any]:
         r["ratio_to_raw"] = round(r["rate"] / raw, 3)
         say(f"worker {kind} handler, idempotency {'on' if r['idempotency'] else 'off'}: "
             f"{r['rate']:,} handled/s ({r['ratio_to_raw']:.2f} of raw; "
-            f"{r['rate_incl_join']:,}/s counting the group join); run history "
-            f"{r['history'] or 'off'}")
+            f"{r['rate_incl_join']:,}/s counting the group join); CPU {r['cpu_s']} s "
+            f"({r['cpu_us_per_record']} µs a record), collections {r['gc_collections']}; "
+            f"run history {r['history'] or 'off'}")
         out["runs"].append(r)
     return out
 
