@@ -261,6 +261,15 @@ class ShardMachine(RuleBasedStateMachine):
             self.txn_task.cancel()
             with contextlib.suppress(BaseException):
                 self._turn(self.txn_task)
+            # Tasks the actor made and never got to run (a drain that failed at once, as on
+            # an example Hypothesis had already ended): cancelled and run to their end before
+            # the loop closes, not dropped with their coroutines never awaited.
+            left = asyncio.all_tasks(self.loop)
+            for task in left:
+                task.cancel()
+            if left:
+                with contextlib.suppress(BaseException):
+                    self._turn(asyncio.gather(*left, return_exceptions=True))
             self.loop.close()
 
     def _drain(self) -> None:
