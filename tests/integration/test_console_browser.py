@@ -7,12 +7,10 @@ Screenshots go to tests/artifacts/console/ (ignored by git) for a person to look
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import secrets
 import shutil
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ from chronowheel.core.shard import shard_of
 from chronowheel.settings import Settings
 from chronowheel.testing import NodeProcess
 
+from testkit.fleet import until
 from tests.integration.harness import (
     REPO,
     collecting,
@@ -54,16 +53,25 @@ def chromium_or_skip() -> str:
 class ConsoleProcess(NodeProcess):
     """`chronowheel console` as a child process; its URL comes from the line it prints."""
 
-    def url(self, timeout_s: float = 60) -> str:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            found = re.search(r"console: (http://\S+/)", self.log_text())
-            if found:
-                return found.group(1).rstrip("/")
+    async def url(self, timeout_s: float = 60) -> str:
+        """Waits for the line; fails at once if the console exits before printing it."""
+        found: list[str] = []
+
+        def printed() -> bool:
+            match = re.search(r"console: (http://\S+/)", self.log_text())
+            if match:
+                found.append(match.group(1).rstrip("/"))
+                return True
             if not self.alive():
-                break
-            time.sleep(0.1)  # bounded by the deadline: waiting for a child's first line
-        raise AssertionError(f"the console printed no URL:\n{self.log_tail()}")
+                raise AssertionError(f"the console exited without a URL:\n{self.log_tail()}")
+            return False
+
+        try:
+            await until(printed, timeout_s, "the console's URL", poll_s=0.1)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the console printed no URL:\n{self.log_tail()}") \
+                from None
+        return found[0]
 
 
 @pytest.fixture
@@ -103,7 +111,7 @@ async def scene(stack: Any, namespace: str, tmp_path: Path) -> AsyncIterator[dic
             await client.schedule("nowhere", now + 2_000, {"lost": True}, topic="gone.away")
         await produce(settings, [(b"broken", b'{"v":1,"op":"upsert","job":{"id":"broken"}}')])
         console.start()
-        url = await asyncio.to_thread(console.url)
+        url = await console.url()
         yield {"settings": settings, "node": node, "console": console, "url": url,
                "herd_minute": herd_minute, "fire_at": fire_at}
     finally:
@@ -113,16 +121,17 @@ async def scene(stack: Any, namespace: str, tmp_path: Path) -> AsyncIterator[dic
 
 async def wait_job_status(page: Any, url: str, job_id: str, status: str,
                           timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
+    """Reload the job's page until it shows `status`."""
+
+    async def shown() -> bool:
         await page.goto(f"{url}/jobs?id={job_id}")
         cell = page.locator("#job-status")
-        if await cell.count() and (await cell.inner_text()) == status:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"job {job_id} not {status} after {timeout_s}s: "
-                                 f"{await page.content()}")
-        await asyncio.sleep(0.5)
+        return bool(await cell.count()) and (await cell.inner_text()) == status
+
+    try:
+        await until(shown, timeout_s, f"job {job_id} to be {status}", poll_s=0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {await page.content()}") from None
 
 
 async def test_console_pages_heat_map_cancel_and_safety(scene: dict[str, Any]) -> None:
@@ -247,13 +256,15 @@ async def test_console_pages_heat_map_cancel_and_safety(scene: dict[str, Any]) -
             reasons = await page.locator("#tail .reason").all_inner_texts()
             assert reasons == ["job: exactly one of at, cron, every"], reasons
             await page.screenshot(path=str(ARTIFACTS / "rejected.png"), full_page=True)
-            deadline = time.monotonic() + 60
-            while True:
+            reasons = []
+
+            async def dead_letter_shown() -> bool:
+                nonlocal reasons
                 await page.goto(url + "/dead")
                 reasons = await page.locator("#tail .reason").all_inner_texts()
-                if reasons or time.monotonic() > deadline:
-                    break
-                await asyncio.sleep(0.5)
+                return bool(reasons)
+
+            await until(dead_letter_shown, 60, "the dead letter on /dead", poll_s=0.5)
             # cw-error is `Type: message`, as on every dead letter (wire contract)
             assert reasons == ["UnknownTopic: target topic gone.away is unavailable"], reasons
             keys = await page.locator("#tail td:nth-child(3)").all_inner_texts()
@@ -280,16 +291,14 @@ async def test_console_pages_heat_map_cancel_and_safety(scene: dict[str, Any]) -
 async def wait_counted(page: Any, url: str, minute: int, rows: int,
                        timeout_s: float = 60) -> None:
     """Reload the heat map until the node has counted the whole herd."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    async def counted() -> bool:
         await page.goto(url + "/upcoming")
         data = orjson.loads(await page.locator("#heat-data").inner_text())
         column = (minute - data["first"]) // MINUTE_MS
-        if sum(r[column] for r in data["counts"]) >= rows:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"herd not counted after {timeout_s}s")
-        await asyncio.sleep(0.5)
+        return sum(r[column] for r in data["counts"]) >= rows
+
+    await until(counted, timeout_s, f"the herd of {rows} counted on the heat map", poll_s=0.5)
 
 
 def _rfc3339(ms: int) -> str:
