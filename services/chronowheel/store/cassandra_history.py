@@ -1,16 +1,20 @@
 """The RunHistoryStore (`store/base.py`) over Cassandra: tables `run_history` (a partition per
 job, newest run first, every write with a TTL) and `run_counters` (a counter row per job).
 
-Every request is of prepared statements: the runs of up to `RUN_WRITE_JOBS` (10) jobs of one
-flush go in one unlogged batch (a mutation per partition, no batch log), their counters in one
-counter batch (a request per job and kind cost the writer's process about five times the CPU
-a row). Counters cannot share a batch with other rows nor carry a TTL, so they are their own
+Every request is of prepared statements. Of the up to `RUN_WRITE_JOBS` (10) jobs of one flush,
+those whose partitions have the same replicas go in one unlogged batch (a mutation per
+partition, no batch log), their counters in one counter batch: a request per job and kind cost
+the writer's process about five times the CPU a row. A batch never spans partitions of
+different replicas (`same_replicas`), and the token-aware policy sends it to one of its
+replicas, so no coordinator does another node's work, the cost that makes the project avoid
+multi-partition batches elsewhere; on one node, or with few nodes, the whole flush shares its
+replicas. Counters cannot share a batch with other rows nor carry a TTL, so they are their own
 request and live as long as the job's counters row."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cassandra.cluster import Session
@@ -58,6 +62,21 @@ def _check_counters(counts: Mapping[str, int]) -> None:
             raise ValueError(f"counter {name!r}: not one of {', '.join(COUNTERS)}")
 
 
+def same_replicas(job_ids: Sequence[str],
+                  replicas_of: Callable[[bytes], Any]) -> list[list[str]]:
+    """`job_ids` in groups whose partitions (keyed by the job id alone) have the same replicas,
+    in their order; a job whose replicas are unknown goes alone."""
+    groups: dict[Any, list[str]] = {}
+    for job_id in job_ids:
+        try:
+            hosts = replicas_of(job_id.encode())
+        except Exception:  # no token map yet: alone is always right
+            hosts = None
+        key = frozenset(str(getattr(h, "endpoint", h)) for h in hosts) if hosts else None
+        groups.setdefault(key if key else ("alone", job_id), []).append(job_id)
+    return list(groups.values())
+
+
 def _unset(value: Any) -> Any:
     # Unset, not null: a bound null would be a tombstone over what the other writer set.
     return UNSET_VALUE if value is None else value
@@ -68,7 +87,7 @@ class CassandraRunHistory:
 
     def __init__(self, session: Session, keyspace: str) -> None:
         self.session = session
-        ks = keyspace
+        self.keyspace = ks = keyspace
         try:
             p = session.prepare
             self._put = p(f"INSERT INTO {ks}.run_history ({RUN_COLUMNS}) VALUES "
@@ -146,29 +165,40 @@ class CassandraRunHistory:
             return
         await self._exec(*self._counts_row(job_id, counts), "count runs")
 
+    def _replicas(self, key: bytes) -> Any:
+        return self.session.cluster.metadata.get_replicas(self.keyspace, key)
+
     async def write_runs_of_jobs(self, runs: Mapping[str, Sequence[RunRecord]],
                                  ttl_s: int) -> None:
         _check_jobs(runs)
-        rows = [r for job_id, mine in runs.items() for r in _of_job(job_id, mine)]
-        if len(rows) <= 1:
-            if rows:
-                await self._exec(*self._row(rows[0], ttl_s), "write a run")
+        for job_id, mine in runs.items():
+            _of_job(job_id, mine)
+        groups = same_replicas([j for j, mine in runs.items() if mine], self._replicas)
+        await asyncio.gather(*(self._write_group([r for j in g for r in runs[j]], len(g), ttl_s)
+                               for g in groups))
+
+    async def _write_group(self, rows: list[RunRecord], jobs: int, ttl_s: int) -> None:
+        if len(rows) == 1:
+            await self._exec(*self._row(rows[0], ttl_s), "write a run")
             return
-        # Unlogged over at most RUN_WRITE_JOBS partitions: a mutation per partition, no
-        # batch log; a request instead of one per job.
+        # Unlogged over partitions of the same replicas: a mutation per partition, no batch
+        # log, routed (by its first statement) to one of those replicas.
         batch: Any = BatchStatement(batch_type=BatchType.UNLOGGED)
         for r in rows:
             batch.add(*self._row(r, ttl_s))
-        await execute(self.session, batch, (), f"write {len(rows)} runs of {len(runs)} jobs")
+        await execute(self.session, batch, (), f"write {len(rows)} runs of {jobs} jobs")
 
     async def add_run_counts_of_jobs(self, counts: Mapping[str, Mapping[str, int]]) -> None:
         _check_jobs(counts)
         for mine in counts.values():
             _check_counters(mine)
-        todo = [(job_id, mine) for job_id, mine in counts.items() if any(mine.values())]
-        if len(todo) <= 1:
-            if todo:
-                await self.add_run_counts(*todo[0])
+        todo = {job_id: mine for job_id, mine in counts.items() if any(mine.values())}
+        groups = same_replicas(list(todo), self._replicas)
+        await asyncio.gather(*(self._count_group([(j, todo[j]) for j in g]) for g in groups))
+
+    async def _count_group(self, todo: list[tuple[str, Mapping[str, int]]]) -> None:
+        if len(todo) == 1:
+            await self.add_run_counts(*todo[0])
             return
         batch: Any = BatchStatement(batch_type=BatchType.COUNTER)
         for job_id, mine in todo:
