@@ -151,9 +151,12 @@ class Dispatcher:
         nd = state.wheel.next_deadline()
         # While dispatch is blocked (clock skew) due entries cannot go: the skew monitor
         # wakes us when it lifts, so only the idle commit interval bounds the sleep.
-        if nd is not None and nd <= state.horizon_ms and not self.dispatch_blocked():
+        # Nor can one at or past a slot a command holds (`ShardState.holding`, an ingest
+        # write in flight): its release wakes us. Waking for it would spin the loop.
+        if nd is not None and nd <= state.horizon_ms and not self.dispatch_blocked() \
+                and not (state.ingest_slots and nd >= min(state.ingest_slots)):
             wake_at = min(wake_at, nd)
-        if state.late and not self.dispatch_blocked():
+        if state.late and not self.dispatch_blocked() and not state.late.head_held():
             wake_at = min(wake_at, self.pacer.next_ms(now) if self.pacer.rate > 0 else now)
         if wake_at <= now:
             await asyncio.sleep(0)

@@ -220,8 +220,13 @@ class Ingest:
                                 # what is stored (READ) and apply to that.
                                 self.rejections.quarantine(cmd, exc)
 
-                await asyncio.gather(self.new_jobs.write(fresh, sem),
-                                     *(run_chain(j, c) for j, c in one_by_one))
+                # Every chain ends before the holds are released, also when one fails.
+                outcomes = await asyncio.gather(self.new_jobs.write(fresh, sem),
+                                                *(run_chain(j, c) for j, c in one_by_one),
+                                                return_exceptions=True)
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
 
     def _has_pending_row(self, row: JobRow | None) -> bool:
         """Whether a new version of the job must first delete its unpublished due row."""

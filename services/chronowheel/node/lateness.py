@@ -162,6 +162,14 @@ class LateQueue:
             if self._held[key] <= 0:
                 self._held.pop(key, None)
 
+    def head_held(self) -> bool:
+        """Whether the oldest queued occurrence is held (`pop` gives nothing until release,
+        which wakes dispatch)."""
+        if not self._held:
+            return False
+        self._drop_dead()
+        return bool(self._heap) and self._heap[0][2] in self._held
+
     def remove(self, key: OccurrenceKey) -> bool:
         """Take the occurrence `key` out of the queue (its job was cancelled, paused or
         edited); False when it is not queued."""

@@ -112,20 +112,28 @@ class Transitions:
         else:
             job_id = routing_key(cmd)
             row = await self.store.get_job(job_id) if isinstance(existing, Read) else existing
-            if isinstance(cmd, Upsert):
-                changed = await self._upsert(cmd.job, now, row)
-                if cmd.job.headers:
-                    tracing.record_ingest(job_id, "upsert", self.shard, cmd.job.headers)
-            elif isinstance(cmd, Cancel):
-                changed = await self._cancel(cmd.id, row)
-            elif isinstance(cmd, Pause):
-                changed = await self._pause(cmd, row)
-            elif isinstance(cmd, Resume):
-                changed = await self._resume(cmd, row, now)
-            elif isinstance(cmd, Trigger):
-                changed = await self._trigger(cmd, row, now)
-            else:
-                changed = await self._backfill(cmd, row)
+            # A row read here (a later command of the job in this step) may name a slot that
+            # an earlier command of the step wrote, which ingest's hold does not cover: held as
+            # ingest holds the rows it read, with no await between the read and the hold.
+            pending = [(row.slot_ms, None if row.scheduled_ms is None
+                        else (row.job_id, row.scheduled_ms, 1))] \
+                if isinstance(existing, Read) and row is not None \
+                and row.status == "scheduled" and row.slot_ms is not None else []
+            with self.state.holding(pending):
+                if isinstance(cmd, Upsert):
+                    changed = await self._upsert(cmd.job, now, row)
+                    if cmd.job.headers:
+                        tracing.record_ingest(job_id, "upsert", self.shard, cmd.job.headers)
+                elif isinstance(cmd, Cancel):
+                    changed = await self._cancel(cmd.id, row)
+                elif isinstance(cmd, Pause):
+                    changed = await self._pause(cmd, row)
+                elif isinstance(cmd, Resume):
+                    changed = await self._resume(cmd, row, now)
+                elif isinstance(cmd, Trigger):
+                    changed = await self._trigger(cmd, row, now)
+                else:
+                    changed = await self._backfill(cmd, row)
         self.metrics.ingested.labels(cmd.op, STORED if changed else UNCHANGED).inc()
 
     async def _upsert(self, job: JobSpec, now: int, existing: JobRow | None) -> bool:
