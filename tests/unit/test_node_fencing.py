@@ -14,6 +14,7 @@ from chronowheel.bus.memory import Message
 from chronowheel.bus.ports import Fenced
 from chronowheel.core.shard import shard_of
 from chronowheel.core.wire import StateRecord
+from chronowheel.node.transactions import FAILING_FOR_MS, MAX_FAILED_IN_ROW, renew_backoff_ms
 
 from tests.unit.node_rig import T0, NodeRig, scheduled_at
 
@@ -240,10 +241,20 @@ async def test_a_failed_transaction_renews_the_producer_and_takes_the_shards_aga
 
 async def test_transactions_that_keep_failing_stop_the_node(rig: NodeRig) -> None:
     node = await rig.start("me")
-    rig.bus.fail_commits = 1_000
+    rig.bus.fail_commits = 1_000_000
     rig.bus.fail_commits_of = node_id("me")  # the node's transactions; the claims go through
     rig.upsert("never", at=T0 + 1_000)
+    # Many renewals in a few seconds (a leader election) do not stop it...
     await rig.advance(10_000)
+    assert node.failure is None
+    assert node.transactions is not None and node.transactions.session > MAX_FAILED_IN_ROW
+    # ...failures that go on past FAILING_FOR_MS do.
+    await rig.advance(FAILING_FOR_MS)
     assert node.failure is not None
     assert "in a row" in str(node.failure)
     assert rig.fired() == []
+
+
+def test_renewals_after_failures_in_a_row_back_off_up_to_a_cap() -> None:
+    assert [renew_backoff_ms(n) for n in range(1, 8)] == [0, 200, 400, 800, 1_600, 3_200, 5_000]
+    assert renew_backoff_ms(1_000) == 5_000

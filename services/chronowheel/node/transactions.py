@@ -28,9 +28,10 @@ culprits dead-lettered. Nothing is lost, a read_committed reader sees each occur
 A failed transaction (any other Kafka error, or a producer its client gave up on: aiokafka
 leaves a producer whose sender task died in a state where every later call fails) concerns the
 shards in it, not the node: it is aborted, and the node recovers as from a fence (a new
-session and producer, every shard claimed again from its committed state). Only when
-MAX_FAILED_IN_ROW transactions fail in a row, each after a fresh producer and fresh claims, is
-the trouble taken as lasting: the parts then fail as errors, which stops the node.
+session and producer, every shard claimed again from its committed state). Only when more
+than MAX_FAILED_IN_ROW transactions fail in a row, over at least FAILING_FOR_MS, each after a
+fresh producer and fresh claims, is the trouble taken as lasting: the parts then fail as
+errors, which stops the node.
 
 Size: a transaction takes queued parts up to `max_messages` messages (at least one part; the
 rest wait for the next). Without that cap a herd (every shard's step full at once) made one
@@ -69,8 +70,22 @@ SET_ASIDE_SIZE = 10_000
 NEXT_PART_TURNS = 3
 
 # Transactions that may fail in a row (each followed by a new producer and a new claim of
-# every shard) before the node takes the failure as lasting and stops.
+# every shard), and for how long, before the node takes the failure as lasting and stops:
+# both, so that neither a quick series of renewals during a leader election of a few seconds
+# nor one slow failure stops it.
 MAX_FAILED_IN_ROW = 5
+FAILING_FOR_MS = 30_000
+# The wait before the renewal after the n-th failure in a row: none after the first (a passing
+# fault costs no more than the renewal), then doubling from the base up to the cap, so a fault
+# that persists is not met by a hot loop of renewals.
+RENEW_BACKOFF_MS = 200
+MAX_RENEW_BACKOFF_MS = 5_000
+
+
+def renew_backoff_ms(failed_in_row: int) -> int:
+    if failed_in_row <= 1:
+        return 0
+    return min(MAX_RENEW_BACKOFF_MS, RENEW_BACKOFF_MS << min(failed_in_row - 2, 16))
 
 Fill = Callable[[Transaction], Awaitable[int]]
 """Writes a shard's messages into the open transaction; returns how many it wrote."""
@@ -136,6 +151,7 @@ class NodeTransactions:
         self._running = False
         self._once: dict[str, asyncio.Future[None]] = {}
         self._failed_in_row = 0
+        self._failing_since: int | None = None
         self.history: RunRecorder | None = None
         """The node's run history writer, told by each shard's publisher what a committed
         part published (None: runs are not recorded)."""
@@ -308,6 +324,7 @@ class NodeTransactions:
             self._fail(parts, exc)
             return
         self._failed_in_row = 0
+        self._failing_since = None
         m = self.metrics
         m.txn_seconds.observe((self.clock.now_ms() - started) / 1000)
         m.txn_messages.inc(messages)
@@ -324,16 +341,25 @@ class NodeTransactions:
     async def _failed(self, parts: list[_Part], exc: BaseException) -> None:
         """The transaction failed (not fenced, nothing refused): see the module's docstring."""
         shards = sorted({p.shard for p in parts})
+        now = self.clock.now_ms()
         self._failed_in_row += 1
+        if self._failing_since is None:
+            self._failing_since = now
         self.metrics.txn_failed.inc()
-        if self._failed_in_row > MAX_FAILED_IN_ROW:
+        failing_ms = now - self._failing_since
+        if self._failed_in_row > MAX_FAILED_IN_ROW and failing_ms >= FAILING_FOR_MS:
             self._fail(parts, ChronowheelError(
                 f"node transaction of shards {shards} failed, the {self._failed_in_row}th in a "
-                f"row, each after a new producer and new claims: {exc}"))
+                f"row over {failing_ms / 1000:.0f} s, each after a new producer and new claims: "
+                f"{exc}"))
             return
         self._fail(parts, NodeFenced(f"node transaction of shards {shards} failed ({exc}); "
                                      f"the node takes its shards again with a new producer"))
-        await self._new_session(f"a transaction of shards {shards} failed ({exc})")
+        backoff = renew_backoff_ms(self._failed_in_row)
+        if backoff:
+            await self.clock.sleep_until(now + backoff)
+        await self._new_session(f"a transaction of shards {shards} failed ({exc}), "
+                                f"{self._failed_in_row} in a row")
 
     async def _fenced(self, parts: list[_Part], exc: Fenced) -> None:
         """Our open transaction was aborted by a newer producer of our id: end the session
