@@ -48,8 +48,10 @@ ROW_BYTES = 256
 """What one queued row is counted beside its strings and payload, for the byte bound: about a
 row's objects in CPython (a tuple or a record and its integers), an estimate."""
 DEFAULT_QUEUE_BYTES = 32 << 20
-RUN_ROW_BYTES = 64
-"""A run row's integers and outcome in a write, beside its strings (for `RUN_WRITE_BYTES`)."""
+RUN_ROW_BYTES = 160
+"""A run row in a write beside its strings (for `RUN_WRITE_BYTES`): its integers and outcome,
+and what Cassandra adds when it sizes a batch for `batch_size_warn_threshold` (about 16 bytes
+a cell, a row's liveness and clustering key), so a request stays under the warning."""
 
 
 def record_bytes(record: RunRecord) -> int:
