@@ -1,7 +1,7 @@
 """Nothing in the package looks for the checkout around it (the fault harness and the local
 stack stay in the checkout: testkit/, deploy/local/), read from the sources. Building the wheel
 and running it installed outside the checkout needs the package index and tens of seconds:
-tests/deploy/test_wheel.py.
+tests/deploy/test_wheel_package.py.
 """
 
 from __future__ import annotations
