@@ -186,7 +186,12 @@ async def test_the_node_pauses_once_per_streak_whoever_reports_it(
         rigs: tuple[NodeRig, WorkerRig, MemoryRunHistory],
         caplog: pytest.LogCaptureFixture) -> None:
     nodes, _, history = rigs
-    await start_node(nodes, history)
+    node = await start_node(nodes, history)
+
+    def auto_paused() -> float | None:
+        return node.metrics.registry.get_sample_value(
+            "chronowheel_auto_paused_total", {"namespace": nodes.settings.namespace})
+
     nodes.upsert("j", every="10s", start=T0 + 10_000, pause_after_failures=3)
     await nodes.settle()
     row = await nodes.store.get_job("j")
@@ -199,6 +204,7 @@ async def test_the_node_pauses_once_per_streak_whoever_reports_it(
     await nodes.settle()
     row = await nodes.store.get_job("j")
     assert row is not None and (row.status, row.note) == ("scheduled", None)
+    assert not auto_paused()  # a report that found no streak pauses nothing: not counted
     await failed_runs(history, "j", T0 + 30_000)
     # Two workers report the third failure, and one reports it twice: one pause, its note.
     report(nodes, "j", 3, "auto-pause:3", note="from w1")
@@ -211,6 +217,7 @@ async def test_the_node_pauses_once_per_streak_whoever_reports_it(
     assert said == [f"shard {shard}: job j paused after 3 consecutive failed runs: from w1"]
     row = await nodes.store.get_job("j")
     assert row is not None and (row.status, row.note) == ("paused", "from w1")
+    assert auto_paused() == 1  # three reports of the streak: one pause, counted once
     version = row.version
     assert reasons(nodes) == []  # an unchanged pause is no refusal
     # Resume: the note goes, and the streak starts again from the withheld occurrence.
@@ -226,6 +233,7 @@ async def test_the_node_pauses_once_per_streak_whoever_reports_it(
     await nodes.settle()
     row = await nodes.store.get_job("j")
     assert row is not None and row.status == "scheduled"
+    assert auto_paused() == 1
 
 
 async def test_a_pause_reapplied_after_a_failover_pauses_once_and_publishes_each_once(

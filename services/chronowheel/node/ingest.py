@@ -76,7 +76,7 @@ class Ingest:
         self.transitions = Transitions(state=state, store=store, writer=writer, clock=clock,
                                        metrics=metrics, policy=policy, calendars=calendars,
                                        rejections=self.rejections, counted=self.counted,
-                                       history=history)
+                                       namespace=settings.namespace, history=history)
         self.new_jobs = NewJobs(state=state, settings=settings, store=store, writer=writer,
                                 clock=clock, metrics=metrics, calendars=calendars,
                                 rejections=self.rejections, counted=self.counted)

@@ -79,6 +79,11 @@ class NodeMetrics:
             "occurrences not published because they could not be within their job's "
             "lateness bound (max_lateness, or the namespace's max_lateness_ms)",
             ["namespace"], registry=r)
+        self.auto_paused = Counter(
+            "chronowheel_auto_paused_total",
+            "recurring jobs paused after their pause_after_failures consecutive failed runs "
+            "(a worker's report the node applied; reports that found no such streak, or the "
+            "job already paused, are not counted)", ["namespace"], registry=r)
         self.catch_up_queue = Gauge(
             "chronowheel_catch_up_queue",
             "late occurrences a shard holds for paced publishing (catch_up_rate)", ["shard"],

@@ -85,7 +85,7 @@ def unchanged(row: JobRow | None, job: JobSpec) -> bool:
 class Transitions:
     def __init__(self, *, state: ShardState, store: JobStore, writer: RowWriter, clock: Clock,
                  metrics: NodeMetrics, policy: ValidationPolicy, calendars: Calendars,
-                 rejections: Rejections, counted: Set[int],
+                 rejections: Rejections, counted: Set[int], namespace: str,
                  history: Callable[[], RunHistoryStore | None] = lambda: None) -> None:
         self.state = state
         self.shard = state.shard
@@ -98,6 +98,8 @@ class Transitions:
         self.rejections = rejections
         self.counted = counted
         """Minutes whose bucket counts the current batch already raised (ingest's precount)."""
+        self.auto_paused = metrics.auto_paused.labels(namespace)
+        """Jobs this shard paused after their `pause_after_failures` failed runs."""
         self.history = history
         """The node's run history store, None when it records none (a conditional pause,
         `after_failures`, reads the job's streak in it)."""
@@ -282,6 +284,7 @@ class Transitions:
                 self.shard, cmd.id, cmd.request_id, PAUSE_REQUEST, now, now, None, 0, 0,
                 row.spec, self.writer.retention_s))
         if cmd.after_failures is not None:
+            self.auto_paused.inc()
             log.warning("shard %d: job %s paused after %d consecutive failed runs: %s",
                         self.shard, cmd.id, cmd.after_failures, cmd.note or "",
                         extra={"shard": self.shard, "job_id": cmd.id})
