@@ -55,6 +55,22 @@ def harmless(text: str) -> str:
                    else ch for ch in text)
 
 
+def harmless_within(text: str, limit: int) -> str:
+    """The longest start of `harmless(text)` of at most `limit` characters that cuts no
+    escape in two (a cut `\\u202e` would read as the text `\\u20`)."""
+    if len(text) <= limit and UNSAFE_CHARACTERS.isdisjoint(text):
+        return text
+    out: list[str] = []
+    size = 0
+    for ch in text:
+        piece = ch.encode("unicode_escape").decode("ascii") if ch in UNSAFE_CHARACTERS else ch
+        size += len(piece)
+        if size > limit:
+            break
+        out.append(piece)
+    return "".join(out)
+
+
 def _truncate_text(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

@@ -15,7 +15,7 @@ import pytest
 from chronowheel.cli.job import describe, render
 from chronowheel.cli.jobs import render as jobs_render
 from chronowheel.cli.jobs import view as jobs_view
-from chronowheel.core import runs, wire
+from chronowheel.core import limits, runs, wire
 from chronowheel.core.model import (
     Pause,
     Retry,
@@ -32,6 +32,7 @@ from chronowheel.node.service import Node
 from chronowheel.store.base import DueRow, JobPage, JobQuery
 from chronowheel.store.memory_history import MemoryRunHistory
 from chronowheel.worker import Occurrence, Worker
+from chronowheel.worker.autopause import pause_note
 
 from tests.unit.node_rig import T0, NodeRig, scheduled_at
 from tests.unit.worker_rig import WorkerRig
@@ -106,6 +107,27 @@ def test_a_pause_may_carry_a_note_a_request_id_and_a_condition() -> None:
     assert refusal({"v": 1, "op": "resume", "id": "j", "note": "x"}).path == "note"
     with pytest.raises(ValueError, match="resume carries"):
         encode_control("resume", "j", note="x")
+
+
+def test_a_long_note_is_cut_after_whole_escapes_only() -> None:
+    def note(error: str) -> str:
+        last = RunRecord("j", T0, 2, "", outcome=runs.DEAD_LETTERED, error=error)
+        return pause_note(3, last, "w-1", T0 + 7)
+
+    start = len(note("y")) - 1  # where the handler's error begins in the note
+    limit = limits.MAX_PAUSE_NOTE_CHARS
+    # An unsafe character whose escape (6 characters) would straddle the limit: left out
+    # whole, never cut to `\u20`, which would read as text.
+    k = limit - 2 - start
+    cut = note("x" * k + "\u202e" + "tail")
+    assert cut == note("x" * k)
+    assert len(cut) == limit - 2
+    # One that fits is kept whole, as its escape.
+    fits = note("x" * (k - 4) + "\u202e" + "tail")
+    assert len(fits) == limit and fits.endswith("x\\u202e")
+    # Either way a note the wire takes.
+    for text in (cut, fits):
+        assert parse(orjson.loads(encode_control("pause", "j", note=text))).note == text
 
 
 # --- the streak -------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from chronowheel.core import limits, runs
 from chronowheel.core.clock import Clock
 from chronowheel.core.model import encode_control
 from chronowheel.core.runs import RunRecord, counter_deltas, iso_ms
-from chronowheel.errors import harmless
+from chronowheel.errors import harmless_within
 from chronowheel.history import RunRecorder
 from chronowheel.worker.occurrence import Occurrence
 
@@ -44,12 +44,12 @@ def request_id(record: RunRecord) -> str:
 
 def pause_note(n: int, last: RunRecord, worker_id: str, now_ms: int) -> str:
     """Why and when, within the wire's limit on a note (the error is the handler's text:
-    its unsafe characters are escaped)."""
+    its unsafe characters are escaped, and a long one is cut after whole escapes only)."""
     error = f": {last.error}" if last.error else ""
     text = (f"auto-paused after {n} consecutive failed runs (pause_after_failures) at "
             f"{iso_ms(now_ms)}, reported by worker {worker_id}; the last: scheduled "
             f"{iso_ms(last.scheduled_ms)}, attempt {last.attempt}, {last.state}{error}")
-    return harmless(text)[: limits.MAX_PAUSE_NOTE_CHARS]
+    return harmless_within(text, limits.MAX_PAUSE_NOTE_CHARS)
 
 
 class AutoPause:
