@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -27,7 +27,8 @@ from chronowheel.errors import ValidationError
 from chronowheel.settings import Settings
 from chronowheel.store.base import JobRow
 from chronowheel.store.memory import MemoryStore
-from chronowheel.worker.policy import dead_headers, minimal_dead_letter
+from chronowheel.worker.occurrence import Occurrence
+from chronowheel.worker.policy import dead_headers, minimal_dead_letter, retry_command
 
 from tests.unit.node_rig import T0, NodeRig
 from tests.unit.test_bulk_in_memory import BusProducer, DyingProducer, Interrupted
@@ -165,6 +166,53 @@ def test_a_letter_has_a_request_id_from_its_own_position_and_becomes_the_next_at
     assert cmd.max_attempts == 6  # one more attempt; failing again dead-letters it again
     assert cmd.payload == b'{"n":17}' and dict(cmd.headers) == {"trace": "abc"}
     assert (cmd.origin, cmd.request_id) == ("trigger", "rerun-1")  # its key is kept
+
+
+def test_a_redrive_carries_every_field_of_the_job_a_workers_own_retry_carries() -> None:
+    # The delivery of a recurring job with every per-job field a delivery can carry.
+    job_fields = ((wire.PAUSE_AFTER_FAILURES, b"3"), (wire.CONCURRENCY, b"forbid"),
+                  (wire.MAX_LATENESS_MS, b"30000"), (wire.BACKFILL, b"fix-1"))
+    delivered = fired_headers("r-2", NOW - 60_000, attempt=2, extra=job_fields)
+    rec = letter(1, 9, "r-2", attempt=2, extra=job_fields)
+    x = parse_letter(rec.partition, rec.offset, rec.key, rec.value, rec.headers)
+    from chronowheel.client.dead import retry_value
+
+    policy = ValidationPolicy.from_settings(SETTINGS)
+    redriven = parse_command(retry_value(x, NOW), key=None, policy=policy, now_ms=NOW)
+    assert isinstance(redriven, Retry)
+    assert redriven.pause_after_failures == 3  # auto-pause still counts its runs
+    # What the worker's retry of the same delivery would send, but for when and how many
+    # attempts: the redrive is due now and has one attempt more.
+    occ = Occurrence.from_record(TOPIC, 3, 109, rec.value, delivered)
+    _key, value = retry_command(occ, NOW)
+    retried = parse_command(value, key=None, policy=policy, now_ms=NOW)
+    assert isinstance(retried, Retry)
+    assert redriven == replace(retried, at_ms=NOW, max_attempts=redriven.max_attempts)
+    assert (redriven.attempt, redriven.max_attempts) == (3, 5)
+    # Neither carries the overlap policy nor the lateness bound (a redriven occurrence is
+    # long past its instant: a bound would drop it as missed); catch-up is the schedule's.
+    assert dict(redriven.headers) == {"trace": "abc"}
+
+
+async def test_a_node_delivers_a_redriven_letter_with_its_jobs_pause_after_failures(
+        rig: NodeRig) -> None:
+    await rig.start()
+    rig.upsert("sync", every="10s", max_attempts=1, pause_after_failures=2)
+    await rig.advance(10_500)
+    [fired, *_] = rig.fired("sync")
+    assert fired.header(wire.PAUSE_AFTER_FAILURES) == b"2"
+    headers = dead_headers(tuple(fired.headers), RuntimeError("down"), rig.clock.now_ms(),
+                           fired.topic, fired.partition, fired.offset)
+    rig.bus.produce(rig.settings.dead_topic, 0, fired.key, fired.value, headers)
+    reader = memory_reader(rig.bus.messages(rig.settings.dead_topic))
+    async with SchedulerClient(rig.settings, producer=BusProducer(rig), store=rig.store,
+                               now_ms=rig.clock.now_ms, dead_letters=reader) as c:
+        s = await c.redrive(job_id="sync")
+        await rig.advance(1000)
+    assert s.redriven == ["0@0"]
+    [again] = [m for m in rig.fired("sync") if m.header(wire.ATTEMPT) == b"2"]
+    assert again.header(wire.OCCURRENCE) == fired.header(wire.OCCURRENCE)
+    assert again.header(wire.PAUSE_AFTER_FAILURES) == b"2"
 
 
 async def test_a_dry_run_sends_nothing_and_a_stand_in_is_refused_naming_its_source(

@@ -46,7 +46,7 @@ from typing import Any
 
 from chronowheel.client.bulk import BulkProgress, _instant
 from chronowheel.core import wire
-from chronowheel.core.model import MAX_ATTEMPTS, MAX_BACKOFF_MS, encode_retry
+from chronowheel.core.model import MAX_ATTEMPTS
 from chronowheel.core.shard import shard_of
 from chronowheel.errors import ChronowheelError, ValidationError
 from chronowheel.store.base import JobStore, RequestRow
@@ -167,13 +167,15 @@ def refusal(letter: DeadLetterInfo) -> str | None:
 
 def retry_value(letter: DeadLetterInfo, now_ms: int) -> bytes:
     """The `retry` command of `letter`'s redrive: its occurrence, payload and job headers,
-    the next attempt, due now (the letter must have no `refusal`)."""
-    from chronowheel.worker.occurrence import Occurrence
-    from chronowheel.worker.policy import requested_by
+    the next attempt, due now, and whatever else of the job a worker's own retry carries
+    (`worker.policy.next_attempt`; the letter must have no `refusal`)."""
+    from chronowheel.worker.occurrence import Occurrence, optional_count
+    from chronowheel.worker.policy import next_attempt
 
     assert letter.job_id is not None and letter.scheduled_ms is not None
     topic = letter.topic
     assert topic is not None
+    text = {k: v.decode("utf-8", "replace") for k, v in letter.headers}
     occ = Occurrence(
         job_id=letter.job_id, scheduled_ms=letter.scheduled_ms, fired_ms=0,
         attempt=letter.attempt or 1,
@@ -181,14 +183,10 @@ def retry_value(letter: DeadLetterInfo, now_ms: int) -> bytes:
         backoff_ms=_int_header(letter, wire.BACKOFF_MS, wire.DEFAULT_BACKOFF_MS),
         occurrence="", topic=topic, partition=letter.source_partition or 0,
         offset=letter.source_offset or 0, payload=letter.value,
-        headers={k: v.decode("utf-8", "replace") for k, v in letter.headers},
-        raw_headers=letter.headers)
-    attempt = occ.attempt + 1
-    return encode_retry(
-        id=occ.job_id, scheduled_ms=occ.scheduled_ms, attempt=attempt, at_ms=now_ms,
-        topic=topic, payload=occ.payload, headers=occ.job_headers,
-        max_attempts=max(min(occ.max_attempts, MAX_ATTEMPTS), attempt),
-        backoff_ms=min(occ.backoff_ms, MAX_BACKOFF_MS), **requested_by(occ))
+        headers=text, raw_headers=letter.headers,
+        pause_after_failures=optional_count(text.get(wire.PAUSE_AFTER_FAILURES)))
+    return next_attempt(occ, at_ms=now_ms,
+                        max_attempts=max(min(occ.max_attempts, MAX_ATTEMPTS), occ.attempt + 1))
 
 
 def _int_header(letter: DeadLetterInfo, name: str, default: int) -> int:

@@ -98,11 +98,11 @@ class Occurrence:
             payload=value or b"", headers=text, raw_headers=raw,
             # An unknown policy (from a newer node) falls back to the default, allow.
             concurrency=policy if policy in wire.CONCURRENCY_POLICIES else wire.CONCURRENCY_ALLOW,
-            pause_after_failures=_optional_count(text.get(wire.PAUSE_AFTER_FAILURES)),
+            pause_after_failures=optional_count(text.get(wire.PAUSE_AFTER_FAILURES)),
         )
 
 
-def _optional_count(raw: str | None) -> int | None:
+def optional_count(raw: str | None) -> int | None:
     """A positive decimal count, None when absent or not one (an auto-pause is an aid: a bad
     header turns it off for the record rather than dead-lettering it)."""
     if raw is None or not raw.isdigit():
