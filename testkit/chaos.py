@@ -26,7 +26,9 @@ import orjson
 from chronowheel.bus.kafka import plain_producer
 from chronowheel.core import wire
 from chronowheel.core.model import ValidationPolicy, encode_upsert, parse_command
+from chronowheel.core.shard import shard_of
 from chronowheel.errors import ValidationError
+from chronowheel.ops.cluster import read_state_records
 from chronowheel.settings import Settings
 from chronowheel.testing.collect import Collector, Fired, wall_ms
 from chronowheel.testing.lateness import LatenessTally, percentile
@@ -308,6 +310,8 @@ async def run_scenario(name: str, settings: Settings, load: Load, log_dir: Path,
         result.accepted = len(expected)
         result.lost = len(missing)
         result.lost_examples = missing[:10]
+        if missing:
+            result.notes += await explain_missing(settings, missing, expected, checker, log_dir)
         result.early = tally.early
         result.duplicates = tally.duplicates
         result.herd_p99_ms = tally.percentile(99, HERD)
@@ -334,6 +338,59 @@ async def run_scenario(name: str, settings: Settings, load: Load, log_dir: Path,
         await workload.stop()
         await asyncio.to_thread(nodes.stop)
         await checker.stop()
+
+
+async def explain_missing(settings: Settings, missing: list[str], expected: dict[str, int],
+                          checker: Checker, log_dir: Path, log_lines: int = 25) -> list[str]:
+    """What a failed run needs to be understood without its logs: the shards the missing
+    occurrences belong to and when they were due, where the live checker stands on each fired
+    partition against its end, whether a fresh reader from the beginning finds them
+    (read_committed, then read_uncommitted: present only there means left in an open or
+    aborted transaction), each shard's committed state record, and the nodes' own warnings."""
+    notes: list[str] = []
+    shards: dict[int, list[int]] = {}
+    for o in missing:
+        job_id = o.rsplit("@", 1)[0]
+        shards.setdefault(shard_of(job_id, settings.shards), []).append(expected[o])
+    now = int(wall_ms())
+    for k, due in sorted(shards.items()):
+        notes.append(f"missing on shard {k}: {len(due)}, due {(min(due) - now) / 1000:+.1f} s "
+                     f"to {(max(due) - now) / 1000:+.1f} s from now")
+    with contextlib.suppress(Exception):
+        standing = await checker.collector.standing()
+        notes.append("live checker (partition: next offset / last stable offset): " + ", ".join(
+            f"{tp.partition}: {pos}/{end}" for tp, (pos, end) in sorted(standing.items())))
+    for isolation in ("read_committed", "read_uncommitted"):
+        found: set[str] = set()
+        wanted = set(missing)
+
+        def keep(f: Fired, found: set[str] = found, wanted: set[str] = wanted) -> None:
+            with contextlib.suppress(KeyError):
+                if f.occurrence in wanted:
+                    found.add(f.occurrence)
+        again = await Collector(settings, isolation=isolation, keep_messages=False,
+                                on_fired=keep).start()
+        try:
+            await again.read_to_end(timeout_s=60)
+        except Exception as exc:  # a diagnostic: say why it could not look
+            notes.append(f"a fresh {isolation} reader could not read to the end: {exc!r}")
+        finally:
+            await again.stop()
+        notes.append(f"a fresh {isolation} reader from the beginning finds {len(found)} of "
+                     f"the {len(missing)} missing")
+    with contextlib.suppress(Exception):
+        records = await read_state_records(settings, settings.shards)
+        notes.append("state records: " + "; ".join(
+            f"shard {k}: watermark {(r.watermark - now) / 1000:+.1f} s, owner {r.owner}"
+            for k, r in sorted(records.items())))
+    for log in sorted(log_dir.glob("*.log")):
+        lines = [line for line in log.read_text(errors="replace").splitlines()
+                 if (" WARNING " in line or " ERROR " in line) and " aiokafka" not in line]
+        if lines:
+            notes.append(f"{log.name}, its last {min(log_lines, len(lines))} of {len(lines)} "
+                         "warnings and errors:\n      " + "\n      ".join(
+                             line[:300] for line in lines[-log_lines:]))
+    return notes
 
 
 # --- server faults -----------------------------------------------------------------------------

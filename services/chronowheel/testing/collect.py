@@ -37,6 +37,10 @@ class _Reader(TopicReader):
         ends: dict[TopicPartition, int] = await self._consumer.end_offsets(self._tps())
         return ends
 
+    async def position(self, tp: TopicPartition) -> int:
+        assert self._consumer is not None, "start() first"
+        return int(await self._consumer.position(tp))
+
     async def behind(self, ends: dict[TopicPartition, int]) -> list[TopicPartition]:
         """The partitions whose next offset to read is still before `ends`."""
         assert self._consumer is not None, "start() first"
@@ -128,6 +132,14 @@ class Collector:
                 if self.on_fired is not None:
                     self.on_fired(fired)
                 self.on_message(record, int(arrived))
+
+    async def standing(self) -> dict[TopicPartition, tuple[int, int]]:
+        """(next offset to read, end) of each partition: the end is the last stable offset
+        when read_committed. A partition whose position stays below its end is not being
+        read; one whose end stays still is not being written (or its transactions are open)."""
+        assert self._reader is not None, "start() first"
+        ends = await self._reader.end_offsets()
+        return {tp: (await self._reader.position(tp), end) for tp, end in ends.items()}
 
     def on_message(self, record: FetchedRecord, arrived_ms: int) -> None:
         """Hook for subclasses that note more per message (called after it is kept)."""
