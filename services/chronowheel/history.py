@@ -7,10 +7,12 @@ each append says about how many bytes its items hold, `ROW_BYTES` a row plus its
 for the node's occurrences, their payloads); when it is full, what does not fit is dropped and
 counted (`chronowheel_history_rows_total{outcome="dropped"}`), never waited for. The writer task
 (`run`, supervised by the service) takes up to `history_batch_rows` rows at a time, groups
-them by job, and writes the runs of up to `RUN_WRITE_JOBS` (10) jobs as one request (an
-unlogged batch over their partitions) and their counter deltas as another (a counter batch),
-`history_writes_in_flight` requests at a time (a request per job and kind cost the process
-about five times the CPU a row: what history costs is mostly the driver's work per request).
+them by job, and writes the runs of up to `RUN_WRITE_JOBS` (10) jobs as one write (an
+unlogged batch over their partitions, a request per group of them with the same replicas) and
+their counter deltas as another (counter batches likewise), `history_writes_in_flight` writes
+at a time, at most `history_writes_per_s` requests a second as the store counts them (a
+request per job and kind cost the process about five times the CPU a row: what history costs
+is mostly the driver's work per request).
 A write that fails after the store's own retries is counted (`outcome="failed"`) and logged
 at most once a minute; the writer goes on with the next batch. So if Cassandra is slow,
 history is late; if it stays slow, history is dropped, and the jobs are neither.
@@ -82,7 +84,12 @@ class RunRecorder:
         self.writes_per_s = writes_per_s
         """Most requests a second the writer sends (0: no cap). What the writer costs the
         process is about its requests: the cap bounds it, and past it the queue fills and
-        drops (counted) rather than the writer taking the process's time."""
+        drops (counted) rather than the writer taking the process's time. Counted as the
+        store makes them: a write of several jobs is a request per group of jobs with the
+        same replicas (`store.base.same_replicas`), not one."""
+        self._requests_per_row = 2 / RUN_WRITE_JOBS
+        """Requests a row took in the last batch (runs and counters): what a paced batch is
+        sized by. At first two per `RUN_WRITE_JOBS` rows of distinct jobs (one node)."""
         self._sleep = sleep
         self._queue: deque[list[Any]] = deque()
         """[items, how each becomes a record (None: it is one), the bytes they hold]. Items
@@ -211,13 +218,16 @@ class RunRecorder:
                 await asyncio.sleep(0)
 
     def _paced_rows(self) -> int:
-        """Rows a paced batch takes: about a second of requests at `writes_per_s` (runs of
-        distinct jobs take two requests per `RUN_WRITE_JOBS`), so the requests go out a
-        second's worth at a time rather than a whole `batch_rows` in a burst and then a long
-        pause (2,000 rows were 400 requests at once with the cap at 50)."""
+        """Rows a paced batch takes: about a second of requests at `writes_per_s`, at the
+        requests a row took in the last batch (runs of distinct jobs take two requests per
+        `RUN_WRITE_JOBS` on one node, up to two a job where each has replicas of its own), so
+        the requests go out a second's worth at a time rather than a whole `batch_rows` in a
+        burst and then a long pause (2,000 rows were 400 requests at once with the cap at
+        50)."""
         if self.writes_per_s <= 0:
             return self.batch_rows
-        return min(self.batch_rows, max(RUN_WRITE_JOBS, self.writes_per_s * RUN_WRITE_JOBS // 2))
+        return min(self.batch_rows,
+                   max(RUN_WRITE_JOBS, int(self.writes_per_s / self._requests_per_row)))
 
     def _take(self, limit: int | None = None) -> list[RunRecord]:
         out: list[RunRecord] = []
@@ -241,9 +251,10 @@ class RunRecorder:
 
     async def write_batch(self, rows: int | None = None) -> int:
         """Take up to `batch_rows` (or `rows`) queued rows and write them: the runs of up to
-        `RUN_WRITE_JOBS` jobs (and `RUN_WRITE_BYTES`) a request, their counters in another,
-        `in_flight` requests at a time; return the requests made. Failures are counted, not
-        raised (an error of history never stops the node or the worker)."""
+        `RUN_WRITE_JOBS` jobs (and `RUN_WRITE_BYTES`) a write, their counters in another,
+        `in_flight` writes at a time; return the requests made (as the store counts them: a
+        write is one or more, by replica set; a failed write counts one). Failures are
+        counted, not raised (an error of history never stops the node or the worker)."""
         try:
             records = self._take(rows)
         except Exception as exc:  # a conversion bug: those rows are lost, the writer goes on
@@ -263,21 +274,29 @@ class RunRecorder:
         jobs = list(counts.items())
         writes += [(0, store.add_run_counts_of_jobs(dict(jobs[i:i + RUN_WRITE_JOBS])))
                    for i in range(0, len(jobs), RUN_WRITE_JOBS)]
-        await self._bounded(writes)
-        return len(writes)
+        requests = await self._bounded(writes)
+        if records and requests:
+            self._requests_per_row = requests / len(records)
+        return requests
 
-    async def _bounded(self, writes: list[tuple[int, Any]]) -> None:
+    async def _bounded(self, writes: list[tuple[int, Any]]) -> int:
+        """Run `writes` ((rows, the store's write), `in_flight` at a time); the requests
+        they made."""
         todo = iter(writes)
+        requests = 0
 
         async def lane() -> None:
+            nonlocal requests
             for rows, write in todo:
                 try:
-                    await write
+                    made = await write
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
+                    requests += 1
                     self._failed(rows, exc)
                 else:
+                    requests += made if isinstance(made, int) else 1  # unsaid: one
                     self.written += rows
 
         lanes = [lane() for _ in range(min(self.in_flight, len(writes)))]
@@ -286,6 +305,7 @@ class RunRecorder:
         finally:
             for _rows, write in todo:  # cancelled part-way: never started, closed quietly
                 write.close()
+        return requests
 
     def _failed(self, rows: int, exc: BaseException) -> None:
         self.failed += rows

@@ -149,8 +149,8 @@ class Settings:
         32, "run history requests in flight per process (one per job and batch)")
     history_writes_per_s: int = _opt(
         50, "most run history requests a second per process (0: no cap; a request holds the "
-             "runs, or the counters, of up to 10 jobs): bounds what history costs; past it "
-             "rows queue, then drop (counted)")
+             "runs, or the counters, of up to 10 jobs with the same replicas): bounds what "
+             "history costs; past it rows queue, then drop (counted)")
     allowed_topics: str = _opt(
         "", "regex of extra target topics jobs may fire to (besides <ns>.fired)"
     )

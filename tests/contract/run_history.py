@@ -104,9 +104,10 @@ class RunHistoryContract:
             self, history: RunHistoryStore, job: str) -> None:
         jobs = [f"{job}-{i}" for i in range(RUN_WRITE_JOBS)]
         # Each job's node and worker parts, several runs of one job, in one write.
-        await history.write_runs_of_jobs(
+        made = await history.write_runs_of_jobs(
             {j: [RunRecord(j, T, fired_ms=T + 5, lateness_ms=5, node_id="n1")] for j in jobs},
             3600)
+        assert 1 <= made <= len(jobs)  # a request per group of jobs with the same replicas
         await history.write_runs_of_jobs(
             {jobs[0]: [RunRecord(jobs[0], T, started_ms=T + 6, ended_ms=T + 9,
                                  outcome=runs.SUCCEEDED, worker_id="w1"),
@@ -120,7 +121,9 @@ class RunHistoryContract:
         assert (first[1].node_id, first[1].worker_id, first[1].lateness_ms) == ("n1", "w1", 5)
         assert [r.state for r in await history.job_runs(jobs[1], 5)] == [runs.RETRIED]
         assert len(await history.job_runs(jobs[2], 5)) == 2
-        await history.add_run_counts_of_jobs({j: {"fired": 1} for j in jobs})
+        assert 1 <= await history.add_run_counts_of_jobs({j: {"fired": 1} for j in jobs}) \
+            <= len(jobs)
+        assert await history.add_run_counts_of_jobs({jobs[4]: {}, jobs[5]: {"fired": 0}}) == 0
         await history.add_run_counts_of_jobs({jobs[0]: {"succeeded": 1, "fired": 1},
                                               jobs[1]: {"failed": 1}, jobs[3]: {}})
         counts = await history.run_counts(jobs)

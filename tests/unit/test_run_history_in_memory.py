@@ -173,10 +173,10 @@ async def test_a_full_queue_drops_and_counts_and_never_waits() -> None:
 
 async def test_a_failed_write_is_counted_and_the_writer_goes_on() -> None:
     class Flaky(MemoryRunHistory):
-        async def write_runs_of_jobs(self, runs_: Any, ttl_s: int) -> None:
+        async def write_runs_of_jobs(self, runs_: Any, ttl_s: int) -> int:
             if "bad" in runs_:
                 raise RetriableError("write a run: WriteTimeout")
-            await super().write_runs_of_jobs(runs_, ttl_s)
+            return await super().write_runs_of_jobs(runs_, ttl_s)
 
     store = Flaky()
     rec = recorder(store, batch_rows=1)
@@ -241,6 +241,61 @@ async def test_a_paced_writer_takes_about_a_second_of_requests_at_a_time() -> No
         # Two requests a second: ten rows (one request of runs, one of counters) a batch and
         # a second's pause after each, not 25 rows (six requests) and three seconds.
         assert slept == [1.0, 1.0] and store.writes == 4 and rec.queued == 5
+    finally:
+        task.cancel()
+
+
+def alone(key: bytes) -> list[str]:
+    """A token map of a large cluster: every job's partition has replicas of its own."""
+    return [key.decode()]
+
+
+async def test_the_rate_counts_each_request_a_write_splits_into_by_replicas() -> None:
+    slept: list[float] = []
+    done = asyncio.Event()
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        done.set()
+        await asyncio.Event().wait()  # the test ends the writer here
+
+    store = MemoryRunHistory(replicas_of=alone)
+    rec = RunRecorder(store, ttl_s=60, queue_rows=100, batch_rows=100, in_flight=4,
+                      writes_per_s=4, monotonic=lambda: 0.0, sleep=sleep)
+    for job in range(12):
+        rec.add(RunRecord(f"j{job}", T0, fired_ms=T0))
+    task = asyncio.ensure_future(rec.run())
+    try:
+        await asyncio.wait_for(done.wait(), 5)
+        # Twelve jobs of twelve replica sets: four writes (runs of ten jobs and of two, their
+        # counters likewise) are 24 requests to Cassandra, six seconds at four a second.
+        assert store.writes == 24 and slept == [6.0]
+    finally:
+        task.cancel()
+
+
+async def test_a_paced_batch_is_sized_by_the_requests_a_row_took() -> None:
+    slept: list[float] = []
+    two = asyncio.Event()
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) == 2:
+            two.set()
+            await asyncio.Event().wait()  # the test ends the writer here
+
+    store = MemoryRunHistory(replicas_of=alone)
+    rec = RunRecorder(store, ttl_s=60, queue_rows=100, batch_rows=100, in_flight=4,
+                      writes_per_s=10, monotonic=lambda: 0.0, sleep=sleep)
+    for job in range(70):
+        rec.add(RunRecord(f"j{job}", T0, fired_ms=T0))
+    task = asyncio.ensure_future(rec.run())
+    try:
+        await asyncio.wait_for(two.wait(), 5)
+        # At first two requests per ten rows (one node): 50 rows, which took 100 requests
+        # here (ten seconds). Two a row from then on: the next batch is ten rows (its floor),
+        # 20 requests, not another 50.
+        assert slept == [10.0, 2.0] and store.writes == 120 and rec.queued == 10
     finally:
         task.cancel()
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from chronowheel.core import wire
 from chronowheel.core.buckets import minute_of
@@ -462,6 +462,22 @@ RUN_WRITE_BYTES = 4_000
 `batch_size_warn_threshold` (5 KiB)."""
 
 
+def same_replicas(job_ids: Sequence[str],
+                  replicas_of: Callable[[bytes], Any]) -> list[list[str]]:
+    """`job_ids` in groups whose partitions (keyed by the job id alone) have the same replicas,
+    in their order; a job whose replicas are unknown goes alone. `replicas_of`: the partition
+    key's replicas (the driver's token map; hosts with an `endpoint`, or any values)."""
+    groups: dict[Any, list[str]] = {}
+    for job_id in job_ids:
+        try:
+            hosts = replicas_of(job_id.encode())
+        except Exception:  # no token map yet: alone is always right
+            hosts = None
+        key = frozenset(str(getattr(h, "endpoint", h)) for h in hosts) if hosts else None
+        groups.setdefault(key if key else ("alone", job_id), []).append(job_id)
+    return list(groups.values())
+
+
 class RunHistoryStore(Protocol):
     """Run history and per-job counters (tables `run_history`, `run_counters`; pure types in
     `core/runs.py`). Implementations: `store/cassandra_history.py` and
@@ -482,14 +498,16 @@ class RunHistoryStore(Protocol):
         ...
 
     async def write_runs_of_jobs(self, runs: Mapping[str, Sequence[RunRecord]],
-                                 ttl_s: int) -> None:
+                                 ttl_s: int) -> int:
         """`write_runs` of several jobs (job id -> its runs; at most `RUN_WRITE_JOBS` of
-        them) in one request."""
+        them) in one request per group of jobs with the same replicas (`same_replicas`: one
+        on a single node); returns the requests made (what `history_writes_per_s` counts)."""
         ...
 
-    async def add_run_counts_of_jobs(self, counts: Mapping[str, Mapping[str, int]]) -> None:
+    async def add_run_counts_of_jobs(self, counts: Mapping[str, Mapping[str, int]]) -> int:
         """`add_run_counts` of several jobs (job id -> its counts; at most `RUN_WRITE_JOBS`)
-        in one request."""
+        in one request per group of jobs with the same replicas; returns the requests made
+        (0 when every count is 0)."""
         ...
 
     async def job_runs(self, job_id: str, limit: int) -> list[RunRecord]:

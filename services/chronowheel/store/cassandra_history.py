@@ -14,7 +14,7 @@ request and live as long as the job's counters row."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cassandra.cluster import Session
@@ -23,7 +23,7 @@ from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, PreparedStat
 
 from chronowheel.core.runs import COUNTERS, RunRecord
 from chronowheel.errors import ConfigError
-from chronowheel.store.base import RUN_WRITE_JOBS
+from chronowheel.store.base import RUN_WRITE_JOBS, same_replicas
 from chronowheel.store.cassandra import TUPLES, execute
 
 RUN_COLUMNS = ("job_id, scheduled_ms, attempt, occurrence, fired_ms, lateness_ms, node_id, "
@@ -60,21 +60,6 @@ def _check_counters(counts: Mapping[str, int]) -> None:
     for name in counts:
         if name not in COUNTERS:
             raise ValueError(f"counter {name!r}: not one of {', '.join(COUNTERS)}")
-
-
-def same_replicas(job_ids: Sequence[str],
-                  replicas_of: Callable[[bytes], Any]) -> list[list[str]]:
-    """`job_ids` in groups whose partitions (keyed by the job id alone) have the same replicas,
-    in their order; a job whose replicas are unknown goes alone."""
-    groups: dict[Any, list[str]] = {}
-    for job_id in job_ids:
-        try:
-            hosts = replicas_of(job_id.encode())
-        except Exception:  # no token map yet: alone is always right
-            hosts = None
-        key = frozenset(str(getattr(h, "endpoint", h)) for h in hosts) if hosts else None
-        groups.setdefault(key if key else ("alone", job_id), []).append(job_id)
-    return list(groups.values())
 
 
 def _unset(value: Any) -> Any:
@@ -169,13 +154,14 @@ class CassandraRunHistory:
         return self.session.cluster.metadata.get_replicas(self.keyspace, key)
 
     async def write_runs_of_jobs(self, runs: Mapping[str, Sequence[RunRecord]],
-                                 ttl_s: int) -> None:
+                                 ttl_s: int) -> int:
         _check_jobs(runs)
         for job_id, mine in runs.items():
             _of_job(job_id, mine)
         groups = same_replicas([j for j, mine in runs.items() if mine], self._replicas)
         await asyncio.gather(*(self._write_group([r for j in g for r in runs[j]], len(g), ttl_s)
                                for g in groups))
+        return len(groups)
 
     async def _write_group(self, rows: list[RunRecord], jobs: int, ttl_s: int) -> None:
         if len(rows) == 1:
@@ -188,13 +174,14 @@ class CassandraRunHistory:
             batch.add(*self._row(r, ttl_s))
         await execute(self.session, batch, (), f"write {len(rows)} runs of {jobs} jobs")
 
-    async def add_run_counts_of_jobs(self, counts: Mapping[str, Mapping[str, int]]) -> None:
+    async def add_run_counts_of_jobs(self, counts: Mapping[str, Mapping[str, int]]) -> int:
         _check_jobs(counts)
         for mine in counts.values():
             _check_counters(mine)
         todo = {job_id: mine for job_id, mine in counts.items() if any(mine.values())}
         groups = same_replicas(list(todo), self._replicas)
         await asyncio.gather(*(self._count_group([(j, todo[j]) for j in g]) for g in groups))
+        return len(groups)
 
     async def _count_group(self, todo: list[tuple[str, Mapping[str, int]]]) -> None:
         if len(todo) == 1:

@@ -1,30 +1,37 @@
 """An in-memory RunHistoryStore (`store/base.py`) with the Cassandra one's contract, for tests
 and tools without servers. Rows expire by their TTL when a clock is given, never otherwise.
 `delay`, when given, is awaited at the start of every write: a test makes the store slow
-with it (and sees that firing does not wait)."""
+with it (and sees that firing does not wait). `replicas_of`, when given, stands for
+Cassandra's token map: a write of several jobs counts a request per group of jobs with the
+same replicas (`same_replicas`), as the Cassandra store makes them; without it, one (a
+single node)."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 from chronowheel.core import limits
 from chronowheel.core.clock import Clock
 from chronowheel.core.runs import COUNTERS, RunRecord
 from chronowheel.errors import StoreRefused
-from chronowheel.store.base import RUN_WRITE_JOBS
+from chronowheel.store.base import RUN_WRITE_JOBS, same_replicas
 
 _Key = tuple[int, int, str]  # clustering key: (scheduled_ms, attempt, occurrence)
 
 
 class MemoryRunHistory:
     def __init__(self, *, clock: Clock | None = None,
-                 delay: Callable[[], Awaitable[None]] | None = None) -> None:
+                 delay: Callable[[], Awaitable[None]] | None = None,
+                 replicas_of: Callable[[bytes], Any] | None = None) -> None:
         self.clock = clock
         self.delay = delay
+        self.replicas_of = replicas_of
         self.runs: dict[str, dict[_Key, tuple[RunRecord, int | None]]] = {}
         self.counts: dict[str, dict[str, int]] = {}
         self.writes = 0
-        """Write calls so far (one per partition written, as requests to Cassandra)."""
+        """Requests so far, as Cassandra would receive them: one per single-job write, one
+        per group of jobs with the same replicas in a write of several."""
 
     def _expiry(self, ttl_s: int) -> int | None:
         if ttl_s > limits.CASSANDRA_MAX_TTL_S:
@@ -70,16 +77,18 @@ class MemoryRunHistory:
             mine[name] = mine.get(name, 0) + n
 
     async def write_runs_of_jobs(self, runs: Mapping[str, Sequence[RunRecord]],
-                                 ttl_s: int) -> None:
+                                 ttl_s: int) -> int:
         _check_jobs(runs)
         if self.delay is not None:
             await self.delay()
         writes = self.writes
         for job_id, mine in runs.items():
             await self._write_runs(job_id, mine, ttl_s)
-        self.writes = writes + 1  # one request
+        requests = self._requests([j for j, mine in runs.items() if mine])
+        self.writes = writes + requests
+        return requests
 
-    async def add_run_counts_of_jobs(self, counts: Mapping[str, Mapping[str, int]]) -> None:
+    async def add_run_counts_of_jobs(self, counts: Mapping[str, Mapping[str, int]]) -> int:
         _check_jobs(counts)
         for mine in counts.values():
             _check_counters(mine)
@@ -87,7 +96,17 @@ class MemoryRunHistory:
             await self.delay()
         for job_id, mine in counts.items():
             self._add(job_id, mine)
-        self.writes += 1  # one request
+        requests = self._requests([j for j, mine in counts.items() if any(mine.values())])
+        self.writes += requests
+        return requests
+
+    def _requests(self, job_ids: Sequence[str]) -> int:
+        """The requests the Cassandra store makes to write `job_ids` (see the class)."""
+        if not job_ids:
+            return 0
+        if self.replicas_of is None:
+            return 1
+        return len(same_replicas(job_ids, self.replicas_of))
 
     async def job_runs(self, job_id: str, limit: int) -> list[RunRecord]:
         rows = self.runs.get(job_id, {})
