@@ -4,10 +4,11 @@ back, and the other member keeps its shards all along (no rebalance reaches it).
 
 from __future__ import annotations
 
-import asyncio
 import time
 
+from chronowheel.bus.kafka import open_admin
 from chronowheel.bus.kafka_node import KafkaSubmitGroup
+from chronowheel.ops.cluster import Group, describe_group
 from chronowheel.settings import Settings
 
 from testkit.fleet import until
@@ -36,6 +37,33 @@ class _Members:
                                 session_timeout_ms=SESSION_MS, on_assigned=assigned,
                                 on_revoked=revoked)
 
+    async def settled(self, held: dict[str, set[int]], timeout_s: float) -> Group:
+        """Wait until the broker has the group stable with these members, each holding these
+        shards; the group as described then."""
+        seen: list[Group] = []
+
+        async def stable() -> bool:
+            admin = await open_admin(self.settings)
+            try:
+                group = await describe_group(admin, self.group_id, self.settings.submit_topic)
+            finally:
+                await admin.close()
+            seen[:] = [group]
+            return (group.state == "Stable"
+                    and sorted(m.client_id for m in group.members) == sorted(held)
+                    and all(held_by(group, name) == shards for name, shards in held.items()))
+
+        await until(stable, timeout_s, f"the broker to show the group stable with {held}")
+        return seen[0]
+
+
+def held_by(group: Group, client_id: str) -> set[int]:
+    return {k for k, member in group.owners.items() if member.client_id == client_id}
+
+
+def member_ids(group: Group, client_id: str) -> list[str]:
+    return [m.member_id for m in group.members if m.client_id == client_id]
+
 
 async def test_a_static_member_restarted_within_its_session_gets_its_shards_back_alone(
         stack: Stack, namespace: str) -> None:
@@ -52,6 +80,8 @@ async def test_a_static_member_restarted_within_its_session_gets_its_shards_back
             and not a.assigned() & b.assigned()), 60,
             "both members hold shards, every shard held once")
         held_a, held_b = a.assigned(), b.assigned()
+        held = {"node-a": held_a, "node-b": held_b}
+        before = await members.settled(held, SESSION_MS / 1000)
         members.events.clear()
 
         down = time.monotonic()
@@ -62,8 +92,13 @@ async def test_a_static_member_restarted_within_its_session_gets_its_shards_back
                     SESSION_MS / 1000, "the restarted member holds its shards again",
                     poll_s=0.05)
         took = time.monotonic() - down
-        # Nothing moved meanwhile, or since: the other member heard of no rebalance.
-        await asyncio.sleep(2 * settings.node_heartbeat_interval_ms / 1000)
+        # Nothing moved meanwhile, or since: the broker has the group stable with both members
+        # holding what they held before, the other one still under its old member id. A
+        # rebalance the restart began is not over before every member joins it again, and a
+        # member runs its revocation before it does: had one begun, the group would not be
+        # stable yet, or node-b's revocation would be among the events below.
+        after = await members.settled(held, 3 * SESSION_MS / 1000)
+        assert member_ids(after, "node-b") == member_ids(before, "node-b")
         assert b.assigned() == held_b
         assert [e for e in members.events if e[0] == "node-b"] == [], members.events
         assert ("node-a", "assigned", sorted(held_a)) in members.events

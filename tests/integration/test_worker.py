@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -603,14 +604,25 @@ async def test_kill_9_mid_batch_reruns_only_what_was_not_recorded_as_handled(
     assert first_started - first_done <= set(handled_again)
 
 
+def rejoined(out: Path, since: int) -> bool:
+    """Whether a worker child's log, from byte `since` on, says it was revoked and then
+    assigned partitions again."""
+    with out.open("rb") as f:
+        f.seek(since)
+        said = re.findall(r"chronowheel\.worker\.service worker \S+ (revoked|assigned) ",
+                          f.read().decode(errors="replace"))
+    return "revoked" in said and "assigned" in said[said.index("revoked"):]
+
+
 async def test_a_paused_worker_starts_no_handler_after_it_wakes(
         stack: Any, namespace: str, tmp_path: Path) -> None:
     settings = await make_namespace(stack, namespace)
     ids = [f"z-{i}" for i in range(600)]
-    await put_fired(settings, ids)
+    placed = await put_fired(settings, ids)
+    ends = {part: max(o for p, o in placed if p == part) + 1 for part, _ in placed}
     log, group = tmp_path / "calls.jsonl", f"{namespace}-zombie"
-    zombie = worker_child(settings, log, tmp_path / "zombie.log", group, "--concurrency", "4",
-                          work_s=0.05)
+    out = tmp_path / "zombie.log"
+    zombie = worker_child(settings, log, out, group, "--concurrency", "4", work_s=0.05)
     again: list[Occurrence] = []
 
     async def handler(occ: Occurrence) -> None:
@@ -625,10 +637,21 @@ async def test_a_paused_worker_starts_no_handler_after_it_wakes(
             done_before = {e["occurrence"] for e in events(log) if e["event"] == "done"}
             await wait_until(lambda: len(done_before | {o.occurrence for o in again})
                              == len(ids), 120, "the heir to handle the rest")
+            woke = out.stat().st_size
             zombie.send_signal(signal.SIGCONT)
-            # The zombie runs on with a full buffer, a stale lease and an old group generation
-            # until it notices; give it that time while the heir still holds the partitions.
-            await asyncio.sleep(8)
+            # The zombie runs on with a full buffer, stale leases and an old group generation
+            # until it notices; the heir holds the partitions meanwhile. Wait until it has let
+            # go of what it held (revoked: nothing of it starts any more) and joined the group
+            # again, and until the group's offsets are committed past every record: nothing is
+            # left for either worker to start.
+            await wait_until(lambda: rejoined(out, woke), 60,
+                             "the zombie to let go of its partitions and join the group again")
+
+            async def all_committed() -> bool:
+                committed = await committed_offsets(settings, group)
+                return all(committed.get(part, -1) >= end for part, end in ends.items())
+
+            await wait_until(all_committed, 60, "the group's offsets past every record")
             assert heir.failure is None
         zombie.send_signal(signal.SIGTERM)
         await asyncio.to_thread(zombie.wait, 60)

@@ -9,11 +9,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from typing import Any
 
 import pytest
 from chronowheel.supervise import ABORT_EXIT_CODE, Supervisor, install_stop_signals
+from chronowheel.timeouts import within
 
 
 class Boom(Exception):
@@ -187,18 +187,24 @@ async def test_first_signal_requests_a_stop_and_the_second_aborts() -> None:
     user_signals = (signal.SIGUSR1, signal.SIGUSR2)
     stops: list[str] = []
     aborts: list[int] = []
+    handled = asyncio.Event()  # the loop ran the handler of the signal just sent
+
+    def stop() -> None:
+        stops.append("stop")
+        handled.set()
 
     def abort(code: int) -> Any:
         aborts.append(code)
+        handled.set()
 
-    install_stop_signals(lambda: stops.append("stop"), graceful="finishing up",
-                         signals=user_signals, abort=abort)
+    install_stop_signals(stop, graceful="finishing up", signals=user_signals, abort=abort)
     try:
         os.kill(os.getpid(), user_signals[0])
-        await asyncio.sleep(0.05)
+        await within(handled.wait(), 10)
         assert stops == ["stop"] and aborts == []
+        handled.clear()
         os.kill(os.getpid(), user_signals[1])  # either signal counts as the second
-        await asyncio.sleep(0.05)
+        await within(handled.wait(), 10)
         assert stops == ["stop"] and aborts == [ABORT_EXIT_CODE]
     finally:
         loop = asyncio.get_running_loop()
@@ -228,11 +234,16 @@ def run_service(shutdown_s: float, signals: int) -> tuple[int, str]:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
-    for _ in range(signals):
+    seen: list[str] = []
+    for n in range(signals):
         proc.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
+        if n + 1 < signals:  # the next signal once this one was handled: the stop under way
+            while line := proc.stdout.readline():
+                seen.append(line)
+                if line.strip() == "graceful stop":
+                    break
     out, _ = proc.communicate(timeout=30)
-    return proc.returncode, out
+    return proc.returncode, "".join(seen) + out
 
 
 def test_a_process_stops_gracefully_on_sigterm_and_aborts_on_the_second() -> None:

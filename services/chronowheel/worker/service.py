@@ -383,12 +383,17 @@ class Worker:
 
     async def partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         """Let the partitions' running handlers finish (bounded), write their marks, commit,
-        release the leases, forget the partitions. A failure here stops the worker loudly (a
-        worker that silently stopped committing would be worse)."""
+        release the leases, forget the partitions; then log it, as an assignment is logged. A
+        failure here stops the worker loudly (a worker that silently stopped committing would
+        be worse)."""
         try:
             await self._revoke(revoked)
         except Exception as exc:
             self._sup.fail("revoking partitions", exc)
+            return
+        if revoked:
+            log.info("worker %s revoked %s", self.worker_id,
+                     sorted((tp.topic, tp.partition) for tp in revoked))
 
     async def _revoke(self, revoked: list[TopicPartition]) -> None:
         intake, slots = self._intake, self._slots
