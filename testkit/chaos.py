@@ -390,6 +390,19 @@ async def explain_missing(settings: Settings, missing: list[str], expected: dict
             notes.append(f"{log.name}, its last {min(log_lines, len(lines))} of {len(lines)} "
                          "warnings and errors:\n      " + "\n      ".join(
                              line[:300] for line in lines[-log_lines:]))
+    with contextlib.suppress(Exception):  # the brokers' own errors (e.g. transaction markers)
+        members = await asyncio.to_thread(LocalCluster().members)
+        for name, member in sorted(members.items()):
+            if not name.startswith("kafka") or not member.log.exists():
+                continue
+            errors = [line for line in member.log.read_text(errors="replace").splitlines()
+                      if " ERROR " in line or (" WARN " in line and any(
+                          w in line for w in ("TransactionMarker", "TransactionCoordinator",
+                                              "TransactionStateManager")))]
+            if errors:
+                notes.append(f"{name}'s log, its last {min(log_lines, len(errors))} of "
+                             f"{len(errors)} errors and transaction warnings:\n      " +
+                             "\n      ".join(line[:300] for line in errors[-log_lines:]))
     return notes
 
 
