@@ -7,6 +7,7 @@ for time.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from chronowheel.bus.memory import MemoryBus, Message
@@ -73,6 +74,20 @@ class NodeRig:
 
     def cancel(self, job_id: str) -> None:
         self.submit(job_id, encode_cancel(job_id))
+
+    def hold_due_deletes(self) -> asyncio.Event:
+        """From now on every `delete_due` of the store waits until the returned event is set:
+        a command's writes held while time moves on."""
+        release = asyncio.Event()
+        delete_due = self.store.delete_due
+
+        async def held_delete_due(minute: int, shard: int, slot_ms: int, job_id: str,
+                                  attempt: int) -> None:
+            await release.wait()
+            await delete_due(minute, shard, slot_ms, job_id, attempt)
+
+        self.store.delete_due = held_delete_due  # type: ignore[method-assign]
+        return release
 
     # --- time ----------------------------------------------------------------------------
     async def settle(self) -> None:

@@ -4,7 +4,6 @@ rejections that depend on a job's state."""
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
@@ -275,14 +274,7 @@ async def test_a_pause_that_arrives_as_its_occurrence_comes_due_withholds_it_or_
     await rig.start()
     rig.upsert("mail", at=T0 + 2_000)
     await rig.advance_to(T0 + 1_900)
-    release = asyncio.Event()
-    delete_due = rig.store.delete_due
-
-    async def held_delete_due(*args: Any) -> None:
-        await release.wait()
-        await delete_due(*args)
-
-    rig.store.delete_due = held_delete_due  # type: ignore[method-assign]
+    release = rig.hold_due_deletes()
     rig.submit("mail", encode_control("pause", "mail"))
     await rig.advance_to(T0 + 3_000, step_ms=step_ms)
     assert rig.fired("mail") == []
@@ -303,14 +295,7 @@ async def test_a_pause_after_an_edit_in_the_same_batch_withholds_the_edited_occu
     await rig.start()
     rig.upsert("mail", at=T0 + 60_000)
     await rig.advance_to(T0 + 1_900)
-    release = asyncio.Event()
-    delete_due = rig.store.delete_due
-
-    async def held_delete_due(*args: Any) -> None:
-        await release.wait()
-        await delete_due(*args)
-
-    rig.store.delete_due = held_delete_due  # type: ignore[method-assign]
+    release = rig.hold_due_deletes()
     rig.upsert("mail", at=T0 + 2_000)
     rig.submit("mail", encode_control("pause", "mail"))
     await rig.advance_to(T0 + 3_000, step_ms=10)
@@ -327,14 +312,7 @@ async def test_dispatch_sleeps_while_a_command_holds_its_due_occurrence(rig: Nod
     node = await rig.start()
     rig.upsert("mail", at=T0 + 2_000)
     await rig.advance_to(T0 + 1_900)
-    release = asyncio.Event()
-    delete_due = rig.store.delete_due
-
-    async def held_delete_due(*args: Any) -> None:
-        await release.wait()
-        await delete_due(*args)
-
-    rig.store.delete_due = held_delete_due  # type: ignore[method-assign]
+    release = rig.hold_due_deletes()
     rig.submit("mail", encode_control("pause", "mail"))
     await rig.advance_to(T0 + 2_500, step_ms=100)
     dispatcher = node.owned[shard_of("mail", rig.settings.shards)].actor.dispatcher

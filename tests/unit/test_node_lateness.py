@@ -16,11 +16,9 @@ On the in-memory store and bus with a manual clock (tests/unit/node_rig.py).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 from chronowheel.bus.memory import Message
@@ -352,14 +350,7 @@ async def test_a_pause_of_a_queued_late_occurrence_holds_the_queue_until_it_is_s
     await rig.advance(200, step_ms=50)
     paused = late[15]
     assert rig.fired(paused) == [] and rig.fired()  # still queued, the queue under way
-    release = asyncio.Event()
-    delete_due = rig.store.delete_due
-
-    async def held_delete_due(*args: Any) -> None:
-        await release.wait()
-        await delete_due(*args)
-
-    rig.store.delete_due = held_delete_due  # type: ignore[method-assign]
+    release = rig.hold_due_deletes()
     rig.submit(paused, encode_control("pause", paused))
     await rig.advance(3_000, step_ms=50)  # the pacer would have reached it by now
     assert rig.fired(paused) == []
