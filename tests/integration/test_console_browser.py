@@ -86,7 +86,8 @@ async def scene(stack: Any, namespace: str, tmp_path: Path) -> AsyncIterator[dic
                             "CHRONOWHEEL_ALLOWED_TOPICS": settings.allowed_topics})
     console = ConsoleProcess(settings, tmp_path / "console.log", name="console", cwd=REPO,
                              args=("console", "--http-port", "0"),
-                             env={"CHRONOWHEEL_CONSOLE_TOKEN": TOKEN})
+                             env={"CHRONOWHEEL_CONSOLE_TOKEN": TOKEN,
+                                  "CHRONOWHEEL_ALLOWED_TOPICS": settings.allowed_topics})
     node.start()
     try:
         await node.wait_ready()
@@ -269,6 +270,10 @@ async def test_console_pages_heat_map_cancel_and_safety(scene: dict[str, Any]) -
             assert reasons == ["UnknownTopic: target topic gone.away is unavailable"], reasons
             keys = await page.locator("#tail td:nth-child(3)").all_inner_texts()
             assert keys == ["nowhere"], keys
+            # what a redrive would do with it: send it again (the console sends nothing)
+            redrive = await page.locator("#tail td:nth-child(7)").all_inner_texts()
+            assert len(redrive) == 1 and redrive[0].startswith("ready"), redrive
+            assert "chronowheel dead redrive" in redrive[0] and "--job nowhere" in redrive[0]
             await page.screenshot(path=str(ARTIFACTS / "dead.png"), full_page=True)
             # the control job fires; the cancelled one does not (read_committed reader)
             fire_at: int = scene["fire_at"]

@@ -12,13 +12,17 @@ from chronowheel.console.actions import JOB_ACTIONS
 from chronowheel.console.app import Guard, check_bind, is_loopback
 from chronowheel.console.pages import confirm_page, heat_page, job_page, tail_page
 from chronowheel.console.sources import HeatMap, JobView, make_cursor, parse_cursor
+from chronowheel.core import wire
 from chronowheel.core.buckets import MINUTE_MS
+from chronowheel.core.model import ValidationPolicy
 from chronowheel.core.wire import StateRecord
 from chronowheel.errors import ConfigError
 from chronowheel.node.publisher import state_record
 from chronowheel.node.state import ShardState
+from chronowheel.ops.tail import TailMessage, message_json
 from chronowheel.settings import Secret, Settings
 from chronowheel.store.base import DueRow, JobRow
+from chronowheel.store.memory import MemoryStore
 
 T0 = 1_796_083_200_000  # 2026-12-01T00:00:00Z
 
@@ -187,3 +191,109 @@ async def test_actions_are_disabled_without_a_token_and_rebound_hosts_refused() 
                 assert other.status == 403 and "Origin" in await other.text()
             rebound = await http.get("/", headers={"Host": "evil.example"})
             assert rebound.status == 421
+
+
+# --- dead letters: what a redrive would do --------------------------------------------------
+
+async def dead_letters() -> tuple[MemoryStore, list[TailMessage]]:
+    """Dead letters of one job: one ready, one redriven before (its request row), a
+    payload-less stand-in and one whose retry names a topic the policy refuses."""
+    from chronowheel.worker.policy import minimal_dead_letter
+
+    from tests.unit.test_dead import job, letter
+
+    store = MemoryStore()
+    recs = [letter(0, i, "a-1") for i in range(4)]
+    key, value, headers = minimal_dead_letter(recs[2].key, recs[2].value or b"",
+                                              recs[2].headers, b"too_large: over 1 MiB")
+    recs[2].key, recs[2].value, recs[2].headers = key, value, list(headers)
+    recs[3].headers = [(k, b"not-allowed.topic" if k == wire.SOURCE_TOPIC else v)
+                       for k, v in recs[3].headers]
+    await store.put_jobs([job("a-1", "t")])
+    letters = [TailMessage("acme.dead", r.partition, r.offset, T0, r.key, r.value,
+                           tuple(r.headers)) for r in recs]
+    return store, letters
+
+
+async def test_the_dead_letter_page_says_what_a_redrive_would_do_with_each_letter() -> None:
+    from chronowheel.client.dead import REDRIVE_KIND, redrive_request_id
+    from chronowheel.console.sources import redrive_states
+    from chronowheel.core.shard import shard_of
+    from chronowheel.store.base import RequestRow
+
+    from tests.unit.test_dead import NOW, SETTINGS
+
+    store, letters = await dead_letters()
+    shard = shard_of("a-1", SETTINGS.shards)
+    await store.put_request(RequestRow(shard, "a-1", redrive_request_id(0, 1), REDRIVE_KIND,
+                                       NOW, NOW, None, 1, 1, b"", 3600))
+    states = await redrive_states(letters, store, shards=SETTINGS.shards,
+                                  policy=ValidationPolicy.from_settings(SETTINGS),
+                                  retention_s=3600, now_ms=NOW)
+    assert states["0@0"] == ("ready", None)
+    assert states["0@1"] == ("redriven", None)
+    kind, why = states["0@2"]
+    assert kind == "refused" and why is not None and "payload-less stand-in" in why
+    kind, why = states["0@3"]
+    assert kind == "refused" and why is not None and why.startswith("its retry is invalid")
+    assert len(store.requests) == 1  # a dry run: nothing recorded
+    html = tail_page(topic="acme.dead", messages=[message_json(m) for m in letters],
+                     reason_header=wire.ERROR, active="dead", title="Dead letters",
+                     namespace="acme", nonce="n", now_ms=NOW, redrive=states)
+    assert "<th>Redrive</th>" in html
+    assert "chronowheel dead redrive --namespace acme --job a-1 --dry-run" in html
+    assert html.count('class="redrive ok">ready<') == 1
+    assert html.count('class="redrive muted">redriven<') == 1
+    assert html.count('class="redrive bad">refused<') == 2
+    # Other tails have no such column.
+    plain = tail_page(topic="acme.rejected", messages=[], reason_header=wire.REASON,
+                      active="rejected", title="Rejected", namespace="acme", nonce="n",
+                      now_ms=NOW)
+    assert "Redrive" not in plain
+
+
+def test_the_redrive_column_escapes_the_reason_and_quotes_the_command() -> None:
+    html = tail_page(topic="ns.dead", messages=[
+        {"topic": "ns.dead", "partition": 0, "offset": 1, "timestamp_ms": T0, "key": HOSTILE,
+         "headers": {wire.JOB_ID: HOSTILE}, "payload": None},
+        {"topic": "ns.dead", "partition": 0, "offset": 2, "timestamp_ms": T0, "key": "k",
+         "headers": {}, "payload": None}],
+        reason_header=wire.ERROR, active="dead", title="Dead letters", namespace="ns",
+        nonce="n", now_ms=T0, redrive={"0@1": ("ready", None), "0@2": ("refused", HOSTILE)})
+    assert HOSTILE not in html and "&lt;script&gt;" in html
+    assert "--job &#x27;&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&#x27;" in html
+
+
+async def test_the_dead_letter_route_shows_the_redrive_column_and_sends_nothing() -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+    from chronowheel.console.app import Console
+
+    from tests.unit.test_dead import SETTINGS
+
+    store, letters = await dead_letters()
+
+    class FakeSources:
+        settings = SETTINGS
+
+        async def tail_messages(self, topic: str) -> list[TailMessage]:
+            assert topic == SETTINGS.dead_topic
+            return letters
+
+        async def redrive_states(self, shown: list[TailMessage]) -> dict[str, Any]:
+            from chronowheel.console.sources import redrive_states
+
+            return await redrive_states(shown, store, shards=SETTINGS.shards,
+                                        policy=ValidationPolicy.from_settings(SETTINGS),
+                                        retention_s=3600, now_ms=T0)
+
+    def no_client() -> Any:
+        raise AssertionError("no command may be sent")
+
+    console = Console(FakeSources(), Guard.create(None, "127.0.0.1"),  # type: ignore[arg-type]
+                      namespace="acme", client=no_client)
+    async with TestClient(TestServer(console.app(), host="127.0.0.1")) as http:
+        response = await http.get("/dead")
+        assert response.status == 200
+        html = await response.text()
+    assert "<th>Redrive</th>" in html and html.count('class="redrive ') == 4
+    assert "<form" not in html  # read-only: no action on this page

@@ -39,6 +39,7 @@ from chronowheel.console.actions import JOB_ACTIONS, JobAction
 from chronowheel.console.sources import Sources, now_ms
 from chronowheel.core.buckets import minute_of
 from chronowheel.errors import ChronowheelError, ConfigError
+from chronowheel.ops.tail import message_json
 from chronowheel.settings import Secret, Settings
 
 log = logging.getLogger(__name__)
@@ -251,8 +252,13 @@ class Console:
                                 "Rejected commands")
 
     async def dead(self, request: web.Request) -> web.Response:
-        return await self._tail(request, "dead", self.sources.settings.dead_topic,
-                                "Dead letters")
+        topic = self.sources.settings.dead_topic
+        letters = await self.sources.tail_messages(topic)
+        return self._html(pages.tail_page(
+            topic=topic, messages=[message_json(m) for m in letters],
+            reason_header=pages.REASON_HEADERS["dead"], active="dead", title="Dead letters",
+            namespace=self.namespace, nonce=request[NONCE], now_ms=now_ms(),
+            redrive=await self.sources.redrive_states(letters)))
 
     async def _tail(self, request: web.Request, kind: str, topic: str,
                     title: str) -> web.Response:

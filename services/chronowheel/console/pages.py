@@ -7,7 +7,8 @@ overview and the drawing of the heat map (whose numbers are also in tables below
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from html import escape
 from typing import Any
@@ -17,7 +18,7 @@ from zoneinfo import ZoneInfo
 import orjson
 
 from chronowheel.console.actions import JobAction
-from chronowheel.console.sources import ClusterView, DuePage, HeatMap, JobView
+from chronowheel.console.sources import ClusterView, DuePage, HeatMap, JobView, RedriveState
 from chronowheel.core import wire
 from chronowheel.core.buckets import MINUTE_MS
 from chronowheel.core.runs import JobHistory, shown_status
@@ -413,26 +414,58 @@ def sent_notice(action: JobAction, topic: str, partition: int, offset: int) -> s
 # --- tails -----------------------------------------------------------------------------------
 
 def tail_page(*, topic: str, messages: Sequence[dict[str, Any]], reason_header: str,
-              active: str, title: str, namespace: str, nonce: str, now_ms: int) -> str:
+              active: str, title: str, namespace: str, nonce: str, now_ms: int,
+              redrive: Mapping[str, RedriveState] | None = None) -> str:
+    """A topic's tail; with `redrive` (the dead letters', by `<partition>@<offset>`) a column
+    saying what `chronowheel dead redrive` would do with each letter."""
     rows = []
     for m in messages:
         headers = m["headers"]
         payload = m.get("payload", m.get("payload_text", m.get("payload_b64")))
         shown = {k: v for k, v in headers.items() if k != reason_header}
-        rows.append([
+        position = f"{m['partition']}@{m['offset']}"
+        row = [
             when(m["timestamp_ms"], now_ms),
             f'<b class="reason">{esc(headers.get(reason_header, "-"))}</b>',
             job_link(m["key"]) if m["key"] else '<span class="muted">(no key)</span>',
             f"<code>{esc(' '.join(f'{k}={v}' for k, v in shown.items()))}</code>",
             f"<code>{esc(_short(orjson.dumps(payload).decode()))}</code>",
-            f"{m['partition']}@{m['offset']}",
-        ])
-    listing = table(["Time", "Reason", "Key", "Headers", "Payload", "Partition@offset"], rows,
-                    attrs='id="tail"') if rows else '<p class="muted">No messages.</p>'
+            position,
+        ]
+        if redrive is not None:
+            row.append(redrive_cell(redrive.get(position), headers.get(wire.JOB_ID),
+                                    namespace))
+        rows.append(row)
+    heads = ["Time", "Reason", "Key", "Headers", "Payload", "Partition@offset"]
+    if redrive is not None:
+        heads.append("Redrive")
+    listing = table(heads, rows, attrs='id="tail"') if rows \
+        else '<p class="muted">No messages.</p>'
+    explained = "" if redrive is None else (
+        "<p>Redrive says what <code>chronowheel dead redrive</code> would do with each letter "
+        "now (a dry run of its own code: nothing is sent from this page): <b>ready</b> sends "
+        "it again as the next attempt of its occurrence, <b>redriven</b> was sent before and "
+        "is not sent again, <b>refused</b> cannot be, with the reason. A redrive selects by "
+        "job, tenant, failure time or reason; start with <code>--dry-run</code> "
+        "(docs/worker.md).</p>")
     body = (f"<h1>{esc(title)}</h1><p>The newest committed messages of <code>{esc(topic)}"
             f"</code> (read_committed; the last {count(50)} of each partition), newest first; "
-            f"the reason is the <code>{esc(reason_header)}</code> header.</p>{listing}")
+            f"the reason is the <code>{esc(reason_header)}</code> header.</p>{explained}"
+            f"{listing}")
     return page(title=title, active=active, namespace=namespace, nonce=nonce, body=body)
+
+
+def redrive_cell(state: RedriveState | None, job_id: str | None, namespace: str) -> str:
+    if state is None:
+        return '<span class="muted">-</span>'
+    kind, why = state
+    if kind == "ready":
+        command = (f"chronowheel dead redrive --namespace {shlex.quote(namespace)} --job "
+                   f"{shlex.quote(job_id or '')} --dry-run")
+        return f'<span class="redrive ok">ready</span><br><code>{esc(command)}</code>'
+    if kind == "redriven":
+        return '<span class="redrive muted">redriven</span>'
+    return f'<span class="redrive bad">refused</span>: {esc(why or "")}'
 
 
 def _short(text: str, limit: int = 300) -> str:

@@ -25,7 +25,7 @@ from aiokafka import TopicPartition
 from chronowheel.bus.kafka import open_admin, partition_counts, reader
 from chronowheel.core import wire
 from chronowheel.core.buckets import MINUTE_MS, minute_of
-from chronowheel.core.model import ValidationPolicy, decode_stored_job
+from chronowheel.core.model import ValidationPolicy, decode_stored_job, parse_command
 from chronowheel.core.recurrence import compile_schedule, latest_at_or_before, occurrences
 from chronowheel.core.runs import JobHistory
 from chronowheel.core.shard import shard_of
@@ -41,7 +41,7 @@ from chronowheel.ops.runs import open_history, read_job_history
 from chronowheel.ops.status import BEHIND_MS_DEFAULT, ShardStatus, shard_status
 from chronowheel.ops.tail import TailMessage, decimal, message_json
 from chronowheel.settings import Settings
-from chronowheel.store.base import DueRow, JobRow, RunHistoryStore
+from chronowheel.store.base import DueRow, JobRow, JobStore, RunHistoryStore
 from chronowheel.store.cassandra import HOUR_MS, CassandraStore
 from chronowheel.timeouts import wait_event
 
@@ -233,6 +233,34 @@ class StateFollower:
             old = self.offsets.get(shard)
             if old is None or offset >= old:
                 self.records[shard], self.offsets[shard] = rec, offset
+
+
+RedriveState = tuple[str, str | None]
+"""What a redrive would do with a dead letter: ("ready", None) send it again, ("redriven",
+None) nothing, it was redriven before, or ("refused", why)."""
+
+
+async def redrive_states(letters: Sequence[TailMessage], store: JobStore, *, shards: int,
+                         policy: ValidationPolicy, retention_s: int,
+                         now_ms: int) -> dict[str, RedriveState]:
+    """By `<partition>@<offset>`: what a redrive of `letters` would do with each, found by a
+    dry run of the redrive's own code (`client.dead.Redrive`: the same refusals, the request
+    row of a letter redriven before, the checks of its retry). Nothing is sent or recorded."""
+    from chronowheel.client.dead import DeadSelector, Redrive, memory_reader
+
+    async def send(job_id: str, value: bytes) -> asyncio.Future[Any]:
+        raise AssertionError("a dry run sends nothing")
+
+    def check(value: bytes) -> object:
+        return parse_command(value, key=None, policy=policy, now_ms=now_ms)
+
+    summary = await Redrive(selector=DeadSelector(), read=memory_reader(letters), store=store,
+                            send=send, shards=shards, retention_s=retention_s, dry_run=True,
+                            now_ms=lambda: now_ms, check=check).run()
+    states: dict[str, RedriveState] = {p: ("ready", None) for p in summary.redriven}
+    states.update((p, ("redriven", None)) for p in summary.already)
+    states.update((p, ("refused", why)) for p, why in summary.refused)
+    return states
 
 
 class Sources:
@@ -460,12 +488,24 @@ class Sources:
                    limit: int = 200) -> list[dict[str, Any]]:
         """The last messages of every partition of `topic`, decoded as `chronowheel tail
         --json` prints them, newest first."""
+        return [message_json(m) for m in await self.tail_messages(topic, per_partition, limit)]
+
+    async def tail_messages(self, topic: str, per_partition: int = TAIL_PER_PARTITION,
+                            limit: int = 200) -> list[TailMessage]:
+        """The last messages of every partition of `topic`, newest first."""
         parts = await self.partition_count(topic)
         if parts is None:
             return []
         msgs = await self.read_back(topic, list(range(parts)), per_partition)
         msgs.sort(key=lambda m: (m.timestamp_ms or 0, m.partition, m.offset), reverse=True)
-        return [message_json(m) for m in msgs[:limit]]
+        return msgs[:limit]
+
+    async def redrive_states(self, letters: Sequence[TailMessage]) -> dict[str, RedriveState]:
+        """What `chronowheel dead redrive` would do with each of `letters` (`redrive_states`)."""
+        return await redrive_states(letters, self.store, shards=self.shards,
+                                    policy=self.policy,
+                                    retention_s=max(1, self.settings.retention_ms // 1000),
+                                    now_ms=now_ms())
 
     async def read_back(self, topic: str, partitions: Sequence[int],
                         per_partition: int) -> list[TailMessage]:
