@@ -1,5 +1,6 @@
 """Helpers for tests against the real servers: namespaces, nodes (in-process or subprocess),
-producers and read_committed collectors (the last two from chronowheel.testing)."""
+workers, the command line, producers and read_committed collectors (the last two from
+chronowheel.testing)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from aiokafka import TopicPartition
-from chronowheel import testing
+from chronowheel import cli, testing
 from chronowheel.admin import init_namespace
 from chronowheel.bus.kafka import open_admin, plain_producer, reader
 from chronowheel.core.clock import Clock
@@ -21,6 +23,7 @@ from chronowheel.core.shard import shard_of
 from chronowheel.node.service import Node
 from chronowheel.settings import Settings
 from chronowheel.testing import Collector, Fired, collecting, committed_past, wait_owned
+from chronowheel.worker import Worker
 
 # re-exported for the tests
 __all__ = ["Collector", "Fired", "collecting", "committed_past", "wait_owned"]
@@ -74,6 +77,32 @@ async def running_node(settings: Settings, *, clock: Clock | None = None,
         yield node
     finally:
         await node.shutdown()
+
+
+@contextlib.asynccontextmanager
+async def running_worker(settings: Settings, handler: Any, **kw: Any) -> AsyncIterator[Worker]:
+    """A worker of <ns>.fired calling `handler` (a 6 s group session unless `kw` says
+    otherwise), shut down after the block, which then fails if the worker failed."""
+    kw.setdefault("session_timeout_ms", 6000)
+    worker = Worker(settings, handlers={settings.fired_topic: handler}, **kw)
+    await worker.start()
+    try:
+        yield worker
+    finally:
+        await worker.shutdown()
+    assert worker.failure is None, f"worker failed: {worker.failure!r}"
+
+
+async def run_cli(capsys: pytest.CaptureFixture[str], settings: Settings, *argv: str,
+                  connection: bool = True) -> tuple[int, str, str]:
+    """`chronowheel ARGV` on the namespace's servers (without --cassandra unless
+    `connection`), in a thread: its exit status, stdout and stderr."""
+    flags = ["--namespace", settings.namespace, "--kafka", settings.kafka]
+    if connection:
+        flags += ["--cassandra", settings.cassandra]
+    code = await asyncio.to_thread(cli.main, [*argv, *flags])
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def misroute(shards: int) -> Callable[[bytes | None], int]:

@@ -12,26 +12,15 @@ from typing import Any
 
 import orjson
 import pytest
-from chronowheel import cli
 from chronowheel.client import SchedulerClient
 from chronowheel.core.shard import shard_of
 from chronowheel.settings import Settings
 from chronowheel.store.cassandra import CassandraStore
 
 from testkit.fleet import until
-from tests.integration.harness import collecting, make_namespace, now_ms, running_node
+from tests.integration.harness import collecting, make_namespace, now_ms, run_cli, running_node
 
 pytestmark = pytest.mark.integration
-
-
-async def chronowheel(capsys: pytest.CaptureFixture[str], settings: Settings,
-                      *argv: str, connection: bool = True) -> tuple[int, str, str]:
-    flags = ["--namespace", settings.namespace, "--kafka", settings.kafka]
-    if connection:
-        flags += ["--cassandra", settings.cassandra]
-    code = await asyncio.to_thread(cli.main, [*argv, *flags])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 async def wait_job(settings: Settings, job_id: str, status: str, timeout_s: float = 30) -> None:
@@ -84,14 +73,14 @@ async def test_submit_file_skips_a_bad_line_and_sends_the_rest(
         + orjson.dumps({"v": 1, "op": "upsert",
                         "job": {"id": "f-3", "every": "1h", "payload": [1]}}).decode() + "\n")
     async with running_node(settings):
-        code, out, err = await chronowheel(capsys, settings, "submit", "--file", str(path),
+        code, out, err = await run_cli(capsys, settings, "submit", "--file", str(path),
                                            connection=False)
         assert code == 1
         assert f"{path}:2: job.at: must be an RFC 3339 time" in err
         assert "2 command(s) written" in out and "1 bad line(s) skipped" in out
         await wait_job(settings, "f-1", "scheduled")
         await wait_job(settings, "f-3", "scheduled")
-        code, out, err = await chronowheel(capsys, settings, "job", "show", "f-2")
+        code, out, err = await run_cli(capsys, settings, "job", "show", "f-2")
         assert code == 1 and "not found" in err
 
 
@@ -100,14 +89,14 @@ async def test_job_show_and_cancel(stack: Any, namespace: str,
     settings = await make_namespace(stack, namespace)
     at = now_ms() + 3_600_000
     async with running_node(settings):
-        code, out, _ = await chronowheel(
+        code, out, _ = await run_cli(
             capsys, settings, "submit", "--id", "show-me", "--at", str(at), "--payload",
             '{"x": 1}', "--header", "team=ops", connection=False)
         assert code == 0
         assert f"partition {shard_of('show-me', settings.shards)} " in out
         await wait_job(settings, "show-me", "scheduled")
 
-        code, out, _ = await chronowheel(capsys, settings, "job", "show", "show-me", "--json")
+        code, out, _ = await run_cli(capsys, settings, "job", "show", "show-me", "--json")
         assert code == 0
         view = orjson.loads(out)
         assert view["status"] == "scheduled" and view["version"] == 1
@@ -116,14 +105,14 @@ async def test_job_show_and_cancel(stack: Any, namespace: str,
         assert view["published"] is False  # an hour ahead: not yet
         assert view["spec"] == {"id": "show-me", "at": at, "payload": {"x": 1},
                                 "headers": {"team": "ops"}}
-        code, text, _ = await chronowheel(capsys, settings, "job", "show", "show-me")
+        code, text, _ = await run_cli(capsys, settings, "job", "show", "show-me")
         assert "status     scheduled" in text and "published  not yet" in text
 
-        code, out, _ = await chronowheel(capsys, settings, "job", "cancel", "show-me",
+        code, out, _ = await run_cli(capsys, settings, "job", "cancel", "show-me",
                                          "--wait", "30")
         assert code == 0
         assert "job show-me: cancelled (version 2)" in out
-        code, out, _ = await chronowheel(capsys, settings, "job", "show", "show-me", "--json")
+        code, out, _ = await run_cli(capsys, settings, "job", "show", "show-me", "--json")
         view = orjson.loads(out)
         assert (view["status"], view["next_scheduled_ms"]) == ("cancelled", None)
 
@@ -141,7 +130,7 @@ async def test_status_shows_every_shard_owned_with_a_watermark(
 
         async def every_shard_dispatching() -> bool:
             nonlocal doc
-            code, out, _ = await chronowheel(capsys, settings, "status", "--json")
+            code, out, _ = await run_cli(capsys, settings, "status", "--json")
             assert code == 0
             doc = orjson.loads(out)
             return all(r["writer"] == "status-node" and r["horizon_ahead_ms"] is not None
@@ -161,14 +150,14 @@ async def test_status_shows_every_shard_owned_with_a_watermark(
         due = {r["shard"]: r["due_rows"] for r in doc["rows"]}
         assert due[shard_of("due-soon", 4)] == 1 and sum(due.values()) == 1
 
-        code, text, _ = await chronowheel(capsys, settings, "status")
+        code, text, _ = await run_cli(capsys, settings, "status")
         assert code == 0
         lines = text.splitlines()
         assert lines[0].startswith("SHARD  OWNER")
         assert len(lines) == 1 + 4 + 1
         assert "4 shards, 4 owned by 1 group member(s)" in lines[-1]
     # With the node gone, no shard has an owner and the watermarks age.
-    code, out, _ = await chronowheel(capsys, settings, "status", "--json", "--behind-ms", "0")
+    code, out, _ = await run_cli(capsys, settings, "status", "--json", "--behind-ms", "0")
     assert code == 0
     doc = orjson.loads(out)
     assert all(r["owner"] is None and r["lag_ms"] is not None for r in doc["rows"])
@@ -182,7 +171,7 @@ async def test_tail_prints_a_fired_message(stack: Any, namespace: str,
         async with SchedulerClient(settings) as client:
             await client.schedule("tail-me", at, {"hello": "world"}, headers={"k": "v"})
         await fired.wait_for(lambda ms: len(ms) >= 1, 30, "the job")
-    code, out, _ = await chronowheel(capsys, settings, "tail", settings.fired_topic,
+    code, out, _ = await run_cli(capsys, settings, "tail", settings.fired_topic,
                                      "--from-beginning", "--max", "1", "--timeout", "30",
                                      connection=False)
     assert code == 0
@@ -191,13 +180,13 @@ async def test_tail_prints_a_fired_message(stack: Any, namespace: str,
                                f"key=tail-me  scheduled=")
     assert f"cw-occurrence=tail-me@{at}" in lines[1] and "k=v" in lines[1]
     assert lines[2] == '  payload  {"hello":"world"}'
-    code, out, _ = await chronowheel(capsys, settings, "tail", settings.fired_topic,
+    code, out, _ = await run_cli(capsys, settings, "tail", settings.fired_topic,
                                      "--from-beginning", "--max", "1", "--json",
                                      "--timeout", "30", connection=False)
     doc = orjson.loads(out)
     assert doc["payload"] == {"hello": "world"} and doc["key"] == "tail-me"
     assert doc["headers"]["cw-scheduled-at"] == str(at)
     # Nothing new arrives: --max is not reached before --timeout, exit status 1.
-    code, out, _ = await chronowheel(capsys, settings, "tail", settings.fired_topic,
+    code, out, _ = await run_cli(capsys, settings, "tail", settings.fired_topic,
                                      "--max", "1", "--timeout", "1", connection=False)
     assert (code, out) == (1, "")

@@ -11,26 +11,15 @@ from typing import Any
 
 import orjson
 import pytest
-from chronowheel import cli
 from chronowheel.client import SchedulerClient
 from chronowheel.core import runs
 from chronowheel.core.runs import JobHistory
-from chronowheel.settings import Settings
-from chronowheel.worker import Occurrence, Worker
+from chronowheel.worker import Occurrence
 
 from testkit.fleet import until
-from tests.integration.harness import make_namespace, now_ms, running_node
+from tests.integration.harness import make_namespace, now_ms, run_cli, running_node, running_worker
 
 pytestmark = pytest.mark.integration
-
-
-async def chronowheel(capsys: pytest.CaptureFixture[str], settings: Settings,
-                      *argv: str) -> tuple[int, Any]:
-    code = await asyncio.to_thread(cli.main, [*argv, "--namespace", settings.namespace,
-                                              "--kafka", settings.kafka,
-                                              "--cassandra", settings.cassandra])
-    out, _ = capsys.readouterr()
-    return code, out
 
 
 async def test_runs_of_a_recurring_job_and_a_one_shot_show_with_outcomes_and_counters(
@@ -43,30 +32,24 @@ async def test_runs_of_a_recurring_job_and_a_one_shot_show_with_outcomes_and_cou
         if occ.job_id == "beat":
             raise RuntimeError("the downstream refused it")
 
-    worker = Worker(settings, handlers={settings.fired_topic: handler}, worker_id="hist-w",
-                    session_timeout_ms=6000)
-    async with running_node(settings, node_id="hist-n"):
-        await worker.start()
-        try:
-            async with SchedulerClient(settings) as client:
-                at = now_ms() + 2_000
-                await (await client.schedule("once", at, {"n": 1}))
-                await (await client.every("beat", "1s", max_attempts=1))
-                latest: dict[str, JobHistory] = {}
+    async with (running_node(settings, node_id="hist-n"),
+                running_worker(settings, handler, worker_id="hist-w"),
+                SchedulerClient(settings) as client):
+        at = now_ms() + 2_000
+        await (await client.schedule("once", at, {"n": 1}))
+        await (await client.every("beat", "1s", max_attempts=1))
+        latest: dict[str, JobHistory] = {}
 
-                async def recorded() -> bool:
-                    for job in ("once", "beat"):
-                        latest[job] = await client.job_history(job, limit=5)
-                    once, beat = latest["once"], latest["beat"]
-                    return (bool(once.runs) and once.runs[0].state == runs.SUCCEEDED
-                            and once.runs[0].fired_ms is not None
-                            and sum(r.state == runs.DEAD_LETTERED and r.fired_ms is not None
-                                    for r in beat.runs) >= 2)
+        async def recorded() -> bool:
+            for job in ("once", "beat"):
+                latest[job] = await client.job_history(job, limit=5)
+            once, beat = latest["once"], latest["beat"]
+            return (bool(once.runs) and once.runs[0].state == runs.SUCCEEDED
+                    and once.runs[0].fired_ms is not None
+                    and sum(r.state == runs.DEAD_LETTERED and r.fired_ms is not None
+                            for r in beat.runs) >= 2)
 
-                await until(recorded, 60, "both jobs' runs recorded by the node and worker")
-        finally:
-            await worker.shutdown()
-        assert worker.failure is None
+        await until(recorded, 60, "both jobs' runs recorded by the node and worker")
 
     once, beat = latest["once"], latest["beat"]
     (run,) = once.runs
@@ -86,18 +69,18 @@ async def test_runs_of_a_recurring_job_and_a_one_shot_show_with_outcomes_and_cou
     assert beat.counters.succeeded == 0
 
     # The command line shows the same, after the node and worker stopped (flushed).
-    code, out = await chronowheel(capsys, settings, "job", "history", "beat", "--json")
+    code, out, _ = await run_cli(capsys, settings, "job", "history", "beat", "--json")
     assert code == 0
     shown = orjson.loads(out)
     assert shown["counters"]["dead_lettered"] >= 2
     assert {r["state"] for r in shown["runs"]} <= {runs.DEAD_LETTERED, runs.FIRED}
-    code, out = await chronowheel(capsys, settings, "job", "history", "once")
+    code, out, _ = await run_cli(capsys, settings, "job", "history", "once")
     assert code == 0 and "succeeded" in out and "hist-w" in out
-    code, out = await chronowheel(capsys, settings, "job", "show", "once", "--json")
+    code, out, _ = await run_cli(capsys, settings, "job", "show", "once", "--json")
     view = orjson.loads(out)
     assert (view["status"], view["stored_status"]) == ("finished", "scheduled")
     assert view["counters"]["succeeded"] == 1 and view["last_run"]["state"] == "succeeded"
-    code, out = await chronowheel(capsys, settings, "jobs", "list", "--json")
+    code, out, _ = await run_cli(capsys, settings, "jobs", "list", "--json")
     listed = {j["id"]: j for j in orjson.loads(out)["jobs"]}
     assert listed["once"]["status"] == "finished"
     assert listed["once"]["counters"]["fired"] == 1
@@ -125,17 +108,11 @@ async def test_a_namespace_without_the_history_tables_still_fires_and_handles(
         handled.append(occ.job_id)
 
     caplog.set_level(logging.ERROR)
-    worker = Worker(settings, handlers={settings.fired_topic: handler}, worker_id="old-w",
-                    session_timeout_ms=6000)
-    async with running_node(settings, node_id="old-n"):
-        await worker.start()
-        try:
-            async with SchedulerClient(settings) as client:
-                await (await client.schedule("once", now_ms() + 1_500, {"n": 1}))
-                await until(lambda: handled == ["once"], 60, "the one-shot handled")
-        finally:
-            await worker.shutdown()
-        assert worker.failure is None
+    async with (running_node(settings, node_id="old-n"),
+                running_worker(settings, handler, worker_id="old-w"),
+                SchedulerClient(settings) as client):
+        await (await client.schedule("once", now_ms() + 1_500, {"n": 1}))
+        await until(lambda: handled == ["once"], 60, "the one-shot handled")
     off = [r for r in caplog.records if r.getMessage().startswith("run history off")]
     assert {r.name for r in off} == {"chronowheel.node.service",
                                      "chronowheel.store.cassandra_marks"}, off

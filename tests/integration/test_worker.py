@@ -4,7 +4,6 @@ dead letters, idempotency across duplicates, groups and crashes, graceful shutdo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import signal
@@ -13,7 +12,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,23 +35,12 @@ from tests.integration.harness import (
     now_ms,
     produce,
     running_node,
+    running_worker,
     upsert,
 )
 from tests.integration.worker_handlers import read_events as events
 
 pytestmark = pytest.mark.integration
-
-
-@contextlib.asynccontextmanager
-async def running_worker(settings: Settings, handler: Any, **kw: Any) -> AsyncIterator[Worker]:
-    kw.setdefault("session_timeout_ms", 6000)
-    worker = Worker(settings, handlers={settings.fired_topic: handler}, **kw)
-    await worker.start()
-    try:
-        yield worker
-    finally:
-        await worker.shutdown()
-    assert worker.failure is None, f"worker failed: {worker.failure!r}"
 
 
 async def committed_offsets(settings: Settings, group: str) -> dict[int, int]:
