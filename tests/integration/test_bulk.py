@@ -19,8 +19,7 @@ from chronowheel.settings import Settings
 from chronowheel.store.base import JobRow
 from chronowheel.store.cassandra import CassandraStore
 
-from tests.integration.harness import applied, make_namespace, now_ms, running_node
-from tests.integration.test_client_cli import chronowheel
+from tests.integration.harness import applied, make_namespace, now_ms, run_cli, running_node
 
 pytestmark = pytest.mark.integration
 
@@ -95,14 +94,14 @@ async def test_bulk_pause_resume_cancel_and_trigger_on_a_real_node(
         assert await rows(settings, everyone) == after
 
         # Through the CLI: a dry run, and the same operation resumed by its id alone.
-        code, out, err = await chronowheel(
+        code, out, err = await run_cli(
             capsys, settings, "jobs", "pause", "--tenant", "globex", "--prefix", "inv-g00",
             "--dry-run", "--show", "3")
         assert code == 0, err
         assert "would change  10" in out and "... 7 more" in out
         [shown] = [line for line in out.splitlines() if "more" in line]
         assert shown.count("inv-g00") == 3
-        code, out, err = await chronowheel(
+        code, out, err = await run_cli(
             capsys, settings, "jobs", "pause", "--resume", "pause-1", "--journal-dir",
             str(tmp_path))
         assert code == 0, err
@@ -111,7 +110,7 @@ async def test_bulk_pause_resume_cancel_and_trigger_on_a_real_node(
         assert await submitted(settings) == sent
 
         # Resume them through the CLI (the operation id resumes from the journal's selector).
-        code, out, err = await chronowheel(
+        code, out, err = await run_cli(
             capsys, settings, "jobs", "resume", "--tenant", "acme", "--prefix", "inv-",
             "--operation-id", "resume-1", "--journal-dir", str(tmp_path), "--wait", "60",
             "--json")
@@ -125,12 +124,12 @@ async def test_bulk_pause_resume_cancel_and_trigger_on_a_real_node(
 
         # Cancel by due range, every tenant: the jobs first due in [base+10m, base+20m),
         # which `jobs list` shows with the same flags.
-        code, out, err = await chronowheel(
+        code, out, err = await run_cli(
             capsys, settings, "jobs", "list", "--due-after", str(base + 10 * MIN),
             "--due-before", str(base + 20 * MIN), "--limit", "1000", "--json")
         assert code == 0, err
         listed = sorted(j["id"] for j in orjson.loads(out)["jobs"])
-        code, out, err = await chronowheel(
+        code, out, err = await run_cli(
             capsys, settings, "jobs", "cancel", "--due-after", str(base + 10 * MIN),
             "--due-before", str(base + 20 * MIN), "--journal-dir", str(tmp_path),
             "--wait", "60")

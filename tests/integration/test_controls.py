@@ -187,34 +187,35 @@ async def _wait_status(settings: Any, job_id: str, status: str) -> None:
 
 async def test_the_cli_controls_and_lists_jobs(stack: Any, namespace: str,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    from tests.integration.test_client_cli import chronowheel, wait_job
+    from tests.integration.harness import run_cli
+    from tests.integration.test_client_cli import wait_job
 
     settings = await make_namespace(stack, namespace, shards=2)
     async with collecting(settings) as seen, running_node(settings):
-        code, _, _ = await chronowheel(capsys, settings, "submit", "--id", "cli-report",
-                                       "--every", "1h", "--tenant", "ops", connection=False)
+        code, _, _ = await run_cli(capsys, settings, "submit", "--id", "cli-report",
+                                   "--every", "1h", "--tenant", "ops", connection=False)
         assert code == 0
         await wait_job(settings, "cli-report", "scheduled")
-        code, out, _ = await chronowheel(capsys, settings, "job", "trigger", "cli-report",
-                                         "--request-id", "cli-1", connection=False)
+        code, out, _ = await run_cli(capsys, settings, "job", "trigger", "cli-report",
+                                     "--request-id", "cli-1", connection=False)
         assert code == 0 and "trigger cli-report (request id cli-1): written to" in out
         await seen.wait_for(lambda ms: len(ms) == 1, 30, "the triggered occurrence")
         assert seen.messages[0].headers[wire.TRIGGERED] == "cli-1"
-        code, out, _ = await chronowheel(capsys, settings, "job", "pause", "cli-report",
-                                         connection=False)
+        code, out, _ = await run_cli(capsys, settings, "job", "pause", "cli-report",
+                                     connection=False)
         assert code == 0
         await wait_job(settings, "cli-report", "paused")
-        code, out, _ = await chronowheel(capsys, settings, "jobs", "list", "--tenant", "ops",
-                                         "--status", "paused", "--json")
+        code, out, _ = await run_cli(capsys, settings, "jobs", "list", "--tenant", "ops",
+                                     "--status", "paused", "--json")
         assert code == 0
         listed = orjson.loads(out)
         assert [j["id"] for j in listed["jobs"]] == ["cli-report"]
-        code, out, _ = await chronowheel(capsys, settings, "jobs", "list", "--tenant", "ops",
-                                         "--status", "scheduled")
+        code, out, _ = await run_cli(capsys, settings, "jobs", "list", "--tenant", "ops",
+                                     "--status", "scheduled")
         assert code == 0 and out.strip() == "no jobs on this page"
-        code, _, err = await chronowheel(capsys, settings, "job", "backfill", "cli-report",
-                                         "--from", "2026-11-01T00:00:00Z", "--to",
-                                         "2999-01-01T00:00:00Z", connection=False)
+        code, _, err = await run_cli(capsys, settings, "job", "backfill", "cli-report",
+                                     "--from", "2026-11-01T00:00:00Z", "--to",
+                                     "2999-01-01T00:00:00Z", connection=False)
         assert code != 0 and "to: must not be in the future" in err
         await settled(settings, seen)
     assert len(seen.messages) == 1

@@ -14,9 +14,8 @@ from chronowheel.client import SchedulerClient
 from chronowheel.worker import DeadLetter, Occurrence
 
 from testkit.fleet import until as wait_until
-from tests.integration.harness import make_namespace, now_ms, running_node
+from tests.integration.harness import make_namespace, now_ms, run_cli, running_node
 from tests.integration.test_bulk import submitted
-from tests.integration.test_client_cli import chronowheel
 from tests.integration.test_worker import running_worker
 
 pytestmark = pytest.mark.integration
@@ -44,27 +43,27 @@ async def test_dead_list_then_redrive_one_tenant_once(
         await client.flush()
         await wait_until(lambda: worker.stats.dead == 5, 60, "five dead letters")
 
-        code, out, err = await chronowheel(capsys, settings, "dead", "list", "--json")
+        code, out, err = await run_cli(capsys, settings, "dead", "list", "--json")
         assert code == 0, err
         listed = orjson.loads(out)["letters"]
         assert sorted((x["job_id"], x["tenant"], x["attempt"]) for x in listed) == [
             *((j, "a", 1) for j in a_jobs), *((j, "b", 1) for j in b_jobs)]
         assert all(x["error"].startswith("DeadLetter: downstream down") for x in listed)
         assert all(x["source_topic"] == settings.fired_topic for x in listed)
-        code, out, err = await chronowheel(capsys, settings, "dead", "list", "--tenant", "a",
-                                           "--reason", "DOWNSTREAM")
+        code, out, err = await run_cli(capsys, settings, "dead", "list", "--tenant", "a",
+                                       "--reason", "DOWNSTREAM")
         assert code == 0, err
         assert all(j in out for j in a_jobs) and not any(j in out for j in b_jobs)
 
-        code, out, err = await chronowheel(capsys, settings, "dead", "redrive", "--tenant",
-                                           "a", "--dry-run")
+        code, out, err = await run_cli(capsys, settings, "dead", "redrive", "--tenant",
+                                       "a", "--dry-run")
         assert code == 0, err
         assert "would send    3" in out
 
         failing = False
         sent_before = await submitted(settings)
-        code, out, err = await chronowheel(capsys, settings, "dead", "redrive", "--tenant",
-                                           "a", "--json")
+        code, out, err = await run_cli(capsys, settings, "dead", "redrive", "--tenant",
+                                       "a", "--json")
         assert code == 0, err
         summary = orjson.loads(out)
         assert (summary["matched"], summary["redriven"], summary["already"]) == (3, 3, 0)
@@ -74,8 +73,8 @@ async def test_dead_list_then_redrive_one_tenant_once(
         assert await submitted(settings) == sent_before + 3
 
         # The same redrive again: every letter was redriven; nothing is sent.
-        code, out, err = await chronowheel(capsys, settings, "dead", "redrive", "--tenant",
-                                           "a", "--json")
+        code, out, err = await run_cli(capsys, settings, "dead", "redrive", "--tenant",
+                                       "a", "--json")
         assert code == 0, err
         again = orjson.loads(out)
         assert (again["redriven"], again["already"]) == (0, 3)
