@@ -368,14 +368,16 @@ async def explain_missing(settings: Settings, missing: list[str], expected: dict
             with contextlib.suppress(KeyError):
                 if f.occurrence in wanted:
                     found.add(f.occurrence)
-        again = await Collector(settings, isolation=isolation, keep_messages=False,
-                                on_fired=keep).start()
+        again = Collector(settings, isolation=isolation, keep_messages=False, on_fired=keep)
         try:
+            await again.start()
             await again.read_to_end(timeout_s=60)
         except Exception as exc:  # a diagnostic: say why it could not look
             notes.append(f"a fresh {isolation} reader could not read to the end: {exc!r}")
+            continue
         finally:
-            await again.stop()
+            with contextlib.suppress(Exception):
+                await again.stop()
         notes.append(f"a fresh {isolation} reader from the beginning finds {len(found)} of "
                      f"the {len(missing)} missing")
     with contextlib.suppress(Exception):
