@@ -15,6 +15,7 @@ from chronowheel.cli import build_parser
 from chronowheel.cli import dead as cli_dead
 from chronowheel.client import SchedulerClient
 from chronowheel.client.dead import (
+    dead_selector,
     memory_reader,
     parse_letter,
     redrive_request_id,
@@ -327,3 +328,45 @@ async def test_a_letter_whose_retry_the_node_would_reject_is_refused_with_the_re
     assert dry.refused == s.refused
     [(position, reason)] = s.refused
     assert position == "0@0" and reason.startswith("its retry is invalid: topic")
+
+
+async def test_one_letter_is_selected_by_its_position_reading_from_it_and_stopping_after_it(
+        setup: tuple[MemoryStore, list[Rec]]) -> None:
+    store, recs = setup
+    starts: list[tuple[int, int] | None] = []
+    yielded: list[list[tuple[int, int]]] = []
+
+    async def read(start: tuple[int, int] | None) -> Any:
+        starts.append(start)
+        yielded.append([])
+        async for rec in memory_reader(recs)(start):
+            yielded[-1].append((rec.partition, rec.offset))
+            yield rec
+
+    producer = FakeProducer()
+    acks = asyncio.ensure_future(acking(producer))
+    try:
+        async with SchedulerClient(SETTINGS, producer=producer, store=store,
+                                   now_ms=lambda: NOW, dead_letters=read) as c:
+            page = await c.dead_letters(letter="1@0")
+            s = await c.redrive(letter="1@0")
+            again = await c.redrive(letter="1@0")
+            nothing = await c.redrive(letter="1@9")
+    finally:
+        acks.cancel()
+    assert [x.position for x in page.letters] == ["1@0"] and page.next_token is None
+    assert s.redriven == ["1@0"] and s.matched == 1
+    assert again.redriven == [] and again.already == ["1@0"]
+    assert nothing.matched == 0 and nothing.redriven == []
+    [retry] = sent(producer)
+    assert (retry.id, retry.attempt) == ("a-1", 6)
+    # Each read starts at the letter and stops at the first record after it.
+    assert starts[:3] == [(1, 0)] * 3
+    assert yielded[0] == [(1, 0), (1, 1)]
+    selector = dead_selector(letter="2@3", job_id="a-9")
+    assert selector.to_json() == {"job_id": "a-9", "letter": "2@3"}
+    assert selector.describe() == "job_id=a-9 letter=2@3"
+    for bad in ("", "2", "2@", "@3", "a@1", "1@-2"):
+        with pytest.raises(ValidationError) as err:
+            dead_selector(letter=bad)
+        assert err.value.path == "letter"

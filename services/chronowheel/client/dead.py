@@ -202,13 +202,15 @@ def _int_header(letter: DeadLetterInfo, name: str, default: int) -> int:
 class DeadSelector:
     """Which dead letters: every filter given must hold (None: any). `failed_after_ms`
     (inclusive) and `failed_before_ms` (exclusive) bound `cw-failed-at`; `reason` is a
-    substring (any case) of `cw-error` or `cw-reason`."""
+    substring (any case) of `cw-error` or `cw-reason`; `letter` is one letter's position in
+    `<ns>.dead`, (partition, offset): reading starts there and stops after it."""
 
     job_id: str | None = None
     tenant: str | None = None
     failed_after_ms: int | None = None
     failed_before_ms: int | None = None
     reason: str | None = None
+    letter: tuple[int, int] | None = None
 
     @property
     def empty(self) -> bool:
@@ -218,7 +220,10 @@ class DeadSelector:
         return {k: v for k, v in (("job_id", self.job_id), ("tenant", self.tenant),
                                   ("failed_after_ms", self.failed_after_ms),
                                   ("failed_before_ms", self.failed_before_ms),
-                                  ("reason", self.reason)) if v is not None}
+                                  ("reason", self.reason),
+                                  ("letter", None if self.letter is None
+                                   else f"{self.letter[0]}@{self.letter[1]}"))
+                if v is not None}
 
     def describe(self) -> str:
         parts = [f"{k}={v}" for k, v in self.to_json().items()]
@@ -226,6 +231,8 @@ class DeadSelector:
 
     def matches_letter(self, letter: DeadLetterInfo) -> bool:
         """Every filter but the tenant (which needs the jobs table)."""
+        if self.letter is not None and (letter.partition, letter.offset) != self.letter:
+            return False
         if self.job_id is not None and letter.job_id != self.job_id:
             return False
         at = letter.failed_at_ms
@@ -243,16 +250,19 @@ class DeadSelector:
 def dead_selector(*, job_id: str | None = None, tenant: str | None = None,
                   failed_after: datetime | int | str | None = None,
                   failed_before: datetime | int | str | None = None,
-                  reason: str | None = None) -> DeadSelector:
-    """A validated selector; ValidationError names the filter, the rule and the value."""
-    for path, v in (("job_id", job_id), ("tenant", tenant), ("reason", reason)):
+                  reason: str | None = None, letter: str | None = None) -> DeadSelector:
+    """A validated selector; ValidationError names the filter, the rule and the value.
+    `letter` is one letter's position, `<partition>@<offset>`."""
+    for path, v in (("job_id", job_id), ("tenant", tenant), ("reason", reason),
+                    ("letter", letter)):
         if v is not None and (not isinstance(v, str) or v == ""):
             raise ValidationError(path, "must be a non-empty string", v)
+    position = None if letter is None else parse_position(letter, "letter")
     after = _instant(failed_after, "failed_after")
     before = _instant(failed_before, "failed_before")
     if after is not None and before is not None and after >= before:
         raise ValidationError("failed_after", f"must be before failed_before ({before})", after)
-    return DeadSelector(job_id, tenant, after, before, reason)
+    return DeadSelector(job_id, tenant, after, before, reason, position)
 
 
 # --- reading ---------------------------------------------------------------------------------
@@ -326,8 +336,12 @@ def store_tenants(store: JobStore) -> TenantLookup:
 
 async def select(read: LetterReader, selector: DeadSelector, tenants: TenantLookup, *,
                  start: tuple[int, int] | None = None) -> AsyncGenerator[DeadLetterInfo, None]:
-    """The letters `selector` picks, in (partition, offset) order, with their tenants."""
+    """The letters `selector` picks, in (partition, offset) order, with their tenants. A
+    selector of one `letter` reads from that letter and stops after it."""
     batch: list[DeadLetterInfo] = []
+    one = selector.letter
+    if one is not None and (start is None or start < one):
+        start = one
 
     async def resolved() -> list[DeadLetterInfo]:
         ids = [x.job_id for x in batch if x.job_id is not None]
@@ -340,14 +354,22 @@ async def select(read: LetterReader, selector: DeadSelector, tenants: TenantLook
         batch.clear()
         return out
 
-    async for rec in read(start):
-        letter = parse_letter(rec.partition, rec.offset, rec.key, rec.value, rec.headers)
-        if not selector.matches_letter(letter):
-            continue
-        batch.append(letter)
-        if len(batch) >= TENANT_LOOKUP_BATCH:
-            for x in await resolved():
-                yield x
+    records = read(start)
+    try:
+        async for rec in records:
+            if one is not None and (rec.partition, rec.offset) > one:
+                break
+            letter = parse_letter(rec.partition, rec.offset, rec.key, rec.value, rec.headers)
+            if not selector.matches_letter(letter):
+                continue
+            batch.append(letter)
+            if len(batch) >= TENANT_LOOKUP_BATCH:
+                for x in await resolved():
+                    yield x
+    finally:  # stopped early (one letter, a full page): the reader stops its consumer now
+        close = getattr(records, "aclose", None)
+        if close is not None:
+            await close()
     for x in await resolved():
         yield x
 

@@ -469,23 +469,26 @@ class SchedulerClient:
     async def dead_letters(self, *, job_id: str | None = None, tenant: str | None = None,
                            failed_after: Instant | None = None,
                            failed_before: Instant | None = None, reason: str | None = None,
-                           limit: int = 100, page_token: str | None = None) -> DeadLetterPage:
+                           letter: str | None = None, limit: int = 100,
+                           page_token: str | None = None) -> DeadLetterPage:
         """One page of the dead letters of `<ns>.dead` matching every given filter, in
         (partition, offset) order: `failed_after` (inclusive) and `failed_before` (exclusive)
         bound `cw-failed-at`, `reason` is a substring (any case) of `cw-error` or `cw-reason`,
-        `tenant` is looked up in the jobs table. Pass the page's `next_token` back, with the
-        same filters, for the next one (chronowheel.client.dead)."""
+        `tenant` is looked up in the jobs table, `letter` is one letter's position
+        (`<partition>@<offset>`, read from there alone). Pass the page's `next_token` back,
+        with the same filters, for the next one (chronowheel.client.dead)."""
         from chronowheel.client import dead as d
 
         selector = d.dead_selector(job_id=job_id, tenant=tenant, failed_after=failed_after,
-                                   failed_before=failed_before, reason=reason)
+                                   failed_before=failed_before, reason=reason, letter=letter)
         return await d.list_page(self._dead_reader(), selector,
                                  d.store_tenants(await self._job_store()), limit=limit,
                                  page_token=page_token)
 
     async def redrive(self, *, job_id: str | None = None, tenant: str | None = None,
                       failed_after: Instant | None = None, failed_before: Instant | None = None,
-                      reason: str | None = None, dry_run: bool = False, window: int = 100,
+                      reason: str | None = None, letter: str | None = None,
+                      dry_run: bool = False, window: int = 100,
                       limit: int | None = None,
                       progress: Callable[[BulkProgress], None] | None = None,
                       progress_interval_s: float = 0.5) -> RedriveSummary:
@@ -496,11 +499,12 @@ class SchedulerClient:
         letters recorded before are skipped (`already`), by any later run. Letters that cannot
         be redriven (a payload-less stand-in, not an occurrence) are in `refused` with the
         reason. `dry_run` selects and sorts but sends nothing. Delivery failures are in the
-        summary (`failed`), not raised."""
+        summary (`failed`), not raised. `letter="<partition>@<offset>"` selects that one
+        letter (the console's redrive of a letter)."""
         from chronowheel.client import dead as d
 
         selector = d.dead_selector(job_id=job_id, tenant=tenant, failed_after=failed_after,
-                                   failed_before=failed_before, reason=reason)
+                                   failed_before=failed_before, reason=reason, letter=letter)
 
         async def send(job: str, value: bytes) -> Delivery:
             return await self._send(job, value)
