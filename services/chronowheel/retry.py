@@ -18,10 +18,14 @@ class RetryPolicy:
     attempts: int = 6
     first_delay_s: float = 0.05
     max_delay_s: float = 2.0
+    jitter: bool = True
+    """spread the delay over [half, all] of it: retries of many callers spread out"""
 
     def delay(self, attempt: int) -> float:
-        base = min(self.max_delay_s, self.first_delay_s * (2 ** (attempt - 1)))
-        return base * (0.5 + random.random() / 2)  # jitter: retries of many callers spread out
+        """The wait before retry `attempt` (1: the first): doubling from `first_delay_s`, at
+        most `max_delay_s`."""
+        base = min(self.max_delay_s, self.first_delay_s * (2 ** min(attempt - 1, 64)))
+        return base * (0.5 + random.random() / 2) if self.jitter else base
 
 
 DEFAULT_POLICY = RetryPolicy()

@@ -60,6 +60,7 @@ from chronowheel.core.clock import Clock
 from chronowheel.errors import ChronowheelError
 from chronowheel.history import RunRecorder
 from chronowheel.node.metrics import NodeMetrics
+from chronowheel.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -78,14 +79,13 @@ FAILING_FOR_MS = 30_000
 # The wait before the renewal after the n-th failure in a row: none after the first (a passing
 # fault costs no more than the renewal), then doubling from the base up to the cap, so a fault
 # that persists is not met by a hot loop of renewals.
-RENEW_BACKOFF_MS = 200
-MAX_RENEW_BACKOFF_MS = 5_000
+RENEW_POLICY = RetryPolicy(first_delay_s=0.2, max_delay_s=5.0, jitter=False)
 
 
 def renew_backoff_ms(failed_in_row: int) -> int:
     if failed_in_row <= 1:
         return 0
-    return min(MAX_RENEW_BACKOFF_MS, RENEW_BACKOFF_MS << min(failed_in_row - 2, 16))
+    return round(RENEW_POLICY.delay(failed_in_row - 1) * 1000)
 
 Fill = Callable[[Transaction], Awaitable[int]]
 """Writes a shard's messages into the open transaction; returns how many it wrote."""
