@@ -17,6 +17,8 @@ from typing import Any
 
 import orjson
 import pytest
+from aiokafka import TopicPartition
+from chronowheel.bus.kafka import reader
 from chronowheel.client import SchedulerClient
 from chronowheel.core.buckets import MINUTE_MS, minute_of
 from chronowheel.core.shard import shard_of
@@ -275,6 +277,44 @@ async def test_console_pages_heat_map_cancel_and_safety(scene: dict[str, Any]) -
             assert len(redrive) == 1 and redrive[0].startswith("ready"), redrive
             assert "chronowheel dead redrive" in redrive[0] and "--job nowhere" in redrive[0]
             await page.screenshot(path=str(ARTIFACTS / "dead.png"), full_page=True)
+
+            # --- redrive that letter from the page: sent once, however often it is submitted
+            await page.click("#tail .redrive-action")
+            await page.wait_for_selector("#confirm-form")
+            preview = orjson.loads(await page.locator("#preview-command").inner_text())
+            assert (preview["op"], preview["id"], preview["attempt"]) == \
+                ("retry", "nowhere", 2), preview
+            position = await page.locator("input[name=id]").input_value()
+            csrf = await page.locator("input[name=csrf]").input_value()
+            assert f"redrive:{position}" in await page.locator("#preview").inner_text()
+            await page.screenshot(path=str(ARTIFACTS / "redrive-confirm.png"), full_page=True)
+            forged = await page.request.post(f"{url}/dead/action", form={
+                "id": position, "action": "redrive"})
+            assert forged.status == 403 and "CSRF" in await forged.text()
+            assert await retries_of(settings, "nowhere") == []
+            await page.click("#confirm")
+            await page.wait_for_selector("#notice")
+            assert f"Dead letter {position} redriven" in await page.locator("#notice") \
+                .inner_text()
+            shown = await page.locator("#tail td:nth-child(6)").all_inner_texts()
+            states = await page.locator("#tail td:nth-child(7)").all_inner_texts()
+            assert states[shown.index(position)].startswith("redriven"), (shown, states)
+            await page.screenshot(path=str(ARTIFACTS / "redriven.png"), full_page=True)
+            again = await page.request.post(f"{url}/dead/action", form={
+                "id": position, "action": "redrive", "csrf": csrf}, max_redirects=0)
+            assert again.status == 303 and again.headers["location"].endswith(
+                "redrive=already"), again.headers
+            assert await retries_of(settings, "nowhere") == [2]
+            # the node took it: attempt 2 of the occurrence, dead-lettered again (its topic is
+            # still missing), and offered for a redrive of its own
+
+            async def second_letter() -> bool:
+                await page.goto(url + "/dead")
+                return await page.locator("#tail tbody tr").count() == 2
+
+            await until(second_letter, 60, "the redriven letter's own dead letter", poll_s=0.5)
+            headers = await page.locator("#tail td:nth-child(4)").all_inner_texts()
+            assert "cw-attempt=2" in headers[0], headers
             # the control job fires; the cancelled one does not (read_committed reader)
             fire_at: int = scene["fire_at"]
             await fired.wait_for(lambda ms: any(m.key == b"control" for m in ms),
@@ -291,6 +331,29 @@ async def test_console_pages_heat_map_cancel_and_safety(scene: dict[str, Any]) -
             assert not errors, errors  # no script error, no CSP violation
         finally:
             await browser.close()
+
+
+async def retries_of(settings: Settings, job_id: str) -> list[int]:
+    """The attempts of the retry commands of `job_id` on <ns>.submit (its partition, read
+    committed, from the beginning to the end)."""
+    tp = TopicPartition(settings.submit_topic, shard_of(job_id, settings.shards))
+    consumer = reader(settings, isolation_level="read_committed")
+    await consumer.start()
+    found: list[int] = []
+    try:
+        consumer.assign([tp])
+        end = (await consumer.end_offsets([tp]))[tp]
+        await consumer.seek_to_beginning(tp)
+        while await consumer.position(tp) < end:
+            batch = await consumer.getmany(tp, timeout_ms=1000)
+            for rec in batch.get(tp, ()):
+                if rec.key == job_id.encode() and rec.value:
+                    doc = orjson.loads(rec.value)
+                    if doc.get("op") == "retry":
+                        found.append(doc["attempt"])
+    finally:
+        await consumer.stop()
+    return found
 
 
 async def wait_counted(page: Any, url: str, minute: int, rows: int,

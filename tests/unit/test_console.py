@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 from typing import Any
+from urllib.parse import unquote
 
 import orjson
 import pytest
@@ -297,3 +298,208 @@ async def test_the_dead_letter_route_shows_the_redrive_column_and_sends_nothing(
         html = await response.text()
     assert "<th>Redrive</th>" in html and html.count('class="redrive ') == 4
     assert "<form" not in html  # read-only: no action on this page
+
+
+# --- dead letters: the redrive of one letter --------------------------------------------------
+
+def dead_console(store: MemoryStore, letters: list[TailMessage], token: Secret | None,
+                 producer: Any) -> Any:
+    """A console over the in-memory store whose client redrives through `producer`, reading
+    `letters` as `<ns>.dead`."""
+    from chronowheel.client import SchedulerClient
+    from chronowheel.client.dead import memory_reader
+    from chronowheel.console.app import Console
+    from chronowheel.console.sources import redrive_states
+
+    from tests.unit.test_dead import NOW, SETTINGS
+
+    class FakeSources:
+        settings = SETTINGS
+
+        async def tail_messages(self, topic: str) -> list[TailMessage]:
+            return letters
+
+        async def redrive_states(self, shown: list[TailMessage]) -> dict[str, Any]:
+            return await redrive_states(shown, store, shards=SETTINGS.shards,
+                                        policy=ValidationPolicy.from_settings(SETTINGS),
+                                        retention_s=3600, now_ms=NOW)
+
+    def client() -> SchedulerClient:
+        return SchedulerClient(SETTINGS, producer=producer, store=store, now_ms=lambda: NOW,
+                               dead_letters=memory_reader(letters))
+
+    return Console(FakeSources(), Guard.create(token, "127.0.0.1"),  # type: ignore[arg-type]
+                   namespace="acme", client=client)
+
+
+def retries(producer: Any) -> list[tuple[str, int]]:
+    """(job id, attempt) of every retry command sent."""
+    out = []
+    for topic, key, value in producer.sent:
+        doc = orjson.loads(value)
+        assert topic == "acme.submit" and doc["op"] == "retry" and key == doc["id"].encode()
+        out.append((doc["id"], doc["attempt"]))
+    return out
+
+
+async def test_a_dead_letter_is_redriven_once_from_its_confirmation_page() -> None:
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+    from chronowheel.core.shard import shard_of
+
+    from tests.unit.test_client import FakeProducer, acking
+    from tests.unit.test_dead import SETTINGS
+
+    store, letters = await dead_letters()
+    producer = FakeProducer()
+    acks = asyncio.ensure_future(acking(producer))
+    auth = {"Authorization": "Bearer t"}
+    console = dead_console(store, letters, Secret("t"), producer)
+    try:
+        async with TestClient(TestServer(console.app(), host="127.0.0.1")) as http:
+            html = await (await http.get("/dead")).text()
+            # a button for each ready letter (0@0, 0@1), to its confirmation page
+            assert html.count('class="btn redrive-action"') == 2
+            assert 'href="/dead/confirm?id=0%400&amp;action=redrive"' in html
+            confirm = await http.get("/dead/confirm?id=0@0&action=redrive", headers=auth)
+            assert confirm.status == 200
+            page = await confirm.text()
+            # what will be sent, exactly: the retry command, its key and request id
+            assert "One retry command to acme.submit, key a-1, under the request id " \
+                   "redrive:0@0" in page
+            shown = orjson.loads(page.split('<pre id="preview-command">', 1)[1]
+                                 .split("</pre>", 1)[0].replace("&quot;", '"'))
+            assert (shown["op"], shown["id"], shown["attempt"]) == ("retry", "a-1", 6)
+            csrf = page.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+            assert 'action="/dead/action"' in page and csrf
+
+            # refused before anything is sent: no CSRF token, a wrong one, one of another
+            # letter, a job action's token, another origin
+            for form, headers in (
+                    ({"id": "0@0", "action": "redrive"}, auth),
+                    ({"id": "0@0", "action": "redrive", "csrf": "x" * 64}, auth),
+                    ({"id": "0@1", "action": "redrive", "csrf": csrf}, auth),
+                    ({"id": "0@0", "action": "redrive", "csrf": csrf},
+                     {**auth, "Origin": "http://evil.example"})):
+                refused = await http.post("/dead/action", data=form, headers=headers,
+                                          allow_redirects=False)
+                assert refused.status == 403, form
+            job_token = console.guard.csrf_token(
+                http.session.cookie_jar.filter_cookies(http.make_url("/"))["cw_csrf"].value,
+                "job:cancel", "0@0")
+            crossed = await http.post("/jobs/action", data={
+                "id": "0@0", "action": "cancel", "csrf": csrf}, headers=auth)
+            assert crossed.status == 403
+            crossed = await http.post("/dead/action", data={
+                "id": "0@0", "action": "redrive", "csrf": job_token}, headers=auth)
+            assert crossed.status == 403
+            assert producer.sent == []
+
+            # the POST redrives that letter, once; a second submit sends nothing
+            form = {"id": "0@0", "action": "redrive", "csrf": csrf}
+            done = await http.post("/dead/action", data=form, headers=auth,
+                                   allow_redirects=False)
+            assert done.status == 303
+            assert unquote(done.headers["Location"]) == "/dead?letter=0@0&redrive=redriven"
+            assert retries(producer) == [("a-1", 6)]
+            row = await store.get_request(shard_of("a-1", SETTINGS.shards), "a-1",
+                                          "redrive:0@0")
+            assert row is not None and row.kind == "redrive"
+            again = await http.post("/dead/action", data=form, headers=auth,
+                                    allow_redirects=False)
+            assert unquote(again.headers["Location"]) == "/dead?letter=0@0&redrive=already"
+            assert retries(producer) == [("a-1", 6)]
+
+            shown_after = await (await http.get(again.headers["Location"])).text()
+            assert 'id="notice"' in shown_after and "redriven before" in shown_after
+            assert 'id="redrive-0-0"' not in shown_after and 'id="redrive-0-1"' in shown_after
+            assert shown_after.count('class="redrive muted">redriven<') == 1
+            # its confirmation page now says nothing would be sent, and has no form
+            late = await (await http.get("/dead/confirm?id=0@0&action=redrive",
+                                         headers=auth)).text()
+            assert "was redriven before" in late and "<form" not in late
+            refused_letter = await (await http.get("/dead/confirm?id=0@2&action=redrive",
+                                                   headers=auth)).text()
+            assert "cannot be redriven" in refused_letter and "<form" not in refused_letter
+            bad = await http.get("/dead/confirm?id=nowhere&action=redrive", headers=auth)
+            assert bad.status == 400
+    finally:
+        acks.cancel()
+
+
+async def test_a_double_submit_of_a_redrive_sends_the_letter_once() -> None:
+    """Two POSTs of the same confirmation at once (a double click): the second waits for the
+    first, whose retry is not yet acknowledged, then finds it recorded; one retry."""
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from tests.unit.test_client import FakeProducer, acking
+
+    async def until(condition: Any) -> None:
+        async def poll() -> None:
+            while not condition():
+                await asyncio.sleep(0)
+        await asyncio.wait_for(poll(), 10)
+
+    store, letters = await dead_letters()
+    producer = FakeProducer()  # acknowledges nothing until told
+    auth = {"Authorization": "Bearer t"}
+    console = dead_console(store, letters, Secret("t"), producer)
+    acks = None
+    try:
+        async with TestClient(TestServer(console.app(), host="127.0.0.1")) as http:
+            page = await (await http.get("/dead/confirm?id=0@0&action=redrive",
+                                         headers=auth)).text()
+            csrf = page.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+            form = {"id": "0@0", "action": "redrive", "csrf": csrf}
+
+            def post() -> Any:
+                return asyncio.ensure_future(http.post("/dead/action", data=form,
+                                                       headers=auth, allow_redirects=False))
+
+            first = post()
+            await until(lambda: len(producer.sent) == 1)  # sent, not acknowledged
+            second = post()
+            key = ("letter", "redrive", "0@0")
+            await until(lambda: console.running[key].requests == 2 or len(producer.sent) > 1)
+            acks = asyncio.ensure_future(acking(producer))
+            both = [await first, await second]
+            outcomes = [r.headers["Location"].rsplit("=", 1)[1] for r in both]
+            assert console.running == {}
+    finally:
+        if acks is not None:
+            acks.cancel()
+    assert outcomes == ["redriven", "already"]
+    assert retries(producer) == [("a-1", 6)]
+
+
+async def test_without_a_token_the_redrive_button_is_disabled_and_its_routes_refused() -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from tests.unit.test_client import FakeProducer
+
+    store, letters = await dead_letters()
+    producer = FakeProducer()
+    async with TestClient(TestServer(dead_console(store, letters, None, producer).app(),
+                                     host="127.0.0.1")) as http:
+        html = await (await http.get("/dead")).text()
+        buttons = html.split('class="btn redrive-action"')[1:]
+        assert len(buttons) == 2
+        assert all(" disabled " in b.split(">", 1)[0] for b in buttons)
+        assert "/dead/confirm" not in html and "<form" not in html
+        confirm = await http.get("/dead/confirm?id=0@0&action=redrive")
+        assert confirm.status == 403 and "disabled" in await confirm.text()
+        act = await http.post("/dead/action", data={"id": "0@0", "action": "redrive",
+                                                    "csrf": "x"})
+        assert act.status == 403
+    assert producer.sent == [] and len(store.requests) == 0
+
+
+def test_a_forged_redrive_notice_shows_nothing_but_known_outcomes() -> None:
+    from chronowheel.console.pages import redrive_notice
+
+    assert "redriven" in redrive_notice("0@1", "redriven", "acme.submit")
+    with pytest.raises(KeyError):
+        redrive_notice("0@1", HOSTILE, "acme.submit")

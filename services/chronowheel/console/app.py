@@ -9,8 +9,8 @@ Safety, in order of the checks a request meets (docs/console.md, section "Safety
   the console listens beyond loopback (it refuses to start there without a token); actions
   always need it, and without a configured token they are disabled.
 - **CSRF**: an action is a POST whose form carries a token derived (HMAC) from a random cookie
-  (`SameSite=Strict`, `HttpOnly`) and the action and job it is for; a POST without both, or
-  whose Origin is another site, is refused before anything is sent.
+  (`SameSite=Strict`, `HttpOnly`) and the action and subject (a job, a dead letter) it is for;
+  a POST without both, or whose Origin is another site, is refused before anything is sent.
 - **Headers**: a Content-Security-Policy allowing only this origin and the response's inline
   nonce, no framing, no referrer to other sites, no caching.
 
@@ -28,14 +28,21 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
 from aiohttp import web
 
 from chronowheel.client import SchedulerClient
 from chronowheel.console import pages
-from chronowheel.console.actions import JOB_ACTIONS, JobAction
+from chronowheel.console.actions import (
+    JOB_ACTIONS,
+    JOBS,
+    LETTERS,
+    REDRIVE_OUTCOMES,
+    Action,
+    Subject,
+)
 from chronowheel.console.sources import Sources, now_ms
 from chronowheel.core.buckets import minute_of
 from chronowheel.errors import ChronowheelError, ConfigError
@@ -111,6 +118,15 @@ class Guard:
         return hmac.compare_digest(self.csrf_token(cookie, action, job_id), form_token)
 
 
+@dataclass
+class Running:
+    """An action on one subject, running or waiting: `requests` POSTs of it hold or wait
+    for `lock`."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    requests: int = 0
+
+
 def challenge(message: str) -> web.HTTPUnauthorized:
     return web.HTTPUnauthorized(
         text=message + "\n",
@@ -125,6 +141,9 @@ class Console:
         self.namespace = namespace
         self._make_client = client
         self._client: SchedulerClient | None = None
+        # One action on one subject at a time: a double submit waits for the first, then
+        # finds what it did (a redriven letter's request row).
+        self.running: dict[tuple[str, str, str], Running] = {}
 
     # --- application --------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -135,11 +154,14 @@ class Console:
             web.get("/upcoming", self.upcoming),
             web.get("/upcoming/minute", self.minute),
             web.get("/jobs", self.jobs),
-            web.get("/jobs/confirm", self.confirm),
-            web.post("/jobs/action", self.act),
             web.get("/rejected", self.rejected),
             web.get("/dead", self.dead),
         ])
+        for subject in (JOBS, LETTERS):
+            app.add_routes([
+                web.get(f"{subject.path}/confirm", self._confirm_route(subject)),
+                web.post(f"{subject.path}/action", self._act_route(subject)),
+            ])
         app.on_cleanup.append(self._close_client)
         return app
 
@@ -254,11 +276,17 @@ class Console:
     async def dead(self, request: web.Request) -> web.Response:
         topic = self.sources.settings.dead_topic
         letters = await self.sources.tail_messages(topic)
+        notice = ""
+        outcome, position = request.query.get("redrive"), request.query.get("letter", "")
+        if outcome in REDRIVE_OUTCOMES and LETTERS.valid(position):
+            notice = pages.redrive_notice(position, outcome,
+                                          self.sources.settings.submit_topic)
         return self._html(pages.tail_page(
             topic=topic, messages=[message_json(m) for m in letters],
             reason_header=pages.REASON_HEADERS["dead"], active="dead", title="Dead letters",
             namespace=self.namespace, nonce=request[NONCE], now_ms=now_ms(),
-            redrive=await self.sources.redrive_states(letters)))
+            redrive=await self.sources.redrive_states(letters),
+            actions=self.guard.token is not None, notice=notice))
 
     async def _tail(self, request: web.Request, kind: str, topic: str,
                     title: str) -> web.Response:
@@ -276,49 +304,89 @@ class Console:
         if not self.guard.authenticated(request):
             raise challenge("actions need the console token (bearer or basic auth)")
 
-    def _action(self, name: str | None) -> JobAction:
-        action = JOB_ACTIONS.get(name or "")
+    @staticmethod
+    def _action(subject: Subject, name: str | None) -> Action:
+        action = subject.actions.get(name or "")
         if action is None:
-            raise web.HTTPBadRequest(text=f"action: unknown {name!r} (known: "
-                                          f"{', '.join(JOB_ACTIONS)})")
+            raise web.HTTPBadRequest(text=f"action: unknown {name!r} for a {subject.kind} "
+                                          f"(known: {', '.join(subject.actions)})")
         return action
 
-    async def confirm(self, request: web.Request) -> web.Response:
-        self._require_token(request)
-        action = self._action(request.query.get("action"))
-        job_id = request.query.get("id", "")
-        if not job_id:
+    @staticmethod
+    def _subject_id(subject: Subject, raw: object) -> str:
+        subject_id = str(raw or "")
+        if not subject_id:
             raise web.HTTPBadRequest(text="id: missing")
+        if not subject.valid(subject_id):
+            raise web.HTTPBadRequest(text=f"id: not a {subject.kind}: {subject_id!r}")
+        return subject_id
+
+    async def client(self) -> SchedulerClient:
+        if self._client is None:
+            self._client = await self._make_client().start()
+        return self._client
+
+    def _confirm_route(self, subject: Subject) -> Handler:
+        async def confirm(request: web.Request) -> web.Response:
+            return await self.confirm(request, subject)
+        return confirm
+
+    def _act_route(self, subject: Subject) -> Handler:
+        async def act(request: web.Request) -> web.Response:
+            return await self.act(request, subject)
+        return act
+
+    async def confirm(self, request: web.Request, subject: Subject = JOBS) -> web.Response:
+        """The confirmation page of an action: the question, what will be sent (the
+        action's preview, when it has one) and the form with its CSRF token."""
+        self._require_token(request)
+        action = self._action(subject, request.query.get("action"))
+        subject_id = self._subject_id(subject, request.query.get("id"))
+        preview = None
+        if action.preview is not None:
+            preview = await action.preview(await self.client(), subject_id)
         cookie = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(32)
         response = self._html(pages.confirm_page(
-            action, job_id, namespace=self.namespace, nonce=request[NONCE],
-            csrf=self.guard.csrf_token(cookie, action.name, job_id)))
+            action, subject_id, namespace=self.namespace, nonce=request[NONCE],
+            csrf=self.guard.csrf_token(cookie, _csrf_action(subject, action), subject_id),
+            subject=subject, preview=preview))
         response.set_cookie(CSRF_COOKIE, cookie, httponly=True, samesite="Strict", path="/")
         return response
 
-    async def act(self, request: web.Request) -> web.Response:
+    async def act(self, request: web.Request, subject: Subject = JOBS) -> web.Response:
+        """The POST of a confirmation page: checked (token, Origin, CSRF) before anything
+        runs, then the action, then back to the subject's page with what it did."""
         self._require_token(request)
         origin = request.headers.get("Origin")
         if origin is not None and origin.split("://", 1)[-1] != request.host:
             raise web.HTTPForbidden(text=f"Origin {origin} is not this console")
         form = await request.post()
-        job_id = str(form.get("id", ""))
-        action = self._action(str(form.get("action", "")))
+        subject_id = str(form.get("id", ""))
+        action = self._action(subject, str(form.get("action", "")))
         if not self.guard.csrf_ok(request.cookies.get(CSRF_COOKIE), str(form.get("csrf", "")),
-                                  action.name, job_id):
+                                  _csrf_action(subject, action), subject_id):
             raise web.HTTPForbidden(text="CSRF check failed: submit the action from its "
                                          "confirmation page")
-        if not job_id:
-            raise web.HTTPBadRequest(text="id: missing")
-        if self._client is None:
-            self._client = await self._make_client().start()
-        delivery = await action.send(self._client, job_id)
-        await self._client.flush()
-        meta = delivery.result()
-        log.info("console: %s of job %s sent to %s[%d]@%d", action.name, job_id, meta.topic,
-                 meta.partition, meta.offset)
-        raise web.HTTPSeeOther(pages.job_href(job_id) + "&" + _query(
-            sent=action.name, partition=meta.partition, offset=meta.offset))
+        subject_id = self._subject_id(subject, subject_id)
+        client = await self.client()
+        key = (subject.kind, action.name, subject_id)
+        running = self.running.setdefault(key, Running())
+        running.requests += 1
+        try:
+            async with running.lock:
+                outcome = await action.run(client, subject_id)
+        finally:
+            running.requests -= 1
+            if not running.requests:
+                del self.running[key]
+        log.info("console: %s", outcome.summary)
+        raise web.HTTPSeeOther(subject.page(subject_id) + "&" + _query(**outcome.params))
+
+
+def _csrf_action(subject: Subject, action: Action) -> str:
+    """What a CSRF token is bound to besides the cookie and the subject's id: the kind of
+    subject and the action, so a token for one never passes for another."""
+    return f"{subject.kind}:{action.name}"
 
 
 def _query(**items: object) -> str:
@@ -346,7 +414,7 @@ async def serve(settings: Settings, *, host: str, port: int, behind_ms: int,
         sources = Sources(settings, store, shards, behind_ms=behind_ms)
         await sources.start()
         console = Console(sources, Guard.create(token, host), namespace=settings.namespace,
-                          client=lambda: SchedulerClient(settings))
+                          client=lambda: SchedulerClient(settings, store=store))
         runner = web.AppRunner(console.app(), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, host, port)

@@ -17,7 +17,14 @@ from zoneinfo import ZoneInfo
 
 import orjson
 
-from chronowheel.console.actions import JobAction
+from chronowheel.console.actions import (
+    JOBS,
+    LETTERS,
+    Action,
+    Preview,
+    Subject,
+    job_href,
+)
 from chronowheel.console.sources import ClusterView, DuePage, HeatMap, JobView, RedriveState
 from chronowheel.core import wire
 from chronowheel.core.buckets import MINUTE_MS
@@ -41,7 +48,8 @@ th{background:#eef1f5}td.n{text-align:right}.bad{color:#b42318;font-weight:600}
 padding:8px;overflow:auto;max-width:100%}code{font-family:ui-monospace,monospace}
 .btn{display:inline-block;padding:5px 12px;border:1px solid #98a2b3;border-radius:4px;
 background:#fff;color:#1b1f24;text-decoration:none;cursor:pointer;font:inherit}
-.btn.danger{border-color:#b42318;color:#b42318}.note{background:#fff;border-left:4px solid
+.btn.danger{border-color:#b42318;color:#b42318}.btn[disabled]{opacity:.5;cursor:not-allowed}
+.note{background:#fff;border-left:4px solid
 #2e90fa;padding:6px 10px;margin:8px 0}.warn{border-left-color:#f79009}
 #heat{border:1px solid #d5dae1;background:#fff;cursor:crosshair;image-rendering:pixelated}
 .scroll{overflow-x:auto;max-width:100%}.legend span{display:inline-block;width:14px;height:10px}
@@ -88,11 +96,6 @@ def when(ms: int | None, now_ms: int) -> str:
     if ms is None:
         return '<span class="muted">-</span>'
     return f'<span title="{esc(relative(ms, now_ms))}">{esc(rfc3339(ms))}</span>'
-
-
-def job_href(job_id: str) -> str:
-    # Ids may hold "/" or "?": a query parameter carries any of them.
-    return "/jobs?" + urlencode({"id": job_id})
 
 
 def job_link(job_id: str) -> str:
@@ -303,7 +306,7 @@ def zoned(ms: int, tz: str) -> str:
 
 
 def job_page(view: JobView, *, namespace: str, nonce: str, now_ms: int,
-             actions: Sequence[JobAction], notice: str = "") -> str:
+             actions: Sequence[Action], notice: str = "") -> str:
     row = view.row
     published = ""
     if row.status == "scheduled" and row.slot_ms is not None and view.watermark_ms is not None:
@@ -350,7 +353,7 @@ def job_page(view: JobView, *, namespace: str, nonce: str, now_ms: int,
         if view.spec is not None else row.spec.decode("utf-8", "replace")
     buttons = " ".join(
         f'<a class="btn{" danger" if a.danger else ""}" id="action-{esc(a.name)}" '
-        f'href="{esc(confirm_href(row.job_id, a.name))}">{esc(a.label)}</a>'
+        f'href="{esc(JOBS.confirm_href(row.job_id, a.name))}">{esc(a.label)}</a>'
         for a in actions) if row.status == "scheduled" else ""
     body = (f"<h1>Job {esc(row.job_id)}</h1>{notice}{lookup_form()}"
             f"<p>{buttons}</p>{facts}"
@@ -388,24 +391,34 @@ def runs_section(history: JobHistory | None, now_ms: int) -> str:
                             attrs='id="runs"')
 
 
-def confirm_page(action: JobAction, job_id: str, *, namespace: str, nonce: str,
-                 csrf: str) -> str:
-    body = (f"<h1>{esc(action.confirm.format(id=job_id))}</h1><p>{esc(action.effect)}</p>"
-            f'<form method="post" action="/jobs/action" id="confirm-form">'
-            f'<input type="hidden" name="id" value="{esc(job_id)}">'
+def confirm_page(action: Action, subject_id: str, *, namespace: str, nonce: str, csrf: str,
+                 subject: Subject = JOBS, preview: Preview | None = None) -> str:
+    """The question, what will be sent, and the form that POSTs it with its CSRF token (no
+    form when the preview says nothing would be sent)."""
+    back = f'<a class="btn" href="{esc(subject.page(subject_id))}">Back</a>'
+    shown = ""
+    if preview is not None:
+        shown = (f'<p id="preview" class="note{"" if preview.sendable else " warn"}">'
+                 f"{esc(preview.message)}</p>")
+        if preview.command is not None:
+            shown += f'<pre id="preview-command">{esc(preview.command)}</pre>'
+    if preview is not None and not preview.sendable:
+        return page(title=action.label, active=subject.active, namespace=namespace,
+                    nonce=nonce, body=f"<h1>{esc(action.confirm.format(id=subject_id))}</h1>"
+                                      f"{shown}<p>{back}</p>")
+    body = (f"<h1>{esc(action.confirm.format(id=subject_id))}</h1><p>{esc(action.effect)}</p>"
+            f"{shown}"
+            f'<form method="post" action="{esc(subject.path)}/action" id="confirm-form">'
+            f'<input type="hidden" name="id" value="{esc(subject_id)}">'
             f'<input type="hidden" name="action" value="{esc(action.name)}">'
             f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
             f'<button class="btn{" danger" if action.danger else ""}" type="submit" '
-            f'id="confirm">{esc(action.label)}</button> '
-            f'<a class="btn" href="{esc(job_href(job_id))}">Back</a></form>')
-    return page(title=action.label, active="jobs", namespace=namespace, nonce=nonce, body=body)
+            f'id="confirm">{esc(action.label)}</button> {back}</form>')
+    return page(title=action.label, active=subject.active, namespace=namespace, nonce=nonce,
+                body=body)
 
 
-def confirm_href(job_id: str, action: str) -> str:
-    return "/jobs/confirm?" + urlencode({"id": job_id, "action": action})
-
-
-def sent_notice(action: JobAction, topic: str, partition: int, offset: int) -> str:
+def sent_notice(action: Action, topic: str, partition: int, offset: int) -> str:
     return (f'<p class="note" id="notice">{esc(action.label)}: command written to '
             f"{esc(topic)} partition {partition} offset {offset}. The status changes once the "
             "owning node applies it.</p>")
@@ -415,9 +428,11 @@ def sent_notice(action: JobAction, topic: str, partition: int, offset: int) -> s
 
 def tail_page(*, topic: str, messages: Sequence[dict[str, Any]], reason_header: str,
               active: str, title: str, namespace: str, nonce: str, now_ms: int,
-              redrive: Mapping[str, RedriveState] | None = None) -> str:
+              redrive: Mapping[str, RedriveState] | None = None, actions: bool = False,
+              notice: str = "") -> str:
     """A topic's tail; with `redrive` (the dead letters', by `<partition>@<offset>`) a column
-    saying what `chronowheel dead redrive` would do with each letter."""
+    saying what `chronowheel dead redrive` would do with each letter, and for a letter it
+    would send a Redrive button (disabled unless `actions`: the console has a token)."""
     rows = []
     for m in messages:
         headers = m["headers"]
@@ -434,7 +449,7 @@ def tail_page(*, topic: str, messages: Sequence[dict[str, Any]], reason_header: 
         ]
         if redrive is not None:
             row.append(redrive_cell(redrive.get(position), headers.get(wire.JOB_ID),
-                                    namespace))
+                                    namespace, position=position, actions=actions))
         rows.append(row)
     heads = ["Time", "Reason", "Key", "Headers", "Payload", "Partition@offset"]
     if redrive is not None:
@@ -443,29 +458,55 @@ def tail_page(*, topic: str, messages: Sequence[dict[str, Any]], reason_header: 
         else '<p class="muted">No messages.</p>'
     explained = "" if redrive is None else (
         "<p>Redrive says what <code>chronowheel dead redrive</code> would do with each letter "
-        "now (a dry run of its own code: nothing is sent from this page): <b>ready</b> sends "
-        "it again as the next attempt of its occurrence, <b>redriven</b> was sent before and "
-        "is not sent again, <b>refused</b> cannot be, with the reason. A redrive selects by "
-        "job, tenant, failure time or reason; start with <code>--dry-run</code> "
-        "(docs/worker.md).</p>")
-    body = (f"<h1>{esc(title)}</h1><p>The newest committed messages of <code>{esc(topic)}"
-            f"</code> (read_committed; the last {count(50)} of each partition), newest first; "
-            f"the reason is the <code>{esc(reason_header)}</code> header.</p>{explained}"
-            f"{listing}")
+        "now (a dry run of its own code): <b>ready</b> sends it again as the next attempt of "
+        "its occurrence, <b>redriven</b> was sent before and is not sent again, "
+        "<b>refused</b> cannot be, with the reason. The <b>Redrive</b> button of a ready "
+        "letter redrives that one letter, after a confirmation page (it needs the console's "
+        "token); the command line selects by job, tenant, failure time or reason; start "
+        "with <code>--dry-run</code> (docs/worker.md).</p>")
+    body = (f"<h1>{esc(title)}</h1>{notice}<p>The newest committed messages of <code>"
+            f"{esc(topic)}</code> (read_committed; the last {count(50)} of each partition), "
+            f"newest first; the reason is the <code>{esc(reason_header)}</code> header.</p>"
+            f"{explained}{listing}")
     return page(title=title, active=active, namespace=namespace, nonce=nonce, body=body)
 
 
-def redrive_cell(state: RedriveState | None, job_id: str | None, namespace: str) -> str:
+def redrive_cell(state: RedriveState | None, job_id: str | None, namespace: str, *,
+                 position: str = "", actions: bool = False) -> str:
     if state is None:
         return '<span class="muted">-</span>'
     kind, why = state
     if kind == "ready":
         command = (f"chronowheel dead redrive --namespace {shlex.quote(namespace)} --job "
                    f"{shlex.quote(job_id or '')} --dry-run")
-        return f'<span class="redrive ok">ready</span><br><code>{esc(command)}</code>'
+        slug = position.replace("@", "-")
+        if actions:
+            button = (f'<a class="btn redrive-action" id="redrive-{esc(slug)}" '
+                      f'href="{esc(LETTERS.confirm_href(position, "redrive"))}">Redrive</a>')
+        else:
+            button = (f'<button class="btn redrive-action" id="redrive-{esc(slug)}" '
+                      f'type="button" disabled title="actions are disabled: start the console '
+                      f'with CHRONOWHEEL_CONSOLE_TOKEN set">Redrive</button>')
+        return (f'<span class="redrive ok">ready</span> {button}<br>'
+                f"<code>{esc(command)}</code>")
     if kind == "redriven":
         return '<span class="redrive muted">redriven</span>'
     return f'<span class="redrive bad">refused</span>: {esc(why or "")}'
+
+
+def redrive_notice(position: str, outcome: str, topic: str) -> str:
+    """What the redrive of the letter at `position` did (`actions.REDRIVE_OUTCOMES`)."""
+    text = {
+        "redriven": f"Dead letter {position} redriven: its retry command was written to "
+                    f"{topic} and its request id redrive:{position} recorded; it is not sent "
+                    f"again.",
+        "already": f"Dead letter {position} was redriven before: nothing was sent.",
+        "refused": f"Dead letter {position} cannot be redriven: nothing was sent (its Redrive "
+                   f"column says why).",
+        "missing": f"There is no dead letter at {position}: nothing was sent.",
+    }[outcome]
+    cls = "note" if outcome == "redriven" else "note warn"
+    return f'<p class="{cls}" id="notice">{esc(text)}</p>'
 
 
 def _short(text: str, limit: int = 300) -> str:
