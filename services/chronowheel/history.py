@@ -9,10 +9,11 @@ counted (`chronowheel_history_rows_total{outcome="dropped"}`), never waited for.
 (`run`, supervised by the service) takes up to `history_batch_rows` rows at a time, groups
 them by job, and writes the runs of up to `RUN_WRITE_JOBS` (10) jobs as one write (an
 unlogged batch over their partitions, a request per group of them with the same replicas) and
-their counter deltas as another (counter batches likewise), `history_writes_in_flight` writes
-at a time, at most `history_writes_per_s` requests a second as the store counts them (a
-request per job and kind cost the process about five times the CPU a row: what history costs
-is mostly the driver's work per request).
+their counter deltas as another (counter batches likewise), at most
+`history_writes_in_flight` requests in flight (a permit each, held by the store for each
+request a write splits into) and `history_writes_per_s` requests a second as the store counts
+them (a request per job and kind cost the process about five times the CPU a row: what history
+costs is mostly the driver's work per request).
 A write that fails after the store's own retries is counted (`outcome="failed"`) and logged
 at most once a minute; the writer goes on with the next batch. So if Cassandra is slow,
 history is late; if it stays slow, history is dropped, and the jobs are neither.
@@ -81,6 +82,10 @@ class RunRecorder:
         self.queue_bytes = queue_bytes
         self.batch_rows = batch_rows
         self.in_flight = in_flight
+        """Most requests in flight at once: a write of several jobs is one or more (by
+        replica set), each holding one of `_permits`, so the bound holds however the writes
+        split."""
+        self._permits = asyncio.Semaphore(in_flight)
         self.writes_per_s = writes_per_s
         """Most requests a second the writer sends (0: no cap). What the writer costs the
         process is about its requests: the cap bounds it, and past it the queue fills and
@@ -252,8 +257,8 @@ class RunRecorder:
     async def write_batch(self, rows: int | None = None) -> int:
         """Take up to `batch_rows` (or `rows`) queued rows and write them: the runs of up to
         `RUN_WRITE_JOBS` jobs (and `RUN_WRITE_BYTES`) a write, their counters in another,
-        `in_flight` writes at a time; return the requests made (as the store counts them: a
-        write is one or more, by replica set; a failed write counts one). Failures are
+        at most `in_flight` requests at a time; return the requests made (as the store counts
+        them: a write is one or more, by replica set; a failed write counts one). Failures are
         counted, not raised (an error of history never stops the node or the worker)."""
         try:
             records = self._take(rows)
@@ -267,12 +272,12 @@ class RunRecorder:
         for r in records:
             by_job.setdefault(r.job_id, []).append(r)
         add_counts(counts, records)
-        store, ttl_s = self.store, self.ttl_s
+        store, ttl_s, permits = self.store, self.ttl_s, self._permits
         writes: list[tuple[int, Any]] = [
-            (sum(map(len, group.values())), store.write_runs_of_jobs(group, ttl_s))
+            (sum(map(len, group.values())), store.write_runs_of_jobs(group, ttl_s, permits))
             for group in run_groups(by_job)]
         jobs = list(counts.items())
-        writes += [(0, store.add_run_counts_of_jobs(dict(jobs[i:i + RUN_WRITE_JOBS])))
+        writes += [(0, store.add_run_counts_of_jobs(dict(jobs[i:i + RUN_WRITE_JOBS]), permits))
                    for i in range(0, len(jobs), RUN_WRITE_JOBS)]
         requests = await self._bounded(writes)
         if records and requests:
@@ -280,8 +285,9 @@ class RunRecorder:
         return requests
 
     async def _bounded(self, writes: list[tuple[int, Any]]) -> int:
-        """Run `writes` ((rows, the store's write), `in_flight` at a time); the requests
-        they made."""
+        """Run `writes` ((rows, the store's write), `in_flight` at a time, and their
+        requests at most `in_flight` at a time by the permits the store holds for each); the
+        requests they made."""
         todo = iter(writes)
         requests = 0
 

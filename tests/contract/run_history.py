@@ -21,6 +21,21 @@ PassTime = Callable[[float], Awaitable[None]]
 T = 1_796_115_600_000
 
 
+class CountedPermits:
+    """Permits without a bound that count what the store takes (`store.base.Permits`)."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+        self.held = 0
+
+    async def __aenter__(self) -> None:
+        self.taken += 1
+        self.held += 1
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.held -= 1
+
+
 class RunHistoryContract:
     @pytest.fixture
     def job(self) -> str:
@@ -130,6 +145,19 @@ class RunHistoryContract:
         assert counts[jobs[0]] == {"fired": 2, "succeeded": 1}
         assert counts[jobs[1]] == {"fired": 1, "failed": 1}
         assert all(counts[j] == {"fired": 1} for j in jobs[2:])
+
+    async def test_each_request_of_a_write_of_several_jobs_holds_a_permit(
+            self, history: RunHistoryStore, job: str) -> None:
+        permits = CountedPermits()
+        jobs = [f"{job}-{i}" for i in range(RUN_WRITE_JOBS)]
+        made = await history.write_runs_of_jobs(
+            {j: [RunRecord(j, T, fired_ms=T + 5)] for j in jobs}, 3600, permits)
+        counted = await history.add_run_counts_of_jobs({j: {"fired": 1} for j in jobs}, permits)
+        assert permits.taken == made + counted and permits.held == 0
+        assert await history.add_run_counts_of_jobs({jobs[0]: {}}, permits) == 0
+        assert permits.taken == made + counted  # no request, no permit
+        assert [len(await history.job_runs(j, 5)) for j in jobs] == [1] * len(jobs)
+        assert (await history.run_counts(jobs))[jobs[-1]] == {"fired": 1}
 
     async def test_a_write_of_several_jobs_is_bounded_and_checked(
             self, history: RunHistoryStore, job: str) -> None:

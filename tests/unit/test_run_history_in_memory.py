@@ -19,7 +19,7 @@ from chronowheel.errors import RetriableError
 from chronowheel.history import RunRecorder, run_groups
 from chronowheel.node.service import Node
 from chronowheel.ops.runs import read_job_history
-from chronowheel.store.base import JobPage, JobRow, JobSummary
+from chronowheel.store.base import JobPage, JobRow, JobSummary, Permits
 from chronowheel.store.memory_history import MemoryRunHistory
 from chronowheel.worker import Occurrence, Worker
 from prometheus_client import CollectorRegistry
@@ -27,6 +27,11 @@ from prometheus_client import CollectorRegistry
 from tests.contract.run_history import PassTime, RunHistoryContract
 from tests.unit.node_rig import T0, NodeRig
 from tests.unit.worker_rig import WorkerRig
+
+
+def alone(key: bytes) -> list[str]:
+    """A token map of a large cluster: every job's partition has replicas of its own."""
+    return [key.decode()]
 
 
 class TestMemoryRunHistoryContract(RunHistoryContract):
@@ -43,6 +48,15 @@ class TestMemoryRunHistoryContract(RunHistoryContract):
         async def advance(seconds: float) -> None:
             clock.advance(int(seconds * 1000))
         return advance
+
+
+class TestMemoryRunHistoryContractOnALargeCluster(TestMemoryRunHistoryContract):
+    """The same with a token map where every job has replicas of its own: a write of several
+    jobs is a request each."""
+
+    @pytest.fixture
+    def history(self, clock: ManualClock) -> MemoryRunHistory:
+        return MemoryRunHistory(clock=clock, replicas_of=alone)
 
 
 # --- the vocabulary ---------------------------------------------------------------------------
@@ -173,10 +187,11 @@ async def test_a_full_queue_drops_and_counts_and_never_waits() -> None:
 
 async def test_a_failed_write_is_counted_and_the_writer_goes_on() -> None:
     class Flaky(MemoryRunHistory):
-        async def write_runs_of_jobs(self, runs_: Any, ttl_s: int) -> int:
+        async def write_runs_of_jobs(self, runs_: Any, ttl_s: int,
+                                     permits: Permits | None = None) -> int:
             if "bad" in runs_:
                 raise RetriableError("write a run: WriteTimeout")
-            return await super().write_runs_of_jobs(runs_, ttl_s)
+            return await super().write_runs_of_jobs(runs_, ttl_s, permits)
 
     store = Flaky()
     rec = recorder(store, batch_rows=1)
@@ -245,11 +260,6 @@ async def test_a_paced_writer_takes_about_a_second_of_requests_at_a_time() -> No
         task.cancel()
 
 
-def alone(key: bytes) -> list[str]:
-    """A token map of a large cluster: every job's partition has replicas of its own."""
-    return [key.decode()]
-
-
 async def test_the_rate_counts_each_request_a_write_splits_into_by_replicas() -> None:
     slept: list[float] = []
     done = asyncio.Event()
@@ -298,6 +308,32 @@ async def test_a_paced_batch_is_sized_by_the_requests_a_row_took() -> None:
         assert slept == [10.0, 2.0] and store.writes == 120 and rec.queued == 10
     finally:
         task.cancel()
+
+
+async def test_the_requests_in_flight_are_bounded_however_the_writes_split() -> None:
+    gate = asyncio.Event()
+    full = asyncio.Event()
+
+    async def slow() -> None:  # Cassandra answering once the test says so
+        if store.in_flight >= 4:
+            full.set()
+        await gate.wait()
+
+    store = MemoryRunHistory(replicas_of=alone, delay=slow)
+    rec = recorder(store, batch_rows=100, in_flight=4)
+    for job in range(40):
+        rec.add(RunRecord(f"j{job}", T0, fired_ms=T0))
+    flushed = asyncio.ensure_future(rec.flush())
+    try:
+        await asyncio.wait_for(full.wait(), 5)
+        gate.set()
+        await asyncio.wait_for(flushed, 5)
+    finally:
+        flushed.cancel()
+    # Forty jobs of forty replica sets: four writes of runs and four of counters, ten
+    # requests each. Four in flight at most, not four writes (40 requests).
+    assert store.writes == 80 and rec.written == 40
+    assert store.most_in_flight == 4 and store.in_flight == 0
 
 
 # --- a node and a worker recording runs --------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import date
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -478,6 +479,17 @@ def same_replicas(job_ids: Sequence[str],
     return list(groups.values())
 
 
+Permits = AbstractAsyncContextManager[Any]
+"""What bounds the run history requests in flight (the writer's `asyncio.Semaphore` of
+`history_writes_in_flight`): a store enters it once per request, for as long as the request
+is in flight."""
+
+
+def permit(permits: Permits | None) -> Permits:
+    """`async with permit(permits)` around one request: a hold on `permits` (None: no bound)."""
+    return nullcontext() if permits is None else permits
+
+
 class RunHistoryStore(Protocol):
     """Run history and per-job counters (tables `run_history`, `run_counters`; pure types in
     `core/runs.py`). Implementations: `store/cassandra_history.py` and
@@ -497,17 +509,20 @@ class RunHistoryStore(Protocol):
         idempotent (a retried call may count twice) and never expiring."""
         ...
 
-    async def write_runs_of_jobs(self, runs: Mapping[str, Sequence[RunRecord]],
-                                 ttl_s: int) -> int:
+    async def write_runs_of_jobs(self, runs: Mapping[str, Sequence[RunRecord]], ttl_s: int,
+                                 permits: Permits | None = None) -> int:
         """`write_runs` of several jobs (job id -> its runs; at most `RUN_WRITE_JOBS` of
         them) in one request per group of jobs with the same replicas (`same_replicas`: one
-        on a single node); returns the requests made (what `history_writes_per_s` counts)."""
+        on a single node), each holding one of `permits` while in flight (`permit`), so a
+        caller's bound on requests in flight holds however the write splits; returns the
+        requests made (what `history_writes_per_s` counts)."""
         ...
 
-    async def add_run_counts_of_jobs(self, counts: Mapping[str, Mapping[str, int]]) -> int:
+    async def add_run_counts_of_jobs(self, counts: Mapping[str, Mapping[str, int]],
+                                     permits: Permits | None = None) -> int:
         """`add_run_counts` of several jobs (job id -> its counts; at most `RUN_WRITE_JOBS`)
-        in one request per group of jobs with the same replicas; returns the requests made
-        (0 when every count is 0)."""
+        in one request per group of jobs with the same replicas, each holding one of
+        `permits` while in flight; returns the requests made (0 when every count is 0)."""
         ...
 
     async def job_runs(self, job_id: str, limit: int) -> list[RunRecord]:

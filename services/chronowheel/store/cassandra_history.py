@@ -9,7 +9,8 @@ different replicas (`same_replicas`), and the token-aware policy sends it to one
 replicas, so no coordinator does another node's work, the cost that makes the project avoid
 multi-partition batches elsewhere; on one node, or with few nodes, the whole flush shares its
 replicas. Counters cannot share a batch with other rows nor carry a TTL, so they are their own
-request and live as long as the job's counters row."""
+request and live as long as the job's counters row. Each request of a write of several jobs
+holds one of the caller's permits while in flight (the writer's `history_writes_in_flight`)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, PreparedStat
 
 from chronowheel.core.runs import COUNTERS, RunRecord
 from chronowheel.errors import ConfigError
-from chronowheel.store.base import RUN_WRITE_JOBS, same_replicas
+from chronowheel.store.base import RUN_WRITE_JOBS, Permits, permit, same_replicas
 from chronowheel.store.cassandra import TUPLES, execute
 
 RUN_COLUMNS = ("job_id, scheduled_ms, attempt, occurrence, fired_ms, lateness_ms, node_id, "
@@ -153,44 +154,50 @@ class CassandraRunHistory:
     def _replicas(self, key: bytes) -> Any:
         return self.session.cluster.metadata.get_replicas(self.keyspace, key)
 
-    async def write_runs_of_jobs(self, runs: Mapping[str, Sequence[RunRecord]],
-                                 ttl_s: int) -> int:
+    async def write_runs_of_jobs(self, runs: Mapping[str, Sequence[RunRecord]], ttl_s: int,
+                                 permits: Permits | None = None) -> int:
         _check_jobs(runs)
         for job_id, mine in runs.items():
             _of_job(job_id, mine)
         groups = same_replicas([j for j, mine in runs.items() if mine], self._replicas)
-        await asyncio.gather(*(self._write_group([r for j in g for r in runs[j]], len(g), ttl_s)
-                               for g in groups))
+        await asyncio.gather(*(self._write_group([r for j in g for r in runs[j]], len(g), ttl_s,
+                                                 permits) for g in groups))
         return len(groups)
 
-    async def _write_group(self, rows: list[RunRecord], jobs: int, ttl_s: int) -> None:
-        if len(rows) == 1:
-            await self._exec(*self._row(rows[0], ttl_s), "write a run")
-            return
-        # Unlogged over partitions of the same replicas: a mutation per partition, no batch
-        # log, routed (by its first statement) to one of those replicas.
-        batch: Any = BatchStatement(batch_type=BatchType.UNLOGGED)
-        for r in rows:
-            batch.add(*self._row(r, ttl_s))
-        await execute(self.session, batch, (), f"write {len(rows)} runs of {jobs} jobs")
+    async def _write_group(self, rows: list[RunRecord], jobs: int, ttl_s: int,
+                           permits: Permits | None) -> None:
+        async with permit(permits):
+            if len(rows) == 1:
+                await self._exec(*self._row(rows[0], ttl_s), "write a run")
+                return
+            # Unlogged over partitions of the same replicas: a mutation per partition, no
+            # batch log, routed (by its first statement) to one of those replicas.
+            batch: Any = BatchStatement(batch_type=BatchType.UNLOGGED)
+            for r in rows:
+                batch.add(*self._row(r, ttl_s))
+            await execute(self.session, batch, (), f"write {len(rows)} runs of {jobs} jobs")
 
-    async def add_run_counts_of_jobs(self, counts: Mapping[str, Mapping[str, int]]) -> int:
+    async def add_run_counts_of_jobs(self, counts: Mapping[str, Mapping[str, int]],
+                                     permits: Permits | None = None) -> int:
         _check_jobs(counts)
         for mine in counts.values():
             _check_counters(mine)
         todo = {job_id: mine for job_id, mine in counts.items() if any(mine.values())}
         groups = same_replicas(list(todo), self._replicas)
-        await asyncio.gather(*(self._count_group([(j, todo[j]) for j in g]) for g in groups))
+        await asyncio.gather(*(self._count_group([(j, todo[j]) for j in g], permits)
+                               for g in groups))
         return len(groups)
 
-    async def _count_group(self, todo: list[tuple[str, Mapping[str, int]]]) -> None:
-        if len(todo) == 1:
-            await self.add_run_counts(*todo[0])
-            return
-        batch: Any = BatchStatement(batch_type=BatchType.COUNTER)
-        for job_id, mine in todo:
-            batch.add(*self._counts_row(job_id, mine))
-        await execute(self.session, batch, (), f"count runs of {len(todo)} jobs")
+    async def _count_group(self, todo: list[tuple[str, Mapping[str, int]]],
+                           permits: Permits | None) -> None:
+        async with permit(permits):
+            if len(todo) == 1:
+                await self.add_run_counts(*todo[0])
+                return
+            batch: Any = BatchStatement(batch_type=BatchType.COUNTER)
+            for job_id, mine in todo:
+                batch.add(*self._counts_row(job_id, mine))
+            await execute(self.session, batch, (), f"count runs of {len(todo)} jobs")
 
     async def job_runs(self, job_id: str, limit: int) -> list[RunRecord]:
         if limit <= 0:
