@@ -64,6 +64,12 @@ class FlakyResponse:
         self.session = session
         self.cleared = False
         self._timer: object | None = object()  # the driver's timeout timer
+        # What the driver stores with an answer before it calls back.
+        self._warnings = None
+        self._col_names = ["row"]
+        self._col_types = None
+        self._paging_state = None
+        self.has_more_pages = False
 
     def add_callbacks(self, ok: Any, err: Any) -> None:
         if self.session.failures > 0:

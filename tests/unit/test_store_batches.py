@@ -151,17 +151,19 @@ def test_the_drivers_own_line_per_warning_is_muted_and_nothing_else() -> None:
 
 
 class FakeResponse:
-    """A finished ResponseFuture as the driver hands it to the store's callbacks."""
+    """A finished ResponseFuture as the driver hands it to the store's callbacks (the rows
+    themselves are handed to the callback)."""
 
     def __init__(self, warnings: list[str] | None) -> None:
-        self.warnings = warnings
+        self._warnings = warnings
+        self._col_names = ["id"]
+        self._col_types = None
+        self._paging_state = None
+        self.has_more_pages = False
         self._timer: Any = object()
 
     def clear_callbacks(self) -> None:
         pass
-
-    def result(self) -> str:
-        return "rows"
 
 
 async def test_each_answer_s_warnings_are_noted_when_it_is_settled(
@@ -170,10 +172,9 @@ async def test_each_answer_s_warnings_are_noted_when_it_is_settled(
     monkeypatch.setattr(cassandra, "SERVER_WARNINGS", warnings)
     loop = asyncio.get_running_loop()
     quiet, warned = loop.create_future(), loop.create_future()
-    _settle(quiet, FakeResponse(None), None, "read jobs")
-    _settle(warned, FakeResponse([list(WARNINGS)[1]]), None,
-            "count 50 buckets")
-    assert quiet.result() == "rows" and warned.result() == "rows"
+    _settle(quiet, FakeResponse(None), [("a",)], None, "read jobs")
+    _settle(warned, FakeResponse([list(WARNINGS)[1]]), [("b",)], None, "count 50 buckets")
+    assert list(quiet.result()) == [("a",)] and list(warned.result()) == [("b",)]
     assert warnings.counts == {"batch_size": 1}
 
 

@@ -33,6 +33,7 @@ from cassandra.cluster import (
     ExecutionProfile,
     NoHostAvailable,
     ResponseFuture,
+    ResultSet,
     Session,
 )
 from cassandra.connection import ConnectionException
@@ -238,13 +239,13 @@ class _Settler:
         self._loop = loop
         self._lock = threading.Lock()
         self._queue: deque[
-            tuple[asyncio.Future[Any], ResponseFuture, BaseException | None, str]] = deque()
+            tuple[asyncio.Future[Any], ResponseFuture, Any, BaseException | None, str]] = deque()
         self._scheduled = False
 
-    def put(self, fut: asyncio.Future[Any], rf: ResponseFuture, exc: BaseException | None,
-            what: str) -> None:
+    def put(self, fut: asyncio.Future[Any], rf: ResponseFuture, rows: Any,
+            exc: BaseException | None, what: str) -> None:
         with self._lock:
-            self._queue.append((fut, rf, exc, what))
+            self._queue.append((fut, rf, rows, exc, what))
             if self._scheduled:
                 return
             self._scheduled = True
@@ -260,8 +261,16 @@ class _Settler:
             items = list(self._queue)
             self._queue.clear()
             self._scheduled = False
-        for fut, rf, exc, what in items:
-            _settle(fut, rf, exc, what)
+        for fut, rf, rows, exc, what in items:
+            try:
+                _settle(fut, rf, rows, exc, what)
+            except Exception as bug:  # its waiter must hear of it, not hang
+                # One answer that cannot be settled must neither leave its own waiter
+                # waiting forever nor the other answers of this batch unsettled: a store
+                # call that never returns stops its shard's ingest without a word.
+                log.error("settling the answer to %s failed: %r", what or "a request", bug)
+                if not fut.done():
+                    fut.set_exception(bug)
 
 
 _settlers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Settler] = \
@@ -280,27 +289,31 @@ def _await_future(rf: ResponseFuture, what: str = "") -> asyncio.Future[Any]:
     fut: asyncio.Future[Any] = loop.create_future()
     put = _settler(loop).put
 
-    def ok(_rows: object) -> None:
-        put(fut, rf, None, what)
+    def ok(rows: object) -> None:
+        put(fut, rf, rows, None, what)
 
     def err(exc: BaseException) -> None:
-        put(fut, rf, exc, what)
+        put(fut, rf, None, exc, what)
 
     rf.add_callbacks(ok, err)
     return fut
 
 
-def _settle(fut: asyncio.Future[Any], rf: ResponseFuture, exc: BaseException | None,
-            what: str) -> None:
-    # The request is finished: the driver set its warnings before calling back.
-    warnings = getattr(rf, "warnings", None)
+def _settle(fut: asyncio.Future[Any], rf: ResponseFuture, rows: Any,
+            exc: BaseException | None, what: str) -> None:
+    # The driver may call back before it marks the request finished: `add_callbacks` on a
+    # request whose answer has just arrived runs the callback at once, on this thread, while
+    # the driver's I/O thread has yet to set the request's event. Until then the public
+    # `warnings` raises and `result()` blocks, so neither is used: the warnings were stored
+    # with the answer, before any callback, and the callback was handed the rows.
+    warnings = getattr(rf, "_warnings", None)
     _break_cycles(rf)  # first: the future's waiter may drop the request at once
     if warnings:
         SERVER_WARNINGS.note(warnings, what)
     if fut.done():
         return
     if exc is None:
-        fut.set_result(rf.result())  # already complete: does not block
+        fut.set_result(ResultSet(rf, rows))
     else:
         fut.set_exception(_translated(exc))
 
