@@ -306,7 +306,7 @@ def _settle(fut: asyncio.Future[Any], rf: ResponseFuture, rows: Any,
     # the driver's I/O thread has yet to set the request's event. Until then the public
     # `warnings` raises and `result()` blocks, so neither is used: the warnings were stored
     # with the answer, before any callback, and the callback was handed the rows.
-    warnings = getattr(rf, "_warnings", None)
+    warnings = stored_warnings(rf)
     _break_cycles(rf)  # first: the future's waiter may drop the request at once
     if warnings:
         SERVER_WARNINGS.note(warnings, what)
@@ -316,6 +316,14 @@ def _settle(fut: asyncio.Future[Any], rf: ResponseFuture, rows: Any,
         fut.set_result(ResultSet(rf, rows))
     else:
         fut.set_exception(_translated(exc))
+
+
+def stored_warnings(rf: ResponseFuture) -> list[str] | None:
+    """The server's warnings of an answer, as the driver stored them with it before calling
+    back (the public `warnings` raises until the driver has also marked the request
+    finished, which may come after a callback: see `_settle`)."""
+    warnings: list[str] | None = getattr(rf, "_warnings", None)
+    return warnings
 
 
 def _break_cycles(rf: ResponseFuture) -> None:
@@ -678,8 +686,9 @@ class CassandraStore:
 
         def ok(rows: Any) -> None:
             received = time.time_ns() // 1_000_000
-            if rf.warnings:
-                SERVER_WARNINGS.note(rf.warnings, "sample the clock")
+            warnings = stored_warnings(rf)
+            if warnings:
+                SERVER_WARNINGS.note(warnings, "sample the clock")
             loop.call_soon_threadsafe(_settle_value, fut, (rows, received))
 
         def err(exc: BaseException) -> None:
