@@ -422,8 +422,11 @@ async def test_a_dead_letter_is_redriven_once_from_its_confirmation_page() -> No
             refused_letter = await (await http.get("/dead/confirm?id=0@2&action=redrive",
                                                    headers=auth)).text()
             assert "cannot be redriven" in refused_letter and "<form" not in refused_letter
-            bad = await http.get("/dead/confirm?id=nowhere&action=redrive", headers=auth)
-            assert bad.status == 400
+            # not a position (a superscript two is a digit to str.isdigit, not to int())
+            for wrong in ("nowhere", "0@²", "²@0"):
+                bad = await http.get("/dead/confirm", params={"id": wrong, "action": "redrive"},
+                                     headers=auth)
+                assert bad.status == 400, wrong
     finally:
         acks.cancel()
 

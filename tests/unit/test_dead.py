@@ -366,7 +366,7 @@ async def test_one_letter_is_selected_by_its_position_reading_from_it_and_stoppi
     selector = dead_selector(letter="2@3", job_id="a-9")
     assert selector.to_json() == {"job_id": "a-9", "letter": "2@3"}
     assert selector.describe() == "job_id=a-9 letter=2@3"
-    for bad in ("", "2", "2@", "@3", "a@1", "1@-2"):
+    for bad in ("", "2", "2@", "@3", "a@1", "1@-2", "0@²", "²@0"):
         with pytest.raises(ValidationError) as err:
             dead_selector(letter=bad)
         assert err.value.path == "letter"

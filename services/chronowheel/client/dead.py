@@ -31,6 +31,7 @@ refused, naming its source record, which still holds the payload while the topic
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import (
     AsyncGenerator,
@@ -64,11 +65,20 @@ def redrive_request_id(partition: int, offset: int) -> str:
     return f"{REDRIVE_PREFIX}{partition}@{offset}"
 
 
+_POSITION = re.compile(r"[0-9]+@[0-9]+")
+
+
+def is_position(text: str) -> bool:
+    """Whether `text` is `<partition>@<offset>` in ASCII digits (str.isdigit also takes "²",
+    which int() refuses)."""
+    return _POSITION.fullmatch(text) is not None
+
+
 def parse_position(token: str, path: str = "page_token") -> tuple[int, int]:
     """`<partition>@<offset>` -> (partition, offset); ValidationError naming `path`."""
-    part, _, off = token.partition("@")
-    if not (part.isdigit() and off.isdigit()):
+    if not is_position(token):
         raise ValidationError(path, "must be <partition>@<offset>", token)
+    part, _, off = token.partition("@")
     return int(part), int(off)
 
 

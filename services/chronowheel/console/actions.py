@@ -20,6 +20,7 @@ from urllib.parse import urlencode
 import orjson
 
 from chronowheel.client import SchedulerClient
+from chronowheel.client.dead import is_position
 from chronowheel.errors import ChronowheelError
 
 
@@ -62,11 +63,6 @@ def job_href(job_id: str) -> str:
 
 def letter_href(position: str) -> str:
     return "/dead?" + urlencode({"letter": position})
-
-
-def is_position(text: str) -> bool:
-    part, _, off = text.partition("@")
-    return part.isdigit() and off.isdigit()
 
 
 @dataclass(frozen=True)
