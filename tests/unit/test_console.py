@@ -300,6 +300,31 @@ async def test_the_dead_letter_route_shows_the_redrive_column_and_sends_nothing(
     assert "<form" not in html  # read-only: no action on this page
 
 
+async def test_two_first_uses_at_once_start_one_client() -> None:
+    """The client starts on first use; two requests needing it at once (its start awaits)
+    create and start one client, not two (the second would leak its producer)."""
+    import asyncio
+
+    from chronowheel.console.app import Console
+
+    made: list[Any] = []
+
+    class SlowClient:
+        async def start(self) -> SlowClient:
+            await asyncio.sleep(0.01)
+            return self
+
+    def client() -> Any:
+        made.append(SlowClient())
+        return made[-1]
+
+    console = Console(None, Guard.create(None, "127.0.0.1"),  # type: ignore[arg-type]
+                      namespace="ns", client=client)
+    first, second = await asyncio.gather(console.client(), console.client())
+    assert len(made) == 1 and first is second is made[0]
+    assert await console.client() is made[0]
+
+
 # --- dead letters: the redrive of one letter --------------------------------------------------
 
 def dead_console(store: MemoryStore, letters: list[TailMessage], token: Secret | None,

@@ -141,6 +141,9 @@ class Console:
         self.namespace = namespace
         self._make_client = client
         self._client: SchedulerClient | None = None
+        # Held while the client starts: two first uses at once start one client (a second
+        # would leak its producer).
+        self._client_lock = asyncio.Lock()
         # One action on one subject at a time: a double submit waits for the first, then
         # finds what it did (a redriven letter's request row).
         self.running: dict[tuple[str, str, str], Running] = {}
@@ -323,7 +326,9 @@ class Console:
 
     async def client(self) -> SchedulerClient:
         if self._client is None:
-            self._client = await self._make_client().start()
+            async with self._client_lock:
+                if self._client is None:
+                    self._client = await self._make_client().start()
         return self._client
 
     def _confirm_route(self, subject: Subject) -> Handler:
