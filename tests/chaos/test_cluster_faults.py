@@ -107,9 +107,10 @@ async def test_a_large_unconsumed_backlog_of_fired_messages_does_not_slow_firing
     # Firing does not wait for readers: the steady load stays on time. The bound is 5 s, or
     # twice the steady p99 of the same run's first seconds when the machine is so loaded that
     # those were later than that (at a load average of 30 they were 8.6 s): a node that waited
-    # for readers would fall further behind, not stay as late as it began.
+    # for readers would fall further behind, not stay as late as it began. Those first seconds
+    # already have the backlog, so the relative bound never goes past 15 s.
     assert result.steady_p99_ms is not None, result.summary()
-    bound = max(5_000.0, 2 * (result.before_p99_ms or 0.0))
+    bound = min(15_000.0, max(5_000.0, 2 * (result.before_p99_ms or 0.0)))
     assert result.steady_p99_ms < bound, result.summary()
 
 

@@ -306,16 +306,21 @@ def _settle(fut: asyncio.Future[Any], rf: ResponseFuture, rows: Any,
     # the driver's I/O thread has yet to set the request's event. Until then the public
     # `warnings` raises and `result()` blocks, so neither is used: the warnings were stored
     # with the answer, before any callback, and the callback was handed the rows.
-    warnings = stored_warnings(rf)
-    _break_cycles(rf)  # first: the future's waiter may drop the request at once
-    if warnings:
-        SERVER_WARNINGS.note(warnings, what)
-    if fut.done():
-        return
-    if exc is None:
-        fut.set_result(ResultSet(rf, rows))
-    else:
-        fut.set_exception(_translated(exc))
+    # The answer first: what follows is bookkeeping, and a failure in it must not turn a
+    # write Cassandra applied into an error. (The waiter resumes on a later turn of the loop,
+    # after the cycles below are broken.)
+    if not fut.done():
+        if exc is None:
+            fut.set_result(ResultSet(rf, rows))
+        else:
+            fut.set_exception(_translated(exc))
+    try:
+        warnings = stored_warnings(rf)
+        _break_cycles(rf)
+        if warnings:
+            SERVER_WARNINGS.note(warnings, what)
+    except Exception as bug:  # bookkeeping of an answer already handed over
+        log.error("after the answer to %s: %r", what or "a request", bug)
 
 
 def stored_warnings(rf: ResponseFuture) -> list[str] | None:
