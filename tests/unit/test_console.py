@@ -17,7 +17,7 @@ from chronowheel.core import wire
 from chronowheel.core.buckets import MINUTE_MS
 from chronowheel.core.model import ValidationPolicy
 from chronowheel.core.wire import StateRecord
-from chronowheel.errors import ConfigError
+from chronowheel.errors import ChronowheelError, ConfigError
 from chronowheel.node.publisher import state_record
 from chronowheel.node.state import ShardState
 from chronowheel.ops.tail import TailMessage, message_json
@@ -323,6 +323,35 @@ async def test_two_first_uses_at_once_start_one_client() -> None:
     first, second = await asyncio.gather(console.client(), console.client())
     assert len(made) == 1 and first is second is made[0]
     assert await console.client() is made[0]
+
+
+async def test_a_failed_redrive_says_whether_confirming_again_sends_a_second_copy() -> None:
+    """A retry Kafka did not take is sent by confirming again; one Kafka took whose request
+    row was not written was sent, and confirming again sends a second copy."""
+    from chronowheel.client.dead import DeadSelector, RedriveSummary
+    from chronowheel.console.actions import LETTER_ACTIONS
+
+    class FailingClient:
+        def __init__(self, unrecorded: bool) -> None:
+            self.unrecorded = unrecorded
+
+        async def redrive(self, *, letter: str) -> RedriveSummary:
+            s = RedriveSummary(DeadSelector(), matched=1)
+            s.failed.append((letter, RuntimeError("timed out")))
+            if self.unrecorded:
+                s.unrecorded.append(letter)
+            return s
+
+    run = LETTER_ACTIONS["redrive"].run
+    with pytest.raises(ChronowheelError) as not_sent:
+        await run(FailingClient(False), "0@1")  # type: ignore[arg-type]
+    assert "was not sent" in str(not_sent.value)
+    assert "confirming again sends it" in str(not_sent.value)
+    with pytest.raises(ChronowheelError) as unwritten:
+        await run(FailingClient(True), "0@1")  # type: ignore[arg-type]
+    text = str(unwritten.value)
+    assert "was sent (Kafka took it)" in text and "request row was not written" in text
+    assert "second copy" in text and "confirming again sends it" not in text
 
 
 # --- dead letters: the redrive of one letter --------------------------------------------------

@@ -267,13 +267,35 @@ async def test_a_retry_kafka_did_not_take_is_sent_by_the_next_run(
         task = asyncio.create_task(acking(failing))
         s = await c.redrive(tenant="b")
         task.cancel()
-    assert not s.ok and [p for p, _e in s.failed] == ["2@1"]
+    assert not s.ok and [p for p, _e in s.failed] == ["2@1"] and s.unrecorded == []
     ok = FakeProducer()
     async with client(ok, store, recs) as c:
         task = asyncio.create_task(acking(ok))
         s = await c.redrive(tenant="b")
         task.cancel()
     assert s.redriven == ["2@1"] and [r.id for r in sent(ok)] == ["b-1"]
+
+
+async def test_a_retry_kafka_took_whose_row_was_not_written_is_failed_and_unrecorded(
+        setup: tuple[MemoryStore, list[Rec]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kafka acknowledged the retry, the request row failed to write: the letter is failed
+    (the next run sends a second copy) and, unlike a retry Kafka did not take, unrecorded."""
+    store, recs = setup
+    put = store.put_request
+
+    async def put_request(row: Any, *args: Any, **kwargs: Any) -> Any:
+        if row.job_id == "b-1":
+            raise RuntimeError("write timed out")
+        return await put(row, *args, **kwargs)
+
+    monkeypatch.setattr(store, "put_request", put_request)
+    producer = FakeProducer()
+    async with client(producer, store, recs) as c:
+        task = asyncio.create_task(acking(producer))
+        s = await c.redrive(tenant="b")
+        task.cancel()
+    assert [p for p, _e in s.failed] == ["2@1"] and s.unrecorded == ["2@1"]
+    assert "b-1" in [r.id for r in sent(producer)]
 
 
 def test_the_cli_names_the_flag_of_a_bad_filter_and_wants_one() -> None:

@@ -437,6 +437,10 @@ class RedriveSummary:
     failed: list[tuple[str, BaseException]] = field(default_factory=list)
     """Retries Kafka did not take, or whose request row was not written (sent again by the
     next run)."""
+    unrecorded: list[str] = field(default_factory=list)
+    """Of `failed`: letters whose retry Kafka took but whose request row was not written. The
+    next run sends a second copy (the same occurrence and attempt: a worker with idempotency
+    runs it once)."""
     elapsed_s: float = 0.0
 
     @property
@@ -453,6 +457,8 @@ class RedriveSummary:
                 "failed": len(self.failed),
                 "failed_letters": [{"letter": p, "error": repr(e)}
                                    for p, e in self.failed[:sample]],
+                "unrecorded": len(self.unrecorded),
+                "unrecorded_letters": self.unrecorded[:sample],
                 "elapsed_s": round(self.elapsed_s, 3)}
 
 
@@ -554,8 +560,10 @@ class Redrive:
     async def _settle(self, letter: DeadLetterInfo, shard: int,
                       delivery: asyncio.Future[Any]) -> None:
         """Once Kafka acknowledged the retry, record the request (a later run skips it)."""
+        sent = False
         try:
             await delivery
+            sent = True
             now = self.now_ms()
             assert letter.job_id is not None
             await self.store.put_request(RequestRow(
@@ -563,6 +571,8 @@ class Redrive:
                 b"", self.retention_s))
         except Exception as exc:
             self.summary.failed.append((letter.position, exc))
+            if sent:
+                self.summary.unrecorded.append(letter.position)
         else:
             self.summary.redriven.append(letter.position)
         finally:

@@ -116,8 +116,15 @@ async def _redrive(client: SchedulerClient, position: str) -> Outcome:
     `redrive:<position>` makes a second run (a double submit, the CLI) send nothing."""
     s = await client.redrive(letter=position)
     if s.failed:
-        raise ChronowheelError(f"the retry of dead letter {position} was not written: "
-                               f"{s.failed[0][1]!r}; confirming again sends it")
+        error = s.failed[0][1]
+        if s.unrecorded:
+            raise ChronowheelError(
+                f"the retry of dead letter {position} was sent (Kafka took it) but its "
+                f"request row was not written: {error!r}; confirming again sends a second "
+                f"copy, which names the same occurrence and attempt (a worker with "
+                f"idempotency runs it once)")
+        raise ChronowheelError(f"the retry of dead letter {position} was not sent (Kafka did "
+                               f"not take it): {error!r}; confirming again sends it")
     outcome = ("redriven" if s.redriven else "already" if s.already
                else "refused" if s.refused else "missing")
     return Outcome({"redrive": outcome}, f"redrive of dead letter {position}: {outcome}")
