@@ -357,23 +357,34 @@ async def test_one_letter_is_selected_by_its_position_reading_from_it_and_stoppi
     store, recs = setup
     starts: list[tuple[int, int] | None] = []
     yielded: list[list[tuple[int, int]]] = []
+    closed: list[tuple[int, int] | None] = []
 
     async def read(start: tuple[int, int] | None) -> Any:
+        """A reader that records where it started and that it was closed (its consumer
+        stopped): a finally runs on aclose() at a yield as on the end of the records."""
         starts.append(start)
         yielded.append([])
-        async for rec in memory_reader(recs)(start):
-            yielded[-1].append((rec.partition, rec.offset))
-            yield rec
+        try:
+            async for rec in memory_reader(recs)(start):
+                yielded[-1].append((rec.partition, rec.offset))
+                yield rec
+        finally:
+            closed.append(start)
 
     producer = FakeProducer()
     acks = asyncio.ensure_future(acking(producer))
     try:
         async with SchedulerClient(SETTINGS, producer=producer, store=store,
                                    now_ms=lambda: NOW, dead_letters=read) as c:
+            # each call has stopped its reader (early, after the next record) when it returns
             page = await c.dead_letters(letter="1@0")
+            assert closed == starts == [(1, 0)]
             s = await c.redrive(letter="1@0")
+            assert closed == starts == [(1, 0)] * 2
             again = await c.redrive(letter="1@0")
+            assert closed == starts == [(1, 0)] * 3
             nothing = await c.redrive(letter="1@9")
+            assert closed == starts == [(1, 0)] * 3 + [(1, 9)]
     finally:
         acks.cancel()
     assert [x.position for x in page.letters] == ["1@0"] and page.next_token is None
@@ -383,7 +394,6 @@ async def test_one_letter_is_selected_by_its_position_reading_from_it_and_stoppi
     [retry] = sent(producer)
     assert (retry.id, retry.attempt) == ("a-1", 6)
     # Each read starts at the letter and stops at the first record after it.
-    assert starts[:3] == [(1, 0)] * 3
     assert yielded[0] == [(1, 0), (1, 1)]
     selector = dead_selector(letter="2@3", job_id="a-9")
     assert selector.to_json() == {"job_id": "a-9", "letter": "2@3"}
