@@ -265,32 +265,41 @@ def test_the_redrive_column_escapes_the_reason_and_quotes_the_command() -> None:
     assert "--job &#x27;&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&#x27;" in html
 
 
+class FakeSources:
+    """What the dead-letter page reads of the console's sources: `letters` as `<ns>.dead`
+    and their redrive states on `store` at `now_ms`."""
+
+    def __init__(self, store: MemoryStore, letters: list[TailMessage], now_ms: int) -> None:
+        from tests.unit.test_dead import SETTINGS
+
+        self.settings = SETTINGS
+        self.store = store
+        self.letters = letters
+        self.now_ms = now_ms
+
+    async def tail_messages(self, topic: str) -> list[TailMessage]:
+        assert topic == self.settings.dead_topic
+        return self.letters
+
+    async def redrive_states(self, shown: list[TailMessage]) -> dict[str, Any]:
+        from chronowheel.console.sources import redrive_states
+
+        return await redrive_states(shown, self.store, shards=self.settings.shards,
+                                    policy=ValidationPolicy.from_settings(self.settings),
+                                    retention_s=3600, now_ms=self.now_ms)
+
+
 async def test_the_dead_letter_route_shows_the_redrive_column_and_sends_nothing() -> None:
     from aiohttp.test_utils import TestClient, TestServer
     from chronowheel.console.app import Console
 
-    from tests.unit.test_dead import SETTINGS
-
     store, letters = await dead_letters()
-
-    class FakeSources:
-        settings = SETTINGS
-
-        async def tail_messages(self, topic: str) -> list[TailMessage]:
-            assert topic == SETTINGS.dead_topic
-            return letters
-
-        async def redrive_states(self, shown: list[TailMessage]) -> dict[str, Any]:
-            from chronowheel.console.sources import redrive_states
-
-            return await redrive_states(shown, store, shards=SETTINGS.shards,
-                                        policy=ValidationPolicy.from_settings(SETTINGS),
-                                        retention_s=3600, now_ms=T0)
 
     def no_client() -> Any:
         raise AssertionError("no command may be sent")
 
-    console = Console(FakeSources(), Guard.create(None, "127.0.0.1"),  # type: ignore[arg-type]
+    console = Console(FakeSources(store, letters, T0),  # type: ignore[arg-type]
+                      Guard.create(None, "127.0.0.1"),
                       namespace="acme", client=no_client)
     async with TestClient(TestServer(console.app(), host="127.0.0.1")) as http:
         response = await http.get("/dead")
@@ -363,26 +372,15 @@ def dead_console(store: MemoryStore, letters: list[TailMessage], token: Secret |
     from chronowheel.client import SchedulerClient
     from chronowheel.client.dead import memory_reader
     from chronowheel.console.app import Console
-    from chronowheel.console.sources import redrive_states
 
     from tests.unit.test_dead import NOW, SETTINGS
-
-    class FakeSources:
-        settings = SETTINGS
-
-        async def tail_messages(self, topic: str) -> list[TailMessage]:
-            return letters
-
-        async def redrive_states(self, shown: list[TailMessage]) -> dict[str, Any]:
-            return await redrive_states(shown, store, shards=SETTINGS.shards,
-                                        policy=ValidationPolicy.from_settings(SETTINGS),
-                                        retention_s=3600, now_ms=NOW)
 
     def client() -> SchedulerClient:
         return SchedulerClient(SETTINGS, producer=producer, store=store, now_ms=lambda: NOW,
                                dead_letters=memory_reader(letters))
 
-    return Console(FakeSources(), Guard.create(token, "127.0.0.1"),  # type: ignore[arg-type]
+    return Console(FakeSources(store, letters, NOW),  # type: ignore[arg-type]
+                   Guard.create(token, "127.0.0.1"),
                    namespace="acme", client=client)
 
 
