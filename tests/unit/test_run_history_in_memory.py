@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -211,103 +212,64 @@ async def test_a_failed_write_is_counted_and_the_writer_goes_on() -> None:
     assert (rec.failed, rec.written) == (3, 2)
 
 
-async def test_the_writer_keeps_to_its_request_rate() -> None:
+@asynccontextmanager
+async def paced_writer(store: MemoryRunHistory, writes_per_s: int, jobs: int,
+                       pauses: int = 1) -> AsyncIterator[tuple[RunRecorder, list[float]]]:
+    """A writer paced at `writes_per_s` on a clock that stands still, with a run each of
+    `jobs` jobs queued, held in its `pauses`-th pause (the ones before it return at once):
+    yields it and the pauses it asked for (seconds), and ends it on leaving."""
     slept: list[float] = []
-    done = asyncio.Event()
+    held = asyncio.Event()
 
     async def sleep(seconds: float) -> None:
         slept.append(seconds)
-        done.set()
-        await asyncio.Event().wait()  # the test ends the writer here
+        if len(slept) == pauses:
+            held.set()
+            await asyncio.Event().wait()  # the test ends the writer here
 
-    store = MemoryRunHistory()
     rec = RunRecorder(store, ttl_s=60, queue_rows=100, batch_rows=100, in_flight=4,
-                      writes_per_s=4, monotonic=lambda: 0.0, sleep=sleep)
-    for job in range(12):
+                      writes_per_s=writes_per_s, monotonic=lambda: 0.0, sleep=sleep)
+    for job in range(jobs):
         rec.add(RunRecord(f"j{job}", T0, fired_ms=T0))
     task = asyncio.ensure_future(rec.run())
     try:
-        await asyncio.wait_for(done.wait(), 5)
+        await asyncio.wait_for(held.wait(), 5)
+        yield rec, slept
+    finally:
+        task.cancel()
+
+
+async def test_the_writer_keeps_to_its_request_rate() -> None:
+    store = MemoryRunHistory()
+    async with paced_writer(store, writes_per_s=4, jobs=12) as (_rec, slept):
         # Twelve jobs: two requests of runs (ten jobs and two) and two of counters, at four
         # a second.
         assert slept == [1.0] and store.writes == 4
-    finally:
-        task.cancel()
 
 
 async def test_a_paced_writer_takes_about_a_second_of_requests_at_a_time() -> None:
-    slept: list[float] = []
-    two = asyncio.Event()
-
-    async def sleep(seconds: float) -> None:
-        slept.append(seconds)
-        if len(slept) == 2:
-            two.set()
-            await asyncio.Event().wait()  # the test ends the writer here
-
     store = MemoryRunHistory()
-    rec = RunRecorder(store, ttl_s=60, queue_rows=100, batch_rows=100, in_flight=4,
-                      writes_per_s=2, monotonic=lambda: 0.0, sleep=sleep)
-    for job in range(25):
-        rec.add(RunRecord(f"j{job}", T0, fired_ms=T0))
-    task = asyncio.ensure_future(rec.run())
-    try:
-        await asyncio.wait_for(two.wait(), 5)
+    async with paced_writer(store, writes_per_s=2, jobs=25, pauses=2) as (rec, slept):
         # Two requests a second: ten rows (one request of runs, one of counters) a batch and
         # a second's pause after each, not 25 rows (six requests) and three seconds.
         assert slept == [1.0, 1.0] and store.writes == 4 and rec.queued == 5
-    finally:
-        task.cancel()
 
 
 async def test_the_rate_counts_each_request_a_write_splits_into_by_replicas() -> None:
-    slept: list[float] = []
-    done = asyncio.Event()
-
-    async def sleep(seconds: float) -> None:
-        slept.append(seconds)
-        done.set()
-        await asyncio.Event().wait()  # the test ends the writer here
-
     store = MemoryRunHistory(replicas_of=alone)
-    rec = RunRecorder(store, ttl_s=60, queue_rows=100, batch_rows=100, in_flight=4,
-                      writes_per_s=4, monotonic=lambda: 0.0, sleep=sleep)
-    for job in range(12):
-        rec.add(RunRecord(f"j{job}", T0, fired_ms=T0))
-    task = asyncio.ensure_future(rec.run())
-    try:
-        await asyncio.wait_for(done.wait(), 5)
+    async with paced_writer(store, writes_per_s=4, jobs=12) as (_rec, slept):
         # Twelve jobs of twelve replica sets: four writes (runs of ten jobs and of two, their
         # counters likewise) are 24 requests to Cassandra, six seconds at four a second.
         assert store.writes == 24 and slept == [6.0]
-    finally:
-        task.cancel()
 
 
 async def test_a_paced_batch_is_sized_by_the_requests_a_row_took() -> None:
-    slept: list[float] = []
-    two = asyncio.Event()
-
-    async def sleep(seconds: float) -> None:
-        slept.append(seconds)
-        if len(slept) == 2:
-            two.set()
-            await asyncio.Event().wait()  # the test ends the writer here
-
     store = MemoryRunHistory(replicas_of=alone)
-    rec = RunRecorder(store, ttl_s=60, queue_rows=100, batch_rows=100, in_flight=4,
-                      writes_per_s=10, monotonic=lambda: 0.0, sleep=sleep)
-    for job in range(70):
-        rec.add(RunRecord(f"j{job}", T0, fired_ms=T0))
-    task = asyncio.ensure_future(rec.run())
-    try:
-        await asyncio.wait_for(two.wait(), 5)
+    async with paced_writer(store, writes_per_s=10, jobs=70, pauses=2) as (rec, slept):
         # At first two requests per ten rows (one node): 50 rows, which took 100 requests
         # here (ten seconds). Two a row from then on: the next batch is ten rows (its floor),
         # 20 requests, not another 50.
         assert slept == [10.0, 2.0] and store.writes == 120 and rec.queued == 10
-    finally:
-        task.cancel()
 
 
 async def test_the_requests_in_flight_are_bounded_however_the_writes_split() -> None:
