@@ -195,6 +195,22 @@ def test_a_redrive_carries_every_field_of_the_job_a_workers_own_retry_carries() 
     assert dict(redriven.headers) == {"trace": "abc"}
 
 
+@pytest.mark.parametrize("bad", ["²", "٣", "1²", "١٢"])
+def test_a_number_header_not_in_ascii_digits_reads_as_absent(bad: str) -> None:
+    # str.isdigit takes each of these: int() refuses "²" and "1²" (a ValueError out of the
+    # listing) and reads "٣" as 3 and "١٢" as 12.
+    rec = letter(3, 8, "n-1")
+    numbers = (wire.SCHEDULED_AT, wire.ATTEMPT, wire.FAILED_AT, wire.SOURCE_PARTITION,
+               wire.SOURCE_OFFSET)
+    assert {k for k, _v in rec.headers} >= set(numbers)
+    headers = [(k, bad.encode() if k in numbers else v) for k, v in rec.headers]
+    x = parse_letter(rec.partition, rec.offset, rec.key, rec.value, headers)
+    assert (x.scheduled_ms, x.attempt, x.failed_at_ms, x.source_partition,
+            x.source_offset) == (None, None, None, None, None)
+    assert (x.job_id, x.topic) == ("n-1", TOPIC)
+    assert "not a chronowheel occurrence" in (refusal(x) or "")  # no instant: no redrive
+
+
 async def test_a_node_delivers_a_redriven_letter_with_its_jobs_pause_after_failures(
         rig: NodeRig) -> None:
     await rig.start()

@@ -66,6 +66,7 @@ def redrive_request_id(partition: int, offset: int) -> str:
 
 
 _POSITION = re.compile(r"[0-9]+@[0-9]+")
+_DECIMAL = re.compile(r"[0-9]+")  # not str.isdigit: it takes "²" (int() refuses) and "٣" (3)
 
 
 def is_position(text: str) -> bool:
@@ -146,7 +147,7 @@ def parse_letter(partition: int, offset: int, key: bytes | None, value: bytes | 
 
     def num(name: str) -> int | None:
         v = text.get(name)
-        return int(v) if v is not None and v.isdigit() else None
+        return int(v) if v is not None and _DECIMAL.fullmatch(v) else None
 
     return DeadLetterInfo(
         partition, offset, key, value or b"", raw, text.get(wire.JOB_ID),
