@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import queue
 import signal
 import subprocess
 import sys
 import textwrap
-from typing import Any
+import threading
+import time
+from typing import IO, Any
 
 import pytest
 from chronowheel.supervise import ABORT_EXIT_CODE, Supervisor, install_stop_signals
@@ -229,20 +232,74 @@ SERVICE = textwrap.dedent("""
 """)
 
 
+class ChildOutput:
+    """A child's output, read line by line by a thread so that each wait for it is bounded: a
+    child that hangs fails the test, with what it wrote so far, instead of hanging it."""
+
+    def __init__(self, pipe: IO[str], timeout_s: float = 30.0) -> None:
+        self.timeout_s = timeout_s
+        self.written: list[str] = []
+        self._lines: queue.Queue[str | None] = queue.Queue()  # None: the end of the output
+        self._thread = threading.Thread(target=self._read, args=(pipe,), daemon=True)
+        self._thread.start()
+
+    def _read(self, pipe: IO[str]) -> None:
+        try:
+            for line in pipe:
+                self._lines.put(line)
+        finally:
+            self._lines.put(None)
+
+    def readline(self, deadline: float | None = None) -> str:
+        """The next line, or "" at the end of the output (as IO.readline); fails the test when
+        none comes by `deadline` (time.monotonic(); default: `timeout_s` from now)."""
+        if deadline is None:
+            deadline = time.monotonic() + self.timeout_s
+        try:
+            line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            pytest.fail(f"the child wrote no line within {self.timeout_s} s; it wrote so far: "
+                        f"{''.join(self.written)!r}")
+        if line is None:
+            self._lines.put(None)  # the end stays the end for any later read
+            return ""
+        self.written.append(line)
+        return line
+
+    def rest(self) -> str:
+        """The output to its end, within `timeout_s`."""
+        deadline = time.monotonic() + self.timeout_s
+        out: list[str] = []
+        while line := self.readline(deadline):
+            out.append(line)
+        return "".join(out)
+
+    def close(self) -> None:
+        self._thread.join(5)
+
+
 def run_service(shutdown_s: float, signals: int) -> tuple[int, str]:
     proc = subprocess.Popen([sys.executable, "-c", SERVICE, str(shutdown_s)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "ready"
-    seen: list[str] = []
-    for n in range(signals):
-        proc.send_signal(signal.SIGTERM)
-        if n + 1 < signals:  # the next signal once this one was handled: the stop under way
-            while line := proc.stdout.readline():
-                seen.append(line)
-                if line.strip() == "graceful stop":
-                    break
-    out, _ = proc.communicate(timeout=30)
+    with proc:  # closes the pipe and waits for the child on the way out
+        output = ChildOutput(proc.stdout)
+        try:
+            assert output.readline().strip() == "ready"
+            seen: list[str] = []
+            for n in range(signals):
+                proc.send_signal(signal.SIGTERM)
+                if n + 1 < signals:  # the next signal once this one was handled: the stop under way
+                    while line := output.readline():
+                        seen.append(line)
+                        if line.strip() == "graceful stop":
+                            break
+            out = output.rest()
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:  # a failed read or wait: no child left behind
+                proc.kill()
+            output.close()
     return proc.returncode, "".join(seen) + out
 
 
