@@ -14,8 +14,15 @@ from chronowheel.settings import Settings
 from chronowheel.testing.node_process import metric_sum, parse_metrics
 from chronowheel.worker import Occurrence
 
-from tests.integration.harness import make_namespace, now_ms, produce, running_node, upsert
-from tests.integration.test_worker import put_fired, running_worker, wait_until
+from tests.integration.harness import (
+    make_namespace,
+    now_ms,
+    produce,
+    running_node,
+    running_worker,
+    upsert,
+)
+from tests.integration.test_worker import put_fired, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -14,9 +14,8 @@ from chronowheel.client import SchedulerClient
 from chronowheel.worker import DeadLetter, Occurrence
 
 from testkit.fleet import until as wait_until
-from tests.integration.harness import make_namespace, now_ms, run_cli, running_node
+from tests.integration.harness import make_namespace, now_ms, run_cli, running_node, running_worker
 from tests.integration.test_bulk import submitted
-from tests.integration.test_worker import running_worker
 
 pytestmark = pytest.mark.integration
 
