@@ -33,6 +33,7 @@ from chronowheel.store.base import DueRow, JobPage, JobQuery
 from chronowheel.store.memory_history import MemoryRunHistory
 from chronowheel.worker import Occurrence, Worker
 from chronowheel.worker.autopause import pause_note
+from chronowheel.worker.occurrence import optional_count
 
 from tests.unit.node_rig import T0, NodeRig, scheduled_at
 from tests.unit.worker_rig import WorkerRig
@@ -70,6 +71,17 @@ def test_pause_after_failures_is_carried_on_every_delivery_of_a_recurring_job() 
     assert isinstance(retry, Retry) and retry.pause_after_failures == 3
     due = DueRow.for_retry(retry, shard=0, slot_ms=T0 + 1_000)
     assert (wire.PAUSE_AFTER_FAILURES, "3") in due.headers
+
+
+@pytest.mark.parametrize(("raw", "count"), [
+    ("3", 3), ("100", 100), (None, None), ("0", None), ("", None), ("-1", None), ("²", None),
+    ("1²", None), ("٣", None), (" 3", None),
+])
+def test_a_delivery_s_pause_after_failures_header_is_read_in_ascii_digits_only(
+        raw: str | None, count: int | None) -> None:
+    """A bad header turns the auto-pause off for that record; it must never raise (a
+    ValueError out of parsing one delivery) nor read another script's digits."""
+    assert optional_count(raw) == count
 
 
 @pytest.mark.parametrize(("fields", "path", "rule"), [

@@ -105,7 +105,8 @@ class Occurrence:
 def optional_count(raw: str | None) -> int | None:
     """A positive decimal count, None when absent or not one (an auto-pause is an aid: a bad
     header turns it off for the record rather than dead-lettering it)."""
-    if raw is None or not raw.isdigit():
+    # isdigit alone takes '²' (which int() refuses) and '٣' (which it reads as 3)
+    if raw is None or not raw.isascii() or not raw.isdigit():
         return None
     value = int(raw)
     return value if value >= 1 else None
