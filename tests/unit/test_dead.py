@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
+from chronowheel.bus.memory import Message
 from chronowheel.cli import build_parser
 from chronowheel.cli import dead as cli_dead
 from chronowheel.client import SchedulerClient
@@ -182,6 +183,7 @@ def test_a_redrive_carries_every_field_of_the_job_a_workers_own_retry_carries() 
     redriven = parse_command(retry_value(x, NOW), key=None, policy=policy, now_ms=NOW)
     assert isinstance(redriven, Retry)
     assert redriven.pause_after_failures == 3  # auto-pause still counts its runs
+    assert redriven.concurrency == "forbid"  # and the overlap policy stays the job's
     # What the worker's retry of the same delivery would send, but for when and how many
     # attempts: the redrive is due now and has one attempt more.
     occ = Occurrence.from_record(TOPIC, 3, 109, rec.value, delivered)
@@ -190,8 +192,8 @@ def test_a_redrive_carries_every_field_of_the_job_a_workers_own_retry_carries() 
     assert isinstance(retried, Retry)
     assert redriven == replace(retried, at_ms=NOW, max_attempts=redriven.max_attempts)
     assert (redriven.attempt, redriven.max_attempts) == (3, 5)
-    # Neither carries the overlap policy nor the lateness bound (a redriven occurrence is
-    # long past its instant: a bound would drop it as missed); catch-up is the schedule's.
+    # Neither carries the lateness bound (a redriven occurrence is long past its instant: a
+    # bound would drop it as missed); catch-up is the schedule's.
     assert dict(redriven.headers) == {"trace": "abc"}
 
 
@@ -350,6 +352,39 @@ async def test_a_node_delivers_a_redriven_letter_once_as_the_next_attempt(rig: N
     assert m.value == fired.value
     assert m.header(wire.ATTEMPT) == b"2"
     assert m.header(wire.OCCURRENCE) == fired.header(wire.OCCURRENCE)
+
+
+def attempts(rig: NodeRig, job_id: str, attempt: int) -> list[Message]:
+    """The deliveries of `job_id` with that `cw-attempt`."""
+    return [m for m in rig.fired(job_id) if m.header(wire.ATTEMPT) == str(attempt).encode()]
+
+
+@pytest.mark.parametrize("policy", ["forbid", "replace"])
+@pytest.mark.parametrize("how", ["retry", "redrive"])
+async def test_a_retried_or_redriven_delivery_carries_the_jobs_overlap_policy(
+        rig: NodeRig, policy: str, how: str) -> None:
+    await rig.start()
+    rig.upsert("sync", every="10s", max_attempts=3, concurrency=policy)
+    await rig.advance(10_500)
+    [fired, *_] = rig.fired("sync")
+    assert fired.header(wire.CONCURRENCY) == policy.encode()
+    if how == "retry":  # the worker's own retry of the failed delivery
+        occ = Occurrence.from_record(fired.topic, fired.partition, fired.offset, fired.value,
+                                     fired.headers)
+        key, value = retry_command(occ, rig.clock.now_ms())
+        rig.submit(key.decode(), value)
+    else:
+        headers = dead_headers(tuple(fired.headers), RuntimeError("down"),
+                               rig.clock.now_ms(), fired.topic, fired.partition, fired.offset)
+        rig.bus.produce(rig.settings.dead_topic, 0, fired.key, fired.value, headers)
+        reader = memory_reader(rig.bus.messages(rig.settings.dead_topic))
+        async with SchedulerClient(rig.settings, producer=BusProducer(rig), store=rig.store,
+                                   now_ms=rig.clock.now_ms, dead_letters=reader) as c:
+            assert (await c.redrive(job_id="sync")).redriven == ["0@0"]
+    await rig.advance(12_000)
+    [again] = [m for m in attempts(rig, "sync", 2)
+               if m.header(wire.OCCURRENCE) == fired.header(wire.OCCURRENCE)]
+    assert again.header(wire.CONCURRENCY) == policy.encode()
 
 
 async def test_a_letter_whose_retry_the_node_would_reject_is_refused_with_the_reason() -> None:

@@ -836,6 +836,8 @@ def test_retry_required_fields(name: str) -> None:
         ({"payload_b64": "***"}, "payload_b64", "base64"),
         ({"headers": {"cw-attempt": "2"}}, "headers.cw-attempt", "reserved"),
         ({"backoff": "2d"}, "backoff", "at most 1d"),
+        ({"concurrency": "sometimes"}, "concurrency", "must be one of allow, forbid, replace"),
+        ({"concurrency": None}, "concurrency", "must be one of"),
     ],
 )
 def test_retry_rules(fields: dict[str, Any], path: str, rule_part: str) -> None:
@@ -1127,6 +1129,8 @@ def valid_command(draw: st.DrawFn) -> dict[str, Any]:
         doc["max_attempts"] = draw(st.integers(attempt, 100))
     if draw(st.booleans()):
         doc["backoff"] = format_duration(draw(st.integers(0, DAY)))
+    if draw(st.booleans()):
+        doc["concurrency"] = draw(st.sampled_from(["allow", "forbid", "replace"]))
     return doc
 
 
@@ -1166,6 +1170,8 @@ FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "tenant": st.text(max_size=130) | json_scalar,
     "scheduled_at": instant | json_scalar,
     "attempt": st.integers(0, 102) | json_scalar,
+    "concurrency": st.sampled_from(["allow", "forbid", "replace"]) | near_miss_text
+    | json_scalar,
     "bogus": json_value,
 }
 
@@ -1319,6 +1325,31 @@ def test_a_retry_carries_the_origin_of_a_requested_occurrence() -> None:
     cmd = parse_command(raw, key=b"j-1", policy=POLICY, now_ms=NOW)
     assert isinstance(cmd, Retry) and (cmd.origin, cmd.request_id) == ("backfill", "b-1")
     assert str(error(retry_doc(request_id="b-1"))) == "origin: required"
+
+
+@pytest.mark.parametrize("policy", ["forbid", "replace"])
+def test_a_retry_carries_the_overlap_policy_and_round_trips(policy: str) -> None:
+    raw = encode_retry(id="j-1", scheduled_ms=NOW - 5000, attempt=3, at_ms=NOW, topic=
+                       "emails.send", payload=b"hi", origin="trigger", request_id="t-1",
+                       pause_after_failures=2, concurrency=policy)
+    doc = orjson.loads(raw)
+    assert doc["concurrency"] == policy
+    assert schema_valid(doc)
+    assert parse(raw, key=b"j-1") == Retry(
+        id="j-1", scheduled_ms=NOW - 5000, attempt=3, at_ms=NOW, topic="emails.send",
+        payload=b"hi", origin="trigger", request_id="t-1", pause_after_failures=2,
+        concurrency=policy)
+    # The default stays off the wire (a node without the field takes such a retry), and an
+    # explicit "allow" reads as the default.
+    plain = encode_retry(id="j-1", scheduled_ms=NOW - 5000, attempt=3, at_ms=NOW,
+                         topic="emails.send", payload=b"hi")
+    assert "concurrency" not in orjson.loads(plain)
+    cmd = parse(plain)
+    assert isinstance(cmd, Retry) and cmd.concurrency == "allow"
+    cmd = parse(retry_doc(concurrency="allow"))
+    assert isinstance(cmd, Retry) and cmd.concurrency == "allow"
+    assert schema_valid(retry_doc(concurrency="allow"))
+    assert not schema_valid(retry_doc(concurrency="sometimes"))
 
 
 # --------------------------------------------------------------------------------------------

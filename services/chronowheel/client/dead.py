@@ -180,7 +180,7 @@ def retry_value(letter: DeadLetterInfo, now_ms: int) -> bytes:
     """The `retry` command of `letter`'s redrive: its occurrence, payload and job headers,
     the next attempt, due now, and whatever else of the job a worker's own retry carries
     (`worker.policy.next_attempt`; the letter must have no `refusal`)."""
-    from chronowheel.worker.occurrence import Occurrence, optional_count
+    from chronowheel.worker.occurrence import Occurrence, optional_count, overlap_policy
     from chronowheel.worker.policy import next_attempt
 
     assert letter.job_id is not None and letter.scheduled_ms is not None
@@ -195,6 +195,7 @@ def retry_value(letter: DeadLetterInfo, now_ms: int) -> bytes:
         occurrence="", topic=topic, partition=letter.source_partition or 0,
         offset=letter.source_offset or 0, payload=letter.value,
         headers=text, raw_headers=letter.headers,
+        concurrency=overlap_policy(text.get(wire.CONCURRENCY)),
         pause_after_failures=optional_count(text.get(wire.PAUSE_AFTER_FAILURES)))
     return next_attempt(occ, at_ms=now_ms,
                         max_attempts=max(min(occ.max_attempts, MAX_ATTEMPTS), occ.attempt + 1))

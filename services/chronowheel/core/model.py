@@ -113,7 +113,8 @@ class Retry:
     delivery number this retry becomes), at (when to deliver: RFC 3339 with offset or epoch ms),
     topic (same allowlist as jobs), payload_b64 (the fired bytes, "" for none). Optional: headers
     (the job's own, no `cw-` names), max_attempts (1..100, at least attempt), backoff (duration),
-    origin and request_id (both or neither: of a triggered or backfilled occurrence).
+    origin and request_id (both or neither: of a triggered or backfilled occurrence),
+    pause_after_failures, concurrency (the job's overlap policy).
     """
 
     id: str
@@ -132,6 +133,9 @@ class Retry:
     pause_after_failures: int | None = None
     """The job's `pause_after_failures`, carried so that the retried delivery carries it too
     (`cw-pause-after-failures`): the worker decides on auto-pause at a run's last attempt."""
+    concurrency: str = wire.CONCURRENCY_ALLOW
+    """The job's overlap policy, carried so that the retried delivery carries it too
+    (`cw-concurrency`, absent for `allow`, the default)."""
     op: Literal["retry"] = "retry"
 
 
@@ -366,6 +370,7 @@ CANCEL_FIELDS: Final = frozenset({"v", "op", "id"})
 RETRY_FIELDS: Final = frozenset(
     {"v", "op", "id", "scheduled_at", "attempt", "at", "topic", "payload_b64", "headers"}
     | {"max_attempts", "backoff", "origin", "request_id", "pause_after_failures"}
+    | {"concurrency"}
 )
 PUT_CALENDAR_FIELDS: Final = frozenset({"v", "op", "name", "dates"})
 DELETE_CALENDAR_FIELDS: Final = frozenset({"v", "op", "name"})
@@ -802,6 +807,9 @@ def _parse_retry(doc: dict[str, Any], job_id: str, policy: ValidationPolicy, now
         pause_after_failures = _pause_after_failures(
             doc["pause_after_failures"], "pause_after_failures",
             wire.DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts)
+    concurrency = wire.CONCURRENCY_ALLOW
+    if "concurrency" in doc:
+        concurrency = _enum(doc["concurrency"], "concurrency", wire.CONCURRENCY_POLICIES)
     return Retry(
         id=job_id,
         scheduled_ms=scheduled_ms,
@@ -815,6 +823,7 @@ def _parse_retry(doc: dict[str, Any], job_id: str, policy: ValidationPolicy, now
         origin=origin,
         request_id=request_id,
         pause_after_failures=pause_after_failures,
+        concurrency=concurrency,
     )
 
 
@@ -1198,8 +1207,10 @@ def encode_retry(
     origin: str = "",
     request_id: str = "",
     pause_after_failures: int | None = None,
+    concurrency: str = wire.CONCURRENCY_ALLOW,
 ) -> bytes:
-    """Wire bytes of a retry (what a worker sends); parses back to the equal Retry."""
+    """Wire bytes of a retry (what a worker sends); parses back to the equal Retry. The
+    default `concurrency` (allow) is left out of the bytes."""
     doc: dict[str, Any] = {
         "v": 1,
         "op": "retry",
@@ -1222,6 +1233,8 @@ def encode_retry(
         doc["request_id"] = request_id
     if pause_after_failures is not None:
         doc["pause_after_failures"] = pause_after_failures
+    if concurrency != wire.CONCURRENCY_ALLOW:
+        doc["concurrency"] = concurrency
     return orjson.dumps(doc)
 
 

@@ -109,11 +109,17 @@ class DueRow:
 
     @classmethod
     def for_retry(cls, cmd: Retry, *, shard: int, slot_ms: int) -> DueRow:
-        """The delivery a worker's retry command asks for, published at `slot_ms`."""
+        """The delivery a worker's retry command asks for, published at `slot_ms`: the job's
+        own headers, and the job's fields the retry carries as the headers a first delivery
+        has them in (`cw-concurrency` when not allow, `cw-pause-after-failures`)."""
+        extra: tuple[tuple[str, str], ...] = ()
+        if cmd.concurrency != wire.CONCURRENCY_ALLOW:
+            extra += ((wire.CONCURRENCY, cmd.concurrency),)
+        if cmd.pause_after_failures is not None:
+            extra += ((wire.PAUSE_AFTER_FAILURES, str(cmd.pause_after_failures)),)
         return cls(minute_of(slot_ms), shard, slot_ms, cmd.id, cmd.attempt, cmd.scheduled_ms,
-                   0, cmd.topic, cmd.payload, cmd.headers if cmd.pause_after_failures is None
-                   else (*cmd.headers, (wire.PAUSE_AFTER_FAILURES,
-                                        str(cmd.pause_after_failures))), None,
+                   0, cmd.topic, cmd.payload, (*cmd.headers, *extra) if extra else cmd.headers,
+                   None,
                    wire.DEFAULT_MAX_ATTEMPTS if cmd.max_attempts is None else cmd.max_attempts,
                    wire.DEFAULT_BACKOFF_MS if cmd.backoff_ms is None else cmd.backoff_ms,
                    cmd.origin, cmd.request_id)

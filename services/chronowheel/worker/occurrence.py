@@ -85,7 +85,6 @@ class Occurrence:
             missing = [h for h in _REQUIRED if h not in text]
             raise MalformedOccurrence(f"not a chronowheel occurrence: missing header "
                                       f"{', '.join(missing)}")
-        policy = text.get(wire.CONCURRENCY, wire.CONCURRENCY_ALLOW)
         return cls(
             job_id=text[wire.JOB_ID],
             scheduled_ms=_int(text, wire.SCHEDULED_AT, None, 0),
@@ -96,10 +95,15 @@ class Occurrence:
             occurrence=text[wire.OCCURRENCE],
             topic=topic, partition=partition, offset=offset,
             payload=value or b"", headers=text, raw_headers=raw,
-            # An unknown policy (from a newer node) falls back to the default, allow.
-            concurrency=policy if policy in wire.CONCURRENCY_POLICIES else wire.CONCURRENCY_ALLOW,
+            concurrency=overlap_policy(text.get(wire.CONCURRENCY)),
             pause_after_failures=optional_count(text.get(wire.PAUSE_AFTER_FAILURES)),
         )
+
+
+def overlap_policy(raw: str | None) -> str:
+    """The overlap policy a `cw-concurrency` header names: allow when absent, and an unknown
+    one (from a newer node) falls back to the default, allow, too."""
+    return raw if raw in wire.CONCURRENCY_POLICIES else wire.CONCURRENCY_ALLOW
 
 
 def optional_count(raw: str | None) -> int | None:
