@@ -30,6 +30,8 @@ cancel removes one of them)"""
 SHORTFALL = 0.9
 """a step whose commands fell short of this share of its rate (and by more than SLACK) was not
 the load asked for"""
+WARMUP = -1
+"""the warm-up's index: before step 0"""
 SLACK = 25
 """commands a step may fall short by whatever its rate: the users' fractional credits and the
 first users' spawn"""
@@ -125,6 +127,8 @@ class StepStats:
     """commands per second asked for"""
     fire_share: float
     """the share of commands that are steady or herd jobs"""
+    warmup: bool = False
+    """the warm-up before the first step (index -1): judged like a step, lateness excepted"""
     duration_s: float = 0.0
     sent: int = 0
     submit_failed: int = 0
@@ -176,7 +180,9 @@ class StepStats:
 
 def verdict(step: StepStats, slo: Slo) -> list[str]:
     """Why the step broke the SLO (empty: it held). Judged once every occurrence of the step
-    was due a grace period ago (`close()` first)."""
+    was due a grace period ago (`close()` first). The warm-up's lateness is not judged (a
+    cluster's first seconds of load: connections, caches, compiled code); a lost, early or
+    duplicate occurrence breaks it all the same."""
     why: list[str] = []
     if step.missing:
         why.append(f"{step.missing} occurrence(s) missing")
@@ -186,6 +192,8 @@ def verdict(step: StepStats, slo: Slo) -> list[str]:
         why.append(f"{step.duplicates} duplicate(s)")
     if step.submit_failed:
         why.append(f"{step.submit_failed} submit(s) failed")
+    if step.warmup:
+        return why
     if step.received_ms:
         late = percentile(sorted(step.received_ms), slo.percentile)
         if late is not None and late > slo.bound_ms:
@@ -216,12 +224,24 @@ class Ladder:
     fire_share: float
     steps: list[StepStats] = field(default_factory=list)
     verdicts: dict[int, list[str]] = field(default_factory=dict)
+    """by step index; the warm-up's is WARMUP"""
     short: dict[int, str] = field(default_factory=dict)
+    warmup: StepStats | None = None
+
+    def start_warmup(self) -> StepStats:
+        """The warm-up, at the first step's rate, before it."""
+        self.warmup = StepStats(WARMUP, self.rates[0], self.fire_share, warmup=True)
+        return self.warmup
 
     def start_step(self, index: int) -> StepStats:
         step = StepStats(index, self.rates[index], self.fire_share)
         self.steps.append(step)
         return step
+
+    def started(self) -> list[StepStats]:
+        """The warm-up (if any) and the steps begun, in order."""
+        return ([self.warmup] if self.warmup is not None else []) + sorted(
+            self.steps, key=lambda s: s.index)
 
     def judge(self, step: StepStats) -> None:
         step.close()
@@ -241,7 +261,7 @@ class Ladder:
     def decided(self) -> bool:
         """Every step before the first stop (or every step started) has been judged."""
         stop = self.first_stop()
-        started = [s.index for s in self.steps]
+        started = [s.index for s in self.started()]
         wanted = [i for i in started if stop is None or i <= stop]
         return all(i in self.verdicts for i in wanted)
 
@@ -263,15 +283,17 @@ class Ladder:
         (every step held: a lower bound too) or `interrupted` (the run ended before a step
         broke: a lower bound)."""
         stop = self.first_stop()
-        if stop is None and len(self.verdicts) < len(self.rates):
-            return "interrupted", f"stopped after {len(self.verdicts)} of {len(self.rates)} " \
+        judged = len([i for i in self.verdicts if i != WARMUP])
+        if stop is None and judged < len(self.rates):
+            return "interrupted", f"stopped after {judged} of {len(self.rates)} " \
                                   f"steps were judged, all held"
         if stop is None:
             return "ceiling", f"every step up to {self.rates[-1]:g} commands/s held"
+        name = "the warm-up" if stop == WARMUP else f"step {stop}"
         if self.verdicts.get(stop):
-            return "slo", f"step {stop} ({self.rates[stop]:g} commands/s): " \
+            return "slo", f"{name} ({self.rates[max(stop, 0)]:g} commands/s): " \
                           + "; ".join(self.verdicts[stop])
-        return "generator", f"step {stop}: {self.short[stop]}"
+        return "generator", f"{name}: {self.short[stop]}"
 
 
 def knee_record(ladder: Ladder, *, cluster: Mapping[str, int], namespace: str,
@@ -280,12 +302,15 @@ def knee_record(ladder: Ladder, *, cluster: Mapping[str, int], namespace: str,
     """What the knees file keeps of one capacity run."""
     stopped_by, reason = ladder.outcome()
     knee = ladder.knee()
-    steps = [s.figures(ladder.slo) | {"held": not ladder.verdicts.get(s.index)
-                                       and s.index not in ladder.short,
-                                       "why": ladder.verdicts.get(s.index, [])
-                                       + ([ladder.short[s.index]] if s.index in ladder.short
-                                          else [])}
-             for s in sorted(ladder.steps, key=lambda s: s.index) if s.index in ladder.verdicts]
+    def judged(s: StepStats) -> dict[str, Any]:
+        return s.figures(ladder.slo) | {
+            "held": not ladder.verdicts.get(s.index) and s.index not in ladder.short,
+            "why": ladder.verdicts.get(s.index, [])
+            + ([ladder.short[s.index]] if s.index in ladder.short else [])}
+
+    steps = [judged(s) for s in sorted(ladder.steps, key=lambda s: s.index)
+             if s.index in ladder.verdicts]
+    warm = ladder.warmup
     return {
         "cluster": dict(cluster), "namespace": namespace, "measured_on": measured_on,
         "code": code, "command": command,
@@ -294,6 +319,7 @@ def knee_record(ladder: Ladder, *, cluster: Mapping[str, int], namespace: str,
         "herd_every_s": herd_every_s,
         "stopped_by": stopped_by, "reason": reason, "lower_bound": stopped_by != "slo",
         "knee": None if knee is None else knee.figures(ladder.slo),
+        "warmup": None if warm is None or warm.index not in ladder.verdicts else judged(warm),
         "steps": steps,
     }
 

@@ -9,7 +9,11 @@ Each step sends --cw-step-start × --cw-step-factor^k commands per second (or th
 --cw-steps) for --cw-step-s seconds, in the proportions of --cw-mix: steady one-shot jobs due
 --cw-lead-s after they are sent, herd jobs all due at the next multiple of --cw-herd-every-s
 (60: the top of each minute) at least --cw-lead-s ahead, long-horizon jobs due 1 to 365 days
-ahead, and cancels of some of those. -u users (default 10) share the rate.
+ahead, and cancels of some of those. -u users (default 10) share the rate. A warm-up of
+--cw-warmup-s (30 s) at the first step's rate comes first: a cluster's first seconds of load
+are slower than its steady state (fresh connections, caches and compiled code), so the
+warm-up's lateness is not judged; a lost, early or duplicate occurrence in it stops the run
+as in any step.
 
 A step's jobs are its own: its occurrences are judged once the last of them was due
 --cw-grace-s ago (a herd step's up to a minute after the step), while the next steps run. A step
@@ -68,6 +72,8 @@ OPTIONS: support.Options = {
     "--cw-step-factor": (1.5, "each step's rate over the previous"),
     "--cw-step-max": (20_000.0, "the rate ceiling: no step above it"),
     "--cw-step-s": (60.0, "how long each step lasts"),
+    "--cw-warmup-s": (30.0, "a warm-up at the first step's rate before it, judged like a step "
+                            "except for lateness (0: none)"),
     "--cw-herd-every-s": (60.0, "herd jobs fall due at the next multiple of this (60: top of "
                                 "minute)"),
     "--cw-grace-s": (5.0, "a step is judged this long after its last occurrence was due"),
@@ -98,8 +104,9 @@ def _check(environment: Environment) -> str | None:
         steps.step_rates(o.cw_steps, o.cw_step_start, o.cw_step_factor, o.cw_step_max)
     except ValueError as exc:
         return str(exc)
-    if o.cw_step_s <= 0 or o.cw_herd_every_s <= 0 or o.cw_grace_s < 0:
-        return "--cw-step-s and --cw-herd-every-s must be positive, --cw-grace-s not negative"
+    if o.cw_step_s <= 0 or o.cw_herd_every_s <= 0 or o.cw_grace_s < 0 or o.cw_warmup_s < 0:
+        return "--cw-step-s and --cw-herd-every-s must be positive, --cw-grace-s and " \
+               "--cw-warmup-s not negative"
     return None
 
 
@@ -137,6 +144,7 @@ class Capacity:
         self.rates = steps.step_rates(o.cw_steps, o.cw_step_start, o.cw_step_factor,
                                       o.cw_step_max)
         self.step_s = float(o.cw_step_s)
+        self.warmup_s = float(o.cw_warmup_s)
         self.herd_every_ms = float(o.cw_herd_every_s) * 1000
         self.grace_ms = float(o.cw_grace_s) * 1000
         self.users = int(o.num_users or DEFAULT_USERS)
@@ -200,19 +208,20 @@ class Capacity:
         self.current = None
 
     def _stop_loading(self, now: float) -> None:
-        if self.current is not None and self.ladder.stop_loading():
+        if self.current is not None and self.current.index != steps.WARMUP \
+                and self.ladder.stop_loading():
             # a step cut short by an earlier one's failure is not judged
             self.ladder.steps.remove(self.current)
         self._end_step(now)
         self.rate = 0.0
         self.stopping = True
-        last_due = max([s.last_due_ms for s in self.ladder.steps] + [kit.now_ms()])
+        last_due = max([s.last_due_ms for s in self.ladder.started()] + [kit.now_ms()])
         self.settle_deadline = now + max(0.0, last_due - kit.now_ms()) / 1000 \
             + self.grace_ms / 1000 + SETTLE_EXTRA_S
 
     def _judge_ready(self) -> None:
         now_ms = kit.now_ms()
-        for step in self.ladder.steps:
+        for step in self.ladder.started():
             if step.index in self.ladder.verdicts or step.index not in self.ended_ms:
                 continue
             if self.unacked.get(step.index, 0):
@@ -222,26 +231,34 @@ class Capacity:
                 f = step.figures(self.slo)
                 why = self.ladder.verdicts[step.index] + (
                     [self.ladder.short[step.index]] if step.index in self.ladder.short else [])
-                print(f"capacity: step {step.index} ({step.rate:g} commands/s, "
+                name = f"step {step.index}" if step.index != steps.WARMUP else \
+                    "warm-up (lateness not judged)"
+                print(f"capacity: {name} ({step.rate:g} commands/s, "
                       f"{f['sent_per_s']} sent/s, {f['expected_fires']} fires): "
                       f"p{self.slo.percentile:g} {f['slo_percentile_ms']} ms, max "
                       f"{f['lateness_ms']['received']['max']} ms; "
                       f"{'; '.join(why) if why else 'held'}", file=sys.stderr)
 
     def _drive(self) -> None:
-        print(f"capacity: SLO {self.slo}; steps {', '.join(f'{r:g}' for r in self.rates)} "
-              f"commands/s, {self.step_s:g} s each; mix "
+        warm = f"a {self.warmup_s:g} s warm-up, then " if self.warmup_s > 0 else ""
+        print(f"capacity: SLO {self.slo}; {warm}steps "
+              f"{', '.join(f'{r:g}' for r in self.rates)} commands/s, {self.step_s:g} s each; mix "
               f"{', '.join(f'{k} {v:.0%}' for k, v in self.mix.items() if v)}", file=sys.stderr)
         while True:
             now = time.monotonic()
             if not self.stopping:
                 step = self.current
                 following = 0 if step is None else step.index + 1
+                lasts = self.warmup_s if step is not None and step.warmup else self.step_s
                 if self.ladder.stop_loading() or (step is not None and now - self.step_started
-                                                  >= self.step_s
+                                                  >= lasts
                                                   and following >= len(self.rates)):
                     self._stop_loading(now)
-                elif step is None or now - self.step_started >= self.step_s:
+                elif step is None and self.warmup_s > 0 and self.ladder.warmup is None:
+                    self.current = self.ladder.start_warmup()
+                    self.step_started = now
+                    self.rate = self.rates[0]
+                elif step is None or now - self.step_started >= lasts:
                     self._end_step(now)
                     self.current = self.ladder.start_step(following)
                     self.step_started = now

@@ -28,7 +28,8 @@ async def test_a_short_ladder_writes_its_knee(stack, namespace, tmp_path: Path,
             CAPACITY,
             ["--headless", "-u", "2", "--only-summary",
              "--cw-nodes", "1", "--cw-slo", "p99<2s", "--cw-steps", "20,40,80",
-             "--cw-step-s", "4", "--cw-lead-s", "1.5", "--cw-grace-s", "2",
+             "--cw-step-s", "4", "--cw-warmup-s", "2", "--cw-lead-s", "1.5",
+             "--cw-grace-s", "2",
              "--cw-herd-every-s", "3", "--cw-mix", "steady=70,herd=10,horizon=15,cancel=5",
              "--cw-knee-file", str(knees), "--cw-max-runtime-s", "120"],
             env, timeout_s=200)
@@ -43,6 +44,11 @@ async def test_a_short_ladder_writes_its_knee(stack, namespace, tmp_path: Path,
     # every step held (a 2 s bound at these rates): the ceiling is a lower bound
     assert (rec["stopped_by"], rec["lower_bound"]) == ("ceiling", True), rec["reason"]
     assert [s["rate"] for s in rec["steps"]] == [20, 40, 80]
+    # the warm-up ran at the first step's rate before it, judged apart, and is not a step
+    warm = rec["warmup"]
+    assert warm["step"] == -1 and warm["rate"] == 20 and warm["held"], warm
+    assert warm["received"] == warm["expected_fires"] > 0 and warm["missing"] == 0, warm
+    assert "warm-up (lateness not judged) (20 commands/s" in out
     for s in rec["steps"]:
         assert s["held"] and s["received"] == s["expected_fires"] > 0, s
         assert (s["missing"], s["early"], s["duplicates"]) == (0, 0, 0), s

@@ -84,9 +84,9 @@ def test_step_rates(steps: Any) -> None:
 def run_step(ladder: Any, index: int, *, late_ms: float = 20.0, n: int = 100,
              missing: int = 0, early: int = 0, duplicates: int = 0, sent_share: float = 1.0,
              duration_s: float = 10.0) -> Any:
-    """Step `index` as if it ran: n occurrences at `late_ms` (the last one 10x later), some
-    never received, early or twice."""
-    step = ladder.start_step(index)
+    """Step `index` (the warm-up for -1) as if it ran: n occurrences at `late_ms` (the last one
+    10x later), some never received, early or twice."""
+    step = ladder.start_warmup() if index == -1 else ladder.start_step(index)
     step.duration_s = duration_s
     step.sent = round(step.rate * duration_s * sent_share)
     occs = [f"s{index}.{i}@0" for i in range(n)]
@@ -145,6 +145,49 @@ def test_a_later_step_judged_first_waits_for_the_earlier_ones(steps: Any) -> Non
     assert not ladder.decided()
     ladder.judge(s1)
     assert ladder.decided() and ladder.first_stop() == 1 and ladder.knee().index == 0
+
+
+def test_the_warm_up_is_not_judged_on_lateness_nor_taken_for_a_knee(steps: Any) -> None:
+    """A cluster's first seconds of load are slow (connections, caches, compiled code): the
+    warm-up at the first step's rate may be late without stopping the ladder, and it is never
+    the knee."""
+    ladder = ladder_of(steps, [100, 200])
+    warm = run_step(ladder, steps.WARMUP, late_ms=900)
+    ladder.judge(warm)
+    assert ladder.verdicts[steps.WARMUP] == [] and not ladder.stop_loading()
+    assert warm.rate == 100 and ladder.knee() is None
+    ladder.judge(run_step(ladder, 0, late_ms=10))
+    ladder.judge(run_step(ladder, 1, late_ms=500))
+    assert ladder.decided() and ladder.knee().index == 0 and ladder.outcome()[0] == "slo"
+    rec = steps.knee_record(
+        ladder, cluster=CLUSTER, namespace="ns", measured_on="2026-12-03", code="abc",
+        command="locust", mix=steps.parse_mix("steady=100"), step_s=10, lead_s=3,
+        herd_every_s=60)
+    assert rec["warmup"]["step"] == steps.WARMUP and rec["warmup"]["held"]
+    assert rec["warmup"]["lateness_ms"]["received"]["max"] == 9000
+    assert [s["step"] for s in rec["steps"]] == [0, 1] and rec["knee"]["step"] == 0
+
+
+@pytest.mark.parametrize(("fault", "why"), [
+    ({"missing": 3}, "3 occurrence(s) missing"), ({"early": 1}, "1 early"),
+    ({"duplicates": 1}, "1 duplicate(s)"),
+])
+def test_a_lost_early_or_duplicate_occurrence_in_the_warm_up_stops_the_ladder(
+        steps: Any, fault: dict[str, int], why: str) -> None:
+    ladder = ladder_of(steps, [100, 200])
+    ladder.judge(run_step(ladder, steps.WARMUP, **fault))
+    assert ladder.verdicts[steps.WARMUP] == [why] and ladder.stop_loading()
+    assert ladder.decided() and ladder.knee() is None
+    assert ladder.outcome() == ("slo", f"the warm-up (100 commands/s): {why}")
+
+
+def test_the_ladder_waits_for_the_warm_up_to_be_judged(steps: Any) -> None:
+    ladder = ladder_of(steps, [100, 200])
+    warm = run_step(ladder, steps.WARMUP)
+    ladder.judge(run_step(ladder, 0, late_ms=500))
+    assert ladder.stop_loading() and not ladder.decided()
+    ladder.judge(warm)
+    assert ladder.decided() and ladder.knee() is None
 
 
 def test_no_step_holding_means_no_knee(steps: Any) -> None:
