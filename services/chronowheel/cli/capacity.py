@@ -440,10 +440,10 @@ def render(p: dict[str, Any]) -> str:
             else f"one host ({w['nodes_per_host']} nodes) down")
 
     lines = [
-        f"measured per node ({m['source']}): {n(m['fires_per_s_per_node'])} fires/s, "
+        f"measured per node: {n(m['fires_per_s_per_node'])} fires/s, "
         f"{n(m['ingest_jobs_per_s_per_node'])} ingested jobs/s, "
         f"{n(m['wheel_bytes_per_entry'])} B per wheel entry",
-        f"  measured on {m['measured_on']}",
+        f"  benchmark figures from {m['source']}, measured on {m['measured_on']}",
         f"  fires/s per node from {m['fires_source']}",
         *([f"  bytes per wheel entry measured on {m['wheel_bytes_measured_on']}: "
            f"{m['wheel_bytes_command']}"]
