@@ -10,12 +10,14 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import orjson
 import pytest
 from chronowheel.bus.memory import Message
 from chronowheel.cli import build_parser
 from chronowheel.cli import dead as cli_dead
 from chronowheel.client import SchedulerClient
 from chronowheel.client.dead import (
+    RedriveSummary,
     dead_selector,
     memory_reader,
     parse_letter,
@@ -23,7 +25,7 @@ from chronowheel.client.dead import (
     refusal,
 )
 from chronowheel.core import wire
-from chronowheel.core.model import Retry, ValidationPolicy, parse_command
+from chronowheel.core.model import Retry, ValidationPolicy, encode_retry, parse_command
 from chronowheel.core.shard import shard_of
 from chronowheel.errors import ValidationError
 from chronowheel.settings import Settings
@@ -185,12 +187,14 @@ def test_a_redrive_carries_every_field_of_the_job_a_workers_own_retry_carries() 
     assert redriven.pause_after_failures == 3  # auto-pause still counts its runs
     assert redriven.concurrency == "forbid"  # and the overlap policy stays the job's
     # What the worker's retry of the same delivery would send, but for when and how many
-    # attempts: the redrive is due now and has one attempt more.
+    # attempts: the redrive is due now, has one attempt more and is applied once (its id).
     occ = Occurrence.from_record(TOPIC, 3, 109, rec.value, delivered)
     _key, value = retry_command(occ, NOW)
     retried = parse_command(value, key=None, policy=policy, now_ms=NOW)
     assert isinstance(retried, Retry)
-    assert redriven == replace(retried, at_ms=NOW, max_attempts=redriven.max_attempts)
+    assert redriven == replace(retried, at_ms=NOW, max_attempts=redriven.max_attempts,
+                               redrive_id="redrive:1:9")
+    assert retried.redrive_id == ""  # a worker's own retry has none
     assert (redriven.attempt, redriven.max_attempts) == (3, 5)
     # Neither carries the lateness bound (a redriven occurrence is long past its instant: a
     # bound would drop it as missed); catch-up is the schedule's.
@@ -357,6 +361,141 @@ async def test_a_node_delivers_a_redriven_letter_once_as_the_next_attempt(rig: N
 def attempts(rig: NodeRig, job_id: str, attempt: int) -> list[Message]:
     """The deliveries of `job_id` with that `cw-attempt`."""
     return [m for m in rig.fired(job_id) if m.header(wire.ATTEMPT) == str(attempt).encode()]
+
+
+def rejections(rig: NodeRig) -> list[str]:
+    return [(m.header(wire.REASON) or b"").decode()
+            for m in rig.bus.messages(rig.settings.rejected_topic)]
+
+
+async def fired_once(rig: NodeRig, job_id: str) -> Message:
+    """A one-shot `job_id` with two attempts, fired: its first delivery."""
+    await rig.start()
+    rig.upsert(job_id, at=T0 + 1000, max_attempts=2)
+    await rig.advance(2000)
+    [fired] = rig.fired(job_id)
+    return fired
+
+
+def redrive_retry(fired: Message, redrive_id: str, at_ms: int) -> bytes:
+    """The retry of `fired`'s next attempt, as a redrive (`redrive_id`) or, with "", as a
+    worker sends it."""
+    assert fired.key is not None and fired.value is not None
+    return encode_retry(id=fired.key.decode(),
+                        scheduled_ms=int(fired.header(wire.SCHEDULED_AT) or b"0"), attempt=2,
+                        at_ms=at_ms, topic=fired.topic, payload=fired.value, max_attempts=2,
+                        redrive_id=redrive_id)
+
+
+async def test_a_node_applies_a_redrives_retry_once_however_many_copies_arrive(
+        rig: NodeRig) -> None:
+    fired = await fired_once(rig, "once")
+    value = redrive_retry(fired, "redrive:0:0", rig.clock.now_ms())
+    rig.submit("once", value)
+    rig.submit("once", value)  # the same retry twice in one batch
+    await rig.advance(1000)
+    assert len(attempts(rig, "once", 2)) == 1
+    # A copy sent again later (a redrive that died after Kafka took it, before its own row
+    # was written, runs again) is acknowledged and delivers nothing more, also as a new
+    # retry due now.
+    rig.submit("once", value)
+    rig.submit("once", redrive_retry(fired, "redrive:0:0", rig.clock.now_ms()))
+    await rig.advance(1000)
+    assert len(attempts(rig, "once", 2)) == 1
+    assert rejections(rig) == []  # not an error
+    shard = shard_of("once", rig.settings.shards)
+    row = await rig.store.get_request(shard, "once", "retry/redrive:0:0")
+    assert row is not None and row.kind == "retry"
+    registry = rig.nodes[0].metrics.registry
+    assert [registry.get_sample_value("chronowheel_ingested_total",
+                                      {"op": "retry", "outcome": outcome})
+            for outcome in ("stored", "unchanged")] == [1, 3]
+
+
+async def test_a_retry_with_another_redrive_id_or_none_is_delivered(rig: NodeRig) -> None:
+    fired = await fired_once(rig, "once")
+    rig.submit("once", redrive_retry(fired, "redrive:0:0", rig.clock.now_ms()))
+    await rig.advance(1000)
+    # Another letter of the same occurrence and attempt: another redrive, delivered.
+    rig.submit("once", redrive_retry(fired, "redrive:0:7", rig.clock.now_ms()))
+    await rig.advance(1000)
+    assert len(attempts(rig, "once", 2)) == 2
+    # A worker's own retry (no redrive id) goes as before: each copy is a delivery, and
+    # the node records no request for it.
+    rig.submit("once", redrive_retry(fired, "", rig.clock.now_ms()))
+    await rig.advance(1000)
+    assert len(attempts(rig, "once", 2)) == 3
+    assert rejections(rig) == []
+    shard = shard_of("once", rig.settings.shards)
+    assert sorted(r.request_id for r in await rig.store.shard_requests(shard)) == [
+        "retry/redrive:0:0", "retry/redrive:0:7"]
+
+
+@pytest.mark.parametrize(("field", "value", "reason"), [
+    ("redrive_id", "redrive:0@0",
+     "redrive_id: must be 1..128 of A-Z a-z 0-9 . _ : - (got 'redrive:0@0')"),
+    ("redrive_id", "", "redrive_id: must be 1..128 characters long (got '')"),
+    ("redrive_id", 7, "redrive_id: must be a string (got 7)"),
+    ("concurrency", "sometimes",
+     "concurrency: must be one of allow, forbid, replace (got 'sometimes')"),
+])
+async def test_a_retry_with_an_invalid_redrive_id_or_policy_is_rejected_naming_the_field(
+        rig: NodeRig, field: str, value: object, reason: str) -> None:
+    fired = await fired_once(rig, "once")
+    doc = orjson.loads(redrive_retry(fired, "", rig.clock.now_ms()))
+    rig.submit("once", orjson.dumps({**doc, field: value}))
+    await rig.advance(1000)
+    assert rejections(rig) == [reason]
+    assert attempts(rig, "once", 2) == []
+
+
+async def test_two_redrives_of_one_letter_at_the_same_moment_deliver_it_once(
+        rig: NodeRig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes redrive the same letter together: each finds no request row (neither
+    has written its own yet) and sends the retry, the second after the node applied the
+    first's. The node delivers one."""
+    fired = await fired_once(rig, "once")
+    headers = dead_headers(tuple(fired.headers), RuntimeError("down"), rig.clock.now_ms(),
+                           fired.topic, fired.partition, fired.offset)
+    rig.bus.produce(rig.settings.dead_topic, 0, fired.key, fired.value, headers)
+
+    class Producer(BusProducer):
+        def __init__(self) -> None:
+            super().__init__(rig)
+            self.out = asyncio.Event()
+
+        async def send(self, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+            fut = await super().send(*args, **kwargs)
+            self.out.set()
+            return fut
+
+    first, second = Producer(), Producer()
+    put = rig.store.put_request
+
+    async def put_request(row: Any, *args: Any, **kwargs: Any) -> Any:
+        if row.kind == "redrive":  # a client's row: only once both retries are out
+            await second.out.wait()
+        return await put(row, *args, **kwargs)
+
+    monkeypatch.setattr(rig.store, "put_request", put_request)
+
+    async def redrive(producer: Producer) -> RedriveSummary:
+        async with SchedulerClient(
+                rig.settings, producer=producer, store=rig.store, now_ms=rig.clock.now_ms,
+                dead_letters=memory_reader(rig.bus.messages(rig.settings.dead_topic))) as c:
+            return await c.redrive(job_id="once")
+
+    one = asyncio.create_task(redrive(first))
+    await first.out.wait()
+    await rig.advance(1000)  # the node applies the first retry and delivers it
+    assert len(attempts(rig, "once", 2)) == 1
+    other = asyncio.create_task(redrive(second))
+    s1, s2 = await asyncio.gather(one, other)
+    assert s1.redriven == s2.redriven == ["0@0"]  # both sent it
+    await rig.advance(2000)
+    [again] = attempts(rig, "once", 2)
+    assert again.header(wire.OCCURRENCE) == fired.header(wire.OCCURRENCE)
+    assert rejections(rig) == []
 
 
 @pytest.mark.parametrize("policy", ["forbid", "replace"])

@@ -838,6 +838,10 @@ def test_retry_required_fields(name: str) -> None:
         ({"backoff": "2d"}, "backoff", "at most 1d"),
         ({"concurrency": "sometimes"}, "concurrency", "must be one of allow, forbid, replace"),
         ({"concurrency": None}, "concurrency", "must be one of"),
+        ({"redrive_id": "redrive:0@5"}, "redrive_id", "must be 1..128 of A-Z a-z 0-9 . _ : -"),
+        ({"redrive_id": ""}, "redrive_id", "must be 1..128 characters long"),
+        ({"redrive_id": "r" * 129}, "redrive_id", "must be 1..128 characters long"),
+        ({"redrive_id": 5}, "redrive_id", "must be a string"),
     ],
 )
 def test_retry_rules(fields: dict[str, Any], path: str, rule_part: str) -> None:
@@ -1131,6 +1135,8 @@ def valid_command(draw: st.DrawFn) -> dict[str, Any]:
         doc["backoff"] = format_duration(draw(st.integers(0, DAY)))
     if draw(st.booleans()):
         doc["concurrency"] = draw(st.sampled_from(["allow", "forbid", "replace"]))
+    if draw(st.booleans()):
+        doc["redrive_id"] = draw(st.from_regex(r"[A-Za-z0-9._:-]{1,128}", fullmatch=True))
     return doc
 
 
@@ -1172,6 +1178,8 @@ FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "attempt": st.integers(0, 102) | json_scalar,
     "concurrency": st.sampled_from(["allow", "forbid", "replace"]) | near_miss_text
     | json_scalar,
+    "redrive_id": st.sampled_from(["redrive:0:1", "redrive:0@1", "r" * 129])
+    | near_miss_text | json_scalar,
     "bogus": json_value,
 }
 
@@ -1328,27 +1336,29 @@ def test_a_retry_carries_the_origin_of_a_requested_occurrence() -> None:
 
 
 @pytest.mark.parametrize("policy", ["forbid", "replace"])
-def test_a_retry_carries_the_overlap_policy_and_round_trips(policy: str) -> None:
+def test_a_retry_carries_a_redrive_id_and_the_overlap_policy_and_round_trips(
+        policy: str) -> None:
     raw = encode_retry(id="j-1", scheduled_ms=NOW - 5000, attempt=3, at_ms=NOW, topic=
                        "emails.send", payload=b"hi", origin="trigger", request_id="t-1",
-                       pause_after_failures=2, concurrency=policy)
+                       pause_after_failures=2, concurrency=policy, redrive_id="redrive:2:41")
     doc = orjson.loads(raw)
-    assert doc["concurrency"] == policy
+    assert (doc["concurrency"], doc["redrive_id"]) == (policy, "redrive:2:41")
     assert schema_valid(doc)
     assert parse(raw, key=b"j-1") == Retry(
         id="j-1", scheduled_ms=NOW - 5000, attempt=3, at_ms=NOW, topic="emails.send",
         payload=b"hi", origin="trigger", request_id="t-1", pause_after_failures=2,
-        concurrency=policy)
-    # The default stays off the wire (a node without the field takes such a retry), and an
-    # explicit "allow" reads as the default.
+        concurrency=policy, redrive_id="redrive:2:41")
+    # The defaults stay off the wire (a node without these fields takes such a retry), and
+    # an explicit "allow" reads as the default.
     plain = encode_retry(id="j-1", scheduled_ms=NOW - 5000, attempt=3, at_ms=NOW,
                          topic="emails.send", payload=b"hi")
-    assert "concurrency" not in orjson.loads(plain)
+    assert not {"concurrency", "redrive_id"} & orjson.loads(plain).keys()
     cmd = parse(plain)
-    assert isinstance(cmd, Retry) and cmd.concurrency == "allow"
+    assert isinstance(cmd, Retry) and (cmd.concurrency, cmd.redrive_id) == ("allow", "")
     cmd = parse(retry_doc(concurrency="allow"))
     assert isinstance(cmd, Retry) and cmd.concurrency == "allow"
     assert schema_valid(retry_doc(concurrency="allow"))
+    assert not schema_valid(retry_doc(redrive_id="redrive:2@41"))
     assert not schema_valid(retry_doc(concurrency="sometimes"))
 
 

@@ -60,14 +60,16 @@ def register(sub: Any) -> None:
         description="Send every selected dead letter again as a retry command on "
                     "<ns>.submit: the same occurrence (cw-occurrence kept), the letter's "
                     "payload and the job's headers, the next attempt (cw-attempt + 1), due "
-                    "now; if it fails again it is dead-lettered again. Each letter has the "
-                    "request id redrive:<dead partition>@<offset>, recorded (table "
-                    "job_requests, for the retention period) once Kafka acknowledged its "
-                    "retry: a letter recorded before is skipped, so running the same redrive "
-                    "again, or after an interruption, sends nothing twice. A payload-less "
-                    "stand-in letter (the broker refused the full one) is refused, naming its "
-                    "source record. Ends with a summary; exit status 1 when some retry was not "
-                    "written.")
+                    "now; if it fails again it is dead-lettered again. The retry carries the "
+                    "letter's redrive id, redrive:<dead partition>:<offset>, which a node "
+                    "applies once, so a letter sent twice (two redrives at once) is delivered "
+                    "once. Each letter has the request id redrive:<dead partition>@<offset>, "
+                    "recorded (table job_requests, for the retention period) once Kafka "
+                    "acknowledged its retry: a letter recorded before is skipped, so running "
+                    "the same redrive again, or after an interruption, sends nothing twice. "
+                    "A payload-less stand-in letter (the broker refused the full one) is "
+                    "refused, naming its source record. Ends with a summary; exit status 1 "
+                    "when some retry was not written.")
     _filters(rd)
     rd.add_argument("--all", action="store_true",
                     help="redrive every dead letter of the namespace (needed when no filter "

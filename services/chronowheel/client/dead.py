@@ -7,21 +7,23 @@ docs/worker.md). Letters are read partition by partition from the beginning of `
 token is the position of the page's last letter, `<partition>@<offset>`. Letters carry no
 tenant: a tenant filter looks up each letter's job in the jobs table.
 
-Redriving a letter sends an ordinary `retry` command to `<ns>.submit` (nothing new on the
-wire): the same occurrence (`cw-scheduled-at`, so `cw-occurrence` is kept, a trigger's or a
+Redriving a letter sends an ordinary `retry` command to `<ns>.submit` (with its `redrive_id`,
+below): the same occurrence (`cw-scheduled-at`, so `cw-occurrence` is kept, a trigger's or a
 backfill's key too), its payload and the job's own headers from the letter, the next attempt
 (`cw-attempt` + 1, due now) and `max_attempts` raised to that attempt when it was the last, so
 a redriven occurrence that fails again is dead-lettered again instead of retried.
 
-Exactly once. Each letter has a request id derived from its own coordinates,
-`redrive:<dead partition>@<offset>` (`redrive_request_id`). Once Kafka acknowledged a letter's
-retry, a row of that request id is written to the job's requests (table `job_requests`, kind
-`redrive`, kept for the retention period like a trigger's; the node reads only backfill rows
-of that table), and a letter with a row is not sent again: running the same redrive twice, on
-any machine, or again after an interruption, sends each letter once. The one gap is a process
-that dies after Kafka acknowledged a retry and before its row was written: that letter is sent
-again by the next run. The copy names the same occurrence and attempt, so a worker with
-idempotency (its per-occurrence ledger) runs it once.
+Exactly once. Each letter's retry carries a `redrive_id` derived from the letter's own
+coordinates, `redrive:<dead partition>:<offset>` (`redrive_wire_id`), and the node applies a
+retry with a given `redrive_id` at most once (a `job_requests` row it writes with the retry's
+due row, kept for the retention period): a second copy, from two redrives of the same letter
+at the same moment in two processes or from a run that died after Kafka acknowledged the
+retry, is acknowledged and changes nothing. Client side, as a fast skip, once Kafka
+acknowledged a letter's retry a row of the letter's request id
+`redrive:<dead partition>@<offset>` (`redrive_request_id`) is written to the job's requests
+too (kind `redrive`; the node reads only backfill rows and its own), and a letter with that
+row is not sent again by a later run. (A node older than the `redrive_id` field rejects the
+retry to `<ns>.rejected`: upgrade the nodes first, docs/worker.md.)
 
 A letter the worker could only dead-letter without its payload (the broker refused the full
 one: `cw-original-bytes`, value `{"replaced": ...}`) cannot be redriven from the letter; it is
@@ -63,6 +65,13 @@ def redrive_request_id(partition: int, offset: int) -> str:
     """The request id of the redrive of the dead letter at `<ns>.dead[partition]@offset`:
     the same for every run, so a letter is redriven once."""
     return f"{REDRIVE_PREFIX}{partition}@{offset}"
+
+
+def redrive_wire_id(partition: int, offset: int) -> str:
+    """The `redrive_id` the retry of that letter's redrive carries, which the node applies
+    once: `redrive:<partition>:<offset>`, the same letter in a request id's characters
+    (`@` is not one of them)."""
+    return f"{REDRIVE_PREFIX}{partition}:{offset}"
 
 
 _POSITION = re.compile(r"[0-9]+@[0-9]+")
@@ -116,6 +125,10 @@ class DeadLetterInfo:
     @property
     def request_id(self) -> str:
         return redrive_request_id(self.partition, self.offset)
+
+    @property
+    def redrive_id(self) -> str:
+        return redrive_wire_id(self.partition, self.offset)
 
     @property
     def source(self) -> str:
@@ -198,7 +211,8 @@ def retry_value(letter: DeadLetterInfo, now_ms: int) -> bytes:
         concurrency=overlap_policy(text.get(wire.CONCURRENCY)),
         pause_after_failures=optional_count(text.get(wire.PAUSE_AFTER_FAILURES)))
     return next_attempt(occ, at_ms=now_ms,
-                        max_attempts=max(min(occ.max_attempts, MAX_ATTEMPTS), occ.attempt + 1))
+                        max_attempts=max(min(occ.max_attempts, MAX_ATTEMPTS), occ.attempt + 1),
+                        redrive_id=letter.redrive_id)
 
 
 def _int_header(letter: DeadLetterInfo, name: str, default: int) -> int:

@@ -494,7 +494,9 @@ class SchedulerClient:
                       progress_interval_s: float = 0.5) -> RedriveSummary:
         """Redrive every dead letter matching the filters (as `dead_letters` takes them; at
         most `limit`): one `retry` command each, the next attempt of its occurrence with the
-        letter's payload and headers, due now. Exactly once per letter: its request id
+        letter's payload and headers, due now. Exactly once per letter: the retry carries the
+        letter's `redrive_id`, `redrive:<dead partition>:<offset>`, which a node applies once
+        (two redrives of the letter at once deliver it once); its request id
         `redrive:<dead partition>@<offset>` is recorded once Kafka acknowledged the retry, and
         letters recorded before are skipped (`already`), by any later run. Letters that cannot
         be redriven (a payload-less stand-in, not an occurrence) are in `refused` with the

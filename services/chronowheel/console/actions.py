@@ -121,8 +121,7 @@ async def _redrive(client: SchedulerClient, position: str) -> Outcome:
             raise ChronowheelError(
                 f"the retry of dead letter {position} was sent (Kafka took it) but its "
                 f"request row was not written: {error!r}; confirming again sends a second "
-                f"copy, which names the same occurrence and attempt (a worker with "
-                f"idempotency runs it once)")
+                f"copy, which the node delivers nothing of (it carries the same redrive id)")
         raise ChronowheelError(f"the retry of dead letter {position} was not sent (Kafka did "
                                f"not take it): {error!r}; confirming again sends it")
     outcome = ("redriven" if s.redriven else "already" if s.already

@@ -114,7 +114,8 @@ class Retry:
     topic (same allowlist as jobs), payload_b64 (the fired bytes, "" for none). Optional: headers
     (the job's own, no `cw-` names), max_attempts (1..100, at least attempt), backoff (duration),
     origin and request_id (both or neither: of a triggered or backfilled occurrence),
-    pause_after_failures, concurrency (the job's overlap policy).
+    pause_after_failures, concurrency (the job's overlap policy) and redrive_id (a dead
+    letter's redrive: applied at most once).
     """
 
     id: str
@@ -136,6 +137,11 @@ class Retry:
     concurrency: str = wire.CONCURRENCY_ALLOW
     """The job's overlap policy, carried so that the retried delivery carries it too
     (`cw-concurrency`, absent for `allow`, the default)."""
+    redrive_id: str = ""
+    """The request id of a dead letter's redrive ("" for a worker's own retry): the node
+    applies a retry with one at most once (for the retention period); the same id again
+    changes nothing. Not `request_id`, which names the trigger or backfill that published
+    the occurrence."""
     op: Literal["retry"] = "retry"
 
 
@@ -370,7 +376,7 @@ CANCEL_FIELDS: Final = frozenset({"v", "op", "id"})
 RETRY_FIELDS: Final = frozenset(
     {"v", "op", "id", "scheduled_at", "attempt", "at", "topic", "payload_b64", "headers"}
     | {"max_attempts", "backoff", "origin", "request_id", "pause_after_failures"}
-    | {"concurrency"}
+    | {"concurrency", "redrive_id"}
 )
 PUT_CALENDAR_FIELDS: Final = frozenset({"v", "op", "name", "dates"})
 DELETE_CALENDAR_FIELDS: Final = frozenset({"v", "op", "name"})
@@ -732,10 +738,10 @@ def _parse_backfill(doc: dict[str, Any], job_id: str, now_ms: int) -> Backfill:
     return Backfill(job_id, request_id, from_ms, to_ms)
 
 
-def _request_id(value: object) -> str:
-    text = _string(value, "request_id", 1, MAX_REQUEST_ID_CHARS)
+def _request_id(value: object, path: str = "request_id") -> str:
+    text = _string(value, path, 1, MAX_REQUEST_ID_CHARS)
     if not _REQUEST_ID.fullmatch(text):
-        raise ValidationError("request_id", "must be 1..128 of A-Z a-z 0-9 . _ : -", value)
+        raise ValidationError(path, "must be 1..128 of A-Z a-z 0-9 . _ : -", value)
     return text
 def _parse_calendar_op(doc: dict[str, Any], op: str, key: bytes | None) -> Command:
     name = _calendar_name(_required(doc, "name", ""), "name")
@@ -810,6 +816,7 @@ def _parse_retry(doc: dict[str, Any], job_id: str, policy: ValidationPolicy, now
     concurrency = wire.CONCURRENCY_ALLOW
     if "concurrency" in doc:
         concurrency = _enum(doc["concurrency"], "concurrency", wire.CONCURRENCY_POLICIES)
+    redrive_id = _request_id(doc["redrive_id"], "redrive_id") if "redrive_id" in doc else ""
     return Retry(
         id=job_id,
         scheduled_ms=scheduled_ms,
@@ -824,6 +831,7 @@ def _parse_retry(doc: dict[str, Any], job_id: str, policy: ValidationPolicy, now
         request_id=request_id,
         pause_after_failures=pause_after_failures,
         concurrency=concurrency,
+        redrive_id=redrive_id,
     )
 
 
@@ -1208,9 +1216,10 @@ def encode_retry(
     request_id: str = "",
     pause_after_failures: int | None = None,
     concurrency: str = wire.CONCURRENCY_ALLOW,
+    redrive_id: str = "",
 ) -> bytes:
     """Wire bytes of a retry (what a worker sends); parses back to the equal Retry. The
-    default `concurrency` (allow) is left out of the bytes."""
+    default `concurrency` (allow) and an empty `redrive_id` are left out of the bytes."""
     doc: dict[str, Any] = {
         "v": 1,
         "op": "retry",
@@ -1235,6 +1244,8 @@ def encode_retry(
         doc["pause_after_failures"] = pause_after_failures
     if concurrency != wire.CONCURRENCY_ALLOW:
         doc["concurrency"] = concurrency
+    if redrive_id:
+        doc["redrive_id"] = redrive_id
     return orjson.dumps(doc)
 
 

@@ -63,6 +63,19 @@ PAUSE_REQUEST = "pause"
 """`RequestRow.kind` of a pause applied with a request id (kept for the retention period: the
 same request id again changes nothing)."""
 
+RETRY_REQUEST = "retry"
+"""`RequestRow.kind` of a retry applied with a `redrive_id` (kept for the retention period: a
+retry with the same redrive id again changes nothing). Its request id is
+`redrive_request_key(redrive_id)`."""
+
+
+def redrive_request_key(redrive_id: str) -> str:
+    """The request id of the row recording a retry of `redrive_id` applied: `retry/<id>`. A
+    `/` is in no request id, so the row never meets a trigger's, backfill's or pause's, nor
+    the `redrive:<partition>@<offset>` row a redriving client writes (client/dead.py)."""
+    return f"{RETRY_REQUEST}/{redrive_id}"
+
+
 STORED = "stored"
 """`outcome` label of chronowheel_ingested_total: the command changed what is stored."""
 UNCHANGED = "unchanged"
@@ -381,11 +394,33 @@ class Transitions:
         return True
 
     async def _retry(self, cmd: Retry, now: int) -> bool:
+        key = redrive_request_key(cmd.redrive_id) if cmd.redrive_id else None
+        if key is not None and await self.store.get_request(self.shard, cmd.id, key) \
+                is not None:
+            # A dead letter's redrive applied before: a second copy (two redrives of the letter
+            # at once, or one re-sent after a crash) delivers nothing more.
+            log.info("shard %d: retry of job %s with redrive_id %s applied before; ignored",
+                     self.shard, cmd.id, cmd.redrive_id,
+                     extra={"shard": self.shard, "job_id": cmd.id})
+            return False
         state = self.state
         slot = state.claim_slot(cmd.at_ms, self.clock.now_ms())
         try:
             row = DueRow.for_retry(cmd, shard=self.shard, slot_ms=slot)
-            await self.writer.write_due(row, now, counted=row.minute in self.counted)
+            if key is None:
+                await self.writer.write_due(row, now, counted=row.minute in self.counted)
+            else:
+                # The due row and its request row in one logged batch: both or neither, so a
+                # retry re-applied after a takeover is recognised, never delivered twice.
+                self.writer.check(row, now)
+                request = RequestRow(self.shard, cmd.id, key, RETRY_REQUEST, now, now, None,
+                                     1, 1, b"", self.writer.retention_s)
+                write = self.store.put_request(request, [(row, self.writer.ttl_s(slot, now))])
+                if row.minute in self.counted:
+                    await write
+                else:  # the count first or together: the loader skips minutes counted zero
+                    await asyncio.gather(write, self.store.add_bucket_count(
+                        self.shard, row.minute, 1))
             p = pending_from_row(row)
             if state.insert_bound(slot):
                 state.wheel.insert(p, slot, p)

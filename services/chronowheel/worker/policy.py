@@ -49,12 +49,13 @@ def retry_command(occ: Occurrence, now_ms: int) -> tuple[bytes, bytes]:
     return occ.job_id.encode(), value
 
 
-def next_attempt(occ: Occurrence, *, at_ms: int, max_attempts: int) -> bytes:
+def next_attempt(occ: Occurrence, *, at_ms: int, max_attempts: int,
+                 redrive_id: str = "") -> bytes:
     """The `retry` command of `occ`'s next attempt, due at `at_ms`, with `max_attempts`:
     what the delivery of a job carries to its next one (payload, the job's own headers, its
     backoff, `pause_after_failures` and overlap policy `concurrency`, a trigger's or
-    backfill's key). A worker's retry and a dead letter's redrive (`client/dead.py`) are
-    both made here, so neither drops a field the other keeps.
+    backfill's key). A worker's retry and a dead letter's redrive (`client/dead.py`, which
+    gives its `redrive_id`) are both made here, so neither drops a field the other keeps.
     Not carried, for any retry: the job's lateness bound (docs/worker.md)."""
     return encode_retry(
         id=occ.job_id, scheduled_ms=occ.scheduled_ms, attempt=occ.attempt + 1, at_ms=at_ms,
@@ -62,7 +63,7 @@ def next_attempt(occ: Occurrence, *, at_ms: int, max_attempts: int) -> bytes:
         max_attempts=max_attempts,
         backoff_ms=min(occ.backoff_ms, MAX_BACKOFF_MS),  # the node would reject a longer one
         pause_after_failures=occ.pause_after_failures, concurrency=occ.concurrency,
-        **requested_by(occ))
+        redrive_id=redrive_id, **requested_by(occ))
 
 
 class Requested(TypedDict, total=False):
