@@ -265,8 +265,16 @@ class Ladder:
         wanted = [i for i in started if stop is None or i <= stop]
         return all(i in self.verdicts for i in wanted)
 
+    def warmup_unjudged(self) -> bool:
+        """A warm-up ran and has no verdict (the run ended first): its lost, early and
+        duplicate checks never ran, so no knee may be read from the steps after it."""
+        return self.warmup is not None and WARMUP not in self.verdicts
+
     def knee(self) -> StepStats | None:
-        """The last step that held before the first that did not (None: not even the first)."""
+        """The last step that held before the first that did not (None: not even the first,
+        or a warm-up that was not judged)."""
+        if self.warmup_unjudged():
+            return None
         stop = self.first_stop()
         held = None
         for s in sorted(self.steps, key=lambda s: s.index):
@@ -278,11 +286,14 @@ class Ladder:
         return held
 
     def outcome(self) -> tuple[str, str]:
-        """(stopped_by, reason): `slo` (a step broke it: the knee is the cluster's),
+        """(stopped_by, reason): `slo` (a step or the warm-up broke it: the knee, if there is
+        one, is the cluster's),
         `generator` (the load asked for was not sent: the knee is a lower bound), `ceiling`
         (every step held: a lower bound too) or `interrupted` (the run ended before a step
         broke: a lower bound)."""
         stop = self.first_stop()
+        if self.warmup_unjudged():
+            return "interrupted", "the run ended before the warm-up was judged"
         judged = len([i for i in self.verdicts if i != WARMUP])
         if stop is None and judged < len(self.rates):
             return "interrupted", f"stopped after {judged} of {len(self.rates)} " \
@@ -319,7 +330,8 @@ def knee_record(ladder: Ladder, *, cluster: Mapping[str, int], namespace: str,
         "herd_every_s": herd_every_s,
         "stopped_by": stopped_by, "reason": reason, "lower_bound": stopped_by != "slo",
         "knee": None if knee is None else knee.figures(ladder.slo),
-        "warmup": None if warm is None or warm.index not in ladder.verdicts else judged(warm),
+        "warmup": None if warm is None else judged(warm) if warm.index in ladder.verdicts
+        else warm.figures(ladder.slo) | {"held": False, "why": ["not judged"]},
         "steps": steps,
     }
 
@@ -344,6 +356,9 @@ def describe_knee(record: Mapping[str, Any]) -> str:
     size = (f"{c['nodes']} node(s), {c['shards']} shards, {c['cassandra_nodes']} Cassandra, "
             f"{c['kafka_nodes']} Kafka")
     head = f"capacity: {size}; stopped by {record['stopped_by']}: {record['reason']}"
+    warm = record.get("warmup")
+    if k is None and warm is not None and not warm["held"]:
+        return head + f"\ncapacity: the warm-up did not hold ({'; '.join(warm['why'])}): no knee"
     if k is None:
         return head + "\ncapacity: no step held: no knee"
     r, f = k["lateness_ms"]["received"], k["lateness_ms"]["cw_fired_at"]

@@ -181,6 +181,38 @@ def test_a_lost_early_or_duplicate_occurrence_in_the_warm_up_stops_the_ladder(
     assert ladder.outcome() == ("slo", f"the warm-up (100 commands/s): {why}")
 
 
+def test_steps_that_held_give_no_knee_while_the_warm_up_is_unjudged(steps: Any) -> None:
+    """A run that ends (its settle deadline) before the warm-up's verdict never checked the
+    warm-up for lost, early or duplicate occurrences: no knee is recorded from it."""
+    ladder = ladder_of(steps, [100, 200])
+    run_step(ladder, steps.WARMUP)  # ran, never judged (a batch never acknowledged)
+    ladder.judge(run_step(ladder, 0))
+    ladder.judge(run_step(ladder, 1))
+    assert not ladder.decided() and ladder.knee() is None
+    assert ladder.outcome() == ("interrupted", "the run ended before the warm-up was judged")
+    rec = steps.knee_record(
+        ladder, cluster=CLUSTER, namespace="ns", measured_on="2026-12-03", code="abc",
+        command="locust", mix=steps.parse_mix("steady=100"), step_s=10, lead_s=3,
+        herd_every_s=60)
+    assert rec["knee"] is None and rec["lower_bound"]
+    assert rec["warmup"]["held"] is False and rec["warmup"]["why"] == ["not judged"]
+
+
+def test_a_warm_up_that_broke_after_steps_held_is_reported_as_such(steps: Any) -> None:
+    ladder = ladder_of(steps, [100, 200])
+    warm = run_step(ladder, steps.WARMUP, missing=2)
+    ladder.judge(run_step(ladder, 0))  # a herd can make the warm-up's verdict come later
+    ladder.judge(warm)
+    rec = steps.knee_record(
+        ladder, cluster=CLUSTER, namespace="ns", measured_on="2026-12-03", code="abc",
+        command="locust", mix=steps.parse_mix("steady=100"), step_s=10, lead_s=3,
+        herd_every_s=60)
+    assert rec["knee"] is None and rec["steps"][0]["held"]
+    text = steps.describe_knee(rec)
+    assert text.endswith("capacity: the warm-up did not hold (2 occurrence(s) missing): "
+                         "no knee"), text
+
+
 def test_the_ladder_waits_for_the_warm_up_to_be_judged(steps: Any) -> None:
     ladder = ladder_of(steps, [100, 200])
     warm = run_step(ladder, steps.WARMUP)
