@@ -412,6 +412,22 @@ async def test_a_node_applies_a_redrives_retry_once_however_many_copies_arrive(
             for outcome in ("stored", "unchanged")] == [1, 3]
 
 
+async def test_a_redrives_request_row_lasts_as_long_as_its_due_row() -> None:
+    """A hand-made redrive due later than the retention period: a copy sent once the retry
+    was delivered, more than the retention period after the first, is still recognised (a
+    request row kept for the retention period only would be gone by then)."""
+    async with NodeRig(retention_ms=5_000) as rig:
+        fired = await fired_once(rig, "later")
+        value = redrive_retry(fired, "redrive:0:3", rig.clock.now_ms() + 20_000)
+        rig.submit("later", value)
+        await rig.advance(21_000)
+        assert len(attempts(rig, "later", 2)) == 1
+        rig.submit("later", value)  # 21 s after the first: past the retention period
+        await rig.advance(2_000)
+        assert len(attempts(rig, "later", 2)) == 1
+        assert rejections(rig) == []
+
+
 async def test_a_retry_with_another_redrive_id_or_none_is_delivered(rig: NodeRig) -> None:
     fired = await fired_once(rig, "once")
     rig.submit("once", redrive_retry(fired, "redrive:0:0", rig.clock.now_ms()))

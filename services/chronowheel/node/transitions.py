@@ -413,9 +413,12 @@ class Transitions:
                 # The due row and its request row in one logged batch: both or neither, so a
                 # retry re-applied after a takeover is recognised, never delivered twice.
                 self.writer.check(row, now)
+                # Kept as long as the due row: a copy arriving before the retry is due (or
+                # before it expires) is still recognised.
+                ttl = self.writer.ttl_s(slot, now)
                 request = RequestRow(self.shard, cmd.id, key, RETRY_REQUEST, now, now, None,
-                                     1, 1, b"", self.writer.retention_s)
-                write = self.store.put_request(request, [(row, self.writer.ttl_s(slot, now))])
+                                     1, 1, b"", max(ttl, self.writer.retention_s))
+                write = self.store.put_request(request, [(row, ttl)])
                 if row.minute in self.counted:
                     await write
                 else:  # the count first or together: the loader skips minutes counted zero
