@@ -5,6 +5,7 @@ idempotency scope and one store, so only the job's run lease coordinates them.""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 
 import pytest
@@ -85,3 +86,24 @@ async def test_replace_cancels_the_running_occurrence_in_the_other_worker_then_r
     assert a.stats.replaced == 1 and a.stats.failed == 0 and a.stats.retried == 0
     work["refresh@9000"].set()
     await rig.until("B to finish", lambda: b.stats.succeeded == 1)
+
+
+async def test_only_a_first_delivery_is_governed_a_retry_only_carries_the_policy(
+        rig: WorkerRig, caplog: pytest.LogCaptureFixture) -> None:
+    """A worker without a store (idempotency off) cannot enforce the policy and says so for
+    a first delivery; a retry carries the header since retries keep it, but the policy is
+    for first deliveries only, so the retry is neither governed nor warned about."""
+    attempts: list[int] = []
+
+    async def handle(occ: Occurrence) -> None:
+        attempts.append(occ.attempt)
+
+    await rig.start(handle, group_id="unit-plain", idempotency=False)
+    policy = ((wire.CONCURRENCY, "forbid"),)
+    with caplog.at_level(logging.WARNING, logger="chronowheel"):
+        rig.fire("retried", attempt=2, headers=policy)
+        await rig.until("the retry handled", lambda: attempts == [2])
+        assert "is not enforced" not in caplog.text
+        rig.fire("first", headers=policy)
+        await rig.until("the first delivery handled", lambda: attempts == [2, 1])
+    assert caplog.text.count("is not enforced") == 1

@@ -455,8 +455,8 @@ class RedriveSummary:
     next run)."""
     unrecorded: list[str] = field(default_factory=list)
     """Of `failed`: letters whose retry Kafka took but whose request row was not written. The
-    next run sends a second copy (the same occurrence and attempt: a worker with idempotency
-    runs it once)."""
+    next run sends a second copy, which a node ignores (the same `redrive_id`, within its
+    retention period)."""
     elapsed_s: float = 0.0
 
     @property

@@ -333,8 +333,10 @@ class Slots:
             self.intake.outcome(part, rec.offset, state, occ.occurrence, ticket)
 
     def _governed(self, occ: Occurrence) -> bool:
-        """Whether the job's overlap policy applies (docs/worker.md, "Overlap policy")."""
-        if occ.concurrency == wire.CONCURRENCY_ALLOW:
+        """Whether the job's overlap policy applies (docs/worker.md, "Overlap policy"): to a
+        first delivery only (a retry goes through the per-occurrence ledger; it carries the
+        policy only so that its own retries and dead letter keep it)."""
+        if occ.concurrency == wire.CONCURRENCY_ALLOW or occ.attempt > 1:
             return False
         if self.overlap is None:
             log.warning("%s: concurrency=%s is not enforced: the worker has no store (it "
