@@ -428,6 +428,31 @@ async def test_a_redrives_request_row_lasts_as_long_as_its_due_row() -> None:
         assert rejections(rig) == []
 
 
+async def test_a_redrive_over_cassandras_batch_limit_is_rejected_and_the_node_goes_on() -> None:
+    """The redrive's due row and request row go in one logged batch, whose size is checked
+    before anything is stored: over the limit, that one retry is rejected with the limit
+    named (nothing written, no delivery), the same retry without a redrive id (a due row
+    alone, no batch) is delivered, and the node goes on."""
+    async with NodeRig(store_batch_fail_bytes=2_000) as rig:
+        fired = await fired_once(rig, "big")
+
+        def retry(redrive_id: str) -> bytes:  # a hand-made letter's payload, over the batch
+            return encode_retry(id="big", scheduled_ms=T0 + 1000, attempt=2,
+                                at_ms=rig.clock.now_ms(), topic=fired.topic,
+                                payload=b"x" * 2_500, max_attempts=2, redrive_id=redrive_id)
+
+        rig.submit("big", retry("redrive:0:5"))
+        await rig.advance(1000)
+        assert attempts(rig, "big", 2) == []
+        [reason] = rejections(rig)
+        assert "payload_b64" in reason and "over the limit of 2000" in reason, reason
+        shard = shard_of("big", rig.settings.shards)
+        assert await rig.store.get_request(shard, "big", "retry/redrive:0:5") is None
+        rig.submit("big", retry(""))
+        await rig.advance(1000)
+        assert len(attempts(rig, "big", 2)) == 1
+
+
 async def test_a_retry_with_another_redrive_id_or_none_is_delivered(rig: NodeRig) -> None:
     fired = await fired_once(rig, "once")
     rig.submit("once", redrive_retry(fired, "redrive:0:0", rig.clock.now_ms()))

@@ -407,23 +407,13 @@ class Transitions:
         slot = state.claim_slot(cmd.at_ms, self.clock.now_ms())
         try:
             row = DueRow.for_retry(cmd, shard=self.shard, slot_ms=slot)
-            if key is None:
-                await self.writer.write_due(row, now, counted=row.minute in self.counted)
-            else:
-                # The due row and its request row in one logged batch: both or neither, so a
-                # retry re-applied after a takeover is recognised, never delivered twice.
-                self.writer.check(row, now)
-                # Kept as long as the due row: a copy arriving before the retry is due (or
-                # before it expires) is still recognised.
-                ttl = self.writer.ttl_s(slot, now)
-                request = RequestRow(self.shard, cmd.id, key, RETRY_REQUEST, now, now, None,
-                                     1, 1, b"", max(ttl, self.writer.retention_s))
-                write = self.store.put_request(request, [(row, ttl)])
-                if row.minute in self.counted:
-                    await write
-                else:  # the count first or together: the loader skips minutes counted zero
-                    await asyncio.gather(write, self.store.add_bucket_count(
-                        self.shard, row.minute, 1))
+            # A redrive's request row goes in one logged batch with the due row (both or
+            # neither, so a retry re-applied after a takeover is recognised, never delivered
+            # twice), and lives as long as it (the writer sets its TTL).
+            request = None if key is None else RequestRow(
+                self.shard, cmd.id, key, RETRY_REQUEST, now, now, None, 1, 1, b"", 0)
+            await self.writer.write_due(row, now, counted=row.minute in self.counted,
+                                        request=request)
             p = pending_from_row(row)
             if state.insert_bound(slot):
                 state.wheel.insert(p, slot, p)

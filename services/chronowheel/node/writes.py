@@ -4,13 +4,14 @@ occurrence)."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from chronowheel.core import limits
 from chronowheel.core.model import JobSpec
 from chronowheel.core.recurrence import Schedule, compile_schedule
 from chronowheel.errors import ValidationError
-from chronowheel.store.base import DueKey, DueRow, JobRow, JobStore
+from chronowheel.store.base import DueKey, DueRow, JobRow, JobStore, RequestRow
 
 
 def schedule_of(job: JobSpec) -> Schedule:
@@ -29,7 +30,8 @@ class RowWriter:
         self.retention_ms = retention_ms
         self.batch_fail_bytes = batch_fail_bytes
 
-    def check(self, row: DueRow, now: int, job: JobRow | None = None) -> None:
+    def check(self, row: DueRow, now: int, job: JobRow | None = None,
+              request: RequestRow | None = None) -> None:
         """Raise ValidationError, naming the limit, when Cassandra would refuse this due row
         (with its jobs row, when given): a TTL over 20 years, or the logged batch of both rows
         over `batch_fail_bytes`. Called before anything of the command is written, so a
@@ -41,6 +43,17 @@ class RowWriter:
                 "job", f"its next occurrence, {at}, is further ahead than Cassandra keeps a row "
                        f"(a TTL of at most {limits.CASSANDRA_MAX_TTL_S} s, 20 years, and the due "
                        f"row must live until its occurrence plus the retention period)")
+        if request is not None:
+            # The due row alone (no spec) with its request row, in one logged batch.
+            size = limits.job_rows_bytes(
+                job_id=row.job_id, topic=row.topic, payload_len=len(row.payload), spec_len=0,
+                recurring=False, headers=row.headers) + len(request.request_id.encode())
+            if size > self.batch_fail_bytes:
+                raise ValidationError(
+                    "payload_b64", f"the retry's due row and its request row take about {size} "
+                                   f"bytes in one Cassandra batch, over the limit of "
+                                   f"{self.batch_fail_bytes} (batch_size_fail_threshold, "
+                                   f"setting store_batch_fail_bytes)")
         if job is not None:
             size = limits.job_rows_bytes(
                 job_id=row.job_id, topic=row.topic, payload_len=len(row.payload),
@@ -79,16 +92,22 @@ class RowWriter:
                       self.retention_s, tenant)
 
     async def write_due(self, row: DueRow, now: int, job: JobRow | None = None, *,
-                        counted: bool = False, replaces: DueKey | None = None) -> None:
-        """Write a due row (with its jobs row, when given) and count it in its bucket."""
+                        counted: bool = False, replaces: DueKey | None = None,
+                        request: RequestRow | None = None) -> None:
+        """Write a due row (with its jobs row, or a request row recording the command, when
+        given) and count it in its bucket. A request row lives as long as the due row."""
         # The bucket count is written before the row's wheel decision: the loader skips
         # minutes whose count is zero, so a row must never exist uncounted at that point.
         # The due row and the jobs row go in one logged batch: both or neither, so a command
         # re-delivered after a crash is never mistaken for an already-applied one.
-        self.check(row, now, job)
+        self.check(row, now, job, request)
         ttl = self.ttl_s(row.slot_ms, now)
-        write = (self.store.put_due(row, ttl) if job is None
-                 else self.store.put_due_and_job(row, ttl, job, replaces))
+        if request is not None:
+            write = self.store.put_request(replace(request, ttl_s=ttl), [(row, ttl)])
+        elif job is None:
+            write = self.store.put_due(row, ttl)
+        else:
+            write = self.store.put_due_and_job(row, ttl, job, replaces)
         if counted:
             await write
         else:
