@@ -16,7 +16,7 @@ a redriven occurrence that fails again is dead-lettered again instead of retried
 Exactly once. Each letter's retry carries a `redrive_id` derived from the letter's own
 coordinates, `redrive:<dead partition>:<offset>` (`redrive_wire_id`), and the node applies a
 retry with a given `redrive_id` at most once (a `job_requests` row it writes with the retry's
-due row, kept for the retention period): a second copy, from two redrives of the same letter
+due row, kept as long as that row): a second copy, from two redrives of the same letter
 at the same moment in two processes or from a run that died after Kafka acknowledged the
 retry, is acknowledged and changes nothing. Client side, as a fast skip, once Kafka
 acknowledged a letter's retry a row of the letter's request id
