@@ -124,6 +124,18 @@ def namespace(request: pytest.FixtureRequest) -> Iterator[str]:
     _POOL.give_back(ns)
 
 
+@pytest.fixture(scope="module")
+def shared_namespace(stack: Stack) -> Iterator[str]:
+    """One prepared namespace for every test of a module: for the storage contract suites
+    (tests/contract), whose tests each keep to ids of their own, so that one store may serve
+    them all. Preparing a keyspace per test cost 3-6 s of each such test's setup and kept the
+    pool's thread (and Cassandra's schema work) busy for the timed tests beside them."""
+    assert _POOL is not None
+    ns = _POOL.take()
+    yield ns
+    _POOL.give_back(ns)
+
+
 @pytest.fixture
 def bare_namespace(request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh name like `namespace`'s with nothing made for it, for a test that creates the
@@ -216,6 +228,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     global _POOL_DEMAND
     _POOL_DEMAND = sum(1 for item in session.items
                        if {"stack", "namespace"} <= set(getattr(item, "fixturenames", ())))
+    # `shared_namespace`: one per module of tests that asks for it
+    _POOL_DEMAND += len({item.nodeid.split("::", 1)[0] for item in session.items
+                         if "shared_namespace" in getattr(item, "fixturenames", ())})
     if _POOL_DEMAND and not session.config.option.collectonly:
         up = _servers_already_up()
         if up is not None:

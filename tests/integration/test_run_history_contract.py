@@ -17,18 +17,21 @@ from tests.contract.run_history import PassTime, RunHistoryContract
 pytestmark = pytest.mark.integration
 
 
-class TestCassandraRunHistoryContract(RunHistoryContract):
-    @pytest.fixture
-    async def history(self, stack: Stack, namespace: str) -> AsyncIterator[CassandraRunHistory]:
-        settings = Settings(namespace=namespace, cassandra=stack.cassandra, kafka=stack.kafka,
-                            shards=2)
-        await init_namespace(settings)
-        store = await asyncio.to_thread(CassandraStore.open, settings)
-        try:
-            yield await asyncio.to_thread(CassandraRunHistory, store.session, settings.keyspace)
-        finally:
-            await asyncio.to_thread(store.close)
+# One store in one namespace for the module: the contract's tests keep to job ids of their
+# own (tests/contract/run_history.py).
+@pytest.fixture(scope="module")
+async def history(stack: Stack, shared_namespace: str) -> AsyncIterator[CassandraRunHistory]:
+    settings = Settings(namespace=shared_namespace, cassandra=stack.cassandra,
+                        kafka=stack.kafka, shards=2)
+    await init_namespace(settings)
+    store = await asyncio.to_thread(CassandraStore.open, settings)
+    try:
+        yield await asyncio.to_thread(CassandraRunHistory, store.session, settings.keyspace)
+    finally:
+        await asyncio.to_thread(store.close)
 
+
+class TestCassandraRunHistoryContract(RunHistoryContract):
     @pytest.fixture
     def pass_time(self) -> PassTime:
         return asyncio.sleep

@@ -18,17 +18,22 @@ from tests.contract.job_store import JobStoreContract
 pytestmark = pytest.mark.integration
 
 
+# One store in one namespace for the module: the contract's tests keep to ids of their own
+# (tests/contract/job_store.py).
+@pytest.fixture(scope="module")
+async def store(stack: Stack, shared_namespace: str) -> AsyncIterator[CassandraStore]:
+    settings = Settings(namespace=shared_namespace, cassandra=stack.cassandra,
+                        kafka=stack.kafka, shards=2)
+    await init_namespace(settings)
+    store = CassandraStore.open(settings)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
 class TestCassandraStoreContract(JobStoreContract):
-    @pytest.fixture
-    async def store(self, stack: Stack, namespace: str) -> AsyncIterator[CassandraStore]:
-        settings = Settings(namespace=namespace, cassandra=stack.cassandra, kafka=stack.kafka,
-                            shards=2)
-        await init_namespace(settings)
-        store = CassandraStore.open(settings)
-        try:
-            yield store
-        finally:
-            store.close()
+    pass
 
 
 @pytest.mark.usefixtures("quiet_namespace_pool")  # its thread's requests leave garbage too

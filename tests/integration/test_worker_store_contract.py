@@ -17,18 +17,21 @@ from tests.contract.worker_store import PassTime, WorkerStoreContract
 pytestmark = pytest.mark.integration
 
 
-class TestCassandraWorkerStoreContract(WorkerStoreContract):
-    @pytest.fixture
-    async def stores(self, stack: Stack, namespace: str) -> AsyncIterator[WorkerStores]:
-        settings = Settings(namespace=namespace, cassandra=stack.cassandra, kafka=stack.kafka,
-                            shards=2)
-        await init_namespace(settings)
-        opened = await asyncio.to_thread(CassandraWorkerStores, settings)
-        try:
-            yield opened.stores
-        finally:
-            await asyncio.to_thread(opened.close)
+# One set of stores in one namespace for the module: the contract's tests keep to scopes of
+# their own (tests/contract/worker_store.py).
+@pytest.fixture(scope="module")
+async def stores(stack: Stack, shared_namespace: str) -> AsyncIterator[WorkerStores]:
+    settings = Settings(namespace=shared_namespace, cassandra=stack.cassandra,
+                        kafka=stack.kafka, shards=2)
+    await init_namespace(settings)
+    opened = await asyncio.to_thread(CassandraWorkerStores, settings)
+    try:
+        yield opened.stores
+    finally:
+        await asyncio.to_thread(opened.close)
 
+
+class TestCassandraWorkerStoreContract(WorkerStoreContract):
     @pytest.fixture
     def pass_time(self) -> PassTime:
         return asyncio.sleep
