@@ -833,6 +833,12 @@ class KafkaSubmitGroup:
             self._consumer.seek(self._tp(shard), offset)
 
 
+STATE_READ_POLL_MS = 20
+"""How long a state read's fetch and poll wait for records before it looks at its position
+again. It was 500 ms (aiokafka's defaults): a settled read that met an open transaction then
+took 500 ms however soon the transaction ended, on the path of every full takeover."""
+
+
 class KafkaNodeBus:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
@@ -843,7 +849,9 @@ class KafkaNodeBus:
     async def _reader(self) -> AIOKafkaConsumer:
         if self._idle_readers:
             return self._idle_readers.pop()
-        consumer = reader(self._settings)
+        # A short long-poll: a settled read waits for the transactions still open on the state
+        # partition, and each wait ends at the broker's fetch wait or the poll below.
+        consumer = reader(self._settings, fetch_max_wait_ms=STATE_READ_POLL_MS)
         await consumer.start()
         return consumer
 
@@ -890,7 +898,9 @@ class KafkaNodeBus:
                     raise BusError(f"timed out reading {topic}[{partition}] to its "
                                    f"{'high watermark' if settled else 'end'} {end} "
                                    f"({timeout_ms} ms, at {position})")
-                batch = await consumer.getmany(tp, timeout_ms=500)
+                # Not longer: once the open transactions end, the fetch brings their markers
+                # and no record, and only the next turn of this loop sees the position moved.
+                batch = await consumer.getmany(tp, timeout_ms=STATE_READ_POLL_MS)
                 for msg in batch.get(tp, []):
                     if msg.key == key and msg.value:
                         found = msg.value
