@@ -7,8 +7,7 @@ The eager group protocol revokes every shard of every node at each rebalance. A 
 back to the node that held it is resumed warm (docs/design.md, "Warm shards"): its wheel is
 kept, nothing is read again from Cassandra, and its node logs `resumed warm`. Checked: every
 stayer was resumed warm after each rebalance, and 0 early, 0 lost, 0 duplicate occurrences
-(read_committed); and, as the group's assignment is sticky, a shard moves only to the node that
-joined or from the node that left.
+(read_committed).
 
 Each run prints per shard and rebalance the pause (the longest time a read_committed reader saw
 nothing of the shard) and the worst lateness (arrival at the reader minus the scheduled
@@ -227,10 +226,3 @@ async def test_a_node_joining_or_leaving_under_load_pauses_only_the_shards_that_
     assert not unexpected, sorted(unexpected)[:5]
     if not MEASURE_ONLY:
         assert all(warm.values()), f"stayers not resumed warm: {warm}{fleet.tails()}"
-        # The sticky assignor (bus/assignors.py): a shard moves only to the node that joined
-        # or from the node that left, never between the two that stayed.
-        for phase in phases:
-            moves = {k: (phase.before[k], phase.after.get(k)) for k in range(SHARDS)
-                     if phase.before[k] != phase.after.get(k)}
-            assert moves and all("node-3" in pair for pair in moves.values()), \
-                (phase.name, moves)

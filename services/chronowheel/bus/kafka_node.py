@@ -28,7 +28,6 @@ from aiokafka.errors import (
     UnknownTopicOrPartitionError,
 )
 
-from chronowheel.bus.assignors import node_assignors
 from chronowheel.bus.kafka import (
     group_consumer,
     group_session_limits,
@@ -550,8 +549,6 @@ class KafkaSubmitGroup:
             # answers, so this is how long a hung node loop keeps its shards.
             max_poll_interval_ms=s.node_loop_stall_limit_ms,
             group_instance_id=s.node_instance_id or None,
-            # sticky: a rebalance moves only the shards it must (bus/assignors.py)
-            partition_assignment_strategy=node_assignors(),
             # One fetched chunk per partition is buffered until consumed: 1 MiB (a few
             # thousand commands) per shard is ahead of ingest, not 4.
             max_partition_fetch_bytes=1 << 20, client_id=self._client_id)
