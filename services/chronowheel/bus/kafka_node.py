@@ -904,6 +904,9 @@ class KafkaNodeBus:
             reusable = True
         finally:
             if reusable:
+                # Paused while idle: its fetcher would go on fetching the partition every
+                # STATE_READ_POLL_MS, read or not (the next assign starts unpaused).
+                consumer.pause(tp)
                 self._idle_readers.append(consumer)
             else:  # a failed or cancelled read may leave it in any state
                 await consumer.stop()

@@ -1,0 +1,59 @@
+"""The node's state reads (`KafkaNodeBus.read_last`) against the real broker: a settled read
+waits for a transaction still open on the partition and returns what it committed; a reader
+kept for the next read is paused meanwhile (an assigned one goes on fetching its partition every
+few milliseconds), and serves the next read of another partition."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from chronowheel.bus.kafka import plain_producer, transactional_producer
+from chronowheel.bus.kafka_node import KafkaNodeBus
+
+from tests.conftest import Stack
+from tests.integration.harness import make_namespace
+
+pytestmark = pytest.mark.integration
+
+
+async def test_a_settled_read_waits_for_the_open_transaction_and_idle_readers_are_paused(
+        stack: Stack, namespace: str) -> None:
+    settings = await make_namespace(stack, namespace, shards=2)
+    topic = settings.state_topic
+    plain = plain_producer(settings)
+    await plain.start()
+    try:
+        await plain.send_and_wait(topic, b"first", key=b"k0", partition=0)
+        await plain.send_and_wait(topic, b"other", key=b"k1", partition=1)
+    finally:
+        await plain.stop()
+
+    bus = KafkaNodeBus(settings)
+    txn = transactional_producer(settings, f"{namespace}-test-reads")
+    await txn.start()
+    try:
+        await txn.begin_transaction()
+        await txn.send_and_wait(topic, b"second", key=b"k0", partition=0)
+        # Open while the read begins: a read to the last stable offset does not wait for it,
+        # a settled read does, and returns what the transaction committed.
+        assert await bus.read_last(topic, 0, b"k0", 10_000) == b"first"
+        settled = asyncio.ensure_future(bus.read_last(topic, 0, b"k0", 10_000, settled=True))
+        # Held open a moment: a settled read that ended before the commit would return
+        # "first", which the assertion below refuses.
+        await asyncio.sleep(0.3)
+        assert not settled.done()
+        await txn.commit_transaction()
+        assert await settled == b"second"
+
+        idle = list(bus._idle_readers)
+        assert idle, "the readers were not kept for the next read"
+        for reader in idle:
+            assert reader.paused() == reader.assignment(), "an idle reader still fetches"
+        # A kept reader serves the next read, of another partition, unpaused.
+        assert await bus.read_last(topic, 1, b"k1", 10_000, settled=True) == b"other"
+        assert await bus.read_last(topic, 0, b"k0", 10_000) == b"second"
+        assert all(r.paused() == r.assignment() for r in bus._idle_readers)
+    finally:
+        await txn.stop()
+        await bus.close()
