@@ -176,6 +176,7 @@ async def test_console_pages_heat_map_cancel_and_safety(scene: dict[str, Any]) -
             await page.screenshot(path=str(ARTIFACTS / "cluster.png"), full_page=True)
 
             # --- cancel: refused without the token, then done through the page with it
+            chosen_at = now_ms()
             lead_ms, fire_at = next(
                 ((lead, at) for lead, at in scene["pairs"].items()
                  if at - now_ms() >= CANCEL_ROOM_MS), max(scene["pairs"].items()))
@@ -209,7 +210,9 @@ async def test_console_pages_heat_map_cancel_and_safety(scene: dict[str, Any]) -
             await wait_job_status(page, url, to_cancel, "cancelled")
             assert now_ms() < fire_at, (
                 "the cancel was applied after the job's instant: the check that it does not "
-                "fire would prove nothing")
+                f"fire would prove nothing (the pair of {lead_ms // 1000} s was chosen "
+                f"{(fire_at - chosen_at) / 1000:.1f} s before its instant; the cancel took "
+                f"{(now_ms() - chosen_at) / 1000:.1f} s)")
             assert await page.locator("#next-occurrences").count() == 0
             await page.screenshot(path=str(ARTIFACTS / "cancelled.png"), full_page=True)
 
