@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from chronowheel.bus.kafka import plain_producer, transactional_producer
 from chronowheel.bus.kafka_node import KafkaNodeBus
 
+from testkit.fleet import until
 from tests.conftest import Stack
 from tests.integration.harness import make_namespace
 
@@ -38,10 +40,20 @@ async def test_a_settled_read_waits_for_the_open_transaction_and_idle_readers_ar
         # Open while the read begins: a read to the last stable offset does not wait for it,
         # a settled read does, and returns what the transaction committed.
         assert await bus.read_last(topic, 0, b"k0", 10_000) == b"first"
+        in_use: list[AIOKafkaConsumer] = []
+        take = bus._reader
+
+        async def recorded() -> AIOKafkaConsumer:
+            in_use.append(await take())
+            return in_use[-1]
+
+        bus._reader = recorded  # type: ignore[method-assign]
         settled = asyncio.ensure_future(bus.read_last(topic, 0, b"k0", 10_000, settled=True))
-        # Held open a moment: a settled read that ended before the commit would return
-        # "first", which the assertion below refuses.
-        await asyncio.sleep(0.3)
+        # Committed only once the read has fetched and seen the high watermark above it (the
+        # open transaction's record): a read that ended then would return "first".
+        tp = TopicPartition(topic, 0)
+        await until(lambda: bool(in_use) and in_use[0].highwater(tp) is not None, 30,
+                    "the settled read's first fetch")
         assert not settled.done()
         await txn.commit_transaction()
         assert await settled == b"second"

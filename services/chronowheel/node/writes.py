@@ -100,6 +100,7 @@ class RowWriter:
         # minutes whose count is zero, so a row must never exist uncounted at that point.
         # The due row and the jobs row go in one logged batch: both or neither, so a command
         # re-delivered after a crash is never mistaken for an already-applied one.
+        assert job is None or request is None, "a due row goes with a jobs row or a request row"
         self.check(row, now, job, request)
         ttl = self.ttl_s(row.slot_ms, now)
         if request is not None:
