@@ -330,7 +330,7 @@ def hold_event_loop(seconds: float, *, busy: bool) -> asyncio.Handle:
 # interfaces, wrapped around the real ones (every other call reaches the real servers).
 
 STORE_WRITES = frozenset({"put_job", "put_due", "put_due_and_job", "put_dues_and_jobs",
-                          "delete_due", "add_bucket_count", "add_bucket_counts"})
+                          "retire_due", "add_bucket_count", "add_bucket_counts"})
 
 
 class FullDiskStore:

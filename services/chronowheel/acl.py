@@ -280,6 +280,7 @@ NODE_TABLES: dict[str, tuple[str, ...]] = {
     "meta": ("SELECT",),  # the shard count recorded by init
     "jobs": ("SELECT", "MODIFY"),
     "due": ("SELECT", "MODIFY"),
+    "due_retired": ("SELECT", "MODIFY"),  # due rows taken back before they were published
     "job_requests": ("SELECT", "MODIFY"),
     "bucket_counts": ("SELECT", "MODIFY"),
     "calendars": ("SELECT", "MODIFY"),

@@ -194,6 +194,11 @@ class Settings:
         500, "late occurrences (due more than catch_up_lag_ms ago) a shard back from a gap "
              "(an outage, a takeover, a clock-skew block) publishes per second at most, "
              "beside the on-time ones; 0: all at once")
+    due_deletes: bool = _opt(
+        False, "also delete each due row a cancel, an edit or a pause takes back (beside its "
+               "due_retired row): only while a node older than due_retired may take a shard "
+               "over (a rolling upgrade from it, a rollback to it); each delete is a tombstone "
+               "that reads of the minute meet")
     backfill_rows_per_cycle: int = _opt(
         100, "backfill occurrences a shard hands to its wheel per cycle at most, and only "
              "while no on-time occurrence is waiting")

@@ -26,6 +26,7 @@ from chronowheel.store.base import (
     JobStore,
     JobSummary,
     RequestRow,
+    RetiredDue,
     RunLease,
 )
 
@@ -161,16 +162,50 @@ class JobStoreContract:
             second = await anext(pages)
         assert [r.slot_ms - m for r in second] == [25, 30]
 
-    async def test_delete_removes_exactly_one_row_and_tolerates_a_missing_one(
+    async def test_retiring_hides_exactly_one_row_and_tolerates_a_missing_one(
             self, store: JobStore, ids: Ids) -> None:
         m = T0 + 9 * MINUTE_MS
         await store.put_due(due(ids, "a", m + 1), 3600)
         await store.put_due(due(ids, "a", m + 1, attempt=2), 3600)
-        await store.delete_due(m, ids.shard, m + 1, ids.job("a"), 1)
-        await store.delete_due(m, ids.shard, m + 1, ids.job("a"), 1)
-        await store.delete_due(m, ids.shard, m + 99, ids.job("nothing"), 1)
+        await store.retire_due(RetiredDue((m, ids.shard, m + 1, ids.job("a"), 1), 3, 3600))
+        await store.retire_due(RetiredDue((m, ids.shard, m + 1, ids.job("a"), 1), 3, 3600))
+        await store.retire_due(RetiredDue((m, ids.shard, m + 99, ids.job("nothing"), 1), 1, 60))
         assert [(r.job_id, r.attempt) for p in await read_all(store, m, ids.shard)
                 for r in p] == [(ids.job("a"), 2)]
+
+    async def test_a_retired_row_hides_its_versions_up_to_the_retired_one_only(
+            self, store: JobStore, ids: Ids) -> None:
+        # A job cancelled and submitted again lands on the same key with a newer version: its
+        # new row is read, the retirement of the old one notwithstanding.
+        m = T0 + 17 * MINUTE_MS
+        key = (m, ids.shard, m + 5, ids.job("a"), 1)
+        await store.put_due(due(ids, "a", m + 5, version=4), 3600)
+        await store.retire_due(RetiredDue(key, 4, 3600))
+        assert await read_all(store, m, ids.shard) == []
+        older = due(ids, "a", m + 5, version=3)  # an older version read again stays hidden
+        await store.put_due(older, 3600)
+        assert await read_all(store, m, ids.shard) == []
+        newer = due(ids, "a", m + 5, version=5)
+        await store.put_due(newer, 3600)
+        assert await read_all(store, m, ids.shard) == [[newer]]
+        await store.retire_due(RetiredDue(key, 5, 3600))
+        assert await read_all(store, m, ids.shard) == []
+
+    async def test_pages_leave_retired_rows_out_and_go_on_past_a_page_of_them(
+            self, store: JobStore, ids: Ids) -> None:
+        m = T0 + 18 * MINUTE_MS
+        rows = [due(ids, f"r{i:02}", m + i) for i in range(12)]
+        for row in rows:
+            await store.put_due(row, 3600)
+        kept = {0, 7, 11}  # rows 1-6 fill two whole pages of 3 and are all retired
+        for i, row in enumerate(rows):
+            if i not in kept:
+                await store.retire_due(RetiredDue(row.key, row.version, 3600))
+        pages = await read_all(store, m, ids.shard, page_rows=3)
+        assert all(0 < len(p) <= 3 for p in pages)
+        assert [r.slot_ms - m for p in pages for r in p] == sorted(kept)
+        pages = await read_all(store, m, ids.shard, from_slot_ms=m + 1, page_rows=3)
+        assert [r.slot_ms - m for p in pages for r in p] == [7, 11]
 
     async def test_a_due_row_write_replaces_the_row_with_the_same_key(
             self, store: JobStore, ids: Ids) -> None:
@@ -233,19 +268,22 @@ class JobStoreContract:
         await store.put_due_and_job(old, 3600, job)
         new = due(ids, "a", m + 2, version=2)
         await store.put_due_and_job(new, 3600, JobRow(ids.job("a"), ids.shard, b"{}", 2,
-                                                      "scheduled", m, m + 2), old.key)
+                                                      "scheduled", m, m + 2),
+                                    RetiredDue(old.key, old.version, 3600))
         assert await read_all(store, m, ids.shard) == [[new]]
-        # Replacing a row by one with the same key keeps the new one (no delete wins).
+        # Replacing a row by one with the same key keeps the new one.
         same = due(ids, "a", m + 2, version=3)
         await store.put_due_and_job(same, 3600, JobRow(ids.job("a"), ids.shard, b"{}", 3,
-                                                       "scheduled", m, m + 2), new.key)
+                                                       "scheduled", m, m + 2),
+                                    RetiredDue(new.key, new.version, 3600))
         assert await read_all(store, m, ids.shard) == [[same]]
         # A replacement the store refuses leaves the old row and the old jobs row as they were.
         big = due(ids, "a", m + 3, version=4, payload=b"x" * 60_000)
         with pytest.raises(StoreRefused):
             await store.put_due_and_job(big, 3600, JobRow(ids.job("a"), ids.shard,
                                                           b"y" * 60_000, 4, "scheduled", m,
-                                                          m + 3), same.key)
+                                                          m + 3),
+                                        RetiredDue(same.key, same.version, 3600))
         assert await read_all(store, m, ids.shard) == [[same]]
         stored = await store.get_job(ids.job("a"))
         assert stored is not None and stored.version == 3
@@ -331,8 +369,8 @@ class JobStoreContract:
         assert sorted(rows, key=lambda r: r.entry) == sorted(
             [own, triggered, *backfilled], key=lambda r: r.entry)
         assert triggered.entry == f"{ids.job('r')}@{slot}/trigger/t-1"
-        # Deleting the job's own row leaves the requested ones.
-        await store.delete_due(own.minute, ids.shard, slot, own.job_id, 1)
+        # Retiring the job's own row leaves the requested ones.
+        await store.retire_due(RetiredDue(own.key, own.version, 60))
         rows = [r for page in await read_all(store, T0, ids.shard) for r in page]
         assert own not in rows and len(rows) == 4
 

@@ -224,7 +224,8 @@ async def test_the_cli_controls_and_lists_jobs(stack: Any, namespace: str,
 async def test_init_adds_the_new_columns_and_tables_to_an_older_keyspace(
         stack: Any, namespace: str) -> None:
     from chronowheel.admin import init_namespace
-    from chronowheel.store.cassandra import connect
+    from chronowheel.errors import ConfigError
+    from chronowheel.store.cassandra import CassandraStore, connect
 
     settings = await make_namespace(stack, namespace, shards=2)
     ks = settings.keyspace
@@ -234,8 +235,13 @@ async def test_init_adds_the_new_columns_and_tables_to_an_older_keyspace(
         for stmt in (f"DROP INDEX {ks}.jobs_by_tenant", f"DROP INDEX {ks}.jobs_by_status",
                      f"DROP INDEX {ks}.jobs_by_scheduled", f"DROP TABLE {ks}.job_requests",
                      f"ALTER TABLE {ks}.jobs DROP tenant",
-                     f"ALTER TABLE {ks}.due DROP (origin, request_id)"):
+                     f"ALTER TABLE {ks}.due DROP (origin, request_id)",
+                     f"DROP TABLE {ks}.due_retired"):
             await asyncio.to_thread(session.execute, stmt, timeout=60)
+        # A node of this version on the old keyspace refuses to start, saying what to run.
+        with pytest.raises(ConfigError, match=rf"does not have this version.s tables.*chronowheel init "
+                                              rf"--namespace {settings.namespace}"):
+            await asyncio.to_thread(CassandraStore.open, settings)
         await init_namespace(settings)  # what an upgrade runs
         tables = await asyncio.to_thread(
             lambda: {r.table_name: None for r in session.execute(
@@ -250,7 +256,7 @@ async def test_init_adds_the_new_columns_and_tables_to_an_older_keyspace(
                 (ks,))})
     finally:
         await asyncio.to_thread(cluster.shutdown)
-    assert "job_requests" in tables
+    assert {"job_requests", "due_retired"} <= tables.keys()
     assert {("jobs", "tenant"), ("due", "origin"), ("due", "request_id")} <= columns
     assert {"jobs_by_tenant", "jobs_by_status", "jobs_by_scheduled"} <= indexes
     async with running_node(settings), SchedulerClient(settings) as client:

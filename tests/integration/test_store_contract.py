@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import gc
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import replace
+from typing import Any
 
 import pytest
 from chronowheel.admin import init_namespace
 from chronowheel.settings import Settings
-from chronowheel.store.cassandra import CassandraStore
+from chronowheel.store.base import DueRow, JobRow, RetiredDue
+from chronowheel.store.cassandra import SERVER_WARNINGS, CassandraStore
 
 from tests.conftest import Stack
 from tests.contract.job_store import JobStoreContract
@@ -63,3 +66,64 @@ async def test_finished_requests_leave_no_cyclic_garbage(stack: Stack, namespace
     driver = {k: n for k, n in kinds.items()
               if k in ("ResponseFuture", "ExecuteMessage", "ResultSet", "Timer", "Future")}
     assert driver == {}, kinds.most_common(10)
+
+
+async def test_a_minute_of_mostly_retired_rows_reads_without_tombstones(
+        store: CassandraStore) -> None:
+    # Issue 26's hot minute in small: 2,500 rows in one bucket, 2,000 of them taken back (a
+    # run of 1,500 and every other one of the rest). A delete per row would leave 2,000
+    # tombstones, and a read of the bucket would meet twice Cassandra's warning threshold
+    # (tombstone_warn_threshold, 1,000); a retired row is a live row of its own table.
+    shard, minute = 7, 1_796_115_600_000 + 40 * 60_000  # ids no contract test uses
+    rows = [DueRow(minute, shard, minute + i * 20, f"hot-{i:05}", 1, minute + i * 20, 2,
+                   "orders.fired", b"{}", (), None) for i in range(2_500)]
+    retired = [r for i, r in enumerate(rows) if 500 <= i < 2_000 or (i >= 2_000 and i % 2)
+               or (i < 500 and i % 2)]
+    taken_back = set(retired)
+    kept = [r for r in rows if r not in taken_back]
+    assert (len(retired), len(kept)) == (2_000, 500)
+    await _in_chunks([store.put_due(r, 3600) for r in rows])
+    await _in_chunks([store.retire_due(RetiredDue(r.key, r.version, 3600)) for r in retired])
+    before = SERVER_WARNINGS.counts.get("tombstones", 0)
+    read = [r for page_rows in (5_000, 300)
+            async for page in store.read_bucket(minute, shard, page_rows=page_rows)
+            for r in page]
+    assert read == kept + kept
+    paged: list[DueRow] = []
+    after: tuple[int, str, int] | None = None
+    while page := await store.due_page(minute, shard, after, 100):
+        assert len(page) == 100 or len(paged) + len(page) == 500  # full pages till the end
+        paged += page
+        after = (page[-1].slot_ms, page[-1].entry, page[-1].attempt)
+    assert paged == kept
+    assert SERVER_WARNINGS.counts.get("tombstones", 0) == before
+
+
+async def _in_chunks(writes: list[Coroutine[Any, Any, None]], size: int = 64) -> None:
+    for i in range(0, len(writes), size):
+        await asyncio.gather(*writes[i:i + size])
+
+
+async def test_due_deletes_also_deletes_what_it_retires_for_older_nodes(
+        store: CassandraStore) -> None:
+    # During an upgrade from a version that reads `due` alone, a retired row must be gone
+    # from `due` as well, or an older node taking the shard over would fire it.
+    both = CassandraStore(replace(store.settings, due_deletes=True), store.cluster,
+                          store.session)
+    shard, minute = 8, 1_796_115_600_000 + 41 * 60_000
+    old, moved, cancelled = (DueRow(minute, shard, minute + i, name, 1, minute + i, 1,
+                                    "orders.fired", b"{}", (), None)
+                             for i, name in enumerate(("old", "moved", "cancelled")))
+    for row in (old, moved, cancelled):
+        await both.put_due(row, 3600)
+    new = replace(moved, slot_ms=minute + 9, scheduled_ms=minute + 9, version=2)
+    await both.put_due_and_job(new, 3600, JobRow("moved", shard, b"{}", 2, "scheduled",
+                                                 new.scheduled_ms, new.slot_ms),
+                               RetiredDue(moved.key, 1, 3600))
+    await both.retire_due(RetiredDue(cancelled.key, 1, 3600))
+    read = [r async for page in both.read_bucket(minute, shard) for r in page]
+    assert read == [old, new]
+    raw = await asyncio.to_thread(lambda: [r.job_id for r in store.session.execute(
+        f"SELECT job_id FROM {store.settings.keyspace}.due WHERE minute = %s AND shard = %s",
+        (minute, shard))])
+    assert raw == ["old", "moved"]  # the new row of "moved"; its old row and "cancelled" gone

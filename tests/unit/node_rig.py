@@ -17,6 +17,7 @@ from chronowheel.core.shard import shard_of
 from chronowheel.core.wire import StateRecord
 from chronowheel.node.service import Node
 from chronowheel.settings import Settings
+from chronowheel.store.base import RetiredDue
 from chronowheel.store.memory import MemoryStore
 
 from tests.unit.rig_settle import settle
@@ -75,18 +76,17 @@ class NodeRig:
     def cancel(self, job_id: str) -> None:
         self.submit(job_id, encode_cancel(job_id))
 
-    def hold_due_deletes(self) -> asyncio.Event:
-        """From now on every `delete_due` of the store waits until the returned event is set:
+    def hold_due_retires(self) -> asyncio.Event:
+        """From now on every `retire_due` of the store waits until the returned event is set:
         a command's writes held while time moves on."""
         release = asyncio.Event()
-        delete_due = self.store.delete_due
+        retire_due = self.store.retire_due
 
-        async def held_delete_due(minute: int, shard: int, slot_ms: int, job_id: str,
-                                  attempt: int) -> None:
+        async def held_retire_due(retired: RetiredDue) -> None:
             await release.wait()
-            await delete_due(minute, shard, slot_ms, job_id, attempt)
+            await retire_due(retired)
 
-        self.store.delete_due = held_delete_due  # type: ignore[method-assign]
+        self.store.retire_due = held_retire_due  # type: ignore[method-assign]
         return release
 
     # --- time ----------------------------------------------------------------------------

@@ -74,6 +74,28 @@ async def test_a_cancelled_job_does_not_fire_and_an_edit_moves_it(rig: NodeRig) 
     assert (await rig.store.get_job("cancel-me")).status == "cancelled"  # type: ignore[union-attr]
 
 
+async def test_a_job_cancelled_and_submitted_again_to_its_instant_fires_once_after_a_takeover(
+        rig: NodeRig) -> None:
+    # Beyond the wheel's horizon the cancel retires the stored row (no delete) and the new
+    # submit writes the same key with a newer version; a node that takes over reads the minute
+    # from the store: the new version fires once, the cancelled ones never.
+    await rig.start("first")
+    at = T0 + 10 * 60_000  # past the lookahead: not in the wheel when the commands apply
+    rig.upsert("again", at=at, payload="v1")
+    rig.upsert("gone", at=at, payload="v1")
+    await rig.advance(1_000)
+    rig.cancel("again")
+    rig.cancel("gone")
+    await rig.advance(1_000)
+    rig.upsert("again", at=at, payload="v2")
+    await rig.advance(1_000)
+    assert [row.version for row in rig.store.due_rows()] == [3]
+    await rig.start("second")
+    await rig.advance_to(at + 2_000, step_ms=1_000)
+    assert [(scheduled_at(m), m.value) for m in rig.fired("again")] == [(at, b'"v2"')]
+    assert rig.fired("gone") == []
+
+
 async def test_an_edit_racing_its_due_instant_is_never_lost_and_nothing_fires_twice(
         rig: NodeRig) -> None:
     await rig.start()

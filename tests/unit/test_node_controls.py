@@ -274,7 +274,7 @@ async def test_a_pause_that_arrives_as_its_occurrence_comes_due_withholds_it_or_
     await rig.start()
     rig.upsert("mail", at=T0 + 2_000)
     await rig.advance_to(T0 + 1_900)
-    release = rig.hold_due_deletes()
+    release = rig.hold_due_retires()
     rig.submit("mail", encode_control("pause", "mail"))
     await rig.advance_to(T0 + 3_000, step_ms=step_ms)
     assert rig.fired("mail") == []
@@ -295,7 +295,7 @@ async def test_a_pause_after_an_edit_in_the_same_batch_withholds_the_edited_occu
     await rig.start()
     rig.upsert("mail", at=T0 + 60_000)
     await rig.advance_to(T0 + 1_900)
-    release = rig.hold_due_deletes()
+    release = rig.hold_due_retires()
     rig.upsert("mail", at=T0 + 2_000)
     rig.submit("mail", encode_control("pause", "mail"))
     await rig.advance_to(T0 + 3_000, step_ms=10)
@@ -312,7 +312,7 @@ async def test_dispatch_sleeps_while_a_command_holds_its_due_occurrence(rig: Nod
     node = await rig.start()
     rig.upsert("mail", at=T0 + 2_000)
     await rig.advance_to(T0 + 1_900)
-    release = rig.hold_due_deletes()
+    release = rig.hold_due_retires()
     rig.submit("mail", encode_control("pause", "mail"))
     await rig.advance_to(T0 + 2_500, step_ms=100)
     dispatcher = node.owned[shard_of("mail", rig.settings.shards)].actor.dispatcher

@@ -350,7 +350,7 @@ async def test_a_pause_of_a_queued_late_occurrence_holds_the_queue_until_it_is_s
     await rig.advance(200, step_ms=50)
     paused = late[15]
     assert rig.fired(paused) == [] and rig.fired()  # still queued, the queue under way
-    release = rig.hold_due_deletes()
+    release = rig.hold_due_retires()
     rig.submit(paused, encode_control("pause", paused))
     await rig.advance(3_000, step_ms=50)  # the pacer would have reached it by now
     assert rig.fired(paused) == []

@@ -23,7 +23,7 @@ NODE_SETTINGS = (
     "node_loop_stall_limit_ms",
     "node_instance_id", "retention_ms", "allowed_topics", "max_id_bytes",
     "max_payload_bytes", "max_horizon_ms", "min_period_ms", "max_lateness_ms",
-    "store_batch_fail_bytes",
+    "store_batch_fail_bytes", "due_deletes",
     *NODE_TUNABLES, *HISTORY_SETTINGS,
 )
 

@@ -49,11 +49,11 @@ from chronowheel.node.writes import RowWriter, schedule_of
 from chronowheel.observe import tracing
 from chronowheel.store.base import (
     CLEAR_NOTE,
-    DueKey,
     DueRow,
     JobRow,
     JobStore,
     RequestRow,
+    RetiredDue,
     RunHistoryStore,
 )
 
@@ -200,24 +200,26 @@ class Transitions:
             state.release_slot(slot)
 
     def _pending_of(self, existing: JobRow | None) -> tuple[OccurrenceKey | None,
-                                                            DueKey | None]:
-        """The wheel key of the job's scheduled occurrence, and the key of its due row when
-        that row is not published yet (a new version must delete it)."""
+                                                            RetiredDue | None]:
+        """The wheel key of the job's scheduled occurrence, and its due row to retire when
+        that row is not published yet (a new version must take it back)."""
         if existing is None or existing.status != "scheduled" or existing.slot_ms is None \
                 or existing.scheduled_ms is None:
             return None, None
-        row_key = None
+        retired = None
         key = (existing.job_id, existing.scheduled_ms, 1)
         # Not published yet: beyond the watermark, or waiting in the catch-up queue.
         if self.state.unpublished(existing.slot_ms, key):
-            row_key = (minute_of(existing.slot_ms), self.shard, existing.slot_ms,
-                       existing.job_id, 1)
-        return key, row_key
+            retired = RetiredDue((minute_of(existing.slot_ms), self.shard, existing.slot_ms,
+                                  existing.job_id, 1), existing.version,
+                                 self.writer.retired_ttl_s(existing.slot_ms,
+                                                           self.clock.now_ms()))
+        return key, retired
 
     async def _remove_pending(self, existing: JobRow | None) -> OccurrenceKey | None:
-        old_key, row_key = self._pending_of(existing)
-        if row_key is not None:
-            await self.store.delete_due(*row_key)
+        old_key, retired = self._pending_of(existing)
+        if retired is not None:
+            await self.store.retire_due(retired)
         return old_key
 
     async def _cancel(self, job_id: str, existing: JobRow | None) -> bool:

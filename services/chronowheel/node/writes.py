@@ -11,7 +11,7 @@ from chronowheel.core import limits
 from chronowheel.core.model import JobSpec
 from chronowheel.core.recurrence import Schedule, compile_schedule
 from chronowheel.errors import ValidationError
-from chronowheel.store.base import DueKey, DueRow, JobRow, JobStore, RequestRow
+from chronowheel.store.base import DueRow, JobRow, JobStore, RequestRow, RetiredDue
 
 
 def schedule_of(job: JobSpec) -> Schedule:
@@ -74,6 +74,12 @@ class RowWriter:
         """A due row lives until its slot, then the retention period."""
         return max(1, (max(0, slot - now) + self.retention_ms) // 1000)
 
+    def retired_ttl_s(self, slot: int, now: int) -> int:
+        """A retirement (`RetiredDue`) outlives the due row it hides: that row's TTL was
+        counted from an earlier now and rounded down, so one second more (within the largest
+        TTL Cassandra takes, which that row's TTL was checked against)."""
+        return min(limits.CASSANDRA_MAX_TTL_S, self.ttl_s(slot, now) + 1)
+
     def scheduled(self, job: JobSpec, *, slot: int, first: int, version: int,
                   now: int) -> tuple[DueRow, JobRow]:
         """A version of the job scheduled at `first` (published at `slot`): its due row, and
@@ -92,7 +98,7 @@ class RowWriter:
                       self.retention_s, tenant)
 
     async def write_due(self, row: DueRow, now: int, job: JobRow | None = None, *,
-                        counted: bool = False, replaces: DueKey | None = None,
+                        counted: bool = False, replaces: RetiredDue | None = None,
                         request: RequestRow | None = None) -> None:
         """Write a due row (with its jobs row, or a request row recording the command, when
         given) and count it in its bucket. A request row lives as long as the due row."""

@@ -49,6 +49,23 @@ DueKey = tuple[int, int, int, str, int]
 
 
 @dataclass(frozen=True, slots=True)
+class RetiredDue:
+    """A due row taken back before it was published (a cancel, an edit, a pause): reads of its
+    bucket leave out the row at `key` while its version is at most `version`, so a row written
+    there later by a newer version of the job (a re-submit after a cancel) is read again.
+
+    Retiring writes a row of its own instead of deleting: a delete is a tombstone, and a hot
+    minute in which most jobs were cancelled or moved would make the loader's read of it meet
+    more tombstones than Cassandra warns of (1,000 per read) or serves (100,000)."""
+
+    key: DueKey
+    version: int
+    ttl_s: int
+    """How long the retirement must be kept: as long as the row it hides may live (its slot
+    plus the retention period, counted from now)."""
+
+
+@dataclass(frozen=True, slots=True)
 class DueRow:
     """One pending occurrence, with everything needed to publish it."""
 
@@ -263,10 +280,11 @@ class JobStore(Protocol):
         ...
 
     async def put_due_and_job(self, row: DueRow, ttl_s: int, job: JobRow,
-                              replaces: DueKey | None = None) -> None:
+                              replaces: RetiredDue | None = None) -> None:
         """Both rows, atomically (a logged batch): never one without the other. `replaces`,
-        the key of the job's previous due row, is deleted in the same batch (unless it is the
-        new row's own key), so a write the store refuses leaves the previous row as it was."""
+        the job's previous due row, is retired in the same batch (unless it has the new row's
+        own key, which the new row overwrites), so a write the store refuses leaves the
+        previous row as it was."""
         ...
 
     async def put_dues_and_jobs(self, rows: Sequence[tuple[DueRow, int, JobRow]]) -> None:
@@ -275,9 +293,9 @@ class JobStore(Protocol):
         and refuses batches over its batch size thresholds)."""
         ...
 
-    async def delete_due(self, minute: int, shard: int, slot_ms: int, job_id: str,
-                         attempt: int) -> None:
-        """Delete one due row by its full key; deleting a row that does not exist is fine."""
+    async def retire_due(self, retired: RetiredDue) -> None:
+        """Take one due row back (see `RetiredDue`): reads of its bucket no longer return it.
+        Retiring a row that does not exist, or twice, is fine."""
         ...
 
     async def add_bucket_count(self, shard: int, minute: int, rows: int) -> None:
@@ -302,6 +320,7 @@ class JobStore(Protocol):
         all when None), ordered by (slot_ms, job_id, attempt), in non-empty pages of at most
         `page_rows`. Each page is read when asked for, continuing after the last row of the
         previous one: a row written meanwhile after that point is seen, one before it is not.
+        Retired rows (`retire_due`) are left out; a page may then hold fewer rows.
         Close the iterator (`contextlib.aclosing`) when stopping early."""
         ...
 

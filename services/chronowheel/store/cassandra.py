@@ -55,13 +55,13 @@ from chronowheel.settings import Settings
 from chronowheel.store.base import (
     LIST_SCAN_ROWS,
     Claim,
-    DueKey,
     DueRow,
     JobPage,
     JobQuery,
     JobRow,
     JobSummary,
     RequestRow,
+    RetiredDue,
     RunLease,
     job_id_of_entry,
 )
@@ -85,6 +85,13 @@ JOBS_READ_GROUP = 50
 # Requests in flight per put_jobs or add_bucket_counts call: each row or partition is its own
 # request (no batch spans partitions), and a call must not queue thousands on a connection.
 WRITES_IN_FLIGHT = 64
+# Rows per page of a read of retired due rows (their rows are small: a key and a version).
+RETIRED_PAGE_ROWS = 5000
+# The smallest clustering key of a due bucket: below every slot, job id and attempt.
+MIN_SLOT = -(2**63)
+MIN_ATTEMPT = -(2**31)
+_Clustering = tuple[int, str, int]
+"""A due row's clustering key within its bucket: (slot_ms, entry, attempt)."""
 
 SERVER_WARNINGS = ServerWarnings()
 """The warnings Cassandra sent with its answers to this process's requests: counted by kind,
@@ -94,6 +101,23 @@ process feeds it; the node exports it with its metrics."""
 
 REQUEST_COLUMNS = ("shard, job_id, request_id, kind, from_ms, to_ms, next_ms, total, handed, "
                    "spec")
+
+
+def _retired_params(retired: RetiredDue) -> tuple[Any, ...]:
+    return (*retired.key, retired.version, max(1, retired.ttl_s))
+
+
+def _hidden(row: Sequence[Any], retired: Mapping[_Clustering, int]) -> bool:
+    """Whether a due row as read (`cols`: its clustering key at 2..4, its version at 6) is
+    retired: a retired row with its key and the same or a newer version."""
+    version = retired.get((row[2], row[3], row[4]))
+    return version is not None and row[6] <= version
+
+
+def _server_words(exc: InvalidRequest) -> str:
+    """What the server said, without the driver's prefix."""
+    text = str(exc)
+    return text.split('message="', 1)[1].rstrip('"') if 'message="' in text else text
 
 
 def _request(row: Sequence[Any]) -> RequestRow:
@@ -441,8 +465,16 @@ class CassandraStore:
         self._put_request = p(f"INSERT INTO {ks}.job_requests ({REQUEST_COLUMNS}) "
                               f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?")
         self._listings: dict[tuple[bool, bool, bool, bool], PreparedStatement] = {}
+        # Only with `due_deletes` (nodes of older versions about): see RetiredDue.
         self._del_due = p(f"DELETE FROM {ks}.due WHERE minute = ? AND shard = ? AND slot_ms = ? "
                           f"AND job_id = ? AND attempt = ?")
+        self._retire_due = p(f"INSERT INTO {ks}.due_retired (minute, shard, slot_ms, job_id, "
+                             f"attempt, version) VALUES (?, ?, ?, ?, ?, ?) USING TTL ?")
+        # Both bounds inclusive: the retired rows among a page of due rows just read.
+        self._read_retired = p(f"SELECT slot_ms, job_id, attempt, version FROM {ks}.due_retired "
+                               f"WHERE minute = ? AND shard = ? "
+                               f"AND (slot_ms, job_id, attempt) >= (?, ?, ?) "
+                               f"AND (slot_ms, job_id, attempt) <= (?, ?, ?)")
         cols = ("minute, shard, slot_ms, job_id, attempt, scheduled_ms, version, topic, payload, "
                 "headers, spec, max_attempts, backoff_ms, origin, request_id")
         self._read_bucket = p(f"SELECT {cols} FROM {ks}.due WHERE minute = ? AND shard = ?")
@@ -487,6 +519,15 @@ class CassandraStore:
         cluster, session = connect(settings)
         try:
             return cls(settings, cluster, session)
+        except InvalidRequest as exc:
+            cluster.shutdown()
+            # A statement of this version that the keyspace cannot take (a missing table or
+            # column): a keyspace set up by an older version, not migrated yet.
+            raise ConfigError(
+                f"keyspace {settings.keyspace} does not have this version's tables "
+                f"({_server_words(exc)}): it was set up by an older chronowheel; run "
+                f"`chronowheel init --namespace {settings.namespace}` to add what is missing "
+                f"(init adds tables and columns and changes nothing else)") from exc
         except Exception:
             cluster.shutdown()
             raise
@@ -560,14 +601,15 @@ class CassandraStore:
                 row.origin or UNSET_VALUE, row.request_id or UNSET_VALUE, max(1, ttl_s))
 
     async def put_due_and_job(self, row: DueRow, ttl_s: int, job: JobRow,
-                              replaces: DueKey | None = None) -> None:
+                              replaces: RetiredDue | None = None) -> None:
         batch = BatchStatement(batch_type=BatchType.LOGGED)
         batch.add(self._put_due, self._due_params(row, ttl_s))
         batch.add(self._put_job, self._job_params(job))
-        if replaces is not None and replaces != row.key:
-            # Not the same key: in one batch a delete and an insert share a timestamp, and the
-            # delete would win.
-            batch.add(self._del_due, replaces)
+        if replaces is not None and replaces.key != row.key:
+            # The same key is overwritten by the new row (whose version is higher) instead.
+            batch.add(self._retire_due, _retired_params(replaces))
+            if self.settings.due_deletes:
+                batch.add(self._del_due, replaces.key)
         await self._run_batch(batch, "write due and job rows")
 
     async def put_dues_and_jobs(self, rows: Sequence[tuple[DueRow, int, JobRow]]) -> None:
@@ -585,9 +627,16 @@ class CassandraStore:
 
         await with_retries(once, what, STORE_POLICY)
 
-    async def delete_due(self, minute: int, shard: int, slot_ms: int, job_id: str,
-                         attempt: int) -> None:
-        await self._run(self._del_due, (minute, shard, slot_ms, job_id, attempt), "delete due")
+    async def retire_due(self, retired: RetiredDue) -> None:
+        if not self.settings.due_deletes:
+            await self._run(self._retire_due, _retired_params(retired), "retire due row")
+            return
+        # For nodes of older versions, which read `due` alone: the delete too, in one logged
+        # batch with the retirement.
+        batch = BatchStatement(batch_type=BatchType.LOGGED)
+        batch.add(self._retire_due, _retired_params(retired))
+        batch.add(self._del_due, retired.key)
+        await self._run_batch(batch, "retire and delete due row")
 
     async def read_bucket(self, minute: int, shard: int, *, from_slot_ms: int | None = None,
                           page_rows: int = 5000) -> AsyncIterator[list[DueRow]]:
@@ -596,12 +645,17 @@ class CassandraStore:
         else:
             bound = self._read_bucket_from.bind((minute, shard, from_slot_ms))
         bound.fetch_size = page_rows
+        low: _Clustering = (MIN_SLOT if from_slot_ms is None else from_slot_ms, "", MIN_ATTEMPT)
         paging_state: bytes | None = None
         while True:
             rs = await self._page(bound, paging_state)
-            rows = [self._due_row(r) for r in rs.current_rows]
-            if rows:
-                yield rows
+            raw = rs.current_rows
+            if raw:
+                high: _Clustering = (raw[-1][2], raw[-1][3], raw[-1][4])
+                rows = await self._unretired(minute, shard, raw, low, high)
+                low = high
+                if rows:
+                    yield rows
             paging_state = rs.paging_state
             if not paging_state:
                 return
@@ -609,14 +663,45 @@ class CassandraStore:
     async def due_page(self, minute: int, shard: int, after: tuple[int, str, int] | None,
                        limit: int) -> list[DueRow]:
         """At most `limit` due rows of bucket (minute, shard) whose key (slot_ms, job_id,
-        attempt) is greater than `after` (from the first row when None), in key order."""
-        if after is None:
-            rs = await self._run(self._due_first, (minute, shard, limit), "read due page",
-                                 execution_profile=TUPLES)
-        else:
-            rs = await self._run(self._due_after, (minute, shard, *after, limit),
-                                 "read due page", execution_profile=TUPLES)
-        return [self._due_row(r) for r in rs.current_rows]
+        attempt) is greater than `after` (from the first row when None), in key order,
+        retired rows left out (fewer than `limit` only at the bucket's end)."""
+        out: list[DueRow] = []
+        while len(out) < limit:
+            if after is None:
+                rs = await self._run(self._due_first, (minute, shard, limit), "read due page",
+                                     execution_profile=TUPLES)
+            else:
+                rs = await self._run(self._due_after, (minute, shard, *after, limit),
+                                     "read due page", execution_profile=TUPLES)
+            raw = rs.current_rows
+            if not raw:
+                break
+            high: _Clustering = (raw[-1][2], raw[-1][3], raw[-1][4])
+            out += await self._unretired(minute, shard, raw,
+                                         after or (MIN_SLOT, "", MIN_ATTEMPT), high)
+            if len(raw) < limit:
+                break
+            after = high
+        return out[:limit]
+
+    async def _unretired(self, minute: int, shard: int, raw: Sequence[tuple[Any, ...]],
+                         low: _Clustering, high: _Clustering) -> list[DueRow]:
+        """The rows of `raw` (a page of due rows, clustering keys from `low` to `high`) that
+        no retired row of the same key and an equal or newer version hides."""
+        retired: dict[_Clustering, int] = {}
+        bound = self._read_retired.bind((minute, shard, *low, *high))
+        bound.fetch_size = RETIRED_PAGE_ROWS
+        paging_state: bytes | None = None
+        while True:
+            rs = await self._page(bound, paging_state, "read retired due rows")
+            for slot, entry, attempt, version in rs.current_rows:
+                retired[(slot, entry, attempt)] = version
+            paging_state = rs.paging_state
+            if not paging_state:
+                break
+        if not retired:
+            return [self._due_row(r) for r in raw]
+        return [self._due_row(r) for r in raw if not _hidden(r, retired)]
 
     @staticmethod
     def _due_row(r: tuple[Any, ...]) -> DueRow:
@@ -631,12 +716,13 @@ class CassandraStore:
                       wire.DEFAULT_BACKOFF_MS if backoff is None else backoff,
                       origin or "", request_id or "")
 
-    async def _page(self, bound: Any, paging_state: bytes | None) -> Any:
+    async def _page(self, bound: Any, paging_state: bytes | None,
+                    what: str = "read bucket page") -> Any:
         async def once() -> Any:
             return await _await_future(self.session.execute_async(
-                bound, paging_state=paging_state, execution_profile=TUPLES), "read bucket page")
+                bound, paging_state=paging_state, execution_profile=TUPLES), what)
 
-        return await with_retries(once, "read bucket page", STORE_POLICY)
+        return await with_retries(once, what, STORE_POLICY)
 
     # --- bucket counts ------------------------------------------------------------------
     async def add_bucket_count(self, shard: int, minute: int, rows: int) -> None:

@@ -21,13 +21,13 @@ from chronowheel.errors import StoreRefused
 from chronowheel.store.base import (
     LIST_SCAN_ROWS,
     Claim,
-    DueKey,
     DueRow,
     JobPage,
     JobQuery,
     JobRow,
     JobSummary,
     RequestRow,
+    RetiredDue,
     RunLease,
 )
 
@@ -58,6 +58,9 @@ class MemoryStore:
         those.)"""
         self.jobs: dict[str, tuple[JobRow, int | None]] = {}
         self.due: dict[tuple[int, int], dict[_Key, tuple[DueRow, int | None]]] = {}
+        self.retired: dict[tuple[int, int], dict[_Key, tuple[int, int | None]]] = {}
+        """(minute, shard) -> key -> (the version up to which that due row is retired, when
+        the retirement expires): `retire_due`."""
         self.counts: dict[tuple[int, int], int] = {}
         self.claims: dict[tuple[str, str], tuple[Claim, str, int | None]] = {}
         self.meta: dict[str, str] = {}
@@ -89,10 +92,19 @@ class MemoryStore:
     def _alive(self, expires: int | None) -> bool:
         return expires is None or self.clock is None or self.clock.now_ms() < expires
 
+    def _readable(self, row: DueRow, expires: int | None) -> bool:
+        """Whether a stored due row is read: alive, and not retired (`RetiredDue`)."""
+        if not self._alive(expires):
+            return False
+        hit = self.retired.get((row.minute, row.shard), {}).get(
+            (row.slot_ms, row.entry, row.attempt))
+        return hit is None or not self._alive(hit[1]) or row.version > hit[0]
+
     def due_rows(self, shard: int | None = None) -> list[DueRow]:
-        """Every live due row (of one shard, when given), in no particular order."""
+        """Every due row a read would return (of one shard, when given), in no particular
+        order."""
         return [row for (_, k), rows in self.due.items() if shard is None or k == shard
-                for row, expires in rows.values() if self._alive(expires)]
+                for row, expires in rows.values() if self._readable(row, expires)]
 
     # --- jobs ----------------------------------------------------------------------------
     async def get_job(self, job_id: str) -> JobRow | None:
@@ -139,20 +151,23 @@ class MemoryStore:
         bucket[(row.slot_ms, row.entry, row.attempt)] = (row, self._expiry(max(1, ttl_s)))
 
     async def put_due_and_job(self, row: DueRow, ttl_s: int, job: JobRow,
-                              replaces: DueKey | None = None) -> None:
-        if replaces is None or replaces == row.key:
+                              replaces: RetiredDue | None = None) -> None:
+        if replaces is None or replaces.key == row.key:
             await self.put_dues_and_jobs([(row, ttl_s, job)])
             return
         await self._enter()
         self._check_batch([(row, ttl_s, job)])
         self._expiry(max(1, ttl_s))
         self._expiry(job.ttl_s)
-        minute, shard, slot_ms, entry, attempt = replaces  # no await from here: atomic
-        bucket = self.due.get((minute, shard))
-        if bucket is not None:
-            bucket.pop((slot_ms, entry, attempt), None)
+        self._expiry(max(1, replaces.ttl_s))
+        self._retire(replaces)  # no await from here: atomic
         self._put_due(row, ttl_s)
         self._put_job(job)
+
+    def _retire(self, retired: RetiredDue) -> None:
+        minute, shard, slot_ms, entry, attempt = retired.key
+        self.retired.setdefault((minute, shard), {})[(slot_ms, entry, attempt)] = (
+            retired.version, self._expiry(max(1, retired.ttl_s)))
 
     async def put_dues_and_jobs(self, rows: Sequence[tuple[DueRow, int, JobRow]]) -> None:
         await self._enter()
@@ -175,12 +190,9 @@ class MemoryStore:
                                  f"{size}, exceeding specified threshold of "
                                  f"{self.batch_warn_bytes}")
 
-    async def delete_due(self, minute: int, shard: int, slot_ms: int, job_id: str,
-                         attempt: int) -> None:
+    async def retire_due(self, retired: RetiredDue) -> None:
         await self._enter()
-        bucket = self.due.get((minute, shard))
-        if bucket is not None:
-            bucket.pop((slot_ms, job_id, attempt), None)
+        self._retire(retired)
 
     async def read_bucket(self, minute: int, shard: int, *, from_slot_ms: int | None = None,
                           page_rows: int = 5000) -> AsyncIterator[list[DueRow]]:
@@ -194,7 +206,8 @@ class MemoryStore:
                           if (from_slot_ms is None or k[0] >= from_slot_ms)
                           and (after is None or k > after) and self._alive(bucket[k][1]))
             page = keys[:page_rows]
-            rows = [bucket[k][0] for k in page]
+            # As Cassandra's store does: a page of stored rows, then its retired ones left out.
+            rows = [bucket[k][0] for k in page if self._readable(*bucket[k])]
             await self._return()
             if rows:
                 yield rows
