@@ -1,0 +1,345 @@
+"""Millions of stored jobs on one node: ingest per million, storage, then firing, a restart and
+`jobs list` with all of them stored (issue 26, the `scale` workload).
+
+1. Creates a fresh namespace (16 shards) and starts one node, plus one probe job per shard
+   (`every: 1s`) that shows when each shard fires.
+2. Submits `--jobs` jobs a million at a time, staying at most two millions ahead of the node:
+   70 % one-shots due over 1..90 days, 20 % daily cron jobs in 20 zones, 10 % one-shots that
+   are then cancelled (half) or moved by an hour (half), the change sent right after the
+   million they belong to. Per million applied: the ingest rate, Cassandra's disk use for the
+   keyspace (`system_views.disk_usage`: sstables, not memtables), the compaction executor's
+   active and pending tasks (`system_views.thread_pools`), the node's RSS.
+3. Fires `--fire-rate` one-shots a second for `--fire-s` seconds (due a little later, so they
+   are ingested first) and reads them read_committed: lateness, early, duplicate, lost.
+4. Restarts the node (SIGTERM, then a new process): the time until it owns every shard and
+   until every shard's probe fires again.
+5. Times the first page of `jobs list` (100 jobs; no filter, and status=cancelled) `--list-n`
+   times each.
+
+    .venv/bin/python loadtest/bench/scale_bench.py --jobs 10000000
+    .venv/bin/python loadtest/bench/scale_bench.py --jobs 200000 --fire-s 10   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from aiokafka import AIOKafkaProducer
+from chronowheel.bus.kafka import plain_producer
+from chronowheel.core.model import encode_cancel, encode_upsert
+from chronowheel.core.shard import shard_of
+from chronowheel.settings import Settings
+from chronowheel.store.base import JobQuery
+from chronowheel.store.cassandra import CassandraStore
+from chronowheel.testing import (
+    Collector,
+    Fired,
+    LatenessTally,
+    NodeProcess,
+    drop_namespace,
+    metric_sum,
+    require_loopback,
+    summarize,
+    wall_ms,
+)
+from common import LOG_DIR, PAD, ROOT, say
+
+DAY_MS = 86_400_000
+MILLION = 1_000_000
+ZONES = ("UTC", "Europe/London", "Europe/Berlin", "Europe/Moscow", "Africa/Cairo",
+         "Africa/Lagos", "Asia/Kolkata", "Asia/Shanghai", "Asia/Tokyo", "Asia/Dubai",
+         "Asia/Singapore", "Australia/Sydney", "Pacific/Auckland", "America/New_York",
+         "America/Chicago", "America/Denver", "America/Los_Angeles", "America/Sao_Paulo",
+         "America/Mexico_City", "Pacific/Honolulu")
+
+
+def job_commands(run: str, first: int, count: int, now: int) -> list[tuple[bytes, bytes]]:
+    """The commands of jobs first .. first+count-1: their upserts, then the changes of the
+    tenth that is changed (a cancel, or a move by an hour)."""
+    out: list[tuple[bytes, bytes]] = []
+    changes: list[tuple[bytes, bytes]] = []
+    for i in range(first, first + count):
+        job = f"{run}.{i:09d}"
+        kind = i % 10
+        payload = {"i": i, "pad": PAD}
+        if kind in (7, 8):
+            spec: dict[str, Any] = {"id": job, "cron": f"{i % 60} {(i // 60) % 24} * * *",
+                                    "tz": ZONES[(i // 10) % len(ZONES)], "payload": payload}
+        else:
+            spec = {"id": job, "at": now + DAY_MS + (i * 7919 * 1009) % (89 * DAY_MS),
+                    "payload": payload}
+        out.append((job.encode(), encode_upsert(spec)))
+        if kind == 9:
+            if (i // 10) % 2:
+                changes.append((job.encode(), encode_cancel(job)))
+            else:
+                changes.append((job.encode(), encode_upsert({**spec, "at": spec["at"]
+                                                             + 3_600_000})))
+    return out + changes
+
+
+def probes(shards: int) -> dict[int, str]:
+    """One job id per shard."""
+    out: dict[int, str] = {}
+    i = 0
+    while len(out) < shards:
+        job = f"probe-{i}"
+        out.setdefault(shard_of(job, shards), job)
+        i += 1
+    return out
+
+
+async def send_all(producer: AIOKafkaProducer, topic: str,
+                   commands: list[tuple[bytes, bytes]], chunk: int = 50_000) -> None:
+    for i in range(0, len(commands), chunk):  # bounded: a future per message until acked
+        futs = [await producer.send(topic, value, key=key)
+                for key, value in commands[i:i + chunk]]
+        await asyncio.gather(*futs)
+
+
+def cassandra_view(store: CassandraStore) -> dict[str, Any]:
+    ks = store.settings.keyspace
+    s = store.session
+    disk = {r.table_name: r.mebibytes for r in s.execute(
+        "SELECT table_name, mebibytes FROM system_views.disk_usage WHERE keyspace_name = %s",
+        (ks,))}
+    pool = s.execute("SELECT active_tasks, pending_tasks FROM system_views.thread_pools "
+                     "WHERE name = 'CompactionExecutor'").one()
+    return {"disk_mib": disk, "disk_mib_total": sum(disk.values()),
+            "compactions_active": pool.active_tasks if pool else None,
+            "compactions_pending": pool.pending_tasks if pool else None}
+
+
+async def ingest(args: argparse.Namespace, settings: Settings, node: NodeProcess,
+                 store: CassandraStore, run: str) -> list[dict[str, Any]]:
+    producer = plain_producer(settings)
+    await producer.start()
+    now = int(wall_ms())
+    per_million: list[dict[str, Any]] = []
+    millions = (args.jobs + MILLION - 1) // MILLION
+    sent_commands = [0] * millions
+    try:
+        async def sender() -> None:
+            for k in range(millions):
+                while True:  # at most two millions ahead of the node
+                    applied = metric_sum(await asyncio.to_thread(node.metrics),
+                                         "chronowheel_ingested_total")
+                    if k < 2 or applied >= sum(sent_commands[:k - 1]):
+                        break
+                    await asyncio.sleep(1)
+                count = min(MILLION, args.jobs - k * MILLION)
+                commands = job_commands(run, k * MILLION, count, now)
+                await send_all(producer, settings.submit_topic, commands)
+                sent_commands[k] = len(commands)
+
+        task = asyncio.create_task(sender())
+        t_prev = time.monotonic()
+        t0 = t_prev
+        for k in range(millions):
+            while not sent_commands[k]:
+                if task.done():
+                    task.result()
+                await asyncio.sleep(0.5)
+            target = sum(sent_commands[:k + 1]) + args.extra_commands
+            last_say = time.monotonic()
+            while True:
+                m = await asyncio.to_thread(node.metrics)
+                applied = metric_sum(m, "chronowheel_ingested_total")
+                if applied >= target:
+                    break
+                if metric_sum(m, "chronowheel_rejected_total"):
+                    raise RuntimeError(f"the node rejected commands (see {node.log_path})")
+                if not node.alive():
+                    raise RuntimeError(f"the node exited:\n{node.log_tail()}")
+                if time.monotonic() - last_say > 30:
+                    last_say = time.monotonic()
+                    say(f"  million {k + 1}: {applied:,.0f}/{target:,} commands applied")
+                await asyncio.sleep(0.5)
+            t = time.monotonic()
+            jobs = min(MILLION, args.jobs - k * MILLION)
+            view = await asyncio.to_thread(cassandra_view, store)
+            row = {"million": k + 1, "s": round(t - t_prev, 1),
+                   "jobs_per_s": round(jobs / (t - t_prev)),
+                   "commands_per_s": round(sent_commands[k] / (t - t_prev)),
+                   "elapsed_s": round(t - t0), "rss_mib": round((node.rss_bytes() or 0) / 2**20),
+                   "rejected": metric_sum(m, "chronowheel_rejected_total"), **view}
+            per_million.append(row)
+            say(f"million {k + 1}: {row['jobs_per_s']:,} jobs/s, disk "
+                f"{row['disk_mib_total']:,} MiB, compactions {row['compactions_active']}+"
+                f"{row['compactions_pending']}, RSS {row['rss_mib']} MiB")
+            t_prev = t
+        await task
+    finally:
+        await producer.stop()
+    return per_million
+
+
+async def fire(args: argparse.Namespace, settings: Settings, node: NodeProcess,
+               run: str) -> dict[str, Any]:
+    n = int(args.fire_rate * args.fire_s)
+    lead_ms = int(args.fire_lead_s * 1000)
+    t0 = wall_ms() + lead_ms
+    span = args.fire_s * 1000
+    ats = {f"fire.{run}.{i:08d}": int(t0 + i * span / n) for i in range(n)}
+    tally = LatenessTally()
+
+    def on_fired(m: Fired) -> None:
+        tally.observe(m.occurrence, m.scheduled_ms, m.received_ms, fired_ms=m.fired_ms)
+
+    collector = Collector(settings, (settings.fired_topic,), keep_messages=False,
+                          from_end=True, key_prefix=b"fire.", on_fired=on_fired)
+    await collector.start()
+    producer = plain_producer(settings)
+    await producer.start()
+    try:
+        await send_all(producer, settings.submit_topic,
+                       [(j.encode(), encode_upsert({"id": j, "at": at, "payload": {"p": PAD}}))
+                        for j, at in ats.items()])
+        say(f"fire: {n:,} one-shots sent, due from {(t0 - wall_ms()) / 1000:.0f}s on")
+        deadline = t0 + span + 60_000
+        while tally.distinct < n and wall_ms() < deadline:
+            collector.check_alive()
+            if not node.alive():
+                raise RuntimeError(f"the node exited:\n{node.log_tail()}")
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(5)
+    finally:
+        await producer.stop()
+        await collector.stop()
+    g = tally.group("")
+    return {"occurrences": n, "rate_per_s": args.fire_rate, "received": tally.distinct,
+            "lost": n - tally.distinct, "duplicates": tally.duplicates, "early": tally.early,
+            "receive_lateness_ms": summarize(g.lateness_ms),
+            "fired_lateness_ms": summarize(g.fired_lateness_ms)}
+
+
+async def restart(settings: Settings, node: NodeProcess, env: dict[str, str],
+                  log_path: Path, shards: int) -> tuple[NodeProcess, dict[str, Any]]:
+    by_shard = probes(shards)
+    shard_of_probe = {job: k for k, job in by_shard.items()}
+    node.stop()
+    started = wall_ms()
+    again: dict[int, float] = {}
+
+    def on_fired(m: Fired) -> None:
+        k = shard_of_probe.get((m.key or b"").decode())
+        if k is not None and m.fired_ms is not None and m.fired_ms >= started:
+            again.setdefault(k, m.received_ms - started)
+
+    collector = Collector(settings, (settings.fired_topic,), keep_messages=False,
+                          from_end=True, key_prefix=b"probe-", on_fired=on_fired)
+    await collector.start()
+    new = NodeProcess(settings, log_path, env=env, cwd=ROOT)
+    try:
+        new.start()
+        await new.wait_ready(120)
+        ready_s = (wall_ms() - started) / 1000
+        deadline = time.monotonic() + 60
+        while len(again) < shards and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+    finally:
+        await collector.stop()
+    return new, {"owns_every_shard_s": round(ready_s, 2),
+                 "every_shard_fires_again_s": round(max(again.values()) / 1000, 2)
+                 if len(again) == shards else None,
+                 "shards_firing_again": len(again)}
+
+
+async def list_pages(store: CassandraStore, n: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, query in (("all", JobQuery(limit=100)),
+                        ("cancelled", JobQuery(status="cancelled", limit=100))):
+        took = []
+        for _ in range(n):
+            t = time.perf_counter()
+            page = await store.list_jobs(query)
+            took.append((time.perf_counter() - t) * 1000)
+        out[name] = {**summarize(took), "rows": len(page.jobs)}
+    return out
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    require_loopback("kafka", args.kafka)
+    require_loopback("cassandra", args.cassandra)
+    ns = args.namespace or f"scale{int(time.time())}"
+    settings = Settings.from_env(namespace=ns, kafka=args.kafka, cassandra=args.cassandra,
+                                 shards=args.shards, http_port=0)
+    env = dict(kv.split("=", 1) for kv in args.node_env)
+    say(f"namespace {ns}: init with {args.shards} shards ...")
+    subprocess.run([sys.executable, "-m", "chronowheel", "init", "--namespace", ns,
+                    "--shards", str(args.shards), "--kafka", args.kafka,
+                    "--cassandra", args.cassandra], check=True, capture_output=True)
+    out: dict[str, Any] = {"namespace": ns, "jobs": args.jobs, "node_env": env}
+    log_dir = LOG_DIR / "scale"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    node = NodeProcess(settings, log_dir / "node-1.log", env=env, cwd=ROOT)
+    store = await asyncio.to_thread(CassandraStore.open, settings)
+    try:
+        node.start()
+        await node.wait_ready(120)
+        producer = plain_producer(settings)
+        await producer.start()
+        try:
+            await send_all(producer, settings.submit_topic, [
+                (job.encode(), encode_upsert({"id": job, "every": "1s"}))
+                for job in probes(args.shards).values()])
+        finally:
+            await producer.stop()
+        args.extra_commands = args.shards
+        out["per_million"] = await ingest(args, settings, node, store, ns)
+        if args.fire_s > 0:
+            out["fire"] = await fire(args, settings, node, ns)
+            say(f"fire: {out['fire']}")
+        node, out["restart"] = await restart(settings, node, env, log_dir / "node-2.log",
+                                             args.shards)
+        say(f"restart: {out['restart']}")
+        out["list_first_page_ms"] = await list_pages(store, args.list_n)
+        say(f"jobs list: {out['list_first_page_ms']}")
+        out["cassandra_end"] = await asyncio.to_thread(cassandra_view, store)
+        out["node_rss_end_mib"] = round((node.rss_bytes() or 0) / 2**20)
+    finally:
+        store.close()
+        if node.alive():
+            node.stop()
+        if not args.keep:
+            await drop_namespace(settings)
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--jobs", type=int, default=10_000_000)
+    p.add_argument("--shards", type=int, default=16)
+    p.add_argument("--fire-rate", type=float, default=10_000)
+    p.add_argument("--fire-s", type=float, default=30)
+    p.add_argument("--fire-lead-s", type=float, default=150,
+                   help="the fired one-shots come due this long after they are sent")
+    p.add_argument("--list-n", type=int, default=50)
+    p.add_argument("--node-env", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--namespace")
+    p.add_argument("--keep", action="store_true")
+    p.add_argument("--json", help="also write the result to this file")
+    p.add_argument("--kafka", default=os.environ.get("CHRONOWHEEL_KAFKA", "127.0.0.1:9092"))
+    p.add_argument("--cassandra",
+                   default=os.environ.get("CHRONOWHEEL_CASSANDRA", "127.0.0.1:9042"))
+    args = p.parse_args()
+    out = asyncio.run(run(args))
+    text = json.dumps(out, indent=1)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
