@@ -31,7 +31,7 @@ class NodeRig:
         # One skew check, at start: later ones would need real seconds to pass.
         settings.setdefault("skew_check_interval_ms", 3_600_000)
         self.settings = Settings(namespace="unit", shards=shards, http_port=0, **settings)
-        self.store = MemoryStore(clock=self.clock)
+        self.store = MemoryStore(clock=self.clock, retention_ms=self.settings.retention_ms)
         self.bus = MemoryBus(self.settings, self.clock)
         self.bus.create_namespace(shards)
         for k in range(shards):  # what `chronowheel init` does: nothing before now is pending

@@ -96,6 +96,29 @@ async def test_a_job_cancelled_and_submitted_again_to_its_instant_fires_once_aft
     assert rig.fired("gone") == []
 
 
+async def test_a_job_submitted_again_after_its_cancelled_row_expired_fires() -> None:
+    # The cancelled jobs row expires after the retention period, so the job's versions start
+    # again at 1, while the retirement of its old due row lives until that row's slot plus
+    # retention: the new row has the old row's key and version, but is written long after
+    # the retirement, and is read.
+    async with NodeRig(retention_ms=60_000) as rig:
+        await rig.start("first")
+        at = T0 + 10 * 60_000
+        rig.upsert("late-again", at=at, payload="v1")
+        await rig.advance(1_000)
+        rig.cancel("late-again")
+        await rig.advance(2 * 60_000, step_ms=1_000)  # the cancelled row expires at +61 s
+        assert await rig.store.get_job("late-again") is None
+        rig.upsert("late-again", at=at, payload="again")
+        await rig.advance(1_000)
+        [row] = rig.store.due_rows()
+        assert row.version == 1
+        await rig.start("second")  # reads the minute from the store
+        await rig.advance_to(at + 2_000, step_ms=1_000)
+        assert [(scheduled_at(m), m.value) for m in rig.fired("late-again")] == [
+            (at, b'"again"')]
+
+
 async def test_an_edit_racing_its_due_instant_is_never_lost_and_nothing_fires_twice(
         rig: NodeRig) -> None:
     await rig.start()

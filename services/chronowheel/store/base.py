@@ -65,6 +65,31 @@ class RetiredDue:
     plus the retention period, counted from now)."""
 
 
+RETIRE_CLOCK_MARGIN_MS = 60_000
+"""How much later than a retirement a row of its key and version may have been written and
+still be hidden by it (`retired_hides`): far more than the clocks of two nodes may disagree
+(a node stops dispatching beyond `max_clock_skew_ms`), far less than the retention period."""
+
+
+def retire_margin_ms(retention_ms: int) -> int:
+    return min(RETIRE_CLOCK_MARGIN_MS, retention_ms // 2)
+
+
+def retired_hides(retired_version: int, retired_written: int, row_version: int,
+                  row_written: int, margin: int) -> bool:
+    """Whether a retirement hides a due row of its key (write times and margin in one unit).
+
+    By version, since a job's versions grow with every change: a newer version written at the
+    same key (a re-submit after a cancel) is read. But once a job's jobs row has expired (the
+    retention period after a cancel), its versions start again at 1, while a retirement may
+    live on until its row's slot plus retention; a re-submit for the same instant then writes
+    the same key and version at least the retention period after the retirement. So a row
+    written more than `margin` after the retirement is not hidden either. (Write times alone
+    would be a delete's rule, last write wins, which the clocks of two nodes may get wrong for
+    writes close together: those the versions order.)"""
+    return row_version <= retired_version and row_written <= retired_written + margin
+
+
 @dataclass(frozen=True, slots=True)
 class DueRow:
     """One pending occurrence, with everything needed to publish it."""

@@ -64,6 +64,8 @@ from chronowheel.store.base import (
     RetiredDue,
     RunLease,
     job_id_of_entry,
+    retire_margin_ms,
+    retired_hides,
 )
 from chronowheel.store.server_warnings import ServerWarnings, mute_driver_lines
 from chronowheel.timeouts import within
@@ -85,6 +87,8 @@ JOBS_READ_GROUP = 50
 # Requests in flight per put_jobs or add_bucket_counts call: each row or partition is its own
 # request (no batch spans partitions), and a call must not queue thousands on a connection.
 WRITES_IN_FLIGHT = 64
+# Due rows read at least per request of `due_page` (the console's pages of 50 or 100).
+DUE_PAGE_SCAN = 1000
 # Rows per page of a read of retired due rows (their rows are small: a key and a version).
 RETIRED_PAGE_ROWS = 5000
 # The smallest clustering key of a due bucket: below every slot, job id and attempt.
@@ -107,11 +111,12 @@ def _retired_params(retired: RetiredDue) -> tuple[Any, ...]:
     return (*retired.key, retired.version, max(1, retired.ttl_s))
 
 
-def _hidden(row: Sequence[Any], retired: Mapping[_Clustering, int]) -> bool:
-    """Whether a due row as read (`cols`: its clustering key at 2..4, its version at 6) is
-    retired: a retired row with its key and the same or a newer version."""
-    version = retired.get((row[2], row[3], row[4]))
-    return version is not None and row[6] <= version
+def _hidden(row: Sequence[Any], retired: Mapping[_Clustering, tuple[int, int]],
+            margin_us: int) -> bool:
+    """Whether a due row as read (`cols`: its clustering key at 2..4, its version at 6, its
+    write time in microseconds last) is retired (`retired_hides`)."""
+    hit = retired.get((row[2], row[3], row[4]))
+    return hit is not None and retired_hides(hit[0], hit[1], row[6], row[-1], margin_us)
 
 
 def _server_words(exc: InvalidRequest) -> str:
@@ -389,6 +394,8 @@ def _translated(exc: BaseException) -> BaseException:
 
 # What Cassandra says of a write it refuses for its content: "Batch too large", "ttl is too
 # large", "Mutation of N bytes is too large", "Key length of N is longer than maximum of N".
+_MISSING_SCHEMA = re.compile(r"unconfigured table|undefined column name|keyspace .* does not "
+                             r"exist", re.IGNORECASE)
 _REFUSED_CONTENT = re.compile(r"too large|longer than maximum|exceeds", re.IGNORECASE)
 
 
@@ -471,12 +478,15 @@ class CassandraStore:
         self._retire_due = p(f"INSERT INTO {ks}.due_retired (minute, shard, slot_ms, job_id, "
                              f"attempt, version) VALUES (?, ?, ?, ?, ?, ?) USING TTL ?")
         # Both bounds inclusive: the retired rows among a page of due rows just read.
-        self._read_retired = p(f"SELECT slot_ms, job_id, attempt, version FROM {ks}.due_retired "
+        self._read_retired = p(f"SELECT slot_ms, job_id, attempt, version, WRITETIME(version) "
+                               f"FROM {ks}.due_retired "
                                f"WHERE minute = ? AND shard = ? "
                                f"AND (slot_ms, job_id, attempt) >= (?, ?, ?) "
                                f"AND (slot_ms, job_id, attempt) <= (?, ?, ?)")
+        # The write time last: a retirement hides only a row written before it (_hidden).
         cols = ("minute, shard, slot_ms, job_id, attempt, scheduled_ms, version, topic, payload, "
-                "headers, spec, max_attempts, backoff_ms, origin, request_id")
+                "headers, spec, max_attempts, backoff_ms, origin, request_id, "
+                "WRITETIME(version)")
         self._read_bucket = p(f"SELECT {cols} FROM {ks}.due WHERE minute = ? AND shard = ?")
         self._read_bucket_from = p(f"SELECT {cols} FROM {ks}.due WHERE minute = ? AND shard = ? "
                                    f"AND slot_ms >= ?")
@@ -521,13 +531,17 @@ class CassandraStore:
             return cls(settings, cluster, session)
         except InvalidRequest as exc:
             cluster.shutdown()
+            words = _server_words(exc)
+            if not _MISSING_SCHEMA.search(words):
+                raise
             # A statement of this version that the keyspace cannot take (a missing table or
-            # column): a keyspace set up by an older version, not migrated yet.
+            # column): a keyspace set up by an older version and not migrated yet, or never
+            # set up (or a coordinator that has not caught up with a schema change just made).
             raise ConfigError(
-                f"keyspace {settings.keyspace} does not have this version's tables "
-                f"({_server_words(exc)}): it was set up by an older chronowheel; run "
-                f"`chronowheel init --namespace {settings.namespace}` to add what is missing "
-                f"(init adds tables and columns and changes nothing else)") from exc
+                f"keyspace {settings.keyspace} does not have this version's tables ({words}): "
+                f"run `chronowheel init --namespace {settings.namespace}` (it adds what is "
+                f"missing and changes nothing else; a keyspace set up by an older chronowheel "
+                f"is migrated so)") from exc
         except Exception:
             cluster.shutdown()
             raise
@@ -666,12 +680,14 @@ class CassandraStore:
         attempt) is greater than `after` (from the first row when None), in key order,
         retired rows left out (fewer than `limit` only at the bucket's end)."""
         out: list[DueRow] = []
+        # At least DUE_PAGE_SCAN rows a read: a run of retired rows costs few round trips.
+        scan = max(limit, DUE_PAGE_SCAN)
         while len(out) < limit:
             if after is None:
-                rs = await self._run(self._due_first, (minute, shard, limit), "read due page",
+                rs = await self._run(self._due_first, (minute, shard, scan), "read due page",
                                      execution_profile=TUPLES)
             else:
-                rs = await self._run(self._due_after, (minute, shard, *after, limit),
+                rs = await self._run(self._due_after, (minute, shard, *after, scan),
                                      "read due page", execution_profile=TUPLES)
             raw = rs.current_rows
             if not raw:
@@ -679,7 +695,7 @@ class CassandraStore:
             high: _Clustering = (raw[-1][2], raw[-1][3], raw[-1][4])
             out += await self._unretired(minute, shard, raw,
                                          after or (MIN_SLOT, "", MIN_ATTEMPT), high)
-            if len(raw) < limit:
+            if len(raw) < scan:
                 break
             after = high
         return out[:limit]
@@ -687,27 +703,28 @@ class CassandraStore:
     async def _unretired(self, minute: int, shard: int, raw: Sequence[tuple[Any, ...]],
                          low: _Clustering, high: _Clustering) -> list[DueRow]:
         """The rows of `raw` (a page of due rows, clustering keys from `low` to `high`) that
-        no retired row of the same key and an equal or newer version hides."""
-        retired: dict[_Clustering, int] = {}
+        no retirement hides (`_hidden`)."""
+        retired: dict[_Clustering, tuple[int, int]] = {}
         bound = self._read_retired.bind((minute, shard, *low, *high))
         bound.fetch_size = RETIRED_PAGE_ROWS
         paging_state: bytes | None = None
         while True:
             rs = await self._page(bound, paging_state, "read retired due rows")
-            for slot, entry, attempt, version in rs.current_rows:
-                retired[(slot, entry, attempt)] = version
+            for slot, entry, attempt, version, written in rs.current_rows:
+                retired[(slot, entry, attempt)] = (version, written)
             paging_state = rs.paging_state
             if not paging_state:
                 break
         if not retired:
             return [self._due_row(r) for r in raw]
-        return [self._due_row(r) for r in raw if not _hidden(r, retired)]
+        margin_us = retire_margin_ms(self.settings.retention_ms) * 1000
+        return [self._due_row(r) for r in raw if not _hidden(r, retired, margin_us)]
 
     @staticmethod
     def _due_row(r: tuple[Any, ...]) -> DueRow:
         """A row of the `due` table as selected by the statements of this store (`cols`)."""
         (minute, shard, slot, entry, attempt, scheduled, version, topic, payload, headers, spec,
-         max_attempts, backoff, origin, request_id) = r
+         max_attempts, backoff, origin, request_id) = r[:15]
         return DueRow(minute, shard, slot,
                       job_id_of_entry(entry, scheduled, origin or "", request_id or ""),
                       attempt, scheduled, version, topic,

@@ -21,6 +21,7 @@ from chronowheel.errors import StoreRefused
 from chronowheel.store.base import (
     LIST_SCAN_ROWS,
     Claim,
+    DueKey,
     DueRow,
     JobPage,
     JobQuery,
@@ -29,6 +30,8 @@ from chronowheel.store.base import (
     RequestRow,
     RetiredDue,
     RunLease,
+    retire_margin_ms,
+    retired_hides,
 )
 
 HOUR_MS = 3_600_000
@@ -43,8 +46,11 @@ class MemoryStore:
     def __init__(self, *, clock: Clock | None = None,
                  pause: Callable[[], Awaitable[None]] | None = None,
                  batch_fail_bytes: int = limits.CASSANDRA_BATCH_FAIL_BYTES,
-                 batch_warn_bytes: int = limits.CASSANDRA_BATCH_WARN_BYTES) -> None:
+                 batch_warn_bytes: int = limits.CASSANDRA_BATCH_WARN_BYTES,
+                 retention_ms: int = 7 * 86_400_000) -> None:
         self.clock = clock
+        self.retire_margin_ms = retire_margin_ms(retention_ms)
+        """See `retired_hides`: the node's retention period sets it, as in Cassandra's store."""
         self.pause = pause
         self.batch_fail_bytes = batch_fail_bytes
         """Like Cassandra's batch_size_fail_threshold: a batch of several rows whose size
@@ -58,9 +64,11 @@ class MemoryStore:
         those.)"""
         self.jobs: dict[str, tuple[JobRow, int | None]] = {}
         self.due: dict[tuple[int, int], dict[_Key, tuple[DueRow, int | None]]] = {}
-        self.retired: dict[tuple[int, int], dict[_Key, tuple[int, int | None]]] = {}
+        self.written: dict[DueKey, int] = {}
+        """When each due row was last written (the store's clock, ms): `retired_hides`."""
+        self.retired: dict[tuple[int, int], dict[_Key, tuple[int, int | None, int]]] = {}
         """(minute, shard) -> key -> (the version up to which that due row is retired, when
-        the retirement expires): `retire_due`."""
+        the retirement expires, when it was written): `retire_due`."""
         self.counts: dict[tuple[int, int], int] = {}
         self.claims: dict[tuple[str, str], tuple[Claim, str, int | None]] = {}
         self.meta: dict[str, str] = {}
@@ -93,12 +101,16 @@ class MemoryStore:
         return expires is None or self.clock is None or self.clock.now_ms() < expires
 
     def _readable(self, row: DueRow, expires: int | None) -> bool:
-        """Whether a stored due row is read: alive, and not retired (`RetiredDue`)."""
+        """Whether a stored due row is read: alive, and not retired (`retired_hides`)."""
         if not self._alive(expires):
             return False
         hit = self.retired.get((row.minute, row.shard), {}).get(
             (row.slot_ms, row.entry, row.attempt))
-        return hit is None or not self._alive(hit[1]) or row.version > hit[0]
+        return hit is None or not self._alive(hit[1]) or not retired_hides(
+            hit[0], hit[2], row.version, self.written.get(row.key, 0), self.retire_margin_ms)
+
+    def _now(self) -> int:
+        return self.clock.now_ms() if self.clock is not None else _system_ms()
 
     def due_rows(self, shard: int | None = None) -> list[DueRow]:
         """Every due row a read would return (of one shard, when given), in no particular
@@ -149,6 +161,7 @@ class MemoryStore:
     def _put_due(self, row: DueRow, ttl_s: int) -> None:
         bucket = self.due.setdefault((row.minute, row.shard), {})
         bucket[(row.slot_ms, row.entry, row.attempt)] = (row, self._expiry(max(1, ttl_s)))
+        self.written[row.key] = self._now()
 
     async def put_due_and_job(self, row: DueRow, ttl_s: int, job: JobRow,
                               replaces: RetiredDue | None = None) -> None:
@@ -167,7 +180,7 @@ class MemoryStore:
     def _retire(self, retired: RetiredDue) -> None:
         minute, shard, slot_ms, entry, attempt = retired.key
         self.retired.setdefault((minute, shard), {})[(slot_ms, entry, attempt)] = (
-            retired.version, self._expiry(max(1, retired.ttl_s)))
+            retired.version, self._expiry(max(1, retired.ttl_s)), self._now())
 
     async def put_dues_and_jobs(self, rows: Sequence[tuple[DueRow, int, JobRow]]) -> None:
         await self._enter()
