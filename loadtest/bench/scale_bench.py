@@ -16,6 +16,9 @@
 5. Times the first page of `jobs list` (100 jobs; no filter, and status=cancelled) `--list-n`
    times each.
 
+A run stopped during step 2 (SIGTERM: the namespace is kept) can go on with steps 3-5 on what
+it stored: `--phases-only --namespace <its namespace>`.
+
     .venv/bin/python loadtest/bench/scale_bench.py --jobs 10000000
     .venv/bin/python loadtest/bench/scale_bench.py --jobs 200000 --fire-s 10   # a quick look
 """
@@ -275,11 +278,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = Settings.from_env(namespace=ns, kafka=args.kafka, cassandra=args.cassandra,
                                  shards=args.shards, http_port=0)
     env = dict(kv.split("=", 1) for kv in args.node_env)
-    say(f"namespace {ns}: init with {args.shards} shards ...")
-    subprocess.run([sys.executable, "-m", "chronowheel", "init", "--namespace", ns,
-                    "--shards", str(args.shards), "--kafka", args.kafka,
-                    "--cassandra", args.cassandra], check=True, capture_output=True)
     out: dict[str, Any] = {"namespace": ns, "jobs": args.jobs, "node_env": env}
+    if not args.phases_only:
+        say(f"namespace {ns}: init with {args.shards} shards ...")
+        subprocess.run([sys.executable, "-m", "chronowheel", "init", "--namespace", ns,
+                        "--shards", str(args.shards), "--kafka", args.kafka,
+                        "--cassandra", args.cassandra], check=True, capture_output=True)
     log_dir = LOG_DIR / "scale"
     log_dir.mkdir(parents=True, exist_ok=True)
     node = NodeProcess(settings, log_dir / "node-1.log", env=env, cwd=ROOT)
@@ -287,16 +291,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         node.start()
         await node.wait_ready(120)
-        producer = plain_producer(settings)
-        await producer.start()
-        try:
-            await send_all(producer, settings.submit_topic, [
-                (job.encode(), encode_upsert({"id": job, "every": "1s"}))
-                for job in probes(args.shards).values()])
-        finally:
-            await producer.stop()
-        args.extra_commands = args.shards
-        out["per_million"] = await ingest(args, settings, node, store, ns)
+        if args.phases_only:  # the jobs and probes of an earlier run, stopped during ingest
+            out["cassandra_start"] = await asyncio.to_thread(cassandra_view, store)
+        else:
+            producer = plain_producer(settings)
+            await producer.start()
+            try:
+                await send_all(producer, settings.submit_topic, [
+                    (job.encode(), encode_upsert({"id": job, "every": "1s"}))
+                    for job in probes(args.shards).values()])
+            finally:
+                await producer.stop()
+            args.extra_commands = args.shards
+            out["per_million"] = await ingest(args, settings, node, store, ns)
         if args.fire_s > 0:
             out["fire"] = await fire(args, settings, node, ns)
             say(f"fire: {out['fire']}")
@@ -327,12 +334,17 @@ def main() -> int:
     p.add_argument("--list-n", type=int, default=50)
     p.add_argument("--node-env", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--namespace")
+    p.add_argument("--phases-only", action="store_true",
+                   help="with --namespace of a run stopped during ingest: only fire, restart "
+                        "and list, on what it stored")
     p.add_argument("--keep", action="store_true")
     p.add_argument("--json", help="also write the result to this file")
     p.add_argument("--kafka", default=os.environ.get("CHRONOWHEEL_KAFKA", "127.0.0.1:9092"))
     p.add_argument("--cassandra",
                    default=os.environ.get("CHRONOWHEEL_CASSANDRA", "127.0.0.1:9042"))
     args = p.parse_args()
+    if args.phases_only and not args.namespace:
+        p.error("--phases-only needs the --namespace of the earlier run")
     out = asyncio.run(run(args))
     text = json.dumps(out, indent=1)
     print(text)
