@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -50,7 +48,7 @@ from chronowheel.testing import (
     summarize,
     wall_ms,
 )
-from common import LOG_DIR, PAD, ROOT, say, stored_commands
+from common import LOG_DIR, PAD, ROOT, add_stack_args, emit, init_with_cli, say, stored_commands
 
 MINUTE_MS = 60_000
 MOVE_MS = 2 * MINUTE_MS
@@ -183,10 +181,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     env = dict(kv.split("=", 1) for kv in args.node_env)
     log = Path(args.cassandra_log)
     log_offset = log.stat().st_size if log.exists() else 0
-    say(f"namespace {ns}: init with {args.shards} shards ...")
-    subprocess.run([sys.executable, "-m", "chronowheel", "init", "--namespace", ns,
-                    "--shards", str(args.shards), "--kafka", args.kafka,
-                    "--cassandra", args.cassandra], check=True, capture_output=True)
+    init_with_cli(args, ns)
     minute = (wall_ms() + args.lead_s * 1000) // MINUTE_MS * MINUTE_MS
     plan = Plan(ns, args.jobs, int(minute), args.moved_share)
     expected = plan.expected()
@@ -300,15 +295,10 @@ def main() -> int:
     p.add_argument("--namespace")
     p.add_argument("--keep", action="store_true")
     p.add_argument("--json", help="also write the result to this file")
-    p.add_argument("--kafka", default=os.environ.get("CHRONOWHEEL_KAFKA", "127.0.0.1:9092"))
-    p.add_argument("--cassandra",
-                   default=os.environ.get("CHRONOWHEEL_CASSANDRA", "127.0.0.1:9042"))
+    add_stack_args(p)
     args = p.parse_args()
     out = asyncio.run(run(args))
-    text = json.dumps(out, indent=1)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    emit(out, args.json)
     return 0
 
 

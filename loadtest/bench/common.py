@@ -3,7 +3,12 @@ workload's job ids and payloads, the node's defaults, progress output and number
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -157,3 +162,28 @@ def upserts(run: str, phase: str, dues: Sequence[int]) -> list[tuple[bytes, byte
         out.append((jid.encode(), encode_upsert({"id": jid, "at": at,
                                                   "payload": payload(phase, i)})))
     return out
+
+
+def add_stack_args(p: argparse.ArgumentParser) -> None:
+    """--kafka and --cassandra, from CHRONOWHEEL_KAFKA / CHRONOWHEEL_CASSANDRA or the local
+    stack's addresses."""
+    p.add_argument("--kafka", default=os.environ.get("CHRONOWHEEL_KAFKA", "127.0.0.1:9092"))
+    p.add_argument("--cassandra",
+                   default=os.environ.get("CHRONOWHEEL_CASSANDRA", "127.0.0.1:9042"))
+
+
+def emit(out: dict[str, Any], path: str | None) -> None:
+    """Print a run's result as JSON, and write it to `path` too when given."""
+    text = json.dumps(out, indent=1)
+    print(text)
+    if path:
+        Path(path).write_text(text + "\n")
+
+
+def init_with_cli(args: argparse.Namespace, namespace: str) -> None:
+    """`chronowheel init` of a fresh namespace with `args.shards` shards on `args.kafka` and
+    `args.cassandra`, as a user runs it."""
+    say(f"namespace {namespace}: init with {args.shards} shards ...")
+    subprocess.run([sys.executable, "-m", "chronowheel", "init", "--namespace", namespace,
+                    "--shards", str(args.shards), "--kafka", args.kafka,
+                    "--cassandra", args.cassandra], check=True, capture_output=True)

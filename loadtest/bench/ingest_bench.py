@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import subprocess
 import sys
 import time
@@ -41,7 +40,7 @@ from chronowheel.testing import (
     require_loopback,
     wall_ms,
 )
-from common import LOG_DIR, PAD, ROOT, say, stored_commands
+from common import LOG_DIR, PAD, ROOT, add_stack_args, init_with_cli, say, stored_commands
 from limits import raw_cassandra_rate
 
 
@@ -135,10 +134,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                  shards=args.shards, http_port=0)
     env = dict(kv.split("=", 1) for kv in args.node_env)
     out: dict[str, Any] = {"namespace": ns, "jobs": args.jobs, "node_env": env}
-    say(f"namespace {ns}: init with {args.shards} shards ...")
-    subprocess.run([sys.executable, "-m", "chronowheel", "init", "--namespace", ns,
-                    "--shards", str(args.shards), "--kafka", args.kafka,
-                    "--cassandra", args.cassandra], check=True, capture_output=True)
+    init_with_cli(args, ns)
     node: NodeProcess | None = None
     try:
         if args.raw_s > 0:
@@ -225,9 +221,7 @@ def main() -> int:
     p.add_argument("--node-env", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--namespace")
     p.add_argument("--keep", action="store_true")
-    p.add_argument("--kafka", default=os.environ.get("CHRONOWHEEL_KAFKA", "127.0.0.1:9092"))
-    p.add_argument("--cassandra",
-                   default=os.environ.get("CHRONOWHEEL_CASSANDRA", "127.0.0.1:9042"))
+    add_stack_args(p)
     args = p.parse_args()
     out = asyncio.run(run(args))
     print(out)

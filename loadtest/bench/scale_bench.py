@@ -27,9 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -55,7 +52,7 @@ from chronowheel.testing import (
     summarize,
     wall_ms,
 )
-from common import LOG_DIR, PAD, ROOT, say
+from common import LOG_DIR, PAD, ROOT, add_stack_args, emit, init_with_cli, say
 
 DAY_MS = 86_400_000
 MILLION = 1_000_000
@@ -280,10 +277,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     env = dict(kv.split("=", 1) for kv in args.node_env)
     out: dict[str, Any] = {"namespace": ns, "jobs": args.jobs, "node_env": env}
     if not args.phases_only:
-        say(f"namespace {ns}: init with {args.shards} shards ...")
-        subprocess.run([sys.executable, "-m", "chronowheel", "init", "--namespace", ns,
-                        "--shards", str(args.shards), "--kafka", args.kafka,
-                        "--cassandra", args.cassandra], check=True, capture_output=True)
+        init_with_cli(args, ns)
     log_dir = LOG_DIR / "scale"
     log_dir.mkdir(parents=True, exist_ok=True)
     node = NodeProcess(settings, log_dir / "node-1.log", env=env, cwd=ROOT)
@@ -339,17 +333,12 @@ def main() -> int:
                         "and list, on what it stored")
     p.add_argument("--keep", action="store_true")
     p.add_argument("--json", help="also write the result to this file")
-    p.add_argument("--kafka", default=os.environ.get("CHRONOWHEEL_KAFKA", "127.0.0.1:9092"))
-    p.add_argument("--cassandra",
-                   default=os.environ.get("CHRONOWHEEL_CASSANDRA", "127.0.0.1:9042"))
+    add_stack_args(p)
     args = p.parse_args()
     if args.phases_only and not args.namespace:
         p.error("--phases-only needs the --namespace of the earlier run")
     out = asyncio.run(run(args))
-    text = json.dumps(out, indent=1)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    emit(out, args.json)
     return 0
 
 
