@@ -17,7 +17,9 @@
    times each.
 
 A run stopped during step 2 (SIGTERM: the namespace is kept) can go on with steps 3-5 on what
-it stored: `--phases-only --namespace <its namespace>`.
+it stored: `--phases-only --namespace <its namespace>` (stop its node first). The commands it
+had sent and not applied are deleted from `<ns>.submit` first; the jobs stored are the count
+of its last million applied, plus whatever of the next its node applied before it stopped.
 
     .venv/bin/python loadtest/bench/scale_bench.py --jobs 10000000
     .venv/bin/python loadtest/bench/scale_bench.py --jobs 200000 --fire-s 10   # a quick look
@@ -34,8 +36,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from aiokafka import AIOKafkaProducer
-from chronowheel.bus.kafka import plain_producer
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.admin import RecordsToDelete
+from chronowheel.bus.kafka import open_admin, partition_counts, plain_producer, reader
 from chronowheel.core.model import encode_cancel, encode_upsert
 from chronowheel.core.shard import shard_of
 from chronowheel.settings import Settings
@@ -268,6 +271,26 @@ async def list_pages(store: CassandraStore, n: int) -> dict[str, Any]:
     return out
 
 
+async def drop_backlog(settings: Settings) -> int:
+    """Delete what `<ns>.submit` holds (Kafka's DeleteRecords up to each partition's end): the
+    commands a stopped run had sent ahead of its node, which a new node would otherwise apply
+    before anything submitted after them. Returns how many records were deleted."""
+    admin = await open_admin(settings)
+    consumer = reader(settings)
+    await consumer.start()
+    try:
+        counts = await partition_counts(admin, [settings.submit_topic])
+        tps = [TopicPartition(settings.submit_topic, k)
+               for k in range(counts[settings.submit_topic])]
+        ends = await consumer.end_offsets(tps)
+        starts = await consumer.beginning_offsets(tps)
+        await admin.delete_records({tp: RecordsToDelete(before_offset=ends[tp]) for tp in tps})
+    finally:
+        await consumer.stop()
+        await admin.close()
+    return sum(ends[tp] - starts[tp] for tp in tps)
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     require_loopback("kafka", args.kafka)
     require_loopback("cassandra", args.cassandra)
@@ -283,6 +306,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     node = NodeProcess(settings, log_dir / "node-1.log", env=env, cwd=ROOT)
     store = await asyncio.to_thread(CassandraStore.open, settings)
     try:
+        if args.phases_only:
+            # Applied or not, the earlier run's submissions are over: what it stored stays.
+            out["submit_records_dropped"] = await drop_backlog(settings)
+            say(f"dropped the earlier run's {out['submit_records_dropped']:,} submit records")
         node.start()
         await node.wait_ready(120)
         if args.phases_only:  # the jobs and probes of an earlier run, stopped during ingest
