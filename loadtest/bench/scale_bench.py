@@ -274,7 +274,8 @@ async def list_pages(store: CassandraStore, n: int) -> dict[str, Any]:
 async def drop_backlog(settings: Settings) -> int:
     """Delete what `<ns>.submit` holds (Kafka's DeleteRecords up to each partition's end): the
     commands a stopped run had sent ahead of its node, which a new node would otherwise apply
-    before anything submitted after them. Returns how many records were deleted."""
+    before anything submitted after them. Returns how many records were deleted (applied or
+    not: the topic's whole content)."""
     admin = await open_admin(settings)
     consumer = reader(settings)
     await consumer.start()
@@ -308,8 +309,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         if args.phases_only:
             # Applied or not, the earlier run's submissions are over: what it stored stays.
-            out["submit_records_dropped"] = await drop_backlog(settings)
-            say(f"dropped the earlier run's {out['submit_records_dropped']:,} submit records")
+            out["submit_records_deleted"] = await drop_backlog(settings)
+            say(f"deleted the earlier run's {out['submit_records_deleted']:,} submit records "
+                f"(applied or not)")
         node.start()
         await node.wait_ready(120)
         if args.phases_only:  # the jobs and probes of an earlier run, stopped during ingest
