@@ -239,8 +239,9 @@ async def test_init_adds_the_new_columns_and_tables_to_an_older_keyspace(
                      f"DROP TABLE {ks}.due_retired"):
             await asyncio.to_thread(session.execute, stmt, timeout=60)
         # A node of this version on the old keyspace refuses to start, saying what to run.
-        with pytest.raises(ConfigError, match=rf"does not have this version.s tables.*chronowheel init "
-                                              rf"--namespace {settings.namespace}"):
+        with pytest.raises(ConfigError, match=rf"does not have this version.s tables.*"
+                                              rf"chronowheel init --namespace "
+                                              rf"{settings.namespace}"):
             await asyncio.to_thread(CassandraStore.open, settings)
         await init_namespace(settings)  # what an upgrade runs
         tables = await asyncio.to_thread(

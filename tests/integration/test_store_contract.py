@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import replace
@@ -127,3 +128,30 @@ async def test_due_deletes_also_deletes_what_it_retires_for_older_nodes(
         f"SELECT job_id FROM {store.settings.keyspace}.due WHERE minute = %s AND shard = %s",
         (minute, shard))])
     assert raw == ["old", "moved"]  # the new row of "moved"; its old row and "cancelled" gone
+
+
+async def test_a_retirement_hides_only_rows_written_before_it_or_soon_after(
+        store: CassandraStore) -> None:
+    # A job's versions start again at 1 once its cancelled jobs row has expired (retention),
+    # so a row of the retired key and version written that much later is a re-submit and is
+    # read; one written within half the retention period is still hidden (clocks of two nodes
+    # may disagree that much). Write times set here with USING TIMESTAMP, not waited for.
+    shard, minute = 9, 1_796_115_600_000 + 42 * 60_000
+    ks = store.settings.keyspace
+    insert = (f"INSERT INTO {ks}.due (minute, shard, slot_ms, job_id, attempt, scheduled_ms, "
+              f"version, topic, payload, headers) VALUES (%s, %s, %s, %s, 1, %s, 1, 'o', "
+              f"0x7b7d, []) USING TIMESTAMP %s")
+    half_retention_us = store.settings.retention_ms // 2 * 1000
+    rows = {name: DueRow(minute, shard, minute + i, name, 1, minute + i, 1, "o", b"{}", (),
+                         None) for i, name in enumerate(("again", "skewed"))}
+    for row in rows.values():
+        await store.put_due(row, 3600)
+        await store.retire_due(RetiredDue(row.key, 1, 3600))
+    assert [r async for page in store.read_bucket(minute, shard) for r in page] == []
+    now_us = time.time_ns() // 1000
+    for name, later_us in (("again", half_retention_us + 60_000_000), ("skewed", 60_000_000)):
+        row = rows[name]
+        await asyncio.to_thread(store.session.execute, insert, (
+            minute, shard, row.slot_ms, name, row.scheduled_ms, now_us + later_us))
+    assert [r.job_id async for page in store.read_bucket(minute, shard)
+            for r in page] == ["again"]

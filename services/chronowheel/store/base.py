@@ -65,14 +65,15 @@ class RetiredDue:
     plus the retention period, counted from now)."""
 
 
-RETIRE_CLOCK_MARGIN_MS = 60_000
-"""How much later than a retirement a row of its key and version may have been written and
-still be hidden by it (`retired_hides`): far more than the clocks of two nodes may disagree
-(a node stops dispatching beyond `max_clock_skew_ms`), far less than the retention period."""
-
-
 def retire_margin_ms(retention_ms: int) -> int:
-    return min(RETIRE_CLOCK_MARGIN_MS, retention_ms // 2)
+    """How much later than a retirement a row of its key and version may have been written and
+    still be hidden by it (`retired_hides`): half the retention period. A job's versions start
+    again only once its jobs row has expired, at least the retention period after its last
+    change (every jobs row lives at least that long), so a re-submit is written at least that
+    long after the retirement; half of it leaves the other half for clocks that disagree. (The
+    clock check stops a node's dispatch beyond `max_clock_skew_ms`, not its writes: ingest goes
+    on, so a node's writes may carry a clock well off.)"""
+    return retention_ms // 2
 
 
 def retired_hides(retired_version: int, retired_written: int, row_version: int,
@@ -84,9 +85,9 @@ def retired_hides(retired_version: int, retired_written: int, row_version: int,
     retention period after a cancel), its versions start again at 1, while a retirement may
     live on until its row's slot plus retention; a re-submit for the same instant then writes
     the same key and version at least the retention period after the retirement. So a row
-    written more than `margin` after the retirement is not hidden either. (Write times alone
-    would be a delete's rule, last write wins, which the clocks of two nodes may get wrong for
-    writes close together: those the versions order.)"""
+    written more than `margin` (`retire_margin_ms`) after the retirement is not hidden either.
+    (Write times alone would be a delete's rule, last write wins, which the clocks of two nodes
+    may get wrong for writes close together: those the versions order.)"""
     return row_version <= retired_version and row_written <= retired_written + margin
 
 

@@ -87,7 +87,7 @@ JOBS_READ_GROUP = 50
 # Requests in flight per put_jobs or add_bucket_counts call: each row or partition is its own
 # request (no batch spans partitions), and a call must not queue thousands on a connection.
 WRITES_IN_FLIGHT = 64
-# Due rows read at least per request of `due_page` (the console's pages of 50 or 100).
+# Due rows `due_page` reads a request once it has met retired rows (it starts at its limit).
 DUE_PAGE_SCAN = 1000
 # Rows per page of a read of retired due rows (their rows are small: a key and a version).
 RETIRED_PAGE_ROWS = 5000
@@ -680,8 +680,7 @@ class CassandraStore:
         attempt) is greater than `after` (from the first row when None), in key order,
         retired rows left out (fewer than `limit` only at the bucket's end)."""
         out: list[DueRow] = []
-        # At least DUE_PAGE_SCAN rows a read: a run of retired rows costs few round trips.
-        scan = max(limit, DUE_PAGE_SCAN)
+        scan = limit
         while len(out) < limit:
             if after is None:
                 rs = await self._run(self._due_first, (minute, shard, scan), "read due page",
@@ -693,11 +692,14 @@ class CassandraStore:
             if not raw:
                 break
             high: _Clustering = (raw[-1][2], raw[-1][3], raw[-1][4])
-            out += await self._unretired(minute, shard, raw,
+            kept = await self._unretired(minute, shard, raw,
                                          after or (MIN_SLOT, "", MIN_ATTEMPT), high)
+            out += kept
             if len(raw) < scan:
                 break
             after = high
+            if len(kept) < len(raw):  # among retired rows: read more a request from here on
+                scan = max(scan, DUE_PAGE_SCAN)
         return out[:limit]
 
     async def _unretired(self, minute: int, shard: int, raw: Sequence[tuple[Any, ...]],

@@ -50,7 +50,7 @@ class MemoryStore:
                  retention_ms: int = 7 * 86_400_000) -> None:
         self.clock = clock
         self.retire_margin_ms = retire_margin_ms(retention_ms)
-        """See `retired_hides`: the node's retention period sets it, as in Cassandra's store."""
+        """See `retired_hides`: the retention period sets it, as in Cassandra's store."""
         self.pause = pause
         self.batch_fail_bytes = batch_fail_bytes
         """Like Cassandra's batch_size_fail_threshold: a batch of several rows whose size
