@@ -22,7 +22,10 @@ from chronowheel.core.model import (
 )
 from chronowheel.errors import ValidationError
 from chronowheel.node.dispatch import stored_policy
+from chronowheel.node.writes import RowWriter
 from chronowheel.settings import Settings
+from chronowheel.store.base import DueRow, JobRow
+from chronowheel.store.memory import MemoryStore
 
 NOW = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 POLICY = ValidationPolicy()
@@ -178,6 +181,27 @@ def test_a_job_whose_rows_exceed_the_batch_limit_is_rejected() -> None:
     assert rejection(_job_bytes(20_000, recurring=True)).path == "job"
     roomy = ValidationPolicy(max_stored_bytes=1 << 20)
     assert isinstance(parse(_job_bytes(100_000, recurring=True), roomy), Upsert)
+
+
+def test_an_edit_counts_the_retirement_of_its_old_row_in_its_batch() -> None:
+    # An edit's logged batch also carries the retirement of the old due row: a job whose two
+    # rows fit the limit exactly is refused as an edit that moves it, before anything is
+    # written, and accepted as a first submit or an edit that keeps its key.
+    cmd = parse(upsert(payload="x" * 2_000))
+    assert isinstance(cmd, Upsert)
+    job = cmd.job
+    row = DueRow(0, 0, job.at_ms or 0, job.id, 1, job.at_ms or 0, 2, job.topic, job.payload,
+                 tuple(job.fired_headers), None)
+    jobs_row = JobRow(job.id, 0, job.canonical, 2, "scheduled", row.scheduled_ms, row.slot_ms)
+    exact = limits.job_rows_bytes(job_id=job.id, topic=job.topic, payload_len=len(job.payload),
+                                  spec_len=len(job.canonical), recurring=False,
+                                  headers=row.headers)
+    writer = RowWriter(MemoryStore(), 0, 86_400_000, batch_fail_bytes=exact)
+    now = row.slot_ms - 60_000
+    writer.check(row, now, jobs_row)
+    with pytest.raises(ValidationError) as err:
+        writer.check(row, now, jobs_row, retiring=True)
+    assert f"{exact + limits.retired_row_bytes(job.id)} bytes" in str(err.value.rule)
 
 
 def test_the_measured_size_is_the_limits_module_count() -> None:

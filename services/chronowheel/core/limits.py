@@ -36,6 +36,18 @@ Cassandra 5.0's own figure in its batch size warning: 52 bytes per job more than
 was before (a single job with a 2,300-byte payload: 5,242 counted, 5,190 estimated with 420;
 nine jobs with 100-byte payloads: 7,578 against 7,110), so 480 errs high again."""
 
+RETIRED_ROW_BYTES: Final = 160
+"""About what Cassandra counts for an edit's retirement of its old due row (a `due_retired`
+row: partition and clustering keys, a version cell), beside the job id, erring high. With
+`due_deletes` the batch also carries the old row's delete, about as large: see
+`retired_row_bytes`."""
+
+
+def retired_row_bytes(job_id: str) -> int:
+    """What an edit's retirement (and, with `due_deletes`, the delete) adds to its batch."""
+    return 2 * (len(job_id.encode()) + RETIRED_ROW_BYTES)
+
+
 HEADER_OVERHEAD_BYTES: Final = 8
 """Per header of the `headers` map: the map entry's own cell overhead."""
 

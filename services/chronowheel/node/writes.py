@@ -31,11 +31,12 @@ class RowWriter:
         self.batch_fail_bytes = batch_fail_bytes
 
     def check(self, row: DueRow, now: int, job: JobRow | None = None,
-              request: RequestRow | None = None) -> None:
+              request: RequestRow | None = None, *, retiring: bool = False) -> None:
         """Raise ValidationError, naming the limit, when Cassandra would refuse this due row
-        (with its jobs row, when given): a TTL over 20 years, or the logged batch of both rows
-        over `batch_fail_bytes`. Called before anything of the command is written, so a
-        command over a limit is rejected whole instead of failing half-way."""
+        (with its jobs row, when given, and with the retirement of the job's old due row when
+        `retiring`): a TTL over 20 years, or the logged batch over `batch_fail_bytes`. Called
+        before anything of the command is written, so a command over a limit is rejected whole
+        instead of failing half-way."""
         ttl = self.ttl_s(row.slot_ms, now)
         if ttl > limits.CASSANDRA_MAX_TTL_S:
             at = datetime.fromtimestamp(row.scheduled_ms / 1000, UTC).isoformat()
@@ -59,6 +60,8 @@ class RowWriter:
                 job_id=row.job_id, topic=row.topic, payload_len=len(row.payload),
                 spec_len=len(job.spec), recurring=False,
                 headers=row.headers) + len(row.spec or b"")
+            if retiring:
+                size += limits.retired_row_bytes(row.job_id)
             if size > self.batch_fail_bytes:
                 raise ValidationError(
                     "job", f"its rows take about {size} bytes in one Cassandra batch, over "
@@ -107,7 +110,8 @@ class RowWriter:
         # The due row and the jobs row go in one logged batch: both or neither, so a command
         # re-delivered after a crash is never mistaken for an already-applied one.
         assert job is None or request is None, "a due row goes with a jobs row or a request row"
-        self.check(row, now, job, request)
+        self.check(row, now, job, request,
+                   retiring=replaces is not None and replaces.key != row.key)
         ttl = self.ttl_s(row.slot_ms, now)
         if request is not None:
             write = self.store.put_request(replace(request, ttl_s=ttl), [(row, ttl)])
