@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 from pathlib import Path
@@ -110,6 +111,22 @@ async def send_all(producer: AIOKafkaProducer, topic: str,
         await asyncio.gather(*futs)
 
 
+def live_sstables(keyspace: str) -> dict[str, int] | None:
+    """Live sstables per table of the keyspace, counted in the local stack's data directory
+    (one `*-Data.db` per sstable; Cassandra exposes no count over CQL and the stack opens no
+    JMX). None when that directory is not on this machine."""
+    root = Path(os.environ.get("CHRONOWHEEL_STATE_DIR")
+                or Path.home() / ".cache" / "chronowheel" / "stack")
+    ks_dir = root / "cassandra" / "data" / "data" / keyspace
+    if not ks_dir.is_dir():
+        return None
+    counts: dict[str, int] = {}
+    for table_dir in ks_dir.iterdir():
+        name = table_dir.name.rsplit("-", 1)[0]
+        counts[name] = counts.get(name, 0) + sum(1 for _ in table_dir.glob("*-Data.db"))
+    return counts
+
+
 def cassandra_view(store: CassandraStore) -> dict[str, Any]:
     ks = store.settings.keyspace
     s = store.session
@@ -118,7 +135,13 @@ def cassandra_view(store: CassandraStore) -> dict[str, Any]:
         (ks,))}
     pool = s.execute("SELECT active_tasks, pending_tasks FROM system_views.thread_pools "
                      "WHERE name = 'CompactionExecutor'").one()
+    # The most rows and tombstones one read of each table met (server-lifetime maxima): what
+    # a bucket load or a listing page costs as the tables grow.
+    per_read = {f"{name}_per_read_max": {r.table_name: r.max for r in s.execute(
+        f"SELECT table_name, max FROM system_views.{name}_per_read WHERE keyspace_name = %s",
+        (ks,))} for name in ("rows", "tombstones")}
     return {"disk_mib": disk, "disk_mib_total": sum(disk.values()),
+            "sstables": live_sstables(ks), **per_read,
             "compactions_active": pool.active_tasks if pool else None,
             "compactions_pending": pool.pending_tasks if pool else None}
 
@@ -179,7 +202,8 @@ async def ingest(args: argparse.Namespace, settings: Settings, node: NodeProcess
             per_million.append(row)
             say(f"million {k + 1}: {row['jobs_per_s']:,} jobs/s, disk "
                 f"{row['disk_mib_total']:,} MiB, compactions {row['compactions_active']}+"
-                f"{row['compactions_pending']}, RSS {row['rss_mib']} MiB")
+                f"{row['compactions_pending']}, RSS {row['rss_mib']} MiB, sstables "
+                f"{row['sstables']}")
             t_prev = t
         await task
     finally:
