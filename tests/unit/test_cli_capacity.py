@@ -11,11 +11,13 @@ import pytest
 from chronowheel import cli
 from chronowheel.cli import capacity
 from chronowheel.cli.capacity import (
+    BUCKET_COUNT_ROW_BYTES,
     DUE_ROW_FIXED_BYTES,
     MEASURED_KEYS,
     MEASURED_RELATIVE,
     PACKAGED_SOURCE,
     Measured,
+    Storage,
     Workload,
     find_measured,
     load_measured,
@@ -103,8 +105,13 @@ def test_cassandra_rows_follow_littles_law_and_the_ttl() -> None:
     assert c["pending_due_rows"] == pytest.approx(7 * 86_400)   # 1/s x 7 days
     assert c["retained_fired_rows"] == pytest.approx(86_400)    # 1/s x 1 day
     assert c["jobs_rows"] == pytest.approx(8 * 86_400)          # horizon + retention
-    assert c["due_row_bytes"] == DUE_ROW_FIXED_BYTES + 10 + 100
-    assert c["bytes_on_disk_replicated"] == pytest.approx(c["raw_bytes"] * 0.5 * 3)
+    # Without measured storage figures, a row is its fixed overhead and fields, compressed.
+    assert c["due_row_bytes"] == (DUE_ROW_FIXED_BYTES + 10 + 100) * 0.5
+    assert c["bytes_one_replica"] == pytest.approx(
+        8 * 86_400 * c["due_row_bytes"] + 8 * 86_400 * c["job_row_bytes"]
+        + c["bucket_count_rows_per_year"] * BUCKET_COUNT_ROW_BYTES)
+    assert c["bytes_on_disk_replicated"] == pytest.approx(c["bytes_one_replica"] * 3)
+    assert c["bytes_per_stored_job"] == pytest.approx(c["bytes_one_replica"] / (8 * 86_400))
     assert c["bytes_provisioned"] == pytest.approx(c["bytes_on_disk_replicated"] * 2)
     assert c["writes_per_s_peak"] == pytest.approx(3.0)          # 3 writes per submit
     assert c["nodes"] == 3                                       # never below replication
@@ -216,3 +223,72 @@ def test_a_host_of_several_nodes_fails_as_a_whole() -> None:
         math.ceil(shards / (nodes - 4)) * per_shard)
     assert nodes >= 5
     assert plan(Workload(jobs_per_day=1000, nodes_per_host=4), M)["scheduler"]["nodes"] == 5
+
+
+ST = Storage(jobs_stored=10_000_000, jobs_row_bytes=150, due_row_bytes=80, retired_row_bytes=30,
+             other_bytes_per_job=5, payload_bytes=70, id_bytes=25, compaction_peak_ratio=1.4,
+             ingest_long_horizon_jobs_per_s_per_node=500, measured_on="then", command="scale")
+MS = Measured(10_000, 1_000, 1_000, "test", "test", "test", storage=ST)
+
+
+def test_measured_row_sizes_add_only_what_the_workload_stores_beyond_the_run() -> None:
+    big = Workload(jobs_per_day=86_400, payload_bytes=170, headers_bytes=20, id_bytes=35,
+                   compression=0.5)
+    c = plan(big, MS)["cassandra"]
+    extra, extra_id = (170 + 20 - 70) * 0.5, (35 - 25) * 0.5
+    assert c["due_row_bytes"] == 80 + extra + extra_id
+    assert c["job_row_bytes"] == 150 + extra + 2 * extra_id
+    assert c["due_retired_row_bytes"] == 30 + extra_id
+    small = plan(Workload(jobs_per_day=86_400, payload_bytes=10, headers_bytes=0,
+                          id_bytes=8), MS)["cassandra"]
+    assert (small["due_row_bytes"], small["job_row_bytes"]) == (80, 150)  # never less
+    assert "measured with 10,000,000 jobs stored" in small["row_sizes_source"]
+
+
+def test_changed_occurrences_keep_their_due_row_and_add_a_retired_one() -> None:
+    w = Workload(jobs_per_day=86_400, horizon_s=10 * 86_400, retention_s=86_400,
+                 changed_share=0.1, payload_bytes=70, headers_bytes=0, id_bytes=25)
+    c = plan(w, MS)["cassandra"]
+    pending, retained, jobs = 10 * 86_400, 86_400, 11 * 86_400
+    assert c["due_retired_rows"] == pytest.approx(0.1 * pending)
+    assert c["bytes_one_replica"] == pytest.approx(
+        (pending + retained + 0.1 * pending) * 80 + 0.1 * pending * 30 + jobs * (150 + 5)
+        + c["bucket_count_rows_per_year"] * BUCKET_COUNT_ROW_BYTES)
+    unchanged = plan(Workload(jobs_per_day=86_400, horizon_s=10 * 86_400,
+                              retention_s=86_400, payload_bytes=70, headers_bytes=0,
+                              id_bytes=25), MS)["cassandra"]
+    assert unchanged["due_retired_rows"] == 0
+    assert c["bytes_per_stored_job"] > unchanged["bytes_per_stored_job"]
+    with pytest.raises(ValidationError, match="changed-share"):
+        plan(Workload(jobs_per_day=1000, changed_share=1.5), MS)
+
+
+def test_long_horizons_plan_with_the_long_horizon_ingest_rate() -> None:
+    far = plan(Workload(jobs_per_day=86_400_000, horizon_s=7 * 86_400), MS)["scheduler"]
+    assert far["ingest_jobs_per_s_per_node"] == 500
+    assert "long-horizon run" in far["ingest_source"]
+    near = plan(Workload(jobs_per_day=86_400_000, horizon_s=600), MS)["scheduler"]
+    assert near["ingest_jobs_per_s_per_node"] == 1_000
+    # 1,000 fires/s of 10,000 per node + 1,000 submits/s of 500 (far) or 1,000 (near)
+    assert far["demand_node_equivalents"] == pytest.approx(0.1 + 2.0)
+    assert near["demand_node_equivalents"] == pytest.approx(0.1 + 1.0)
+    assert plan(Workload(jobs_per_day=86_400_000, horizon_s=7 * 86_400),
+                M)["scheduler"]["ingest_jobs_per_s_per_node"] == 1_000  # none measured
+
+
+def test_storage_figures_are_read_checked_and_shown(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = {k: v for k, v in ST.__dict__.items()}
+    path = write_measured(tmp_path / "m.json", storage=doc)
+    assert load_measured(path).storage == ST
+    for key in ("due_row_bytes", "compaction_peak_ratio"):
+        with pytest.raises(ConfigError, match=f"storage.{key} must be a positive number"):
+            load_measured(write_measured(tmp_path / "bad.json", storage={**doc, key: 0}))
+    argv = ["capacity", "--jobs-per-day", "1e8", "--horizon", "30d", "--measured", str(path)]
+    assert cli.main([*argv, "--disk-headroom", "1.2"]) == 0
+    text = capsys.readouterr().out
+    assert "ingested jobs/s per node from the long-horizon run" in text
+    assert "peaked at x1.40 of its live sstables: --disk-headroom 1.2 is below that" in text
+    assert "disk per stored job" in text and "with 3 replicas" in text
+    assert cli.main(argv) == 0
+    assert "is below that" not in capsys.readouterr().out

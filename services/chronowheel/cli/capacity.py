@@ -14,7 +14,11 @@ format (e.g. the measured-quick.json `loadtest/measure_quick.py` writes):
      "wheel_bytes_measured_on": str,       optional: when wheel_bytes_per_entry came from a
      "wheel_bytes_command": str,           run of its own (`run_bench.py --record-memory`
                                            with a 1,000,000-job herd), and its command
-     "details": {...}}                     optional: raw figures of the run
+     "details": {...},                     optional: raw figures of the run
+     "storage": {...}}                     optional: Cassandra's disk per stored row, the
+                                           compaction peak and long-horizon ingest, measured
+                                           with millions of jobs stored (`Storage` below;
+                                           `loadtest/bench/scale_bench.py --record-storage`)
 
 A measured knee beats the node benchmark's fires/s: `loadtest/locust_capacity.py` (the capacity
 test: a locust load raised step by step until an SLO breaks) appends each knee, with the size of
@@ -73,9 +77,55 @@ DUE_ROW_FIXED_BYTES = 160
 JOB_ROW_FIXED_BYTES = 120
 SPEC_JSON_FIXED_BYTES = 80     # {"id":..,"at":"..","topic":..} around id and payload
 BUCKET_COUNT_ROW_BYTES = 60
+RETIRED_ROW_FIXED_BYTES = 80
 SUBMIT_RECORD_FIXED_BYTES = 150  # {"v":1,"op":"upsert","job":{...}} + record framing
 FIRED_RECORD_FIXED_BYTES = 260   # 7 cw-* headers + record framing
 STATE_RECORD_BYTES = 200
+
+
+LONG_HORIZON_S = 3_600
+"""Jobs submitted more than this far ahead of their instant plan with the long-horizon ingest
+rate (when measured): their rows land in buckets spread over days, not the next minutes."""
+
+
+@dataclass(frozen=True)
+class Storage:
+    """Cassandra's disk use measured with millions of jobs stored (`scale_bench.py`): bytes on
+    disk of one replica (Cassandra's default LZ4 compression, after compaction settled) per
+    row of each table, for the run's payload and id sizes; how far the data directory grew
+    above its live sstables while compactions ran; and ingest of jobs due days ahead."""
+
+    jobs_stored: int
+    jobs_row_bytes: float        # a `jobs` row with its share of the three SAI indexes
+    due_row_bytes: float
+    retired_row_bytes: float     # a `due_retired` row
+    other_bytes_per_job: float   # bucket counts and the keyspace's other tables, per job
+    payload_bytes: int           # the run's payload JSON per job (headers: none)
+    id_bytes: int
+    compaction_peak_ratio: float  # largest data directory / live sstables at that moment
+    ingest_long_horizon_jobs_per_s_per_node: float  # median of the run's per-million rates
+    measured_on: str
+    command: str
+
+    @classmethod
+    def from_doc(cls, doc: Any, source: str) -> Storage:
+        if not isinstance(doc, dict):
+            raise ConfigError(f"{source}: storage must be a JSON object")
+        numbers = ("jobs_stored", "jobs_row_bytes", "due_row_bytes", "retired_row_bytes",
+                   "other_bytes_per_job", "payload_bytes", "id_bytes",
+                   "compaction_peak_ratio", "ingest_long_horizon_jobs_per_s_per_node")
+        for key in numbers:
+            value = doc.get(key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 \
+                    or (value == 0 and key != "other_bytes_per_job"):
+                raise ConfigError(f"{source}: storage.{key} must be a positive number, "
+                                  f"got {value!r}")
+        return cls(int(doc["jobs_stored"]), float(doc["jobs_row_bytes"]),
+                   float(doc["due_row_bytes"]), float(doc["retired_row_bytes"]),
+                   float(doc["other_bytes_per_job"]), int(doc["payload_bytes"]),
+                   int(doc["id_bytes"]), float(doc["compaction_peak_ratio"]),
+                   float(doc["ingest_long_horizon_jobs_per_s_per_node"]),
+                   str(doc.get("measured_on", "?")), str(doc.get("command", "?")))
 
 
 @dataclass(frozen=True)
@@ -92,6 +142,8 @@ class Measured:
     wheel_bytes_command: str = ""
     fires_source: str = BENCHMARK_FIRES
     """where fires_per_s_per_node came from: the benchmark, or a measured knee (described)"""
+    storage: Storage | None = None
+    """measured disk per row and long-horizon ingest; None: the fixed row overheads"""
 
     @classmethod
     def from_doc(cls, doc: Any, source: str) -> Measured:
@@ -102,10 +154,12 @@ class Measured:
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ConfigError(f"{source}: {key} must be a positive number, got {value!r}")
         measured_on, command = str(doc.get("measured_on", "?")), str(doc.get("command", "?"))
+        storage = doc.get("storage")
         return cls(float(doc["fires_per_s_per_node"]), float(doc["ingest_jobs_per_s_per_node"]),
                    float(doc["wheel_bytes_per_entry"]), measured_on, command, source,
                    str(doc.get("wheel_bytes_measured_on") or measured_on),
-                   str(doc.get("wheel_bytes_command") or command))
+                   str(doc.get("wheel_bytes_command") or command),
+                   storage=None if storage is None else Storage.from_doc(storage, source))
 
 
 def packaged_measured() -> Path:
@@ -249,6 +303,7 @@ class Workload:
     lookahead_s: float = 120.0
     prewarm_s: float = 900.0
     hot_bucket_rows: int = 5_000
+    changed_share: float = 0.0   # pending occurrences cancelled, edited or paused before due
     compression: float = 1.0     # on-disk bytes / raw bytes (1.0 = none assumed)
     disk_headroom: float = 2.0   # provisioned / used: room for compaction and growth
     cassandra_node_disk_bytes: float = 2e12
@@ -267,6 +322,8 @@ class Workload:
             raise ValidationError("--peak-factor", "must be at least 1", self.peak_factor)
         if not 0 < self.utilization <= 1:
             raise ValidationError("--utilization", "must be in (0, 1]", self.utilization)
+        if not 0 <= self.changed_share <= 1:
+            raise ValidationError("--changed-share", "must be in [0, 1]", self.changed_share)
         if self.replication < 1:
             raise ValidationError("--replication", "must be at least 1", self.replication)
         if self.nodes_per_host < 1:
@@ -275,6 +332,44 @@ class Workload:
 
 def _pow2(n: float) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1.0, n))))
+
+
+def ingest_rate(w: Workload, m: Measured) -> tuple[float, str]:
+    """Ingested jobs/s per node to plan with, and which figure it is: the long-horizon run's
+    when jobs are submitted more than an hour ahead and it was measured (and is lower)."""
+    st = m.storage
+    if st is not None and w.horizon_s > LONG_HORIZON_S \
+            and st.ingest_long_horizon_jobs_per_s_per_node < m.ingest_jobs_per_s_per_node:
+        return (st.ingest_long_horizon_jobs_per_s_per_node,
+                f"the long-horizon run ({count(st.jobs_stored)} jobs stored, due 1 to 90 days "
+                f"ahead; the horizon is over {LONG_HORIZON_S // 3600} h)")
+    return m.ingest_jobs_per_s_per_node, "the node benchmark"
+
+
+def row_sizes(w: Workload, st: Storage | None) -> dict[str, Any]:
+    """Bytes per row on one replica's disk. Measured: the run's row sizes plus what this
+    workload's payload, headers and id add beyond the run's (times --compression; smaller
+    ones are not subtracted). Otherwise fixed overheads plus the variable fields."""
+    if st is None:
+        return {
+            "due": (DUE_ROW_FIXED_BYTES + w.id_bytes + w.payload_bytes
+                    + w.headers_bytes) * w.compression,
+            "due_retired": (RETIRED_ROW_FIXED_BYTES + w.id_bytes) * w.compression,
+            "jobs": (JOB_ROW_FIXED_BYTES + 2 * w.id_bytes + SPEC_JSON_FIXED_BYTES
+                     + w.payload_bytes + w.headers_bytes) * w.compression,
+            "other_per_job": 0.0,
+            "source": "fixed overheads per row (no storage figures measured)",
+        }
+    extra = max(0, w.payload_bytes + w.headers_bytes - st.payload_bytes) * w.compression
+    extra_id = max(0, w.id_bytes - st.id_bytes) * w.compression
+    return {
+        "due": st.due_row_bytes + extra + extra_id,
+        "due_retired": st.retired_row_bytes + extra_id,
+        "jobs": st.jobs_row_bytes + extra + 2 * extra_id,  # the key and the spec's "id"
+        "other_per_job": st.other_bytes_per_job,
+        "source": (f"measured with {count(st.jobs_stored)} jobs stored ({st.payload_bytes} B "
+                   f"payloads), on {st.measured_on}: {st.command}"),
+    }
 
 
 def plan(w: Workload, m: Measured) -> dict[str, Any]:
@@ -289,7 +384,8 @@ def plan(w: Workload, m: Measured) -> dict[str, Any]:
     # --- scheduler nodes and shards -----------------------------------------------------
     # Fire and ingest share a node's CPU; each was measured alone at full speed, so their
     # fractions add up (conservative: assumes the peaks coincide).
-    demand = peak_fire / m.fires_per_s_per_node + peak_submit / m.ingest_jobs_per_s_per_node
+    ingest_per_node, ingest_source = ingest_rate(w, m)
+    demand = peak_fire / m.fires_per_s_per_node + peak_submit / ingest_per_node
     # A shard never splits across nodes, and nodes get whole shards: 4+ shards per node (at
     # the planned growth) keeps the busiest node within 25% of the average.
     nodes_at_growth = math.ceil(demand * w.growth / w.utilization)
@@ -298,7 +394,7 @@ def plan(w: Workload, m: Measured) -> dict[str, Any]:
     if per_shard > w.utilization:
         raise ConfigError(
             f"cannot be placed: with the measured {m.fires_per_s_per_node:,.0f} fires/s and "
-            f"{m.ingest_jobs_per_s_per_node:,.0f} ingested jobs/s per node ({m.source}), one "
+            f"{ingest_per_node:,.0f} ingested jobs/s per node ({m.source}), one "
             f"shard would need {per_shard:.0%} of a node at peak even with {MAX_SHARDS} shards "
             f"(at most {w.utilization:.0%} is planned); measure on production-like hardware")
     # Never fewer than one host more than a host holds: losing a host must not stop dispatch.
@@ -344,17 +440,22 @@ def plan(w: Workload, m: Measured) -> dict[str, Any]:
     # --- Cassandra ----------------------------------------------------------------------
     pending_rows = avg_fire * w.horizon_s                      # Little's law
     retained_rows = avg_fire * w.retention_s                   # fired rows until their TTL
-    due_row = DUE_ROW_FIXED_BYTES + w.id_bytes + w.payload_bytes + w.headers_bytes
-    job_row = (JOB_ROW_FIXED_BYTES + 2 * w.id_bytes + SPEC_JSON_FIXED_BYTES
-               + w.payload_bytes + w.headers_bytes)
+    # A change of a pending occurrence leaves its due row (read and skipped) and a retired
+    # row, both until the occurrence's TTL; its replacement, if any, is in pending_rows.
+    retired_rows = pending_rows * w.changed_share
     jobs_retention_s = w.jobs_retention_s
     jobs_rows = avg_submit * (w.horizon_s + w.retention_s if jobs_retention_s is None
                               else jobs_retention_s)
     counts_rows = shards * 1440 * 365  # one counter per (minute, shard), never expires: a year
-    raw = (pending_rows + retained_rows) * due_row + jobs_rows * job_row \
-        + counts_rows * BUCKET_COUNT_ROW_BYTES
-    on_disk = raw * w.compression * w.replication
+    sizes = row_sizes(w, m.storage)
+    due_rows = pending_rows + retained_rows + retired_rows
+    one_replica = (due_rows * sizes["due"] + retired_rows * sizes["due_retired"]
+                   + jobs_rows * sizes["jobs"] + counts_rows * BUCKET_COUNT_ROW_BYTES
+                   + jobs_rows * sizes["other_per_job"])
+    on_disk = one_replica * w.replication
     provisioned = on_disk * w.disk_headroom
+    stored_jobs = jobs_rows  # a stored job: its jobs row, and its due rows pending or kept
+    per_job = one_replica / stored_jobs if stored_jobs else 0.0
     # Per submit: read jobs row, write due row + bucket count + jobs row. Per fire of a
     # one-shot: nothing (rows expire by TTL); the bucket is read once.
     writes_peak = peak_submit * 3
@@ -365,14 +466,24 @@ def plan(w: Workload, m: Measured) -> dict[str, Any]:
     cassandra = {
         "pending_due_rows": pending_rows,
         "retained_fired_rows": retained_rows,
-        "due_row_bytes": due_row,
+        "due_rows_changed_kept": retired_rows,
+        "due_retired_rows": retired_rows,
+        "due_row_bytes": sizes["due"],
+        "due_retired_row_bytes": sizes["due_retired"],
         "jobs_rows": jobs_rows,
         "jobs_rows_growth_per_day": submits_per_day,
-        "job_row_bytes": job_row,
+        "job_row_bytes": sizes["jobs"],
+        "row_sizes_source": sizes["source"],
         "bucket_count_rows_per_year": counts_rows,
-        "raw_bytes": raw,
+        "bytes_one_replica": one_replica,
+        "bytes_per_stored_job": per_job,
+        "bytes_per_stored_job_replicated": per_job * w.replication,
         "bytes_on_disk_replicated": on_disk,
         "bytes_provisioned": provisioned,
+        "bytes_provisioned_per_node": provisioned / cassandra_nodes,
+        "compaction_peak_ratio": m.storage.compaction_peak_ratio if m.storage else None,
+        "headroom_below_compaction_peak": bool(
+            m.storage and w.disk_headroom < m.storage.compaction_peak_ratio),
         "writes_per_s_peak": writes_peak,
         "reads_per_s_peak": peak_submit,
         "bucket_rows_read_per_s_avg": avg_fire,
@@ -408,6 +519,8 @@ def plan(w: Workload, m: Measured) -> dict[str, Any]:
         "rates": {"avg_fire_per_s": avg_fire, "peak_fire_per_s": peak_fire,
                   "avg_submit_per_s": avg_submit, "peak_submit_per_s": peak_submit},
         "scheduler": {"demand_node_equivalents": demand, "shards": shards, "nodes": nodes,
+                      "ingest_jobs_per_s_per_node": ingest_per_node,
+                      "ingest_source": ingest_source,
                       "per_shard_node_fraction": per_shard,
                       "busiest_node_utilization": math.ceil(shards / nodes) * per_shard,
                       "busiest_node_utilization_one_down":
@@ -441,10 +554,11 @@ def render(p: dict[str, Any]) -> str:
 
     lines = [
         f"measured per node: {n(m['fires_per_s_per_node'])} fires/s, "
-        f"{n(m['ingest_jobs_per_s_per_node'])} ingested jobs/s, "
+        f"{n(s['ingest_jobs_per_s_per_node'])} ingested jobs/s, "
         f"{n(m['wheel_bytes_per_entry'])} B per wheel entry",
         f"  benchmark figures from {m['source']}, measured on {m['measured_on']}",
         f"  fires/s per node from {m['fires_source']}",
+        f"  ingested jobs/s per node from {s['ingest_source']}",
         *([f"  bytes per wheel entry measured on {m['wheel_bytes_measured_on']}: "
            f"{m['wheel_bytes_command']}"]
           if m["wheel_bytes_measured_on"] != m["measured_on"] else []),
@@ -495,9 +609,23 @@ def render(p: dict[str, Any]) -> str:
         f"{w['retention_s'] / DAY_S:g}d)",
         f"  jobs rows                    {n(c['jobs_rows'])} (one-shot rows expire retention "
         f"after they fire)",
-        f"  data                         {size(c['raw_bytes'])} raw, "
+        *([f"  changed before due           {n(c['due_retired_rows'])} due rows kept beside as "
+           f"many due_retired rows (--changed-share {w['changed_share']:g})"]
+          if c["due_retired_rows"] else []),
+        f"  row sizes on disk            due {n(c['due_row_bytes'])} B, jobs "
+        f"{n(c['job_row_bytes'])} B, due_retired {n(c['due_retired_row_bytes'])} B",
+        f"    {c['row_sizes_source']}",
+        f"  disk per stored job          {size(c['bytes_per_stored_job'])} on one replica, "
+        f"{size(c['bytes_per_stored_job_replicated'])} with {w['replication']} replicas",
+        f"  data                         {size(c['bytes_one_replica'])} one replica, "
         f"{size(c['bytes_on_disk_replicated'])} replicated, "
-        f"{size(c['bytes_provisioned'])} provisioned (x{w['disk_headroom']:g} headroom)",
+        f"{size(c['bytes_provisioned'])} provisioned (x{w['disk_headroom']:g} headroom), "
+        f"{size(c['bytes_provisioned_per_node'])} per node",
+        *([f"  compaction                   the measured run's data directory peaked at "
+           f"x{c['compaction_peak_ratio']:.2f} of its live sstables"
+           + (f": --disk-headroom {w['disk_headroom']:g} is below that"
+              if c["headroom_below_compaction_peak"] else "")]
+          if c["compaction_peak_ratio"] is not None else []),
         f"  operations at peak           {n(c['writes_per_s_peak'])} writes/s "
         f"({n(c['replica_writes_per_s_peak'])} replica writes/s), "
         f"{n(c['reads_per_s_peak'])} reads/s, {n(c['bucket_rows_read_per_s_avg'])} bucket rows "
@@ -587,8 +715,13 @@ def register(sub: Any) -> None:
                    help="the node's --prewarm-ms (15m)")
     p.add_argument("--hot-bucket-rows", type=int, default=d.hot_bucket_rows, metavar="N",
                    help=f"the node's --hot-bucket-rows ({d.hot_bucket_rows})")
+    p.add_argument("--changed-share", type=_number, default=d.changed_share, metavar="S",
+                   help="share of pending occurrences cancelled, edited or paused before they "
+                        "are due: each keeps its due row and adds a due_retired row (0)")
     p.add_argument("--compression", type=_number, default=d.compression, metavar="RATIO",
-                   help="on-disk/raw bytes in Cassandra (1.0: none assumed)")
+                   help="on-disk/raw bytes in Cassandra for what the measured row sizes do not "
+                        "cover (payload, headers or id above the measured run's; all of a row "
+                        "without storage figures) (1.0: none assumed)")
     p.add_argument("--disk-headroom", type=_number, default=d.disk_headroom, metavar="X",
                    help="provisioned disk over used (2.0)")
     p.add_argument("--cassandra-node-disk-gb", type=_number, default=2000, metavar="GB",
@@ -622,6 +755,7 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
         utilization=args.utilization, growth=args.growth,
         nodes_per_host=args.nodes_per_host, lookahead_s=args.lookahead,
         prewarm_s=args.prewarm, hot_bucket_rows=args.hot_bucket_rows,
+        changed_share=args.changed_share,
         compression=args.compression, disk_headroom=args.disk_headroom,
         cassandra_node_disk_bytes=args.cassandra_node_disk_gb * 1e9,
         cassandra_writes_per_node=args.cassandra_writes_per_node,
