@@ -16,6 +16,13 @@
 5. Times the first page of `jobs list` (100 jobs; no filter, and status=cancelled) `--list-n`
    times each.
 
+Every 5 s during the run it samples the keyspace's data directory (live sstables, and what
+compactions hold beside them) and the live sstables Cassandra reports: their largest ratio is
+the compaction headroom. `--record-storage` writes the run's disk per row of each table, that
+headroom and the median ingest rate into `loadtest/results/measured.json` (and its copy in the
+package), as the `storage` figures `chronowheel capacity` plans with; `--record-storage-from
+RESULT.json` does the same from an earlier run's `--json` output.
+
 A run stopped during step 2 (SIGTERM: the namespace is kept) can go on with steps 3-5 on what
 it stored: `--phases-only --namespace <its namespace>` (stop its node first). The commands it
 had sent and not applied are deleted from `<ns>.submit` first; the jobs stored are the count
@@ -23,12 +30,16 @@ of its last million applied, plus whatever of the next its node applied before i
 
     .venv/bin/python loadtest/bench/scale_bench.py --jobs 10000000
     .venv/bin/python loadtest/bench/scale_bench.py --jobs 200000 --fire-s 10   # a quick look
+    .venv/bin/python loadtest/bench/scale_bench.py --jobs 10000000 --record-storage
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import datetime as dt
+import json
 import os
 import sys
 import time
@@ -37,6 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import orjson
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import RecordsToDelete
 from chronowheel.bus.kafka import open_admin, partition_counts, plain_producer, reader
@@ -56,7 +68,19 @@ from chronowheel.testing import (
     summarize,
     wall_ms,
 )
-from common import LOG_DIR, PAD, ROOT, add_stack_args, emit, init_with_cli, say
+from common import (
+    LOG_DIR,
+    PAD,
+    RESULTS_DIR,
+    ROOT,
+    add_stack_args,
+    emit,
+    init_with_cli,
+    say,
+)
+from machine import machine_info, machine_line
+
+PACKAGED_MEASURED = ROOT / "services" / "chronowheel" / "cli" / "measured.json"
 
 DAY_MS = 86_400_000
 MILLION = 1_000_000
@@ -125,6 +149,97 @@ def live_sstables(keyspace: str) -> dict[str, int] | None:
         name = table_dir.name.rsplit("-", 1)[0]
         counts[name] = counts.get(name, 0) + sum(1 for _ in table_dir.glob("*-Data.db"))
     return counts
+
+
+def data_dir_bytes(keyspace: str) -> int | None:
+    """Bytes under the keyspace's data directory: live sstables, SAI components, and what
+    running compactions have written beside them (None: not on this machine)."""
+    root = Path(os.environ.get("CHRONOWHEEL_STATE_DIR")
+                or Path.home() / ".cache" / "chronowheel" / "stack")
+    ks_dir = root / "cassandra" / "data" / "data" / keyspace
+    if not ks_dir.is_dir():
+        return None
+    total = 0
+    for path in ks_dir.rglob("*"):
+        with contextlib.suppress(OSError):  # a compaction removed it meanwhile
+            if path.is_file():
+                total += path.stat().st_size
+    return total
+
+
+async def sample_storage(store: CassandraStore, samples: list[dict[str, Any]],
+                         every_s: float = 5.0) -> None:
+    """Until cancelled: the data directory's bytes beside the live sstables' (MiB), the
+    compaction executor's tasks and the sstables per table."""
+    ks = store.settings.keyspace
+    while True:
+        view = await asyncio.to_thread(cassandra_view, store)
+        samples.append({"t": round(time.time()), "dir_bytes": await asyncio.to_thread(
+            data_dir_bytes, ks), "live_mib": view["disk_mib_total"],
+            "compactions": [view["compactions_active"], view["compactions_pending"]],
+            "sstables": view["sstables"]})
+        await asyncio.sleep(every_s)
+
+
+def storage_figures(out: dict[str, Any], min_live_mib: float = 100) -> dict[str, Any]:
+    """The `storage` figures of measured.json from a finished run (see capacity.Storage):
+    per-table disk at the end (after the fire, restart and listing phases, by when the
+    compactions of ingest had settled) over the rows the workload stored."""
+    ingested = out["jobs"]
+    fired = out.get("fire", {}).get("occurrences", 0)
+    shards = out.get("shards", 16)
+    samples = out.get("samples") or []
+    span_s = (samples[-1]["t"] - samples[0]["t"]) if len(samples) > 1 else 0
+    changed = ingested // 10                  # kind 9: half cancelled, half moved
+    moved = changed // 2
+    rows = {"jobs": ingested + fired + shards,
+            # a moved job's old row stays beside its new one; each probe (every 1s) wrote
+            # one row a second, kept by TTL (estimated from the sampled span)
+            "due": ingested + moved + fired + shards * span_s,
+            "due_retired": changed}
+    disk = {k: v * 2**20 for k, v in out["cassandra_end"]["disk_mib"].items()}
+    other = sum(v for k, v in disk.items() if k not in rows)
+    ratios = [x["dir_bytes"] / (x["live_mib"] * 2**20) for x in samples
+              if x.get("dir_bytes") and x.get("live_mib", 0) >= min_live_mib]
+    rates = sorted(r["jobs_per_s"] for r in out["per_million"])
+    payload = len(orjson.dumps({"i": ingested // 2, "pad": PAD}))
+    return {
+        "jobs_stored": rows["jobs"],
+        "jobs_row_bytes": round(disk.get("jobs", 0) / rows["jobs"], 1),
+        "due_row_bytes": round(disk.get("due", 0) / rows["due"], 1),
+        "retired_row_bytes": round(disk.get("due_retired", 0) / max(1, rows["due_retired"]), 1),
+        "other_bytes_per_job": round(other / rows["jobs"], 1),
+        "payload_bytes": payload,
+        "id_bytes": len(f"{out['namespace']}.{0:09d}"),
+        "compaction_peak_ratio": round(max(ratios), 3) if ratios else 1.0,
+        "ingest_long_horizon_jobs_per_s_per_node": rates[len(rates) // 2],
+        "ingest_per_million_jobs_per_s": [r["jobs_per_s"] for r in out["per_million"]],
+        "rows": rows,
+        "disk_mib_end": out["cassandra_end"]["disk_mib"],
+        "sstables_end": out["cassandra_end"].get("sstables"),
+    }
+
+
+def record_storage(out: dict[str, Any], command: str,
+                   paths: tuple[Path, ...] = (RESULTS_DIR / "measured.json",
+                                              PACKAGED_MEASURED)) -> str:
+    """Put a finished run's storage figures into measured.json and the package's copy,
+    keeping their other figures."""
+    if out.get("fire") and (out["fire"]["lost"] or out["fire"]["duplicates"]
+                            or out["fire"]["early"]):
+        return "--record-storage: the run's firing failed its checks: nothing recorded"
+    figures = storage_figures(out)
+    figures.update({"measured_on": out.get("started", "?"), "command": command,
+                    "machine": out.get("machine", "?")})
+    for path in paths:
+        doc = json.loads(path.read_text())
+        doc["storage"] = figures
+        path.write_text(json.dumps(doc, indent=2) + "\n")
+    return (f"--record-storage: {' and '.join(map(str, paths))}: "
+            f"{figures['jobs_stored']:,} jobs, jobs {figures['jobs_row_bytes']} B/row, due "
+            f"{figures['due_row_bytes']} B/row, compaction peak "
+            f"x{figures['compaction_peak_ratio']}, ingest "
+            f"{figures['ingest_long_horizon_jobs_per_s_per_node']:,} jobs/s")
 
 
 def cassandra_view(store: CassandraStore) -> dict[str, Any]:
@@ -323,13 +438,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = Settings.from_env(namespace=ns, kafka=args.kafka, cassandra=args.cassandra,
                                  shards=args.shards, http_port=0)
     env = dict(kv.split("=", 1) for kv in args.node_env)
-    out: dict[str, Any] = {"namespace": ns, "jobs": args.jobs, "node_env": env}
+    out: dict[str, Any] = {"namespace": ns, "jobs": args.jobs, "shards": args.shards,
+                           "node_env": env,
+                           "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                           "machine": machine_line(machine_info(settings))}
+    samples: list[dict[str, Any]] = []
+    out["samples"] = samples
     if not args.phases_only:
         init_with_cli(args, ns)
     log_dir = LOG_DIR / "scale"
     log_dir.mkdir(parents=True, exist_ok=True)
     node = NodeProcess(settings, log_dir / "node-1.log", env=env, cwd=ROOT)
     store = await asyncio.to_thread(CassandraStore.open, settings)
+    sampler = asyncio.create_task(sample_storage(store, samples))
     try:
         if args.phases_only:
             # Applied or not, the earlier run's submissions are over: what it stored stays.
@@ -362,6 +483,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         out["cassandra_end"] = await asyncio.to_thread(cassandra_view, store)
         out["node_rss_end_mib"] = round((node.rss_bytes() or 0) / 2**20)
     finally:
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
         store.close()
         if node.alive():
             node.stop()
@@ -386,12 +510,25 @@ def main() -> int:
                         "and list, on what it stored")
     p.add_argument("--keep", action="store_true")
     p.add_argument("--json", help="also write the result to this file")
+    p.add_argument("--record-storage", action="store_true",
+                   help="write the run's storage figures into loadtest/results/measured.json "
+                        "and the package's copy (chronowheel capacity plans with them)")
+    p.add_argument("--record-storage-from", metavar="RESULT.json",
+                   help="only record the storage figures of an earlier run's --json output")
     add_stack_args(p)
     args = p.parse_args()
+    command = "scale_bench.py " + " ".join(sys.argv[1:])
+    if args.record_storage_from:
+        say(record_storage(json.loads(Path(args.record_storage_from).read_text()), command))
+        return 0
     if args.phases_only and not args.namespace:
         p.error("--phases-only needs the --namespace of the earlier run")
+    if args.phases_only and args.record_storage:
+        p.error("--record-storage needs a whole run (its per-million ingest rates)")
     out = asyncio.run(run(args))
     emit(out, args.json)
+    if args.record_storage:
+        say(record_storage(out, command))
     return 0
 
 
