@@ -90,6 +90,7 @@ class FakeConsumer:
         self.getmany_calls = 0
         self.fail_with: BaseException | None = None
         self.seeks: list[tuple[int, int | None]] = []
+        self.log_start: dict[int, int] = {}
         self.stopped = False
 
     def _here(self) -> None:
@@ -148,6 +149,10 @@ class FakeConsumer:
     async def seek_to_beginning(self, tp: TopicPartition) -> None:
         self._here()
         self.seeks.append((tp.partition, None))
+
+    async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        self._here()
+        return {tp: self.log_start.get(tp.partition, 0) for tp in tps}
 
 
 class Rec:
@@ -225,6 +230,18 @@ async def test_the_consumer_lives_on_its_own_thread_and_the_callbacks_on_the_nod
         assert here not in group.fake.threads and len(group.fake.threads) == 1
         assert group.fake.seeks == [(1, 5), (0, None)]
     assert group.fake.stopped and group._thread is None
+
+
+async def test_a_seek_below_the_log_start_reads_from_it_and_says_how_far_below() -> None:
+    """aiokafka would reset a position below the log start to it without a word; the group
+    seeks there itself and returns how many offsets retention deleted in between."""
+    async with _running(FakeConsumer()) as group:
+        await _assign(group, 0, 1)
+        group.fake.log_start = {0: 40, 1: 3}
+        assert await group.seek(0, 25) == 15
+        assert await group.seek(1, 3) == 0
+        assert await group.seek(1, 9) == 0
+        assert group.fake.seeks == [(0, 40), (1, 3), (1, 9)]
 
 
 async def test_the_group_thread_waits_for_the_nodes_revocation_to_end() -> None:

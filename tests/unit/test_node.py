@@ -262,6 +262,41 @@ async def test_a_new_owner_resumes_from_the_committed_watermark_and_offsets(
             for k in (0, 1)] == [len(submit[0]), len(submit[1])]
 
 
+async def test_commands_deleted_by_retention_before_any_node_applied_them_are_reported(
+        rig: NodeRig, caplog: pytest.LogCaptureFixture) -> None:
+    # The first node applies "kept"; then, with no node running, two commands arrive and
+    # retention deletes them (and "kept"), unapplied. The next owner cannot get them back,
+    # but must not pass over them in silence, as a plain consumer reset would.
+    first = await rig.start("first")
+    shard = shard_of("kept", rig.settings.shards)
+    rig.upsert("kept", at=T0 + 5_000)
+    await rig.advance(1_000)
+    await first.shutdown()
+    rig.nodes.remove(first)
+    lost, after = [[j for j in (f"{name}-{i}" for i in range(50))
+                    if shard_of(j, rig.settings.shards) == shard][:n]
+                   for name, n in (("lost", 2), ("after", 1))]
+    for job_id in lost:
+        rig.upsert(job_id, at=T0 + 5_000)
+    topic = rig.settings.submit_topic
+    log_end = len(rig.bus.topics[topic][shard])
+    committed = rig.bus.group_offsets[("unit-nodes", topic, shard)]
+    assert log_end - committed == 2
+    rig.bus.delete_records(topic, shard, log_end)
+    rig.upsert(after[0], at=T0 + 5_000)
+    second = await rig.start("second")
+    await rig.advance_to(T0 + 7_000)
+    assert [m.key for m in rig.fired()] == [b"kept", after[0].encode()]
+    assert second.metrics.registry.get_sample_value(
+        "chronowheel_submit_expired_unapplied_total") == 2
+    [warning] = [r for r in caplog.records if "deleted by" in r.message]
+    assert warning.levelname == "WARNING"
+    assert (f"shard {shard}: 2 submitted commands were deleted by {topic}'s retention before "
+            f"any node applied them (committed offset {committed}, log start {log_end})"
+            ) in warning.message
+    assert rig.bus.group_offsets[("unit-nodes", topic, shard)] == log_end + 1
+
+
 async def test_takeover_without_a_watermark_reloads_the_lookback_period() -> None:
     rig = NodeRig(shards=1, missing_watermark_lookback_ms=120_000)
     rig.bus.topics[rig.settings.state_topic] = [[]]  # the state record was lost

@@ -804,12 +804,13 @@ class KafkaSubmitGroup:
         offset: int | None = await self._consumer.committed(self._tp(shard))
         return offset
 
-    async def seek(self, shard: int, offset: int | None) -> None:
+    async def seek(self, shard: int, offset: int | None) -> int:
         # Withheld from now: records read after the group thread's seek, but taken by the
         # node's pump before the actor is ready, were dropped and never read again.
         with self._lock:
             self._withheld.add(shard)
-        await self._on_group(self._seek_on_group(shard, offset))
+        skipped: int = await self._on_group(self._seek_on_group(shard, offset))
+        return skipped
 
     def deliver(self, shard: int) -> None:
         with self._lock:
@@ -818,16 +819,24 @@ class KafkaSubmitGroup:
         if waiting and self._arrived is not None:
             self._arrived.set()
 
-    async def _seek_on_group(self, shard: int, offset: int | None) -> None:
+    async def _seek_on_group(self, shard: int, offset: int | None) -> int:
         assert self._consumer is not None
         # Records fetched before the seek are not handed over: the next come from `offset`
         # (aiokafka drops its own buffer of the partition on a seek too).
         with self._lock:
             self._ready.pop(shard, None)
+        tp = self._tp(shard)
         if offset is None:
-            await self._consumer.seek_to_beginning(self._tp(shard))
-        else:
-            self._consumer.seek(self._tp(shard), offset)
+            await self._consumer.seek_to_beginning(tp)
+            return 0
+        # Below the log start, aiokafka would reset to it (auto_offset_reset) without a
+        # word: the commands in between were deleted unapplied, which the node must report.
+        try:
+            start = (await self._consumer.beginning_offsets([tp]))[tp]
+        except KafkaError as exc:
+            raise BusError(f"log start of {tp.topic}[{tp.partition}]: {exc!r}") from exc
+        self._consumer.seek(tp, max(offset, start))
+        return max(0, start - offset)
 
 
 STATE_READ_POLL_MS = 20

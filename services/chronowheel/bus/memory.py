@@ -72,6 +72,8 @@ class MemoryBus:
         self.max_message_bytes = max_message_bytes
         self.topics: dict[str, list[list[Message]]] = {}
         self.group_offsets: dict[tuple[str, str, int], int] = {}
+        self.log_start: dict[tuple[str, int], int] = {}
+        """(topic, partition) -> the first offset still readable (`delete_records`)."""
         self.epochs: dict[str, int] = {}
         self.open_txns: dict[str, MemoryTransaction] = {}
         """transactional id -> its open transaction (aborted when the id is started again)."""
@@ -109,6 +111,11 @@ class MemoryBus:
         for name, parts in ((s.submit_topic, shards), (s.state_topic, shards),
                             (s.fired_topic, shards), (s.rejected_topic, 1), (s.dead_topic, 1)):
             self.create_topic(name, parts)
+
+    def delete_records(self, topic: str, partition: int, before: int) -> None:
+        """What retention (or DeleteRecords) does: offsets below `before` are not read again."""
+        key = (topic, partition)
+        self.log_start[key] = max(self.log_start.get(key, 0), before)
 
     def produce(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
                 headers: Sequence[tuple[str, bytes]] = ()) -> Message:
@@ -447,7 +454,7 @@ class MemorySubmitGroup:
         out: dict[int, list[SubmitRecord]] = {}
         logs = self.bus.topics.get(self.topic, [])
         for k in sorted(self._assigned - self._paused - self._withheld):
-            start = self._position.get(k, 0)
+            start = max(self._position.get(k, 0), self.bus.log_start.get((self.topic, k), 0))
             records = logs[k][start:start + max_records]
             if records:
                 out[k] = list(records)
@@ -473,9 +480,11 @@ class MemorySubmitGroup:
     async def committed(self, shard: int) -> int | None:
         return self.bus.group_offsets.get((self.group_id, self.topic, shard))
 
-    async def seek(self, shard: int, offset: int | None) -> None:
+    async def seek(self, shard: int, offset: int | None) -> int:
         self._withheld.add(shard)
-        self._position[shard] = offset or 0
+        start = self.bus.log_start.get((self.topic, shard), 0)
+        self._position[shard] = max(offset or 0, start)
+        return max(0, start - offset) if offset is not None else 0
 
     def deliver(self, shard: int) -> None:
         self._withheld.discard(shard)

@@ -185,10 +185,14 @@ class SubmitPositions(Protocol):
         """The offset committed for the node group (None when never committed)."""
         ...
 
-    async def seek(self, shard: int, offset: int | None) -> None:
+    async def seek(self, shard: int, offset: int | None) -> int:
         """Read the shard's partition from `offset` next (None: from its beginning). From the
         call on, `fetch` hands over none of the shard's records until `deliver(shard)`: the
-        ones read before the seek are dropped, the ones read after it are kept for then."""
+        ones read before the seek are dropped, the ones read after it are kept for then.
+
+        Returns how many offsets below the partition's log start `offset` lay: records that
+        retention deleted before this group applied them (0 normally). Reading then starts at
+        the log start; the caller says so loudly, as those commands are gone."""
         ...
 
     def deliver(self, shard: int) -> None:

@@ -117,6 +117,11 @@ class NodeMetrics:
             "shards taken by this node, by kind: full (claimed and loaded from the watermark) "
             "or warm (given back after a rebalance and resumed with its wheel kept)", ["kind"],
             registry=r)
+        self.submit_expired = Counter(
+            "chronowheel_submit_expired_unapplied_total",
+            "submit commands that <ns>.submit's retention deleted before any node applied "
+            "them, found when a shard was taken over (its committed offset was below the "
+            "partition's log start): those commands are lost; alert on any", registry=r)
         self.txn_failed = Counter(
             "chronowheel_transaction_failed_total",
             "node transactions that failed for a reason other than a fence or refused "

@@ -271,6 +271,18 @@ class ShardActor:
             state.backfills.clear()
         self.claimer = resume.claimer
         self.metrics.takeovers.labels("warm" if self.resumed_warm else "full").inc()
+        if resume.submit_expired:
+            # Kafka's retention of <ns>.submit ran past a backlog no node had applied: those
+            # commands are gone. Nothing else would tell: the partition is read from its
+            # log start as if nothing were missing.
+            self.metrics.submit_expired.inc(resume.submit_expired)
+            log.warning("shard %d: %d submitted commands were deleted by %s's retention "
+                        "before any node applied them (committed offset %s, log start %d): "
+                        "raise the topic's retention.ms or add nodes so that ingest keeps up",
+                        self.shard, resume.submit_expired, self.settings.submit_topic,
+                        resume.submit_offset,
+                        (resume.submit_offset or 0) + resume.submit_expired,
+                        extra={"shard": self.shard, "node": self.node_id})
         state.last_commit_ms = self.clock.now_ms()
         self.publisher.committed_offset = resume.submit_offset
         self.publisher.released = False

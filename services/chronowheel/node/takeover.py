@@ -70,6 +70,9 @@ class Resume:
     ahead: Ahead | None = None
     """The record's `ahead` ranges: the previous owner was catching up at a paced rate, and
     the slots in each (cut, high] are published too (`node/lateness.py`)."""
+    submit_expired: int = 0
+    """Offsets from the committed one up to the submit partition's log start: commands that
+    retention deleted before any node applied them. Reading starts at the log start."""
 
 
 @dataclass
@@ -148,7 +151,7 @@ async def take_over(*, shard: int, transactions: NodeTransactions, bus: NodeBus,
             phases.done("claimer stop")
     try:
         committed = await submit.committed(shard)
-        await submit.seek(shard, committed)
+        expired = await submit.seek(shard, committed)
     except BaseException:
         await stop_quietly(claimer)
         raise
@@ -156,7 +159,7 @@ async def take_over(*, shard: int, transactions: NodeTransactions, bus: NodeBus,
     log.info("shard %d: claimed by %s (previous owner %s%s) in %s", shard, me, owner,
              f", fenced {sorted(fenced)}" if fenced else "", phases,
              extra={"shard": shard, "node": node_id})
-    return Resume(watermark, committed, claimer, ahead)
+    return Resume(watermark, committed, claimer, ahead, expired)
 
 
 async def _claim(claimer: TxnProducer, settings: Settings, shard: int, watermark: int, me: str,
@@ -238,12 +241,12 @@ async def resume_warm(*, shard: int, warm: Warm, transactions: NodeTransactions,
         log.info("shard %d: not resumed warm (%s): taking it over in full", shard, why,
                  extra={"shard": shard, "node": node_id})
         return None
-    await submit.seek(shard, committed)
+    expired = await submit.seek(shard, committed)
     phases.done("seek")
     log.info("shard %d: resumed warm by %s (watermark %d, submit offset %s, no reload) in %s",
              shard, me, warm.watermark, committed, phases,
              extra={"shard": shard, "node": node_id})
-    return Resume(warm.watermark, committed, warm.claimer)
+    return Resume(warm.watermark, committed, warm.claimer, submit_expired=expired)
 
 
 async def fence(bus: NodeBus, transactional_id: str, group_id: str, shard: int) -> None:
