@@ -135,14 +135,20 @@ async def send_all(producer: AIOKafkaProducer, topic: str,
         await asyncio.gather(*futs)
 
 
+def keyspace_dir(keyspace: str) -> Path | None:
+    """The keyspace's data directory in the local stack (None: not on this machine)."""
+    root = Path(os.environ.get("CHRONOWHEEL_STATE_DIR")
+                or Path.home() / ".cache" / "chronowheel" / "stack")
+    ks_dir = root / "cassandra" / "data" / "data" / keyspace
+    return ks_dir if ks_dir.is_dir() else None
+
+
 def live_sstables(keyspace: str) -> dict[str, int] | None:
     """Live sstables per table of the keyspace, counted in the local stack's data directory
     (one `*-Data.db` per sstable; Cassandra exposes no count over CQL and the stack opens no
     JMX). None when that directory is not on this machine."""
-    root = Path(os.environ.get("CHRONOWHEEL_STATE_DIR")
-                or Path.home() / ".cache" / "chronowheel" / "stack")
-    ks_dir = root / "cassandra" / "data" / "data" / keyspace
-    if not ks_dir.is_dir():
+    ks_dir = keyspace_dir(keyspace)
+    if ks_dir is None:
         return None
     counts: dict[str, int] = {}
     for table_dir in ks_dir.iterdir():
@@ -154,10 +160,8 @@ def live_sstables(keyspace: str) -> dict[str, int] | None:
 def data_dir_bytes(keyspace: str) -> int | None:
     """Bytes under the keyspace's data directory: live sstables, SAI components, and what
     running compactions have written beside them (None: not on this machine)."""
-    root = Path(os.environ.get("CHRONOWHEEL_STATE_DIR")
-                or Path.home() / ".cache" / "chronowheel" / "stack")
-    ks_dir = root / "cassandra" / "data" / "data" / keyspace
-    if not ks_dir.is_dir():
+    ks_dir = keyspace_dir(keyspace)
+    if ks_dir is None:
         return None
     total = 0
     for path in ks_dir.rglob("*"):
@@ -229,7 +233,8 @@ def record_storage(out: dict[str, Any], command: str,
                             or out["fire"]["early"]):
         return "--record-storage: the run's firing failed its checks: nothing recorded"
     figures = storage_figures(out)
-    figures.update({"measured_on": out.get("started", "?"), "command": command,
+    figures.update({"measured_on": out.get("started", "?"),
+                    "command": out.get("command") or command,
                     "machine": out.get("machine", "?")})
     for path in paths:
         doc = json.loads(path.read_text())
@@ -526,6 +531,7 @@ def main() -> int:
     if args.phases_only and args.record_storage:
         p.error("--record-storage needs a whole run (its per-million ingest rates)")
     out = asyncio.run(run(args))
+    out["command"] = command
     emit(out, args.json)
     if args.record_storage:
         say(record_storage(out, command))

@@ -62,13 +62,15 @@ def test_record_storage_keeps_the_other_figures_and_capacity_reads_them(
             "wheel_bytes_per_entry": 346, "measured_on": "then", "command": "run_bench.py"}
     for p in paths:
         p.write_text(json.dumps(base))
-    said = scale_bench.record_storage(_run(), "scale_bench.py --record-storage", paths)
+    said = scale_bench.record_storage({**_run(), "command": "scale_bench.py --jobs 1000000"},
+                                      "scale_bench.py --record-storage-from run.json", paths)
     assert "1,100,016 jobs" in said
     docs = [json.loads(p.read_text()) for p in paths]
     assert docs[0] == docs[1]
     assert {k: docs[0][k] for k in base} == base
     storage = load_measured(paths[0]).storage
-    assert storage is not None and storage.command == "scale_bench.py --record-storage"
+    # The run's own command, not the one that recorded it afterwards.
+    assert storage is not None and storage.command == "scale_bench.py --jobs 1000000"
     assert storage.compaction_peak_ratio == 1.3
 
 
