@@ -29,7 +29,7 @@ def _run(**fire: int) -> dict[str, Any]:
     return {
         "namespace": "scale1", "jobs": 1_000_000, "shards": 16,
         "started": "2026-12-04T12:25:00+00:00", "machine": "2 CPUs",
-        "per_million": [{"jobs_per_s": 2000}],
+        "per_million": [{"jobs_per_s": 2000, "commands_per_s": 2200}],
         "fire": {"occurrences": 100_000, "lost": 0, "duplicates": 0, "early": 0, **fire},
         # 100 s apart: the 16 probes wrote 1,600 due rows meanwhile
         "samples": [{"t": 1000, "dir_bytes": 50 * MIB, "live_mib": 10},  # too small to count
@@ -49,9 +49,8 @@ def test_storage_figures_divide_each_table_by_the_rows_the_workload_stored(
     assert f["jobs_row_bytes"] == round(110 * MIB / jobs, 1)
     assert f["due_row_bytes"] == round(90 * MIB / due, 1)
     assert f["retired_row_bytes"] == round(3 * MIB / 100_000, 1)
-    assert f["other_bytes_per_job"] == round(11 * MIB / jobs, 1)
     assert f["compaction_peak_ratio"] == 1.3     # 260/200; 50/10 is below the floor
-    assert f["ingest_long_horizon_jobs_per_s_per_node"] == 2000
+    assert f["ingest_long_horizon_jobs_per_s_per_node"] == 2200  # commands, as capacity counts
     assert f["id_bytes"] == len("scale1.000000000")
 
 
@@ -80,3 +79,24 @@ def test_a_run_that_lost_or_duplicated_records_nothing(scale_bench: Any,
     path.write_text("{}")
     said = scale_bench.record_storage(_run(lost=1), "x", (path,))
     assert "nothing recorded" in said and path.read_text() == "{}"
+
+
+def test_a_run_without_ingest_or_with_an_unreadable_table_records_nothing(
+        scale_bench: Any, tmp_path: Path) -> None:
+    path = tmp_path / "m.json"
+    path.write_text("{}")
+    said = scale_bench.record_storage({**_run(), "per_million": []}, "x", (path,))
+    assert "phases-only" in said and "nothing recorded" in said
+    no_retired = _run()
+    no_retired["cassandra_end"]["disk_mib"]["due_retired"] = 0  # rounded down: too small
+    said = scale_bench.record_storage(no_retired, "x", (path,))
+    assert "storage.retired_row_bytes must be a positive number" in said
+    assert path.read_text() == "{}"
+
+
+def test_without_the_data_directory_the_compaction_peak_is_not_guessed(
+        scale_bench: Any) -> None:
+    run = _run()
+    for sample in run["samples"]:
+        sample["dir_bytes"] = None
+    assert scale_bench.storage_figures(run)["compaction_peak_ratio"] is None

@@ -226,7 +226,7 @@ def test_a_host_of_several_nodes_fails_as_a_whole() -> None:
 
 
 ST = Storage(jobs_stored=10_000_000, jobs_row_bytes=150, due_row_bytes=80, retired_row_bytes=30,
-             other_bytes_per_job=5, payload_bytes=70, id_bytes=25, compaction_peak_ratio=1.4,
+             payload_bytes=70, id_bytes=25, compaction_peak_ratio=1.4,
              ingest_long_horizon_jobs_per_s_per_node=500, measured_on="then", command="scale")
 MS = Measured(10_000, 1_000, 1_000, "test", "test", "test", storage=ST)
 
@@ -250,9 +250,11 @@ def test_changed_occurrences_keep_their_due_row_and_add_a_retired_one() -> None:
                  changed_share=0.1, payload_bytes=70, headers_bytes=0, id_bytes=25)
     c = plan(w, MS)["cassandra"]
     pending, retained, jobs = 10 * 86_400, 86_400, 11 * 86_400
-    assert c["due_retired_rows"] == pytest.approx(0.1 * pending)
+    # each kept until the changed occurrence's own TTL: up to horizon + retention
+    changed = 0.1 * (pending + retained)
+    assert c["due_retired_rows"] == pytest.approx(changed)
     assert c["bytes_one_replica"] == pytest.approx(
-        (pending + retained + 0.1 * pending) * 80 + 0.1 * pending * 30 + jobs * (150 + 5)
+        (pending + retained + changed) * 80 + changed * 30 + jobs * 150
         + c["bucket_count_rows_per_year"] * BUCKET_COUNT_ROW_BYTES)
     unchanged = plan(Workload(jobs_per_day=86_400, horizon_s=10 * 86_400,
                               retention_s=86_400, payload_bytes=70, headers_bytes=0,
@@ -281,9 +283,16 @@ def test_storage_figures_are_read_checked_and_shown(
     doc = {k: v for k, v in ST.__dict__.items()}
     path = write_measured(tmp_path / "m.json", storage=doc)
     assert load_measured(path).storage == ST
-    for key in ("due_row_bytes", "compaction_peak_ratio"):
+    for key in ("due_row_bytes", "compaction_peak_ratio",
+                "ingest_long_horizon_jobs_per_s_per_node"):
         with pytest.raises(ConfigError, match=f"storage.{key} must be a positive number"):
             load_measured(write_measured(tmp_path / "bad.json", storage={**doc, key: 0}))
+    unmeasured = write_measured(tmp_path / "nopeak.json",
+                                storage={**doc, "compaction_peak_ratio": None})
+    m = load_measured(unmeasured)
+    assert m.storage is not None and m.storage.compaction_peak_ratio is None
+    c = plan(Workload(jobs_per_day=1e6, disk_headroom=1.01), m)["cassandra"]
+    assert not c["headroom_below_compaction_peak"]
     argv = ["capacity", "--jobs-per-day", "1e8", "--horizon", "30d", "--measured", str(path)]
     assert cli.main([*argv, "--disk-headroom", "1.2"]) == 0
     text = capsys.readouterr().out

@@ -291,10 +291,43 @@ async def test_commands_deleted_by_retention_before_any_node_applied_them_are_re
         "chronowheel_submit_expired_unapplied_total") == 2
     [warning] = [r for r in caplog.records if "deleted by" in r.message]
     assert warning.levelname == "WARNING"
-    assert (f"shard {shard}: 2 submitted commands were deleted by {topic}'s retention before "
-            f"any node applied them (committed offset {committed}, log start {log_end})"
+    assert (f"shard {shard}: up to 2 submitted commands (offsets {committed} to {log_end - 1}) "
+            f"were deleted by {topic}'s retention before any node applied them"
             ) in warning.message
     assert rig.bus.group_offsets[("unit-nodes", topic, shard)] == log_end + 1
+
+
+async def test_a_loss_to_retention_is_reported_once_even_if_nothing_arrives_after_it(
+        rig: NodeRig, caplog: pytest.LogCaptureFixture) -> None:
+    # Everything on the partition was deleted unapplied and nothing new comes: the owner
+    # that reports it commits the log start, so the owner after it has nothing to report.
+    topic, shard = rig.settings.submit_topic, 0
+    applied, *lost = [j for j in (f"job-{i}" for i in range(50))
+                      if shard_of(j, rig.settings.shards) == shard][:4]
+    first = await rig.start("first")
+    rig.upsert(applied, at=T0 + 60_000)
+    await rig.advance(1_000)
+    await first.shutdown()
+    rig.nodes.remove(first)
+    for job_id in lost:
+        rig.upsert(job_id, at=T0 + 5_000)
+    key = ("unit-nodes", topic, shard)
+    committed = rig.bus.group_offsets[key]
+    assert committed == 1
+    rig.bus.delete_records(topic, shard, committed + 3)
+    second = await rig.start("second")
+    await rig.advance(1_000)
+    assert second.metrics.registry.get_sample_value(
+        "chronowheel_submit_expired_unapplied_total") == 3
+    assert rig.bus.group_offsets[key] == committed + 3
+    await second.shutdown()
+    rig.nodes.remove(second)
+    third = await rig.start("third")
+    await rig.advance(1_000)
+    assert third.metrics.registry.get_sample_value(
+        "chronowheel_submit_expired_unapplied_total") == 0
+    assert len([r for r in caplog.records if "deleted by" in r.message]) == 1
+    assert rig.fired() == []
 
 
 async def test_takeover_without_a_watermark_reloads_the_lookback_period() -> None:

@@ -823,18 +823,24 @@ class KafkaSubmitGroup:
         assert self._consumer is not None
         # Records fetched before the seek are not handed over: the next come from `offset`
         # (aiokafka drops its own buffer of the partition on a seek too).
-        with self._lock:
-            self._ready.pop(shard, None)
         tp = self._tp(shard)
         if offset is None:
+            with self._lock:
+                self._ready.pop(shard, None)
             await self._consumer.seek_to_beginning(tp)
             return 0
         # Below the log start, aiokafka would reset to it (auto_offset_reset) without a
         # word: the commands in between were deleted unapplied, which the node must report.
+        # (With nothing committed the group cannot tell deleted commands from applied ones
+        # whose committed offsets Kafka expired, so a seek to the beginning reports none.)
         try:
             start = (await self._consumer.beginning_offsets([tp]))[tp]
         except KafkaError as exc:
             raise BusError(f"log start of {tp.topic}[{tp.partition}]: {exc!r}") from exc
+        # No await from here to the seek: a fetch in between would hand over records from
+        # the old position.
+        with self._lock:
+            self._ready.pop(shard, None)
         self._consumer.seek(tp, max(offset, start))
         return max(0, start - offset)
 

@@ -91,19 +91,20 @@ rate (when measured): their rows land in buckets spread over days, not the next 
 @dataclass(frozen=True)
 class Storage:
     """Cassandra's disk use measured with millions of jobs stored (`scale_bench.py`): bytes on
-    disk of one replica (Cassandra's default LZ4 compression, after compaction settled) per
-    row of each table, for the run's payload and id sizes; how far the data directory grew
-    above its live sstables while compactions ran; and ingest of jobs due days ahead."""
+    disk of one replica (Cassandra's default LZ4 compression) per row of each table, for the
+    run's payload and id sizes; how far the data directory grew above its live sstables while
+    compactions ran (None: not measured); and ingest of jobs due days ahead."""
 
     jobs_stored: int
     jobs_row_bytes: float        # a `jobs` row with its share of the three SAI indexes
     due_row_bytes: float
     retired_row_bytes: float     # a `due_retired` row
-    other_bytes_per_job: float   # bucket counts and the keyspace's other tables, per job
     payload_bytes: int           # the run's payload JSON per job (headers: none)
     id_bytes: int
-    compaction_peak_ratio: float  # largest data directory / live sstables at that moment
-    ingest_long_horizon_jobs_per_s_per_node: float  # median of the run's per-million rates
+    compaction_peak_ratio: float | None  # largest data directory / live sstables meanwhile
+    ingest_long_horizon_jobs_per_s_per_node: float
+    """submit commands applied per second (as ingest_jobs_per_s_per_node counts them), the
+    median of the run's per-million rates"""
     measured_on: str
     command: str
 
@@ -112,18 +113,20 @@ class Storage:
         if not isinstance(doc, dict):
             raise ConfigError(f"{source}: storage must be a JSON object")
         numbers = ("jobs_stored", "jobs_row_bytes", "due_row_bytes", "retired_row_bytes",
-                   "other_bytes_per_job", "payload_bytes", "id_bytes",
-                   "compaction_peak_ratio", "ingest_long_horizon_jobs_per_s_per_node")
+                   "payload_bytes", "id_bytes", "compaction_peak_ratio",
+                   "ingest_long_horizon_jobs_per_s_per_node")
         for key in numbers:
             value = doc.get(key)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 \
-                    or (value == 0 and key != "other_bytes_per_job"):
+            if key == "compaction_peak_ratio" and value is None:
+                continue  # not measured (the data directory was not on the bench's machine)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ConfigError(f"{source}: storage.{key} must be a positive number, "
                                   f"got {value!r}")
+        peak = doc.get("compaction_peak_ratio")
         return cls(int(doc["jobs_stored"]), float(doc["jobs_row_bytes"]),
                    float(doc["due_row_bytes"]), float(doc["retired_row_bytes"]),
-                   float(doc["other_bytes_per_job"]), int(doc["payload_bytes"]),
-                   int(doc["id_bytes"]), float(doc["compaction_peak_ratio"]),
+                   int(doc["payload_bytes"]), int(doc["id_bytes"]),
+                   None if peak is None else float(peak),
                    float(doc["ingest_long_horizon_jobs_per_s_per_node"]),
                    str(doc.get("measured_on", "?")), str(doc.get("command", "?")))
 
@@ -357,7 +360,6 @@ def row_sizes(w: Workload, st: Storage | None) -> dict[str, Any]:
             "due_retired": (RETIRED_ROW_FIXED_BYTES + w.id_bytes) * w.compression,
             "jobs": (JOB_ROW_FIXED_BYTES + 2 * w.id_bytes + SPEC_JSON_FIXED_BYTES
                      + w.payload_bytes + w.headers_bytes) * w.compression,
-            "other_per_job": 0.0,
             "source": "fixed overheads per row (no storage figures measured)",
         }
     extra = max(0, w.payload_bytes + w.headers_bytes - st.payload_bytes) * w.compression
@@ -366,7 +368,6 @@ def row_sizes(w: Workload, st: Storage | None) -> dict[str, Any]:
         "due": st.due_row_bytes + extra + extra_id,
         "due_retired": st.retired_row_bytes + extra_id,
         "jobs": st.jobs_row_bytes + extra + 2 * extra_id,  # the key and the spec's "id"
-        "other_per_job": st.other_bytes_per_job,
         "source": (f"measured with {count(st.jobs_stored)} jobs stored ({st.payload_bytes} B "
                    f"payloads), on {st.measured_on}: {st.command}"),
     }
@@ -441,8 +442,9 @@ def plan(w: Workload, m: Measured) -> dict[str, Any]:
     pending_rows = avg_fire * w.horizon_s                      # Little's law
     retained_rows = avg_fire * w.retention_s                   # fired rows until their TTL
     # A change of a pending occurrence leaves its due row (read and skipped) and a retired
-    # row, both until the occurrence's TTL; its replacement, if any, is in pending_rows.
-    retired_rows = pending_rows * w.changed_share
+    # row, both until that occurrence's TTL (its slot + retention: at most horizon +
+    # retention after the change); its replacement, if any, is in pending_rows.
+    retired_rows = (pending_rows + retained_rows) * w.changed_share
     jobs_retention_s = w.jobs_retention_s
     jobs_rows = avg_submit * (w.horizon_s + w.retention_s if jobs_retention_s is None
                               else jobs_retention_s)
@@ -450,8 +452,7 @@ def plan(w: Workload, m: Measured) -> dict[str, Any]:
     sizes = row_sizes(w, m.storage)
     due_rows = pending_rows + retained_rows + retired_rows
     one_replica = (due_rows * sizes["due"] + retired_rows * sizes["due_retired"]
-                   + jobs_rows * sizes["jobs"] + counts_rows * BUCKET_COUNT_ROW_BYTES
-                   + jobs_rows * sizes["other_per_job"])
+                   + jobs_rows * sizes["jobs"] + counts_rows * BUCKET_COUNT_ROW_BYTES)
     on_disk = one_replica * w.replication
     provisioned = on_disk * w.disk_headroom
     stored_jobs = jobs_rows  # a stored job: its jobs row, and its due rows pending or kept
@@ -483,7 +484,8 @@ def plan(w: Workload, m: Measured) -> dict[str, Any]:
         "bytes_provisioned_per_node": provisioned / cassandra_nodes,
         "compaction_peak_ratio": m.storage.compaction_peak_ratio if m.storage else None,
         "headroom_below_compaction_peak": bool(
-            m.storage and w.disk_headroom < m.storage.compaction_peak_ratio),
+            m.storage and m.storage.compaction_peak_ratio
+            and w.disk_headroom < m.storage.compaction_peak_ratio),
         "writes_per_s_peak": writes_peak,
         "reads_per_s_peak": peak_submit,
         "bucket_rows_read_per_s_avg": avg_fire,

@@ -119,9 +119,10 @@ class NodeMetrics:
             registry=r)
         self.submit_expired = Counter(
             "chronowheel_submit_expired_unapplied_total",
-            "submit commands that <ns>.submit's retention deleted before any node applied "
-            "them, found when a shard was taken over (its committed offset was below the "
-            "partition's log start): those commands are lost; alert on any", registry=r)
+            "offsets of <ns>.submit (an upper bound on commands) that retention deleted "
+            "before any node applied them, found when a shard was taken over (its committed "
+            "offset was below the partition's log start): those commands are lost; alert on "
+            "any", registry=r)
         self.txn_failed = Counter(
             "chronowheel_transaction_failed_total",
             "node transactions that failed for a reason other than a fence or refused "

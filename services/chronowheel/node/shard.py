@@ -271,22 +271,25 @@ class ShardActor:
             state.backfills.clear()
         self.claimer = resume.claimer
         self.metrics.takeovers.labels("warm" if self.resumed_warm else "full").inc()
+        read_from = resume.submit_offset
         if resume.submit_expired:
             # Kafka's retention of <ns>.submit ran past a backlog no node had applied: those
             # commands are gone. Nothing else would tell: the partition is read from its
-            # log start as if nothing were missing.
+            # log start as if nothing were missing. The next transaction commits the log
+            # start, so that the next owner does not report the same loss again.
+            read_from = (resume.submit_offset or 0) + resume.submit_expired
+            state.offset_to_commit = read_from
             self.metrics.submit_expired.inc(resume.submit_expired)
-            log.warning("shard %d: %d submitted commands were deleted by %s's retention "
-                        "before any node applied them (committed offset %s, log start %d): "
-                        "raise the topic's retention.ms or add nodes so that ingest keeps up",
-                        self.shard, resume.submit_expired, self.settings.submit_topic,
-                        resume.submit_offset,
-                        (resume.submit_offset or 0) + resume.submit_expired,
+            log.warning("shard %d: up to %d submitted commands (offsets %s to %d) were "
+                        "deleted by %s's retention before any node applied them: raise the "
+                        "topic's retention.ms or add nodes so that ingest keeps up",
+                        self.shard, resume.submit_expired, resume.submit_offset,
+                        read_from - 1, self.settings.submit_topic,
                         extra={"shard": self.shard, "node": self.node_id})
         state.last_commit_ms = self.clock.now_ms()
         self.publisher.committed_offset = resume.submit_offset
         self.publisher.released = False
-        self.ingest.reset(resume.submit_offset)
+        self.ingest.reset(read_from)
         self.ready = True
         self.submit.deliver(self.shard)  # records read since the seek: ours from now
         log.info("shard %d: taken over (watermark %d, submit offset %s%s)", self.shard,
