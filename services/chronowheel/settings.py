@@ -181,6 +181,10 @@ class Settings:
     ingest_group_jobs: int = _opt(16, "new jobs written per logged batch: at most this many")
     ingest_concurrency: int = _opt(
         64, "jobs of one ingest batch a shard writes to Cassandra concurrently")
+    ingest_writes_in_flight: int = _opt(
+        32, "ingest writes to Cassandra in flight on the node at most, all shards' in-order "
+            "passes together (the urgent lane's are not counted): few queued requests keep "
+            "each one's wait short; 0: no node-wide limit")
     ingest_slack_ms: int = _opt(
         50, "a command due in the past (or this soon) gets a slot this far ahead of now")
     catch_up_grace_ms: int = _opt(
@@ -229,6 +233,13 @@ class Settings:
     pump_pause_rows: int = _opt(
         2_000, "pause fetching a shard's submit partition with this many records queued")
     pump_resume_rows: int = _opt(1_000, "resume it once fewer than this many are queued")
+    urgent_ms: int = _opt(
+        30_000, "a new one-shot due within this of now is applied ahead of its shard's "
+                "backlog (the urgent lane; nothing of the same job before it may wait); 0: "
+                "every command strictly in offset order")
+    urgent_lookahead_records: int = _opt(
+        20_000, "past its queued records, a shard with a backlog reads this many offsets "
+                "ahead for urgent one-shots (only their keys are kept; 0: none)")
     http_host: str = _opt("127.0.0.1", "address the HTTP endpoint listens on (loopback unless "
                                        "set; 0.0.0.0 for all)")
     # --- Kafka security ----------------------------------------------------------------------
@@ -612,13 +623,14 @@ SECURITY_SETTINGS = KAFKA_SECURITY_SETTINGS + CASSANDRA_SECURITY_SETTINGS
 CONNECTION_SETTINGS = ("namespace", "cassandra", "kafka", "consistency")
 NODE_TUNABLES = (
     "ingest_batch", "ingest_group_bytes", "ingest_group_jobs", "ingest_concurrency",
+    "ingest_writes_in_flight",
     "ingest_slack_ms", "catch_up_grace_ms", "catch_up_lag_ms", "catch_up_rate",
     "backfill_rows_per_cycle",
     "backfill_cycle_ms", "calendar_refresh_ms",
     "idle_commit_ms", "idle_commit_clearance_ms", "skip_empty_after_ms", "stop_drain_ms",
     "stop_deadline_ms", "warm_grace_ms", "missing_watermark_lookback_ms",
     "skew_check_interval_ms", "pump_fetch_records", "pump_pause_rows", "pump_resume_rows",
-    "gc_young_threshold", "malloc_threshold_bytes",
+    "urgent_ms", "urgent_lookahead_records", "gc_young_threshold", "malloc_threshold_bytes",
 )
 """Settings only the node reads: `chronowheel node` has a flag for each."""
 

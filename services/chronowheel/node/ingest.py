@@ -8,6 +8,8 @@ the transaction that follows the writes.
 This is the batch's front: it parses, routes and counts. New jobs are written in groups
 (`node/ingest_batch.py`); everything else one command at a time (`node/transitions.py`);
 refused and quarantined commands are collected for the batch's outbox (`node/rejections.py`).
+New one-shots due soon are taken out of turn by the urgent lane (`node/urgent.py`), a second
+task with parts of its own, so that a backlog does not hold them back.
 """
 
 # mypy: strict-equality
@@ -15,9 +17,11 @@ refused and quarantined commands are collected for the batch's outbox (`node/rej
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 
 from chronowheel.bus.ports import SubmitRecord
 from chronowheel.core.buckets import minute_of, slot_for
@@ -41,6 +45,7 @@ from chronowheel.node.metrics import NodeMetrics
 from chronowheel.node.rejections import Rejections
 from chronowheel.node.state import Outgoing, ShardState
 from chronowheel.node.transitions import READ, STORED, UNCHANGED, Transitions, unchanged
+from chronowheel.node.urgent import LaneBatch, UrgentLane
 from chronowheel.node.writes import RowWriter, schedule_of
 from chronowheel.settings import Settings
 from chronowheel.store.base import JobRow, JobStore, RunHistoryStore
@@ -48,12 +53,57 @@ from chronowheel.store.base import JobRow, JobStore, RunHistoryStore
 log = logging.getLogger(__name__)
 
 
+@dataclass(slots=True)
+class Appliers:
+    """The parts that apply one batch of commands. The in-order pass and the urgent lane
+    each have their own, as they run at the same time: `counted` and the rejections'
+    `sources` and `late` belong to one batch."""
+
+    rejections: Rejections
+    transitions: Transitions
+    new_jobs: NewJobs
+    counted: set[int]
+    """Minutes whose bucket counts the current batch already raised (`precount`), so its
+    rows there do not count themselves again. Updated in place: the writers read this set."""
+
+
+class Permits:
+    """A permit of the step's own semaphore, then one of the node's (`ingest_writes_in_flight`,
+    shared by every shard's in-order pass): the node keeps few writes queued at Cassandra, so
+    that the urgent lane's, which take no node permit, do not wait behind hundreds."""
+
+    def __init__(self, own: asyncio.Semaphore, node: asyncio.Semaphore | None) -> None:
+        self.own = own
+        self.node = node
+
+    async def __aenter__(self) -> None:
+        await self.own.acquire()
+        if self.node is not None:
+            try:
+                await self.node.acquire()
+            except BaseException:
+                self.own.release()
+                raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.node is not None:
+            self.node.release()
+        self.own.release()
+
+
+async def _no_reread(offset: int) -> int:
+    raise RuntimeError("this ingest cannot seek its partition")
+
+
 class Ingest:
     def __init__(self, *, state: ShardState, shards: int, settings: Settings, store: JobStore,
                  writer: RowWriter, clock: Clock, metrics: NodeMetrics,
                  policy: ValidationPolicy, calendars: Calendars,
-                 history: Callable[[], RunHistoryStore | None] = lambda: None) -> None:
+                 history: Callable[[], RunHistoryStore | None] = lambda: None,
+                 node_writes: asyncio.Semaphore | None = None) -> None:
         self.state = state
+        self.node_writes = node_writes
+        """The node's gate on in-order writes in flight (None: each shard's own only)."""
         self.shard = state.shard
         self.shards = shards
         self.settings = settings
@@ -67,37 +117,89 @@ class Ingest:
         """Records fetched for this shard, not yet applied (the pump pauses on its length)."""
         self.next_offset: int | None = None
         """The offset expected next; records below it are re-deliveries after a seek."""
-        self.counted: set[int] = set()
-        """Minutes whose bucket counts the current batch already raised (`precount`), so its
-        rows there do not count themselves again. Updated in place: the writers below read
-        this same set."""
-        self.rejections = Rejections(shard=self.shard, rejected_topic=settings.rejected_topic,
-                                     metrics=metrics)
-        self.transitions = Transitions(state=state, store=store, writer=writer, clock=clock,
-                                       metrics=metrics, policy=policy, calendars=calendars,
-                                       rejections=self.rejections, counted=self.counted,
-                                       namespace=settings.namespace, history=history)
-        self.new_jobs = NewJobs(state=state, settings=settings, store=store, writer=writer,
-                                clock=clock, metrics=metrics, calendars=calendars,
-                                rejections=self.rejections, counted=self.counted)
+        self.history = history
+        self.main = self._appliers()
+        self.lane_parts = self._appliers()
+        self.lane = UrgentLane(shard=self.shard, shards=shards, policy=policy,
+                               urgent_ms=settings.urgent_ms,
+                               lookahead=settings.urgent_lookahead_records,
+                               queue_rows=settings.pump_pause_rows,
+                               resume_rows=settings.pump_resume_rows)
+        self.reread: Callable[[int], Awaitable[int]] = _no_reread
+        """Seeks the shard's partition (the actor's; returns offsets lost to retention)."""
+        self.lane_wake = asyncio.Event()
+        self.lane_idle = asyncio.Event()
+        self.lane_idle.set()
+        self._lane_task: asyncio.Task[None] | None = None
+
+    def _appliers(self) -> Appliers:
+        s = self.settings
+        counted: set[int] = set()
+        rejections = Rejections(shard=self.shard, rejected_topic=s.rejected_topic,
+                                metrics=self.metrics)
+        transitions = Transitions(state=self.state, store=self.store, writer=self.writer,
+                                  clock=self.clock, metrics=self.metrics, policy=self.policy,
+                                  calendars=self.calendars, rejections=rejections,
+                                  counted=counted, namespace=s.namespace, history=self.history)
+        new_jobs = NewJobs(state=self.state, settings=s, store=self.store, writer=self.writer,
+                           clock=self.clock, metrics=self.metrics, calendars=self.calendars,
+                           rejections=rejections, counted=counted)
+        return Appliers(rejections, transitions, new_jobs, counted)
+
+    @property
+    def rejections(self) -> Rejections:
+        return self.main.rejections
 
     def enqueue(self, records: Iterable[SubmitRecord]) -> None:
-        self.queue.extend(records)
+        lane = self.lane
+        if not lane.enabled:
+            self.queue.extend(records)
+        else:
+            now, queue, next_offset = self.clock.now_ms(), self.queue, self.next_offset
+            for rec in records:
+                if next_offset is not None and rec.offset < next_offset:
+                    continue  # a re-delivery after a seek: applied already
+                if lane.arrived(rec, len(queue), now):
+                    queue.append(rec)
+            if lane.ready or lane.skip_from is not None:
+                self.lane_wake.set()
         self.state.ingest_wake.set()
+
+    def fetch_wanted(self, paused: bool) -> bool:
+        """Whether the pump should fetch this shard's partition now (False: pause it)."""
+        return self.lane.fetch_wanted(len(self.queue), paused)
 
     def reset(self, next_offset: int | None) -> None:
         """After a takeover: forget what was queued; the partition is read from next_offset."""
         self.queue.clear()
         self.next_offset = next_offset
+        self.lane.reset()
+        self.lane_idle.set()
 
     async def run(self) -> None:
         state = self.state
-        while not state.stopping:
-            if not self.queue:
-                state.ingest_wake.clear()
-                await state.ingest_wake.wait()
-                continue
-            await self.step()
+        lane = None
+        if self.lane.enabled:
+            lane = self._lane_task = asyncio.create_task(self._run_lane(),
+                                                         name=f"urgent-{self.shard}")
+            lane.add_done_callback(lambda _task: state.ingest_wake.set())
+        try:
+            while not state.stopping:
+                if lane is not None and lane.done():
+                    lane.result()  # a failed lane fails ingest loudly
+                    raise RuntimeError(f"shard {self.shard}: the urgent lane stopped")
+                if not self.queue:
+                    state.ingest_wake.clear()
+                    await state.ingest_wake.wait()
+                    continue
+                await self.step()
+        finally:
+            if lane is not None and not lane.done():
+                if not state.stopping:
+                    lane.cancel()  # ingest failed or was cancelled: so is the lane
+                self.lane_wake.set()  # on a stop it sees `stopping` and ends after its batch
+                with contextlib.suppress(asyncio.CancelledError):
+                    await lane
 
     async def step(self) -> None:
         """Apply up to one batch of queued records."""
@@ -112,11 +214,23 @@ class Ingest:
             self.next_offset = rec.offset + 1
         if not records:
             return
+        lane = self.lane
+        todo = records
+        if lane.enabled:
+            # A record the lane has in flight: later ones of its job wait for its batch.
+            wait = lane.waits_for_lane(records)
+            todo = [rec for rec in records if lane.in_order(rec)]
+            while wait and lane.waits_for_lane(records):
+                await self.lane_idle.wait()
+                if self._lane_task is not None and self._lane_task.done():
+                    self._lane_task.result()
+                    raise RuntimeError(f"shard {self.shard}: the urgent lane stopped")
         now = self.clock.now_ms()
         chains: dict[str, list[Command]] = defaultdict(list)
         calendar_ops: list[PutCalendar | DeleteCalendar] = []
         outbox: list[Outgoing] = []  # published with this batch's offsets, not before
-        for i, rec in enumerate(records):
+        rejections = self.main.rejections
+        for i, rec in enumerate(todo):
             if i and i % PARSE_YIELD_EVERY == 0:
                 # Parsing is CPU only: let dispatch and the group's heartbeat run between
                 # slices of a large batch, however slow its commands are to validate.
@@ -131,7 +245,7 @@ class Ingest:
                                        rec.value or b"", list(rec.headers or ())))
                 self.metrics.forwarded.inc()
                 continue
-            self.rejections.sources[id(cmd)] = rec
+            rejections.sources[id(cmd)] = rec
             if isinstance(cmd, PutCalendar | DeleteCalendar):
                 calendar_ops.append(cmd)
             else:
@@ -141,17 +255,94 @@ class Ingest:
             await self._apply_calendars(calendar_ops)
             await self.calendars.refresh(cmds[0].job.calendar for cmds in chains.values()
                                          if isinstance(cmds[0], Upsert))
-            await self._precount(chains, now)
-            await self._apply_chains(chains)
+            await self._precount(chains, now, self.main.counted)
+            await self._apply_chains(chains, self.main, self.node_writes)
         finally:
-            self.rejections.sources.clear()
-        outbox.extend(self.rejections.late)
-        self.rejections.late.clear()
+            rejections.sources.clear()
+        outbox.extend(rejections.late)
+        rejections.late.clear()
+        if lane.enabled:
+            # The lane's messages about records this step went past go out with its offsets.
+            outbox.extend(lane.stepped(todo, records[-1].offset))
+            if lane.ready or (lane.skip_from is not None
+                              and len(self.queue) < self.settings.pump_resume_rows):
+                self.lane_wake.set()
         # Handed to the next transaction after every step: a step is at most `ingest_batch`
         # records, so a takeover re-applies at most that many.
         self.state.outbox.extend(outbox)
         self.state.offset_to_commit = records[-1].offset + 1
         self.state.wake.set()
+
+    # --- the urgent lane (node/urgent.py) -----------------------------------------------------
+    async def _run_lane(self) -> None:
+        lane, state = self.lane, self.state
+        while not state.stopping:
+            offset = lane.plan_seek(len(self.queue))
+            if offset is not None:
+                await self._seek(offset)
+                continue
+            batch = lane.take(self.settings.ingest_batch)
+            if batch is None:
+                self.lane_wake.clear()
+                await self.lane_wake.wait()
+                continue
+            self.lane_idle.clear()
+            started = self.clock.now_ms()
+            try:
+                messages = await self._apply_lane(batch)
+                if log.isEnabledFor(logging.DEBUG):
+                    took = self.clock.now_ms() - started
+                    log.debug("shard %d: urgent lane applied %d command(s) in %d ms, the "
+                              "first due in %d ms", self.shard, len(batch.records), took,
+                              min(cmd.job.at_ms or 0 for _rec, cmd in batch.records)
+                              - self.clock.now_ms())
+            except BaseException:
+                # Its records stay in flight: the in-order step that reaches one raises
+                # instead of going past it.
+                self.lane_idle.set()
+                raise
+            lane.finished(batch, messages)
+            self.lane_idle.set()
+            state.wake.set()
+
+    async def _apply_lane(self, batch: LaneBatch) -> list[Outgoing]:
+        """Apply a lane batch with the lane's own parts; the messages it produced (held until
+        the in-order pass goes past the batch)."""
+        parts = self.lane_parts
+        chains: dict[str, list[Command]] = defaultdict(list)
+        for rec, cmd in batch.records:
+            parts.rejections.sources[id(cmd)] = rec
+            chains[cmd.job.id].append(cmd)
+        try:
+            await self._precount(chains, self.clock.now_ms(), parts.counted)
+            await self._apply_chains(chains, parts)
+        finally:
+            parts.rejections.sources.clear()
+        messages = list(parts.rejections.late)
+        parts.rejections.late.clear()
+        self.metrics.urgent.inc(len(batch.records))
+        return messages
+
+    async def _seek(self, offset: int) -> None:
+        """Make the lane's pending seek; retried while Kafka refuses it (a leader moving)."""
+        while True:
+            try:
+                expired = await self.reread(offset)
+                break
+            except Exception as exc:
+                if self.state.stopping:
+                    return
+                log.warning("shard %d: seek of the submit partition to %d failed (%r); "
+                            "again in %d ms", self.shard, offset, exc, SEEK_RETRY_MS)
+                await asyncio.sleep(SEEK_RETRY_MS / 1000)
+        self.lane.sought()
+        if expired:
+            self.metrics.submit_expired.inc(expired)
+            log.warning("shard %d: up to %d submitted commands (offsets %d to %d) were "
+                        "deleted by %s's retention before this node applied them: raise the "
+                        "topic's retention.ms or add nodes so that ingest keeps up",
+                        self.shard, expired, offset, offset + expired - 1,
+                        self.settings.submit_topic)
 
     async def _apply_calendars(self, ops: list[PutCalendar | DeleteCalendar]) -> None:
         """Write calendar puts and deletes in offset order (each replaces the whole calendar,
@@ -169,7 +360,8 @@ class Ingest:
                 continue
             self.metrics.ingested.labels(op.op, STORED).inc()
 
-    async def _apply_chains(self, chains: dict[str, list[Command]]) -> None:
+    async def _apply_chains(self, chains: dict[str, list[Command]], parts: Appliers,
+                            node_writes: asyncio.Semaphore | None = None) -> None:
         """Apply every job's commands, each job's in order, all jobs' locks held throughout.
 
         The common case, an upsert of a job with no pending due row to replace, goes in groups:
@@ -184,6 +376,7 @@ class Ingest:
             # row (ingest, a recurring fire) holds the job's lock.
             wanted = [j for j, cmds in chains.items() if not isinstance(cmds[0], Retry)]
             existing = await self.store.get_jobs(wanted) if wanted else {}
+            transitions, rejections = parts.transitions, parts.rejections
             # From here until the step's changes are in the wheel, dispatch stays below the
             # pending occurrences of these jobs (no await in between: one it took meanwhile
             # is beyond the watermark no more, and counts as published).
@@ -206,22 +399,22 @@ class Ingest:
                             fresh.append((cmd, row))
                             continue
                     one_by_one.append((job_id, cmds))
-                sem = asyncio.Semaphore(self.settings.ingest_concurrency)
+                sem = Permits(asyncio.Semaphore(self.settings.ingest_concurrency), node_writes)
 
                 async def run_chain(job_id: str, cmds: list[Command]) -> None:
                     async with sem:
                         for i, cmd in enumerate(cmds):
                             try:
-                                await self.transitions.apply(
+                                await transitions.apply(
                                     cmd, self.clock.now_ms(),
                                     existing.get(job_id) if i == 0 else READ)
                             except Exception as exc:
                                 # Only this command is set aside; the job's later ones read
                                 # what is stored (READ) and apply to that.
-                                self.rejections.quarantine(cmd, exc)
+                                rejections.quarantine(cmd, exc)
 
                 # Every chain ends before the holds are released, also when one fails.
-                outcomes = await asyncio.gather(self.new_jobs.write(fresh, sem),
+                outcomes = await asyncio.gather(parts.new_jobs.write(fresh, sem),
                                                 *(run_chain(j, c) for j, c in one_by_one),
                                                 return_exceptions=True)
             for outcome in outcomes:
@@ -234,7 +427,8 @@ class Ingest:
             and row.scheduled_ms is not None \
             and self.state.unpublished(row.slot_ms, (row.job_id, row.scheduled_ms, 1))
 
-    async def _precount(self, chains: dict[str, list[Command]], now: int) -> None:
+    async def _precount(self, chains: dict[str, list[Command]], now: int,
+                        counted: set[int]) -> None:
         """Count the batch's rows per minute before writing any of them: one counter update
         per minute instead of one per row. A row whose slot lands elsewhere when it is
         written (time moved on) counts itself (`RowWriter.write_due`); over-counting is
@@ -254,8 +448,8 @@ class Ingest:
                     counts[minute_of(max(cmd.at_ms, floor))] += 1
         if counts:
             await self.store.add_bucket_counts(self.shard, counts)
-        self.counted.clear()
-        self.counted.update(counts)
+        counted.clear()
+        counted.update(counts)
 
     def _parse(self, rec: SubmitRecord, now: int, outbox: list[Outgoing]) -> Command | None:
         try:
@@ -271,3 +465,6 @@ class Ingest:
 
 PARSE_YIELD_EVERY = 50
 """Commands an ingest step parses between two yields to the event loop."""
+
+SEEK_RETRY_MS = 200
+"""A failed seek of the urgent lane is made again after this long."""

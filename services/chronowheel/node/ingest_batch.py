@@ -14,6 +14,7 @@ import asyncio
 import logging
 from collections import defaultdict
 from collections.abc import Set
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 from chronowheel.core import limits
@@ -65,7 +66,7 @@ class NewJobs:
         """Minutes whose bucket counts the current batch already raised (ingest's precount)."""
 
     async def write(self, jobs: list[tuple[Upsert, JobRow | None]],
-                    sem: asyncio.Semaphore) -> None:
+                    sem: AbstractAsyncContextManager[object]) -> None:
         """Upserts of jobs whose previous row (if any) has no unpublished due row: each job's
         due row and jobs row go in the same logged batch, a few jobs per batch."""
         settings = self.settings
@@ -102,7 +103,8 @@ class NewJobs:
             writes.append(self._write_group(group, sem))
         await asyncio.gather(*writes)
 
-    async def _write_group(self, group: list[NewJob], sem: asyncio.Semaphore) -> None:
+    async def _write_group(self, group: list[NewJob],
+                           sem: AbstractAsyncContextManager[object]) -> None:
         """Write a group's rows in one logged batch. A job over a limit is rejected before
         the write; when the store still refuses the batch, the group is split in halves and
         each written again, so one bad job among n costs O(log n) extra writes and only it
@@ -193,7 +195,7 @@ class NewJobs:
             raise
 
     async def _finish(self, cmd: Upsert, version: int, old_key: OccurrenceKey | None,
-                      sem: asyncio.Semaphore) -> None:
+                      sem: AbstractAsyncContextManager[object]) -> None:
         job = cmd.job
         try:
             async with sem:

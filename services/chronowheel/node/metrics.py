@@ -67,6 +67,10 @@ class NodeMetrics:
             "server's limit, found before writing), store_refused (the store refused the "
             "write), internal (a bug on the per-command path)",
             ["stage", "reason"], registry=r)
+        self.urgent = Counter(
+            "chronowheel_ingest_urgent_total",
+            "new one-shots due soon that the urgent lane applied ahead of their shard's "
+            "backlog", registry=r)
         self.forwarded = Counter("chronowheel_forwarded_total",
                                  "commands forwarded to their shard's partition", registry=r)
         self.fired = Counter("chronowheel_fired_total", "occurrences published", registry=r)

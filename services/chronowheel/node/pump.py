@@ -1,7 +1,9 @@
 """The node's ingest pump: one consumer of `<ns>.submit` for all the node's shards.
 
 It fetches records and routes each shard's to its actor, and pauses a shard's partition while
-its actor has more than `pump_pause_rows` records queued (resumed below `pump_resume_rows`).
+its actor wants no more: more than `pump_pause_rows` records queued (resumed below
+`pump_resume_rows`), or, with the urgent lane, its look-ahead full or a seek pending
+(`node/urgent.py`).
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ async def pump(group: SubmitGroup, owned: Mapping[int, Owned], settings: Setting
             # Records of a shard still taking over are dropped: it seeks to its committed
             # offset when ready, so they are read again.
         for shard, o in owned.items():  # backpressure per shard
-            queued = o.actor.queued
-            if queued > s.pump_pause_rows and shard not in paused:
+            was_paused = shard in paused
+            wanted = o.actor.fetch_wanted(was_paused)
+            if not wanted and not was_paused:
                 group.pause(shard)
                 paused.add(shard)
-            elif queued < s.pump_resume_rows and shard in paused:
+            elif wanted and was_paused:
                 group.resume(shard)
                 paused.discard(shard)
         paused &= group.assigned()

@@ -61,6 +61,9 @@ class ShardRegistry:
         self.supervisor = supervisor
         self.dispatch_blocked = dispatch_blocked
         self.clock_state = clock_state
+        self.node_writes = (asyncio.Semaphore(settings.ingest_writes_in_flight)
+                            if settings.ingest_writes_in_flight > 0 else None)
+        """Every shard's in-order ingest writes share these permits (`node/ingest.py`)."""
         self.owned: dict[int, Owned] = {}
         self.warm: dict[int, ShardActor] = {}
         """Shards revoked from this node whose actors ended cleanly, kept for the next
@@ -190,7 +193,8 @@ class ShardRegistry:
                 bus=self.bus, transactions=self.transactions, submit=self.group,
                 clock=self.clock, metrics=self.metrics,
                 policy=self.policy, group_id=self.group_id, node_id=self.node_id,
-                dispatch_blocked=self.dispatch_blocked, clock_state=self.clock_state)
+                dispatch_blocked=self.dispatch_blocked, clock_state=self.clock_state,
+                node_writes=self.node_writes)
             task = self.supervisor.spawn(actor.run(), f"shard-{k}", expected=self.shard_ended)
             self.owned[k] = Owned(actor, task)
         self.metrics.owned_shards.set(len(self.owned))

@@ -57,8 +57,10 @@ class ShardActor:
                  bus: NodeBus, transactions: NodeTransactions, submit: SubmitPositions,
                  clock: Clock, metrics: NodeMetrics, policy: ValidationPolicy, group_id: str,
                  node_id: str, dispatch_blocked: Callable[[], bool],
-                 clock_state: Callable[[], tuple[int | None, bool]] | None = None) -> None:
+                 clock_state: Callable[[], tuple[int | None, bool]] | None = None,
+                 node_writes: asyncio.Semaphore | None = None) -> None:
         self.shard = shard
+        self.node_writes = node_writes
         self.shards = shards
         self.settings = settings
         self.store = store
@@ -108,7 +110,8 @@ class ShardActor:
         self.ingest = Ingest(state=self.state, shards=self.shards, settings=settings,
                              store=store, writer=writer, clock=clock, metrics=metrics,
                              policy=policy, calendars=calendars,
-                             history=self._history_store)
+                             history=self._history_store, node_writes=self.node_writes)
+        self.ingest.reread = self._reread
         self.loader = Loader(state=self.state, settings=settings, store=store, clock=clock)
         self.publisher = Publisher(state=self.state, transactions=self.transactions,
                                    settings=settings, clock=clock, metrics=metrics,
@@ -130,11 +133,21 @@ class ShardActor:
 
     @property
     def queued(self) -> int:
-        """Submit records waiting for ingest (the pump's backpressure reads it)."""
+        """Submit records waiting for ingest."""
         return len(self.ingest.queue)
+
+    def fetch_wanted(self, paused: bool) -> bool:
+        """The pump's backpressure: whether to fetch the shard's partition now."""
+        return self.ingest.fetch_wanted(paused)
 
     def enqueue(self, records: Iterable[SubmitRecord]) -> None:
         self.ingest.enqueue(records)
+
+    async def _reread(self, offset: int) -> int:
+        """Read the shard's partition from `offset` next (the urgent lane's look-ahead)."""
+        expired = await self.submit.seek(self.shard, offset)
+        self.submit.deliver(self.shard)
+        return expired
 
     def dispatch_lag_ms(self) -> int:
         return self.state.dispatch_lag_ms(self.clock.now_ms())
