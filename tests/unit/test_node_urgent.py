@@ -9,6 +9,7 @@ import asyncio
 from collections import Counter
 from collections.abc import Sequence
 
+from chronowheel.errors import StoreRefused
 from chronowheel.store.base import DueRow, JobRow
 
 from tests.unit.node_rig import T0, NodeRig, scheduled_at
@@ -163,3 +164,89 @@ async def max_far_writes_in_flight(**settings: int) -> int:
 async def test_the_node_bounds_its_in_order_writes_in_flight_across_shards() -> None:
     assert await max_far_writes_in_flight(ingest_writes_in_flight=3) == 3
     assert await max_far_writes_in_flight(ingest_writes_in_flight=0) > 3
+
+
+def hold_writes_of(rig: NodeRig, *job_ids: str) -> asyncio.Event:
+    """Writes of these jobs' rows wait until the returned event is set."""
+    release = asyncio.Event()
+    put = rig.store.put_dues_and_jobs
+
+    async def held(rows: Sequence[tuple[DueRow, int, JobRow]]) -> None:
+        if any(job.job_id in job_ids for _due, _ttl, job in rows):
+            await release.wait()
+        await put(rows)
+
+    rig.store.put_dues_and_jobs = held  # type: ignore[method-assign]
+    return release
+
+
+async def test_a_command_the_lane_quarantines_is_reported_once_even_if_the_shard_moves(
+        ) -> None:
+    # "bad" (offset 1) and "soon" (offset 6) go in one lane batch; the store refuses "bad".
+    # Its message must go out with the in-order step that passes offset 1, not wait for
+    # offset 6: the shard moves in between, and the next owner starts past offset 1.
+    rig = NodeRig(shards=1, ingest_batch=2)
+    release = hold_writes_of(rig, "far-4")
+    put = rig.store.put_dues_and_jobs
+
+    async def refusing(rows: Sequence[tuple[DueRow, int, JobRow]]) -> None:
+        if any(job.job_id == "bad" for _due, _ttl, job in rows):
+            raise StoreRefused("the store refuses this job")
+        await put(rows)
+
+    rig.store.put_dues_and_jobs = refusing  # type: ignore[method-assign]
+    try:
+        first = await rig.start("first")
+        rig.upsert("far-0", at=FAR)
+        rig.upsert("bad", at=T0 + 5_000)
+        for i in range(2, 6):
+            rig.upsert(f"far-{i}", at=FAR)
+        rig.upsert("soon", at=T0 + 5_000)
+        rig.upsert("far-7", at=FAR)
+        await rig.settle()
+        stopping = asyncio.create_task(first.shutdown())
+        release.set()
+        await stopping
+        await rig.start("second")
+        await rig.advance(6_000)
+        assert [m.key for m in rig.bus.messages(rig.settings.rejected_topic)] == [b"bad"]
+        assert len(rig.fired("soon")) == 1 and committed(rig) == 8
+    finally:
+        release.set()
+        await rig.stop_all()
+
+
+async def test_a_stop_while_the_in_order_step_waits_for_the_lane_ends_cleanly() -> None:
+    rig = NodeRig(shards=1, ingest_batch=4)
+    release = hold_writes_of(rig, "soon")
+    try:
+        node = await rig.start()
+        rig.upsert("soon", at=T0 + 20_000)
+        await rig.settle()  # the lane has it in flight; the in-order step waits for it
+        task = node.owned[0].task
+        stopping = asyncio.create_task(node.shutdown())
+        await rig.settle()
+        release.set()
+        await stopping
+        # The shard ended without an error, its final commit made (the stop's `clean` path).
+        assert task.done() and task.exception() is None
+        assert committed(rig) == 1 and "soon" in rig.store.jobs
+    finally:
+        release.set()
+        await rig.stop_all()
+
+
+async def test_the_stop_deadline_ends_a_lane_batch_still_running() -> None:
+    rig = NodeRig(shards=1, ingest_batch=1, stop_deadline_ms=50, stop_drain_ms=60_000)
+    release = hold_writes_of(rig, "far", "soon")
+    try:
+        node = await rig.start()
+        rig.upsert("far", at=FAR)
+        rig.upsert("soon", at=T0 + 20_000)
+        await rig.settle()  # both writes held: the in-order step's and the lane's
+        stopping = asyncio.create_task(node.shutdown())
+        done, _ = await asyncio.wait({stopping}, timeout=30)
+        assert done, "the stop waited for the held lane batch past its deadline"
+    finally:
+        release.set()
+        await rig.stop_all()

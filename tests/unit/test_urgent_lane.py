@@ -101,7 +101,7 @@ def test_the_pass_skips_what_the_lane_applied_and_releases_its_messages_after_it
     assert batch is not None
     assert ln.waits_for_lane([far, soon])  # an in-order step over both waits for the lane
     message = Outgoing("unit.rejected", 0, soon.key, b"quarantined", [])
-    ln.finished(batch, [message])
+    ln.finished(batch, [(1, message)])
     assert not ln.waits_for_lane([far, soon])
     # A step that ends before the lane's record keeps its message back...
     assert ln.in_order(far)
@@ -113,7 +113,7 @@ def test_the_pass_skips_what_the_lane_applied_and_releases_its_messages_after_it
 
 
 def test_a_backlog_is_looked_ahead_then_read_again_from_where_the_queue_ended() -> None:
-    ln = lane(queue_rows=4, resume_rows=2, lookahead=6)
+    ln = lane(queue_rows=4, resume_rows=2, lookahead=8)
     ids = [job_in(0, i) for i in range(20)]
     queue: list[Rec] = []
 
@@ -130,26 +130,35 @@ def test_a_backlog_is_looked_ahead_then_read_again_from_where_the_queue_ended() 
     assert [r.offset for r in queue] == [0, 1, 2, 3] and ln.skip_from == 4
     assert list(ln.ready) == [6]
     assert ln.fetch_wanted(4, paused=False)
-    hand(8, 9)
-    assert not ln.fetch_wanted(4, paused=False)  # six offsets ahead: enough
+    hand(8, 9, 10, 11)
+    assert not ln.fetch_wanted(4, paused=False)  # eight offsets ahead: enough
     assert ln.plan_seek(4) is None  # the queue has not drained yet
     # The queue drains: the partition is read again where it ended, nothing fetched meanwhile.
     queue[:3] = []
     assert ln.plan_seek(1) == 4
     assert not ln.fetch_wanted(1, paused=True)
-    hand(10)  # fetched before the seek: read again later
+    hand(12)  # fetched before the seek: read again later
     ln.sought()
     assert ln.fetch_wanted(1, paused=True)
     hand(4, 5, 6)  # read again: no second look, queued in order
     assert [r.offset for r in queue] == [3, 4, 5, 6] and list(ln.ready) == [6]
-    # Full again: the look-ahead goes on past what was looked at, not over it again.
+    # Full again, five offsets looked at beyond: not read again, and not read on either.
     hand(7)
-    assert ln.skip_from == 7
-    assert ln.plan_seek(4) == 10
+    assert ln.skip_from == 7 and not ln.fetch_wanted(4, paused=False)
+    assert ln.plan_seek(4) is None
+    queue[:3] = []
+    assert ln.plan_seek(1) == 7
     ln.sought()
-    hand(10, 11, urgent={11})
-    assert list(ln.ready) == [6, 11]
-    assert ln.looked_to == 12
+    hand(7, 8, 9)
+    # Full again, two offsets looked at beyond: the look-ahead goes on past them.
+    hand(10)
+    assert ln.skip_from == 10 and not ln.fetch_wanted(4, paused=False)
+    assert ln.plan_seek(4) == 12
+    ln.sought()
+    assert ln.fetch_wanted(4, paused=True)
+    hand(12, 13, urgent={13})
+    assert [r.offset for r in queue] == [6, 7, 8, 9]
+    assert list(ln.ready) == [6, 13] and ln.looked_to == 14
 
 
 def test_with_the_lane_off_everything_is_queued() -> None:

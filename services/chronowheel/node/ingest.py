@@ -23,7 +23,8 @@ from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
-from chronowheel.bus.ports import SubmitRecord
+from chronowheel.bus.ports import BusError, SubmitRecord
+from chronowheel.core import wire
 from chronowheel.core.buckets import minute_of, slot_for
 from chronowheel.core.clock import Clock
 from chronowheel.core.model import (
@@ -193,13 +194,16 @@ class Ingest:
                     await state.ingest_wake.wait()
                     continue
                 await self.step()
-        finally:
+        except BaseException:
+            # Failed or cancelled (a stop's deadline, a fence): so is the lane, at once.
             if lane is not None and not lane.done():
-                if not state.stopping:
-                    lane.cancel()  # ingest failed or was cancelled: so is the lane
-                self.lane_wake.set()  # on a stop it sees `stopping` and ends after its batch
-                with contextlib.suppress(asyncio.CancelledError):
-                    await lane
+                lane.cancel()
+                with contextlib.suppress(asyncio.CancelledError):  # cancelled again: go on
+                    await asyncio.wait([lane])  # it has ended (its own error is dropped)
+            raise
+        if lane is not None and not lane.done():
+            self.lane_wake.set()  # it sees `stopping` and ends after its batch
+            await lane
 
     async def step(self) -> None:
         """Apply up to one batch of queued records."""
@@ -218,13 +222,13 @@ class Ingest:
         todo = records
         if lane.enabled:
             # A record the lane has in flight: later ones of its job wait for its batch.
-            wait = lane.waits_for_lane(records)
             todo = [rec for rec in records if lane.in_order(rec)]
-            while wait and lane.waits_for_lane(records):
-                await self.lane_idle.wait()
-                if self._lane_task is not None and self._lane_task.done():
-                    self._lane_task.result()
+            while lane.waits_for_lane(records):
+                task = self._lane_task
+                if task is not None and task.done():  # and its batch not finished
+                    task.result()
                     raise RuntimeError(f"shard {self.shard}: the urgent lane stopped")
+                await self.lane_idle.wait()
         now = self.clock.now_ms()
         chains: dict[str, list[Command]] = defaultdict(list)
         calendar_ops: list[PutCalendar | DeleteCalendar] = []
@@ -305,9 +309,9 @@ class Ingest:
             self.lane_idle.set()
             state.wake.set()
 
-    async def _apply_lane(self, batch: LaneBatch) -> list[Outgoing]:
-        """Apply a lane batch with the lane's own parts; the messages it produced (held until
-        the in-order pass goes past the batch)."""
+    async def _apply_lane(self, batch: LaneBatch) -> list[tuple[int, Outgoing]]:
+        """Apply a lane batch with the lane's own parts; the messages it produced, each with
+        the offset of the record it is about (held until the in-order pass is past it)."""
         parts = self.lane_parts
         chains: dict[str, list[Command]] = defaultdict(list)
         for rec, cmd in batch.records:
@@ -318,20 +322,24 @@ class Ingest:
             await self._apply_chains(chains, parts)
         finally:
             parts.rejections.sources.clear()
-        messages = list(parts.rejections.late)
+        messages = [(int(dict(msg.headers)[wire.SOURCE_OFFSET]), msg)
+                    for msg in parts.rejections.late]
         parts.rejections.late.clear()
         self.metrics.urgent.inc(len(batch.records))
         return messages
 
     async def _seek(self, offset: int) -> None:
         """Make the lane's pending seek; retried while Kafka refuses it (a leader moving)."""
-        while True:
+        for attempt in range(1, SEEK_ATTEMPTS + 1):
             try:
                 expired = await self.reread(offset)
                 break
             except Exception as exc:
                 if self.state.stopping:
                     return
+                if attempt == SEEK_ATTEMPTS:
+                    raise BusError(f"shard {self.shard}: seek of the submit partition to "
+                                   f"{offset} failed {attempt} times in a row: {exc!r}") from exc
                 log.warning("shard %d: seek of the submit partition to %d failed (%r); "
                             "again in %d ms", self.shard, offset, exc, SEEK_RETRY_MS)
                 await asyncio.sleep(SEEK_RETRY_MS / 1000)
@@ -399,7 +407,10 @@ class Ingest:
                             fresh.append((cmd, row))
                             continue
                     one_by_one.append((job_id, cmds))
-                sem = Permits(asyncio.Semaphore(self.settings.ingest_concurrency), node_writes)
+                sem = asyncio.Semaphore(self.settings.ingest_concurrency)
+                # New jobs' writes (a herd's) also take a node permit; a chain does not: it
+                # may hold dispatch below a pending occurrence of its job while it runs.
+                fresh_sem = Permits(sem, node_writes)
 
                 async def run_chain(job_id: str, cmds: list[Command]) -> None:
                     async with sem:
@@ -414,7 +425,7 @@ class Ingest:
                                 rejections.quarantine(cmd, exc)
 
                 # Every chain ends before the holds are released, also when one fails.
-                outcomes = await asyncio.gather(parts.new_jobs.write(fresh, sem),
+                outcomes = await asyncio.gather(parts.new_jobs.write(fresh, fresh_sem),
                                                 *(run_chain(j, c) for j, c in one_by_one),
                                                 return_exceptions=True)
             for outcome in outcomes:
@@ -467,4 +478,6 @@ PARSE_YIELD_EVERY = 50
 """Commands an ingest step parses between two yields to the event loop."""
 
 SEEK_RETRY_MS = 200
-"""A failed seek of the urgent lane is made again after this long."""
+"""A failed seek of the urgent lane is made again after this long..."""
+SEEK_ATTEMPTS = 150
+"""...this many times at most (30 s): then Kafka is unreachable for the shard, which fails."""

@@ -52,10 +52,6 @@ class LaneBatch:
 
     records: list[tuple[SubmitRecord, Upsert]]
 
-    @property
-    def last_offset(self) -> int:
-        return self.records[-1][0].offset
-
 
 class UrgentLane:
     """Which records of one shard go out of turn, and where its partition is read (pure)."""
@@ -87,8 +83,9 @@ class UrgentLane:
         """Offsets of the lane batch being applied."""
         self.applied: set[int] = set()
         """Offsets the lane applied that the in-order pass has not reached yet."""
-        self.held: list[tuple[int, list[Outgoing]]] = []
-        """(last offset of a lane batch, its messages): released once the pass is beyond."""
+        self.held: list[tuple[int, Outgoing]] = []
+        """(offset of the record it is about, a message the lane produced): released once
+        the in-order pass has gone past that record."""
         self.stepping: Counter[bytes | None] = Counter()
         """Keys of the records the in-order step now applies (the lane leaves them alone)."""
         self.skip_from: int | None = None
@@ -96,9 +93,13 @@ class UrgentLane:
         looked at and dropped, and read again after a seek back here."""
         self.seek_to: int | None = None
         """A seek the lane task is to make (None: none pending)."""
+        self.behind = False
+        """The look-ahead began at a record looked at before: the partition is read below
+        what was looked at, which would be read for nothing, so it is not read on..."""
         self.forward = False
-        """The look-ahead began at a record looked at before: seek past what was looked at
-        rather than read it again."""
+        """...unless a seek past what was looked at is to be made (the look-ahead is then
+        short enough to be read on)."""
+        self.seeking_forward = False
 
     # --- records arriving ----------------------------------------------------------------
     def arrived(self, rec: SubmitRecord, queued: int, now_ms: int) -> bool:
@@ -120,7 +121,9 @@ class UrgentLane:
             return False
         if self.lookahead > 0 and self.enabled and queued >= self.queue_rows:
             self.skip_from = offset
-            self.forward = self.looked_to > offset + 1
+            ahead = self.looked_to - offset
+            self.behind = ahead > 1
+            self.forward = self.behind and ahead < self.lookahead // 2
             return False
         return True
 
@@ -132,7 +135,7 @@ class UrgentLane:
             return None
         try:
             doc = orjson.loads(value)
-        except orjson.JSONDecodeError:
+        except Exception:
             return None
         if type(doc) is not dict or doc.get("op") != "upsert":
             return None
@@ -145,6 +148,8 @@ class UrgentLane:
             cmd = parse_command(value, key=rec.key, policy=self.policy, now_ms=now_ms)
         except ValidationError:
             return None  # refused in order, with its reason
+        except Exception:  # a parser bug must not stop the pump: in order, it is quarantined
+            return None
         if not isinstance(cmd, Upsert) or shard_of(cmd.job.id, self.shards) != self.shard:
             return None
         return cmd
@@ -152,8 +157,8 @@ class UrgentLane:
     # --- where the partition is read -------------------------------------------------------
     def fetch_wanted(self, queued: int, paused: bool) -> bool:
         """Whether the pump should fetch the shard now (False: pause it)."""
-        if self.seek_to is not None:
-            return False
+        if self.seek_to is not None or self.behind:
+            return False  # only records looked at before would come
         if self.skip_from is not None:
             ahead = (self.looked_to or self.skip_from) - self.skip_from
             return ahead < (self.lookahead // 2 if paused else self.lookahead)
@@ -167,14 +172,17 @@ class UrgentLane:
         if queued < self.resume_rows:
             self.seek_to = self.skip_from
             self.skip_from = None
-            self.forward = False
+            self.behind = self.forward = self.seeking_forward = False
         elif self.forward:
             self.seek_to = self.looked_to
             self.forward = False
+            self.seeking_forward = True
         return self.seek_to
 
     def sought(self) -> None:
         """The pending seek is made: records come from its offset on."""
+        if self.seeking_forward:
+            self.behind = self.seeking_forward = False
         self.seek_to = None
 
     # --- the lane ----------------------------------------------------------------------
@@ -193,12 +201,12 @@ class UrgentLane:
             taken.append((rec, cmd))
         return LaneBatch(taken) if taken else None
 
-    def finished(self, batch: LaneBatch, messages: list[Outgoing]) -> None:
+    def finished(self, batch: LaneBatch, messages: list[tuple[int, Outgoing]]) -> None:
+        """The lane applied `batch`; `messages`: (offset of the record it is about, message)."""
         for rec, _cmd in batch.records:
             self.in_flight.discard(rec.offset)
             self.applied.add(rec.offset)
-        if messages:
-            self.held.append((batch.last_offset, messages))
+        self.held.extend(messages)
 
     # --- the in-order pass -------------------------------------------------------------------
     def in_order(self, rec: SubmitRecord) -> bool:
@@ -230,9 +238,11 @@ class UrgentLane:
                 self.waiting.pop(key, None)
         if self.applied:
             self.applied = {offset for offset in self.applied if offset > through}
-        out: list[Outgoing] = []
-        while self.held and self.held[0][0] <= through:
-            out.extend(self.held.pop(0)[1])
+        if not self.held:
+            return []
+        out = [msg for offset, msg in self.held if offset <= through]
+        if out:
+            self.held = [(offset, msg) for offset, msg in self.held if offset > through]
         return out
 
     def waits_for_lane(self, records: list[SubmitRecord]) -> bool:
