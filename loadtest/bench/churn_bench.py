@@ -44,11 +44,20 @@ from chronowheel.testing import (
     NodeProcess,
     drop_namespace,
     metric_sum,
-    require_loopback,
     summarize,
     wall_ms,
 )
-from common import LOG_DIR, PAD, ROOT, add_stack_args, emit, init_with_cli, say, stored_commands
+from common import (
+    LOG_DIR,
+    PAD,
+    ROOT,
+    add_stack_args,
+    emit,
+    fresh_namespace,
+    init_with_cli,
+    say,
+    stored_commands,
+)
 
 MINUTE_MS = 60_000
 MOVE_MS = 2 * MINUTE_MS
@@ -173,12 +182,7 @@ def tombstone_lines(log: Path, offset: int, keyspace: str) -> list[str]:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    require_loopback("kafka", args.kafka)
-    require_loopback("cassandra", args.cassandra)
-    ns = args.namespace or f"churn{int(time.time())}"
-    settings = Settings.from_env(namespace=ns, kafka=args.kafka, cassandra=args.cassandra,
-                                 shards=args.shards, http_port=0)
-    env = dict(kv.split("=", 1) for kv in args.node_env)
+    ns, settings, env = fresh_namespace(args, "churn")
     log = Path(args.cassandra_log)
     log_offset = log.stat().st_size if log.exists() else 0
     init_with_cli(args, ns)

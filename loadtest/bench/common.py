@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 from chronowheel.core.model import encode_upsert
 from chronowheel.settings import Settings
+from chronowheel.testing import require_loopback
 
 ROOT = Path(__file__).resolve().parents[2]
 LOADTEST = ROOT / "loadtest"
@@ -170,6 +171,19 @@ def add_stack_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kafka", default=os.environ.get("CHRONOWHEEL_KAFKA", "127.0.0.1:9092"))
     p.add_argument("--cassandra",
                    default=os.environ.get("CHRONOWHEEL_CASSANDRA", "127.0.0.1:9042"))
+
+
+def fresh_namespace(args: argparse.Namespace, prefix: str) -> tuple[str, Settings,
+                                                                      dict[str, str]]:
+    """A run's namespace (`--namespace`, or `<prefix><epoch seconds>`), its settings on
+    `--kafka` and `--cassandra` (loopback only: the run drops what it creates there) with
+    `--shards`, and the node's extra environment (`--node-env KEY=VALUE`)."""
+    require_loopback("kafka", args.kafka)
+    require_loopback("cassandra", args.cassandra)
+    ns = args.namespace or f"{prefix}{int(time.time())}"
+    settings = Settings.from_env(namespace=ns, kafka=args.kafka, cassandra=args.cassandra,
+                                 shards=args.shards, http_port=0)
+    return ns, settings, dict(kv.split("=", 1) for kv in args.node_env)
 
 
 def emit(out: dict[str, Any], path: str | None) -> None:

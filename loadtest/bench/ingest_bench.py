@@ -37,10 +37,18 @@ from chronowheel.testing import (
     NodeProcess,
     drop_namespace,
     metric_sum,
-    require_loopback,
     wall_ms,
 )
-from common import LOG_DIR, PAD, ROOT, add_stack_args, init_with_cli, say, stored_commands
+from common import (
+    LOG_DIR,
+    PAD,
+    ROOT,
+    add_stack_args,
+    fresh_namespace,
+    init_with_cli,
+    say,
+    stored_commands,
+)
 from limits import raw_cassandra_rate
 
 
@@ -127,12 +135,7 @@ def py_spy(pid: int, seconds: int, out: Path) -> subprocess.Popen[bytes]:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    require_loopback("kafka", args.kafka)
-    require_loopback("cassandra", args.cassandra)
-    ns = args.namespace or f"ingbench{int(time.time())}"
-    settings = Settings.from_env(namespace=ns, kafka=args.kafka, cassandra=args.cassandra,
-                                 shards=args.shards, http_port=0)
-    env = dict(kv.split("=", 1) for kv in args.node_env)
+    ns, settings, env = fresh_namespace(args, "ingbench")
     out: dict[str, Any] = {"namespace": ns, "jobs": args.jobs, "node_env": env}
     init_with_cli(args, ns)
     node: NodeProcess | None = None

@@ -66,7 +66,6 @@ from chronowheel.testing import (
     NodeProcess,
     drop_namespace,
     metric_sum,
-    require_loopback,
     summarize,
     wall_ms,
 )
@@ -77,6 +76,7 @@ from common import (
     ROOT,
     add_stack_args,
     emit,
+    fresh_namespace,
     init_with_cli,
     say,
 )
@@ -472,12 +472,7 @@ async def drop_backlog(settings: Settings) -> int:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    require_loopback("kafka", args.kafka)
-    require_loopback("cassandra", args.cassandra)
-    ns = args.namespace or f"scale{int(time.time())}"
-    settings = Settings.from_env(namespace=ns, kafka=args.kafka, cassandra=args.cassandra,
-                                 shards=args.shards, http_port=0)
-    env = dict(kv.split("=", 1) for kv in args.node_env)
+    ns, settings, env = fresh_namespace(args, "scale")
     out: dict[str, Any] = {"namespace": ns, "jobs": args.jobs, "shards": args.shards,
                            "node_env": env,
                            "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

@@ -28,7 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from chronowheel.bus.kafka import plain_producer
 from chronowheel.core.model import encode_upsert
-from chronowheel.settings import Settings
 from chronowheel.testing import (
     Collector,
     Fired,
@@ -36,20 +35,14 @@ from chronowheel.testing import (
     NodeProcess,
     drop_namespace,
     metric_sum,
-    require_loopback,
     summarize,
     wall_ms,
 )
-from common import LOG_DIR, ROOT, add_stack_args, emit, init_with_cli, say
+from common import LOG_DIR, ROOT, add_stack_args, emit, fresh_namespace, init_with_cli, say
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    require_loopback("kafka", args.kafka)
-    require_loopback("cassandra", args.cassandra)
-    ns = args.namespace or f"urgent{int(time.time())}"
-    settings = Settings.from_env(namespace=ns, kafka=args.kafka, cassandra=args.cassandra,
-                                 shards=args.shards, http_port=0)
-    env = dict(kv.split("=", 1) for kv in args.node_env)
+    ns, settings, env = fresh_namespace(args, "urgent")
     init_with_cli(args, ns)
     out: dict[str, Any] = {"namespace": ns, "herd": args.herd, "node_env": env,
                            "probe_rate": args.probe_rate, "probe_lead_ms": args.probe_lead_ms}

@@ -22,6 +22,7 @@ from chronowheel.core.model import encode_cancel, encode_upsert
 from chronowheel.core.shard import shard_of
 from chronowheel.node.service import Node
 from chronowheel.settings import Settings
+from chronowheel.store.cassandra import CassandraStore
 from chronowheel.testing import Collector, Fired, collecting, committed_past, wait_owned
 from chronowheel.worker import Worker
 
@@ -124,6 +125,16 @@ def fired_json(messages: list[Fired]) -> list[Any]:
 
 
 # --- barriers: instead of sleeping until the nodes are probably done -------------------------
+
+
+async def stored_jobs(settings: Settings) -> int:
+    """How many rows the namespace's `jobs` table holds (a full scan: small tests only)."""
+    store = await asyncio.to_thread(CassandraStore.open, settings)
+    try:
+        return await asyncio.to_thread(lambda: sum(1 for _ in store.session.execute(
+            f"SELECT job_id FROM {settings.keyspace}.jobs")))
+    finally:
+        await asyncio.to_thread(store.close)
 
 
 async def applied(settings: Settings, timeout_s: float = 30) -> None:

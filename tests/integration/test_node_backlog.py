@@ -5,14 +5,19 @@ while it is still taking over."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
-from chronowheel.store.cassandra import CassandraStore
 
 from testkit.fleet import until
-from tests.integration.harness import make_namespace, now_ms, produce, running_node, upsert
+from tests.integration.harness import (
+    make_namespace,
+    now_ms,
+    produce,
+    running_node,
+    stored_jobs,
+    upsert,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -26,10 +31,5 @@ async def test_a_backlog_without_committed_offsets_is_applied_completely(
     async with running_node(settings) as node:
         await until(lambda: node.metrics.ingested.labels("upsert", "stored")._value.get() >= n,
                     180, f"the node to apply the backlog of {n} jobs")
-    store = await asyncio.to_thread(CassandraStore.open, settings)
-    try:
-        rows = await asyncio.to_thread(lambda: sum(1 for _ in store.session.execute(
-            f"SELECT job_id FROM {settings.keyspace}.jobs")))
-    finally:
-        await asyncio.to_thread(store.close)
+    rows = await stored_jobs(settings)
     assert rows == n, f"{n - rows} accepted commands were never stored"

@@ -5,16 +5,22 @@ the committed offset reaches the end."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from typing import Any
 
 import pytest
-from chronowheel.store.cassandra import CassandraStore
 from chronowheel.testing import Collector
 
 from testkit.fleet import until
-from tests.integration.harness import applied, make_namespace, now_ms, produce, running_node, upsert
+from tests.integration.harness import (
+    applied,
+    make_namespace,
+    now_ms,
+    produce,
+    running_node,
+    stored_jobs,
+    upsert,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -48,10 +54,5 @@ async def test_a_one_shot_due_soon_jumps_a_backlog_the_node_reads_ahead_of(
         assert fired.received_ms >= due and fired.fired_ms >= due  # never early
     finally:
         await collector.stop()
-    store = await asyncio.to_thread(CassandraStore.open, settings)
-    try:
-        rows = await asyncio.to_thread(lambda: sum(1 for _ in store.session.execute(
-            f"SELECT job_id FROM {settings.keyspace}.jobs")))
-    finally:
-        await asyncio.to_thread(store.close)
+    rows = await stored_jobs(settings)
     assert rows == n + 1
