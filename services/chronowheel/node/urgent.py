@@ -1,4 +1,4 @@
-"""The urgent lane: new one-shots due soon, applied ahead of their shard's backlog.
+"""The urgent lane: one-shots due soon, applied ahead of their shard's backlog.
 
 A shard applies its submit commands in offset order, one ingest step at a time. Behind a herd
 (a bulk import, a burst of jobs due next month) a one-shot due two seconds after it was sent
@@ -100,6 +100,7 @@ class UrgentLane:
         """...unless a seek past what was looked at is to be made (the look-ahead is then
         short enough to be read on)."""
         self.seeking_forward = False
+        """The pending seek is that one (once made, the partition is read on from there)."""
 
     # --- records arriving ----------------------------------------------------------------
     def arrived(self, rec: SubmitRecord, queued: int, now_ms: int) -> bool:
@@ -128,8 +129,9 @@ class UrgentLane:
         return True
 
     def _urgent(self, rec: SubmitRecord, now_ms: int) -> Upsert | None:
-        """The record's upsert if it is a new one-shot of this shard due within `urgent_ms`
-        (cheap checks first: most records of a herd are not)."""
+        """The record's upsert if it is one of a one-shot of this shard (a new job or an edit)
+        due within `urgent_ms`, with no calendar (cheap checks first: most records of a herd
+        are not)."""
         value = rec.value
         if not value or rec.key is None:
             return None
