@@ -234,7 +234,7 @@ class Settings:
         2_000, "pause fetching a shard's submit partition with this many records queued")
     pump_resume_rows: int = _opt(1_000, "resume it once fewer than this many are queued")
     urgent_ms: int = _opt(
-        30_000, "a new one-shot due within this of now is applied ahead of its shard's "
+        30_000, "an upsert of a one-shot due within this of now is applied ahead of its shard's "
                 "backlog (the urgent lane; nothing of the same job before it may wait); 0: "
                 "every command strictly in offset order")
     urgent_lookahead_records: int = _opt(

@@ -69,7 +69,7 @@ class NodeMetrics:
             ["stage", "reason"], registry=r)
         self.urgent = Counter(
             "chronowheel_ingest_urgent_total",
-            "new one-shots due soon that the urgent lane applied ahead of their shard's "
+            "upserts of one-shots due soon that the urgent lane applied ahead of their shard's "
             "backlog", registry=r)
         self.forwarded = Counter("chronowheel_forwarded_total",
                                  "commands forwarded to their shard's partition", registry=r)
