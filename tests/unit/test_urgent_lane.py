@@ -168,3 +168,14 @@ def test_with_the_lane_off_everything_is_queued() -> None:
         assert ln.arrived(upsert(o, job_in(0, o), SOON), o, NOW)
     assert not ln.ready and ln.skip_from is None
     assert not ln.fetch_wanted(3, paused=False) and ln.fetch_wanted(0, paused=True)
+
+
+def test_the_lane_holds_no_more_records_than_the_queue() -> None:
+    # A whole herd due soon: the lane keeps queue_rows of them, the rest go in order.
+    ln = lane(queue_rows=3, resume_rows=1, lookahead=100)
+    queued = 0
+    for o in range(10):
+        if ln.arrived(upsert(o, job_in(0, o), SOON), queued, NOW):
+            queued += 1
+    assert list(ln.ready) == [0, 1, 2]
+    assert sum(ln.waiting.values()) == 7

@@ -111,7 +111,10 @@ class UrgentLane:
             return False  # read again from the seek's offset
         if self.looked_to is None or offset >= self.looked_to:
             self.looked_to = offset + 1
-            cmd = self._urgent(rec, now_ms) if self.enabled else None
+            # The lane holds at most as many records as the queue (memory stays bounded when
+            # a whole herd is due soon: the rest waits for the in-order pass).
+            cmd = self._urgent(rec, now_ms) \
+                if self.enabled and len(self.ready) < self.queue_rows else None
             if cmd is not None and self.waiting[None] == 0 and self.waiting[rec.key] == 0:
                 self.ready[offset] = (rec, cmd)
             else:
