@@ -6,6 +6,8 @@ zone's rules (written next to it), so these tests check the policy, not the code
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable, Iterator
 from datetime import UTC, date, datetime, timedelta
 from functools import cache
@@ -1518,3 +1520,47 @@ def test_exclusions_drop_exactly_the_excluded_local_dates(
     for prev, cur in pairwise(want):
         assert latest_at_or_before(s, cur) == cur
         assert latest_at_or_before(s, cur - 1) == prev
+
+
+# --- the compiled-schedule and zone caches ----------------------------------------------------
+
+TWENTY_ZONES = ("UTC", "Europe/London", "Europe/Berlin", "Europe/Moscow", "Africa/Cairo",
+                "Africa/Lagos", "Asia/Kolkata", "Asia/Shanghai", "Asia/Tokyo", "Asia/Dubai",
+                "Asia/Singapore", "Australia/Sydney", "Pacific/Auckland", "America/New_York",
+                "America/Chicago", "America/Denver", "America/Los_Angeles", "America/Sao_Paulo",
+                "America/Mexico_City", "Pacific/Honolulu")
+
+
+def test_a_recurrence_compiled_twice_is_the_same_schedule() -> None:
+    days = [date(2027, 1, 1), date(2027, 12, 25)]
+    first = compile_schedule(cron="0 9 * * 1-5", tz="Europe/Berlin", exclude_dates=days)
+    again = compile_schedule(cron="0 9 * * 1-5", tz="Europe/Berlin",
+                             exclude_dates=frozenset(days))
+    assert again is first
+    other = compile_schedule(cron="0 9 * * 1-5", tz="Europe/Paris", exclude_dates=days)
+    assert other is not first and other.zone.key == "Europe/Paris"
+
+
+def test_the_cache_never_lets_a_bool_or_float_stand_for_an_int() -> None:
+    assert compile_schedule(every_ms=1).every_ms == 1  # cached first
+    with pytest.raises(ValidationError) as err:
+        compile_schedule(every_ms=True)  # type: ignore[arg-type]  # equal to 1, and hashes so
+    assert err.value.path == "job.every"
+    compile_schedule(every_ms=60_000, start_ms=0)
+    with pytest.raises(ValidationError):
+        compile_schedule(every_ms=60_000, start_ms=0.0)  # type: ignore[arg-type]
+
+
+def test_input_the_cache_cannot_hash_gets_the_same_error() -> None:
+    with pytest.raises(ValidationError) as err:
+        compile_schedule(cron=["0", "9", "*", "*", "*"])  # type: ignore[arg-type]
+    assert (err.value.path, err.value.rule) == ("job.cron", "must be a string")
+
+
+def test_a_mix_of_more_zones_than_zoneinfo_keeps_loads_each_zone_once() -> None:
+    loaded = [weakref.ref(compile_schedule(cron="0 0 * * *", tz=tz).zone)
+              for tz in TWENTY_ZONES]
+    gc.collect()  # ZoneInfo itself keeps only its last eight zones alive
+    assert all(ref() is not None for ref in loaded)
+    again = [compile_schedule(cron="30 0 * * *", tz=tz).zone for tz in TWENTY_ZONES]
+    assert all(ref() is zone for ref, zone in zip(loaded, again, strict=True))

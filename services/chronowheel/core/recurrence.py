@@ -601,9 +601,17 @@ def _zone(tz: str) -> ZoneInfo:
     if tz in ("localtime", "posixrules"):
         raise ValidationError("job.tz", "must be an IANA time zone name", tz)
     try:
-        return ZoneInfo(tz)
+        return _loaded_zone(tz)
     except (ZoneInfoNotFoundError, ValueError, OSError):
         raise ValidationError("job.tz", "unknown IANA time zone", tz) from None
+
+
+@lru_cache(maxsize=1024)
+def _loaded_zone(tz: str) -> ZoneInfo:
+    # ZoneInfo keeps only 8 zones alive itself; a schedule is dropped once its rows are
+    # written, so a mix of more zones read the zone's file again for every job (a tenth of
+    # the node's ingest time with 20 % cron jobs in 20 zones). There are about 600 zones.
+    return ZoneInfo(tz)
 
 
 def compile_schedule(
@@ -619,7 +627,28 @@ def compile_schedule(
     """Validate and compile a recurrence; raises ValidationError naming the offending field.
 
     `exclude_dates` (cron only) are local dates in `tz` on which nothing fires.
+
+    Compiled schedules are immutable and kept in a bounded cache: many jobs share a recurrence
+    (a daily report in each zone), and a job's is compiled when its command is validated and
+    again when its rows are written. The cache is typed, so `True` never stands for `1`; input
+    it cannot hash (only ever invalid) is compiled uncached, to the same error.
     """
+    dates = exclude_dates if isinstance(exclude_dates, frozenset) else frozenset(exclude_dates)
+    try:
+        return _compile_cached(cron, every_ms, tz, start_ms, end_ms, dst, dates)
+    except TypeError:
+        return _compile(cron, every_ms, tz, start_ms, end_ms, dst, dates)
+
+
+@lru_cache(maxsize=4096, typed=True)
+def _compile_cached(cron: str | None, every_ms: int | None, tz: str, start_ms: int | None,
+                    end_ms: int | None, dst: DstPolicy, exclude_dates: frozenset[date],
+                    ) -> Schedule:
+    return _compile(cron, every_ms, tz, start_ms, end_ms, dst, exclude_dates)
+
+
+def _compile(cron: str | None, every_ms: int | None, tz: str, start_ms: int | None,
+             end_ms: int | None, dst: DstPolicy, exclude_dates: frozenset[date]) -> Schedule:
     if (cron is None) == (every_ms is None):
         raise ValidationError("job", "exactly one of cron and every is required")
     if every_ms is not None and exclude_dates:
