@@ -32,6 +32,12 @@ ON_TIME_P99_MS = 100.0
 # job): the report compares rows written/s with raw single-row inserts/s.
 CASSANDRA_REQUESTS_PER_JOB = 2
 PAD = "x" * 48  # payload padding: a small realistic JSON payload of ~90 bytes
+# Time zones of the workloads' cron jobs: every UTC offset class, with and without DST.
+ZONES = ("UTC", "Europe/London", "Europe/Berlin", "Europe/Moscow", "Africa/Cairo",
+         "Africa/Lagos", "Asia/Kolkata", "Asia/Shanghai", "Asia/Tokyo", "Asia/Dubai",
+         "Asia/Singapore", "Australia/Sydney", "Pacific/Auckland", "America/New_York",
+         "America/Chicago", "America/Denver", "America/Los_Angeles", "America/Sao_Paulo",
+         "America/Mexico_City", "Pacific/Honolulu")
 SMALL_TXN_BATCH = 100
 """The raw produce limit is measured with the node's largest transaction and with this one."""
 

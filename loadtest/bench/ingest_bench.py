@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import subprocess
 import sys
 import time
@@ -43,6 +44,7 @@ from common import (
     LOG_DIR,
     PAD,
     ROOT,
+    ZONES,
     add_stack_args,
     fresh_namespace,
     init_with_cli,
@@ -101,12 +103,29 @@ async def wait_stored(node: NodeProcess, settings: Settings, n: int, t0: float,
         await asyncio.sleep(1)
 
 
+def is_cron(i: int, cron_share: float) -> bool:
+    """Spreads the cron jobs evenly through the submission: job i is one when the running
+    count of cron jobs steps up at i."""
+    return math.floor((i + 1) * cron_share) > math.floor(i * cron_share)
+
+
+def job_spec(run: str, i: int, now: float, due_from_s: float, span_ms: float,
+             cron_share: float) -> dict[str, Any]:
+    """A one-shot due in the horizon, or (a `cron_share` of them) a daily cron job at a
+    minute spread over the day in one of twenty zones, whose next run is within a day."""
+    payload = {"bench": "ingest", "i": i, "pad": PAD}
+    if is_cron(i, cron_share):
+        return {"id": f"{run}.{i:08d}", "cron": f"{i % 60} {(i // 60) % 24} * * *",
+                "tz": ZONES[(i // 7) % len(ZONES)], "payload": payload}
+    return {"id": f"{run}.{i:08d}", "at": int(now + due_from_s * 1000 + (i * 7919) % span_ms),
+            "payload": payload}
+
+
 async def submit(settings: Settings, n: int, due_from_s: float, due_to_s: float,
-                 run: str) -> float:
+                 run: str, cron_share: float = 0.0) -> float:
     now = wall_ms()
     span = max(1.0, (due_to_s - due_from_s) * 1000)
-    items = ({"id": f"{run}.{i:08d}", "at": int(now + due_from_s * 1000 + (i * 7919) % span),
-              "payload": {"bench": "ingest", "i": i, "pad": PAD}} for i in range(n))
+    items = (job_spec(run, i, now, due_from_s, span, cron_share) for i in range(n))
     t0 = time.monotonic()
     async with SchedulerClient(settings) as client:
         report = await client.submit_many(items)
@@ -136,7 +155,8 @@ def py_spy(pid: int, seconds: int, out: Path) -> subprocess.Popen[bytes]:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     ns, settings, env = fresh_namespace(args, "ingbench")
-    out: dict[str, Any] = {"namespace": ns, "jobs": args.jobs, "node_env": env}
+    out: dict[str, Any] = {"namespace": ns, "jobs": args.jobs, "node_env": env,
+                           "cron_share": args.cron_share}
     init_with_cli(args, ns)
     node: NodeProcess | None = None
     try:
@@ -156,9 +176,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             out["rss_ready_mib"] = round((node.rss_bytes() or 0) / 2**20, 1)
             t0 = time.monotonic()
             sub = asyncio.create_task(submit(settings, args.jobs, args.due_from_s,
-                                             args.due_to_s, ns))
+                                             args.due_to_s, ns, args.cron_share))
         else:
-            await submit(settings, args.jobs, args.due_from_s, args.due_to_s, ns)
+            await submit(settings, args.jobs, args.due_from_s, args.due_to_s, ns,
+                         args.cron_share)
             node.start()
             await node.wait_ready(120)
             t0 = time.monotonic()
@@ -212,6 +233,8 @@ def main() -> int:
     p.add_argument("--shards", type=int, default=16)
     p.add_argument("--due-from-s", type=float, default=86_400)
     p.add_argument("--due-to-s", type=float, default=2 * 86_400)
+    p.add_argument("--cron-share", type=float, default=0.0,
+                   help="share of the jobs that are daily cron jobs in twenty zones (0..1)")
     p.add_argument("--raw-s", type=float, default=5.0)
     p.add_argument("--raw-concurrency", type=int, default=64)
     p.add_argument("--timeout-s", type=float, default=900)
@@ -226,6 +249,8 @@ def main() -> int:
     p.add_argument("--keep", action="store_true")
     add_stack_args(p)
     args = p.parse_args()
+    if not 0.0 <= args.cron_share <= 1.0:
+        p.error(f"--cron-share must be within 0..1, not {args.cron_share}")
     out = asyncio.run(run(args))
     print(out)
     return 0

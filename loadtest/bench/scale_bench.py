@@ -74,6 +74,7 @@ from common import (
     PAD,
     RESULTS_DIR,
     ROOT,
+    ZONES,
     add_stack_args,
     emit,
     fresh_namespace,
@@ -86,11 +87,7 @@ PACKAGED_MEASURED = ROOT / "services" / "chronowheel" / "cli" / "measured.json"
 
 DAY_MS = 86_400_000
 MILLION = 1_000_000
-ZONES = ("UTC", "Europe/London", "Europe/Berlin", "Europe/Moscow", "Africa/Cairo",
-         "Africa/Lagos", "Asia/Kolkata", "Asia/Shanghai", "Asia/Tokyo", "Asia/Dubai",
-         "Asia/Singapore", "Australia/Sydney", "Pacific/Auckland", "America/New_York",
-         "America/Chicago", "America/Denver", "America/Los_Angeles", "America/Sao_Paulo",
-         "America/Mexico_City", "Pacific/Honolulu")
+
 
 
 def job_commands(run: str, first: int, count: int, now: int) -> list[tuple[bytes, bytes]]:
