@@ -235,3 +235,13 @@ def test_static_membership_names_each_node_by_its_pod_when_enabled() -> None:
         "fieldRef": {"fieldPath": "metadata.name"}}
     assert env["CHRONOWHEEL_NODE_SESSION_TIMEOUT_MS"]["value"] == "45000"
     assert {env_name("node_instance_id"), env_name("node_session_timeout_ms")} <= set(env)
+    # The node starts with what the chart gives it: the loop-stall limit above the session
+    # timeout (at the chart's own default, 30 s, the node's default limit of 15 s is not).
+    for session in ("45000", None):
+        args = ["--set", "node.staticMembership.enabled=true"]
+        if session is not None:
+            args += ["--set", f"node.staticMembership.sessionTimeoutMs={session}"]
+        plain = {e["name"]: e["value"] for e in node_env(*args) if "value" in e}
+        settings = Settings.from_env(plain)  # raises ConfigError on a combination it refuses
+        assert settings.node_loop_stall_limit_ms > settings.node_session_timeout_ms
+        assert settings.node_session_timeout_ms == int(session or 30000)
