@@ -4,25 +4,19 @@ never stored and stall the run)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 from chronowheel.core.model import Upsert, ValidationPolicy, encode_upsert, parse_command
 
-BENCH = Path(__file__).resolve().parents[2] / "loadtest" / "bench"
+from tests.unit.loadtest_modules import BENCH, load
+
 NOW_MS = 1_796_000_000_000
 
 
 @pytest.fixture(scope="module")
 def ingest_bench() -> Any:
-    sys.path.insert(0, str(BENCH))
-    try:
-        import ingest_bench as module  # the benchmark's own modules import each other this way
-    finally:
-        sys.path.remove(str(BENCH))
-    return module
+    return load("ingest_bench", BENCH)
 
 
 @pytest.mark.parametrize("share", [0.0, 0.2, 0.5, 1.0])

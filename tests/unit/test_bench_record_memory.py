@@ -3,23 +3,17 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "loadtest" / "bench"
+from tests.unit.loadtest_modules import BENCH, load
 
 
 @pytest.fixture(scope="module")
 def report() -> Any:
-    sys.path.insert(0, str(BENCH))
-    try:
-        import report as module  # the benchmark's own modules import each other this way
-    finally:
-        sys.path.remove(str(BENCH))
-    return module
+    return load("report", BENCH)
 
 
 MEASURED = {"fires_per_s_per_node": 4000, "ingest_jobs_per_s_per_node": 7532.8,

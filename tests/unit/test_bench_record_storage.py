@@ -4,25 +4,20 @@ its samples, the median ingest rate; measured.json keeps its other figures and l
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from chronowheel.cli.capacity import load_measured
 
-BENCH = Path(__file__).resolve().parents[2] / "loadtest" / "bench"
+from tests.unit.loadtest_modules import BENCH, load
+
 MIB = 2**20
 
 
 @pytest.fixture(scope="module")
 def scale_bench() -> Any:
-    sys.path.insert(0, str(BENCH))
-    try:
-        import scale_bench as module  # the benchmark's own modules import each other this way
-    finally:
-        sys.path.remove(str(BENCH))
-    return module
+    return load("scale_bench", BENCH)
 
 
 def _run(**fire: int) -> dict[str, Any]:

@@ -26,17 +26,12 @@ from chronowheel.cli.capacity import (
     with_knee,
 )
 
-LOADTEST = Path(__file__).resolve().parents[2] / "loadtest"
+from tests.unit.loadtest_modules import LOADTEST, load
 
 
 @pytest.fixture(scope="module")
 def steps() -> Any:
-    sys.path.insert(0, str(LOADTEST))
-    try:
-        import capacity_steps
-    finally:
-        sys.path.remove(str(LOADTEST))
-    return capacity_steps
+    return load("capacity_steps")
 
 
 # --- parsing --------------------------------------------------------------------------------

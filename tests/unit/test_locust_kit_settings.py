@@ -15,18 +15,12 @@ from typing import Any
 import pytest
 from chronowheel.settings import Settings, settings_from_args
 
-LOADTEST = Path(__file__).resolve().parents[2] / "loadtest"
+from tests.unit.loadtest_modules import LOADTEST, load
 
 
 @pytest.fixture(scope="module")
 def kit() -> Any:
-    sys.path.insert(0, str(LOADTEST))
-    try:
-        import kafka_bridge
-        import locust_support
-    finally:
-        sys.path.remove(str(LOADTEST))
-    return argparse.Namespace(support=locust_support, bridge=kafka_bridge)
+    return argparse.Namespace(support=load("locust_support"), bridge=load("kafka_bridge"))
 
 
 @pytest.fixture

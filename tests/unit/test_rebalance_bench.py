@@ -5,8 +5,6 @@ the even spread of the jobs over time."""
 from __future__ import annotations
 
 import itertools
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,18 +12,14 @@ from chronowheel.core import wire
 from chronowheel.core.shard import shard_of
 from chronowheel.testing.collect import Fired
 
-LOADTEST = Path(__file__).resolve().parents[2] / "loadtest"
+from tests.unit.loadtest_modules import load
+
 SHARDS = 2
 
 
 @pytest.fixture(scope="module")
 def bench() -> Any:
-    sys.path.insert(0, str(LOADTEST))
-    try:
-        import rebalance as module
-    finally:
-        sys.path.remove(str(LOADTEST))
-    return module
+    return load("rebalance")
 
 
 def _job_of_shard(shard: int) -> str:
