@@ -215,6 +215,51 @@ async def _running(fake: FakeConsumer) -> AsyncIterator[Group]:
 
 
 
+class SlowJoin(FakeConsumer):
+    """A consumer whose start (the group join) takes 20 s of the injected clock."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    async def start(self) -> None:
+        await super().start()
+        self.clock.advance(20_000)
+
+
+async def test_a_long_join_is_not_taken_for_a_stalled_node_loop(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Before the pings begin nothing asks the node loop: a join that waited 20 s (a static
+    # member's predecessor waited out by the broker) must neither warn nor stop the polls.
+    # The node loop's answers are left out, so only the count's start can keep the polls.
+    clock = FakeClock()
+    caplog.set_level(logging.WARNING, logger=kafka_node.__name__)
+    group = Group(SlowJoin(clock), clock=clock)
+    group._answer = lambda: None  # type: ignore[method-assign]
+    await group.start()
+    try:
+        calls = group.fake.getmany_calls
+        await asyncio.wait_for(_until(lambda: group.fake.getmany_calls > calls + 2), 5)
+        assert not [r for r in caplog.records if "has not answered" in r.message]
+    finally:
+        await group.stop()
+
+
+def test_liveness_counts_from_its_start() -> None:
+    clock = FakeClock()
+    live = LoopLiveness(15_000, clock)
+    clock.advance(20_000)
+    live.start()
+    assert live.may_poll() and live.stalled_ms() == 0
+    clock.advance(LoopLiveness.POLL_GRACE_MS + 1)
+    assert not live.may_poll()
+
+
+async def _until(cond: Any) -> None:
+    while not cond():
+        await asyncio.sleep(0.005)
+
+
 async def test_the_consumer_lives_on_its_own_thread_and_the_callbacks_on_the_node_loop() -> None:
     async with _running(FakeConsumer()) as group:
         assert group.partition_count() == 4

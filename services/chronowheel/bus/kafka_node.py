@@ -452,6 +452,12 @@ class LoopLiveness:
         self._answered_at = now
         self._warned = self._expelled = False
 
+    def start(self) -> None:
+        """Count from now: called when the pings begin. Until then nothing asked the loop,
+        and a join that took long (a static member's predecessor waited out) is no stall."""
+        self._answered_at = self._clock()
+        self._warned = self._expelled = False
+
     def stalled_ms(self) -> float:
         return max(0.0, (self._clock() - self._answered_at) * 1000)
 
@@ -627,6 +633,7 @@ class KafkaSubmitGroup:
     async def _pings(self) -> None:
         node_loop = self._node_loop
         assert node_loop is not None
+        self._liveness.start()
         while True:
             if not self._ping_pending:
                 self._ping_pending = True
