@@ -181,9 +181,11 @@ def stop_node(node: NodeProcess) -> None:
     node.stop(60)
 
 
-def restart_node(fleet: Fleet, node: NodeProcess) -> None:
+def restart_node(fleet: Fleet, node: NodeProcess, env: dict[str, str]) -> None:
+    """Stop the node, then start it again with the same variables of its own (its instance id:
+    without it a static member would come back as a dynamic one)."""
     stop_node(node)
-    fleet.restart(node)
+    fleet.restart(node, **env)
 
 
 async def run(args: argparse.Namespace) -> dict[str, object]:
@@ -241,7 +243,8 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                                       lambda: first, args.steady_s))
         for node in first:
             phases.append(await rebalance(fleet, f"restart {node.name}",
-                                          functools.partial(restart_node, fleet, node),
+                                          functools.partial(restart_node, fleet, node,
+                                                            node_env(node.name)),
                                           lambda: first, args.steady_s))
         victim = first[0]
         phases.append(await rebalance(fleet, f"crash {victim.name} (kill -9)", victim.kill,
