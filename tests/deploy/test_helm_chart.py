@@ -245,3 +245,9 @@ def test_static_membership_names_each_node_by_its_pod_when_enabled() -> None:
         settings = Settings.from_env(plain)  # raises ConfigError on a combination it refuses
         assert settings.node_loop_stall_limit_ms > settings.node_session_timeout_ms
         assert settings.node_session_timeout_ms == int(session or 30000)
+    # An operator's own limit (`config`; the schema keeps CHRONOWHEEL_* names out of `env`) is
+    # theirs: set once, not overridden by a second entry.
+    entries = [e for e in node_env("--set", "node.staticMembership.enabled=true",
+                                   "--set", "config.NODE_LOOP_STALL_LIMIT_MS=90000")
+               if e["name"] == "CHRONOWHEEL_NODE_LOOP_STALL_LIMIT_MS"]
+    assert [e["value"] for e in entries] == ["90000"]
