@@ -1541,6 +1541,15 @@ def test_a_recurrence_compiled_twice_is_the_same_schedule() -> None:
     assert other is not first and other.zone.key == "Europe/Paris"
 
 
+def test_a_long_exclusion_list_is_compiled_but_not_kept() -> None:
+    many = [date(2027, 1, 1) + timedelta(days=2 * i)
+            for i in range(recurrence.CACHED_EXCLUDE_DATES + 1)]
+    first = compile_schedule(cron="0 9 * * *", tz="UTC", exclude_dates=many)
+    again = compile_schedule(cron="0 9 * * *", tz="UTC", exclude_dates=many)
+    assert again == first and again is not first
+    assert again.exclude_dates == frozenset(many)
+
+
 def test_the_cache_never_lets_a_bool_or_float_stand_for_an_int() -> None:
     assert compile_schedule(every_ms=1).every_ms == 1  # cached first
     with pytest.raises(ValidationError) as err:

@@ -631,13 +631,21 @@ def compile_schedule(
     Compiled schedules are immutable and kept in a bounded cache: many jobs share a recurrence
     (a daily report in each zone), and a job's is compiled when its command is validated and
     again when its rows are written. The cache is typed, so `True` never stands for `1`; input
-    it cannot hash (only ever invalid) is compiled uncached, to the same error.
+    it cannot hash (only ever invalid) and schedules with more than `CACHED_EXCLUDE_DATES` of
+    their own exclusion dates are compiled uncached.
     """
     dates = exclude_dates if isinstance(exclude_dates, frozenset) else frozenset(exclude_dates)
+    if len(dates) > CACHED_EXCLUDE_DATES:
+        return _compile(cron, every_ms, tz, start_ms, end_ms, dst, dates)
     try:
         return _compile_cached(cron, every_ms, tz, start_ms, end_ms, dst, dates)
     except TypeError:
         return _compile(cron, every_ms, tz, start_ms, end_ms, dst, dates)
+
+
+CACHED_EXCLUDE_DATES = 64
+"""Schedules with more of their own exclusion dates are not cached: a job may carry up to
+1,000, and 4,096 such schedules would keep hundreds of MiB alive."""
 
 
 @lru_cache(maxsize=4096, typed=True)
