@@ -73,6 +73,8 @@ class Phase:
     end_ms: float
     before: dict[int, str]
     after: dict[int, str]
+    subject: str = ""
+    """the node that joined, stopped, restarted or crashed"""
 
 
 @dataclass
@@ -80,6 +82,8 @@ class ShardFigures:
     owner_before: str
     owner_after: str
     moved: bool
+    of_subject: bool
+    """owned by the phase's subject before or after (a restarted node's shards stay with it)"""
     pause_ms: float
     steady_gap_ms: float
     worst_lateness_ms: float
@@ -92,9 +96,13 @@ class PhaseFigures:
     shared_after_s: float
     shards: dict[int, ShardFigures] = field(default_factory=dict)
 
-    def worst(self, moved: bool) -> tuple[float | None, float | None]:
-        """(largest pause, worst lateness) of the shards that moved (or stayed)."""
-        mine = [s for s in self.shards.values() if s.moved == moved]
+    def worst(self, moved: bool | None = None, subject: bool | None = None,
+              ) -> tuple[float | None, float | None]:
+        """(largest pause, worst lateness) of the shards that moved (or stayed), or of the
+        subject's shards (or the others')."""
+        mine = [s for s in self.shards.values()
+                if (moved is None or s.moved == moved)
+                and (subject is None or s.of_subject == subject)]
         if not mine:
             return None, None
         return max(s.pause_ms for s in mine), max(s.worst_lateness_ms for s in mine)
@@ -129,8 +137,12 @@ def phase_figures(phase: Phase, messages: Iterable[Fired], shards: int,
                 steady = max(steady, b - a)
             else:
                 pause = max(pause, b - a)
+        # A shard silent from its last arrival to the phase's end paused that long too.
+        last = times[-1] if times else quiet
+        pause = max(pause, phase.end_ms - max(last, phase.start_ms))
         before, after = phase.before.get(k, "?"), phase.after.get(k, "?")
-        out.shards[k] = ShardFigures(before, after, before != after, round(pause),
+        of_subject = bool(phase.subject) and phase.subject in (before, after)
+        out.shards[k] = ShardFigures(before, after, before != after, of_subject, round(pause),
                                      round(steady), round(worst[k]), round(steady_worst[k]))
     return out
 
@@ -163,7 +175,8 @@ def sharing(fleet: Fleet, members: Callable[[], list[NodeProcess]]) -> Callable[
 
 
 async def rebalance(fleet: Fleet, name: str, change: Callable[[], object],
-                    members: Callable[[], list[NodeProcess]], steady_s: float) -> Phase:
+                    members: Callable[[], list[NodeProcess]], steady_s: float,
+                    subject: str) -> Phase:
     """Apply `change`, wait until `members` share every shard, then `steady_s` more."""
     before = owners(fleet)
     start = now_ms()
@@ -173,7 +186,7 @@ async def rebalance(fleet: Fleet, name: str, change: Callable[[], object],
     after = owners(fleet)
     say(f"{name}: shared after {(shared - start) / 1000:.1f} s")
     await asyncio.sleep(max(0.0, shared / 1000 + steady_s - now_ms() / 1000))
-    return Phase(name, start, shared, now_ms(), before, after)
+    return Phase(name, start, shared, now_ms(), before, after, subject)
 
 
 def stop_node(node: NodeProcess) -> None:
@@ -238,17 +251,17 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         name = f"n{args.nodes + 1}"
         phases.append(await rebalance(
             fleet, "scale-out", lambda: extra.append(fleet.start(name, **node_env(name))),
-            lambda: [*first, *extra], args.steady_s))
+            lambda: [*first, *extra], args.steady_s, name))
         phases.append(await rebalance(fleet, "scale-in (SIGTERM)", lambda: stop_node(extra[0]),
-                                      lambda: first, args.steady_s))
+                                      lambda: first, args.steady_s, name))
         for node in first:
             phases.append(await rebalance(fleet, f"restart {node.name}",
                                           functools.partial(restart_node, fleet, node,
                                                             node_env(node.name)),
-                                          lambda: first, args.steady_s))
+                                          lambda: first, args.steady_s, node.name))
         victim = first[0]
         phases.append(await rebalance(fleet, f"crash {victim.name} (kill -9)", victim.kill,
-                                      lambda: first[1:], args.steady_s))
+                                      lambda: first[1:], args.steady_s, victim.name))
         end = phases[-1].end_ms
         if end > start + (span_s + END_MARGIN_S) * 1000:
             raise SystemExit("the phases outlasted the jobs: raise --phase-allowance-s")
@@ -267,10 +280,15 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                     f"{s.steady_gap_ms:4.0f} ms), worst lateness {s.worst_lateness_ms:5.0f} ms "
                     f"(steady {s.steady_worst_lateness_ms:4.0f} ms)")
             for moved in (False, True):
-                pause, late = f.worst(moved)
+                pause, late = f.worst(moved=moved)
                 if pause is not None:
                     say(f"  {'moved' if moved else 'stayed'}: pause up to {pause:.0f} ms, "
                         f"lateness up to {late:.0f} ms")
+            for own in (True, False):
+                pause, late = f.worst(subject=own)
+                if pause is not None:
+                    say(f"  {'its node' if own else 'other nodes'}' shards: pause up to "
+                        f"{pause:.0f} ms, lateness up to {late:.0f} ms")
         say(outcome.summary())
         return {
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -292,11 +310,15 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
 
 
 def summary(f: PhaseFigures) -> dict[str, object]:
-    stayed_pause, stayed_late = f.worst(False)
-    moved_pause, moved_late = f.worst(True)
+    stayed_pause, stayed_late = f.worst(moved=False)
+    moved_pause, moved_late = f.worst(moved=True)
+    own_pause, own_late = f.worst(subject=True)
+    other_pause, other_late = f.worst(subject=False)
     return {"name": f.name, "shared_after_s": f.shared_after_s,
             "stayed_pause_max_ms": stayed_pause, "stayed_lateness_max_ms": stayed_late,
             "moved_pause_max_ms": moved_pause, "moved_lateness_max_ms": moved_late,
+            "subject_pause_max_ms": own_pause, "subject_lateness_max_ms": own_late,
+            "others_pause_max_ms": other_pause, "others_lateness_max_ms": other_late,
             "shards": {str(k): asdict(s) for k, s in f.shards.items()}}
 
 

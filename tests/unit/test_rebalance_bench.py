@@ -35,7 +35,7 @@ def _fired(shard: int, due: int, received: float) -> Fired:
 
 def test_a_phase_reports_each_shards_pause_steady_gap_and_lateness(bench: Any) -> None:
     phase = bench.Phase("scale-out", start_ms=10_000, shared_ms=11_000, end_ms=20_000,
-                        before={0: "n1", 1: "n2"}, after={0: "n1", 1: "n3"})
+                        before={0: "n1", 1: "n2"}, after={0: "n1", 1: "n3"}, subject="n3")
     messages = [
         # shard 0 stays: every 100 ms before and after, one 300 ms gap across the change
         *(_fired(0, t, t + 20) for t in range(5_000, 9_901, 100)),
@@ -57,6 +57,24 @@ def test_a_phase_reports_each_shards_pause_steady_gap_and_lateness(bench: Any) -
     assert (moved.worst_lateness_ms, moved.steady_worst_lateness_ms) == (2_450, 10)
     assert figures.worst(moved=False) == (300, 20)
     assert figures.worst(moved=True) == (2_500, 2_450)
+    # the joiner's shards and the others'
+    assert (stayed.of_subject, moved.of_subject) == (False, True)
+    assert figures.worst(subject=True) == (2_500, 2_450)
+    assert figures.worst(subject=False) == (300, 20)
+
+
+def test_a_restarted_nodes_shards_stay_with_it_but_count_as_its_own(bench: Any) -> None:
+    # Its shard 0 stays with n1 and falls silent from 9,900 to the phase's end: that silence
+    # is its pause, and the shard is the subject's although it did not move.
+    phase = bench.Phase("restart n1", start_ms=10_000, shared_ms=11_000, end_ms=14_000,
+                        before={0: "n1", 1: "n2"}, after={0: "n1", 1: "n2"}, subject="n1")
+    messages = [*(_fired(0, t, t + 20) for t in range(9_000, 9_901, 100)),
+                *(_fired(1, t, t + 20) for t in range(9_000, 14_001, 100))]
+    figures = bench.phase_figures(phase, messages, SHARDS, steady_ms=1_000)
+    own, other = figures.shards[0], figures.shards[1]
+    assert (own.moved, own.of_subject, own.pause_ms) == (False, True, 4_000)
+    assert (other.moved, other.of_subject, other.pause_ms) == (False, False, 100)
+    assert figures.worst(subject=True)[0] == 4_000 and figures.worst(moved=True) == (None, None)
 
 
 def test_jobs_are_due_evenly_at_the_rate(bench: Any) -> None:
