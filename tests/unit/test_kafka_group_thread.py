@@ -21,6 +21,8 @@ from chronowheel.bus.ports import BusError
 from chronowheel.errors import ConfigError
 from chronowheel.settings import Settings
 
+from testkit.fleet import until
+
 TOPIC = Settings().submit_topic
 
 
@@ -239,7 +241,7 @@ async def test_a_long_join_is_not_taken_for_a_stalled_node_loop(
     await group.start()
     try:
         calls = group.fake.getmany_calls
-        await asyncio.wait_for(_until(lambda: group.fake.getmany_calls > calls + 2), 5)
+        await until(lambda: group.fake.getmany_calls > calls + 2, 5, "the group's polls")
         assert not [r for r in caplog.records if "has not answered" in r.message]
     finally:
         await group.stop()
@@ -253,11 +255,6 @@ def test_liveness_counts_from_its_start() -> None:
     assert live.may_poll() and live.stalled_ms() == 0
     clock.advance(LoopLiveness.POLL_GRACE_MS + 1)
     assert not live.may_poll()
-
-
-async def _until(cond: Any) -> None:
-    while not cond():
-        await asyncio.sleep(0.005)
 
 
 async def test_the_consumer_lives_on_its_own_thread_and_the_callbacks_on_the_node_loop() -> None:

@@ -449,12 +449,12 @@ class LoopLiveness:
         if self._warned:
             log.warning("%s: the event loop answers again after %.0f ms", self._what,
                         (now - self._answered_at) * 1000)
-        self._answered_at = now
-        self._warned = self._expelled = False
+        self.start()
 
     def start(self) -> None:
-        """Count from now: called when the pings begin. Until then nothing asked the loop,
-        and a join that took long (a static member's predecessor waited out) is no stall."""
+        """Count from now: when the pings begin (until then nothing asked the loop, and a
+        join that took long, a static member's predecessor waited out, is no stall) and at
+        each answer."""
         self._answered_at = self._clock()
         self._warned = self._expelled = False
 
