@@ -27,7 +27,8 @@ ingested before it opens, as in bench-peers). Printed: for each stage, the time 
 
 `--py-spy DIR` also records a py-spy profile of the node and of the worker over the window
 (folded stacks, one file per process, `py-spy` from the virtualenv; `--top` of each printed).
-Writes loadtest/results/trace-latency.json.
+Writes loadtest/results/trace-latency.json. The run's namespace (its topics and keyspace) is
+dropped at the end; `--keep` keeps it.
 Servers: CHRONOWHEEL_CASSANDRA / CHRONOWHEEL_KAFKA (default the local stack).
 """
 
@@ -46,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from chronowheel.client import SchedulerClient
-from chronowheel.testing import Collector, Fired, NodeProcess
+from chronowheel.testing import Collector, Fired, NodeProcess, drop_namespace
 from chronowheel.testing.lateness import percentile
 from common import stored_commands
 from worker_bench import ASSIGNED_RE, machine, new_namespace, say, settings_for, wait_for
@@ -241,7 +242,7 @@ def top_frames(path: Path, k: int = 20) -> dict[str, list[tuple[str, float]]]:
 
 
 async def run(rate: int, window_s: float, lead_s: float | None, spy_dir: Path | None,
-              env_extra: dict[str, str]) -> dict[str, Any]:
+              env_extra: dict[str, str], keep: bool = False) -> dict[str, Any]:
     n = int(rate * window_s)
     ns = new_namespace("trc")
     settings = settings_for(ns)
@@ -324,6 +325,11 @@ async def run(rate: int, window_s: float, lead_s: float | None, spy_dir: Path | 
         await probe.stop()
         worker_rc = worker.stop()
         node_rc = node.stop()
+        if not keep:
+            # Its 3 x 16 partitions would stay on the broker otherwise: runs add up, and every
+            # partition costs the broker memory and work (see loadtest/RESULTS.md, "Kafka's
+            # index files").
+            await drop_namespace(settings)
     node_trace, worker_trace = Trace(traces["node"]), Trace(traces["worker"])
     node_rows, fetch, slot = node_trace.node, worker_trace.fetch, worker_trace.slot
     rows = [times(j, due, node_rows[j], visible.get(j), fetch.get(j), slot.get(j), seen.get(j))
@@ -366,11 +372,14 @@ def main() -> int:
     ap.add_argument("--py-spy", type=Path, default=None, metavar="DIR")
     ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                     help="a variable for the node and worker (e.g. a CHRONOWHEEL_* setting)")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the run's namespace (its topics and keyspace) for inspection")
     args = ap.parse_args()
     env = dict(e.split("=", 1) for e in args.env)
     result = {"machine": machine(), "command": " ".join(
         ["python", "loadtest/bench/trace_latency.py", *sys.argv[1:]])}
-    result.update(asyncio.run(run(args.rate, args.window_s, args.lead_s, args.py_spy, env)))
+    result.update(asyncio.run(run(args.rate, args.window_s, args.lead_s, args.py_spy, env,
+                                   args.keep)))
     result["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
     h = result["handler_start_lateness_ms"]
     say(f"{args.rate}/s: handler start p50 {h[50]:.1f} p90 {h[90]:.1f} p99 {h[99]:.1f} "
