@@ -184,8 +184,9 @@ class Settings:
     ingest_writes_in_flight: int = _opt(
         32, "ingest writes to Cassandra in flight on the node at most, all shards' in-order "
             "passes together (the urgent lane's are not counted): few queued requests keep "
-            "each one's wait short, more may apply a herd faster (128: 0-5 % faster in two "
-            "hours measured, a job due soon behind it twice as late); 0: no node-wide limit")
+            "each one's wait short, more may apply a herd faster (128: from no faster to a "
+            "twentieth faster in two hours measured, a job due soon behind it twice as "
+            "late); 0: no node-wide limit")
     ingest_slack_ms: int = _opt(
         50, "a command due in the past (or this soon) gets a slot this far ahead of now")
     catch_up_grace_ms: int = _opt(
