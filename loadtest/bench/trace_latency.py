@@ -70,7 +70,7 @@ class Trace:
         self.slot: dict[str, float] = {}
         self.gc: list[tuple[int, float, float]] = []  # generation, start, ms
         self.stalls: list[tuple[float, float]] = []  # start, ms
-        self.marks: list[tuple[float, int]] = []  # when, marks in that write
+        self.marks: list[tuple[float, int, int]] = []  # when, marks and rows in that write
         if not path.exists():
             return
         for line in path.read_text().splitlines():
@@ -85,8 +85,8 @@ class Trace:
                     ",".join(values[:-1]), float(values[-1]))
             elif kind == "gc" and len(values) == 3:
                 self.gc.append((int(values[0]), float(values[1]), float(values[2])))
-            elif kind == "marks" and len(values) == 2:
-                self.marks.append((float(values[1]), int(values[0])))
+            elif kind == "marks" and len(values) == 3:
+                self.marks.append((float(values[2]), int(values[0]), int(values[1])))
             elif kind == "stall" and len(values) == 2:
                 self.stalls.append((float(values[0]), float(values[1])))
 
@@ -94,8 +94,9 @@ class Trace:
         """Collections and loop stalls that began in [t0, t1] (ms)."""
         gcs = [(g, ms) for g, t, ms in self.gc if t0 <= t <= t1]
         stalls = sorted(ms for t, ms in self.stalls if t0 <= t <= t1)
-        marks = [n for t, n in self.marks if t0 <= t <= t1]
-        return {"mark_writes": len(marks), "marks": sum(marks), "gc_count": len(gcs),
+        marks = [(n, rows) for t, n, rows in self.marks if t0 <= t <= t1]
+        return {"mark_writes": len(marks), "marks": sum(n for n, _ in marks),
+                "mark_rows": sum(rows for _, rows in marks), "gc_count": len(gcs),
                 "gc_ms_total": round(sum(ms for _, ms in gcs), 1),
                 "gc_ms_max": round(max((ms for _, ms in gcs), default=0.0), 1),
                 "gc_by_generation": {g: sum(1 for x, _ in gcs if x == g) for g in (0, 1, 2)},
@@ -242,7 +243,8 @@ def top_frames(path: Path, k: int = 20) -> dict[str, list[tuple[str, float]]]:
 
 
 async def run(rate: int, window_s: float, lead_s: float | None, spy_dir: Path | None,
-              env_extra: dict[str, str], keep: bool = False) -> dict[str, Any]:
+              env_extra: dict[str, str], keep: bool = False,
+              worker_args: tuple[str, ...] = ()) -> dict[str, Any]:
     n = int(rate * window_s)
     ns = new_namespace("trc")
     settings = settings_for(ns)
@@ -255,7 +257,7 @@ async def run(rate: int, window_s: float, lead_s: float | None, spy_dir: Path | 
     procs = {}
     for name, args in (("node", ("node",)),
                        ("worker", ("worker", "--topic", settings.fired_topic,
-                                   "--handler", "bench_handler:handle"))):
+                                   "--handler", "bench_handler:handle", *worker_args))):
         p = NodeProcess(settings, workdir / f"{name}-{ns}.log", name=name, cwd=ROOT, args=args,
                         env={"CHRONOWHEEL_BENCH_SINK": str(sink), "PYTHONPATH": path,
                              "CHRONOWHEEL_TRACE_OUT": str(traces[name]), **env_extra})
@@ -350,6 +352,7 @@ async def run(rate: int, window_s: float, lead_s: float | None, spy_dir: Path | 
     early = sum(1 for j, d in jobs.items() if j in seen and seen[j] < d)
     return {
         "rate": rate, "n": n, "window_s": window_s, "namespace": ns, "env": env_extra,
+        "worker_args": list(worker_args),
         "handler_start_lateness_ms": {q: round(percentile(late, q) or 0, 2)
                                       for q in (50, 90, 99, 100)},
         "traced": len(rows), "handled": len(seen), "early": early,
@@ -372,6 +375,8 @@ def main() -> int:
     ap.add_argument("--py-spy", type=Path, default=None, metavar="DIR")
     ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                     help="a variable for the node and worker (e.g. a CHRONOWHEEL_* setting)")
+    ap.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
+                    help="an argument for the worker (e.g. --no-idempotency); repeat as needed")
     ap.add_argument("--keep", action="store_true",
                     help="keep the run's namespace (its topics and keyspace) for inspection")
     args = ap.parse_args()
@@ -379,7 +384,7 @@ def main() -> int:
     result = {"machine": machine(), "command": " ".join(
         ["python", "loadtest/bench/trace_latency.py", *sys.argv[1:]])}
     result.update(asyncio.run(run(args.rate, args.window_s, args.lead_s, args.py_spy, env,
-                                   args.keep)))
+                                   args.keep, tuple(args.worker_arg))))
     result["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
     h = result["handler_start_lateness_ms"]
     say(f"{args.rate}/s: handler start p50 {h[50]:.1f} p90 {h[90]:.1f} p99 {h[99]:.1f} "

@@ -19,7 +19,8 @@ node, one line per fired occurrence when its transaction is over:
   the coordinator done with it.
 worker: `fetch,job_id,t` when the consumer's fetch returned the record, `slot,job_id,t` when
   a handler slot took it.
-  `marks,n,t` for each write of a partition's outcome marks (idempotency on).
+  `marks,n,rows,t` for each round of outcome marks written (idempotency on): its marks and
+  rows (a row per partition).
 both: `gc,generation,start,ms` for each garbage collection of STALL_MS or more, and
   `stall,start,ms` when the event loop came back STALL_MS or more late to a 1 ms timer (the
   loop was blocked: a long callback, a collection, the GIL held by another thread).
@@ -168,12 +169,12 @@ def install_worker(out: Out) -> None:
 
     _wrap_async(intake.Intake, "next", after=slot)
 
-    from chronowheel.worker import partitions
+    from chronowheel.store import cassandra_marks
 
-    def marks(_self: Any, marks: list[Any], *_a: Any, **_k: Any) -> None:
-        out.write(f"marks,{len(marks)},{wall_ms():.3f}\n")
+    def marks(_self: Any, _scope: str, rows: list[Any], *_a: Any, **_k: Any) -> None:
+        out.write(f"marks,{sum(len(r.marks) for r in rows)},{len(rows)},{wall_ms():.3f}\n")
 
-    _wrap_async(partitions.PartitionGuard, "write", before=marks)
+    _wrap_async(cassandra_marks.CassandraMarks, "write_marks", before=marks)
 
 
 def install_common(out: Out) -> None:

@@ -110,6 +110,11 @@ class Settings:
                 "default is 700; 0 keeps it). Larger lets the Cassandra driver's short-lived "
                 "reference cycles die young instead of triggering full collections, which "
                 "pause the event loop ~0.5 s per million objects")
+    marks_wait_ms: int = _opt(
+        20, "worker: the longest a round of outcome marks waits for more outcomes before "
+            "it is written (one request per ten partitions' rows; a round with concurrency "
+            "marks queued goes at once). 0 writes each round as soon as the last returns. "
+            "A crash can make run again up to this much more of what was handled")
     malloc_threshold_bytes: int = _opt(
         131_072, "node process: glibc's mmap and trim thresholds, fixed (0 = glibc's dynamic "
                  "ones, which rise to 32 MiB and then keep freed buffers resident)")
@@ -349,6 +354,9 @@ class Settings:
             raise ConfigError(f"max_lateness_ms: must be 0 (no bound) or "
                               f"{limits.MIN_MAX_LATENESS_MS} to {limits.MAX_MAX_LATENESS_MS}, "
                               f"got {self.max_lateness_ms}")
+        if not 0 <= self.marks_wait_ms <= 1000:
+            raise ConfigError(f"marks_wait_ms: must be 0 to 1000 (a second), got "
+                              f"{self.marks_wait_ms}")
         if self.gc_young_threshold < 0:
             raise ConfigError(f"gc_young_threshold: must be 0 (Python's default) or more, "
                               f"got {self.gc_young_threshold}")

@@ -13,7 +13,15 @@ import secrets
 from collections.abc import Awaitable, Callable
 
 import pytest
-from chronowheel.store.base import BLOCK_BITS, Claim, Mark, RunLease, WorkerStores
+from chronowheel.store.base import (
+    BLOCK_BITS,
+    MARK_WRITE_PARTITIONS,
+    Claim,
+    Mark,
+    MarkRow,
+    RunLease,
+    WorkerStores,
+)
 
 PassTime = Callable[[float], Awaitable[None]]
 TOPIC = "ns.fired"
@@ -57,16 +65,32 @@ class WorkerStoreContract:
         m = stores.marks
         block = 1 << BLOCK_BITS
         first = [Mark(10, "done", "j@1"), Mark(11, "failed", "k@1"), Mark(13, "skipped", "l@1")]
-        await m.write_marks(scope, TOPIC, 2, first, 3600)
-        await m.write_marks(scope, TOPIC, 2, [Mark(20, "dead", f"{TOPIC}:2@20")], 3600)
+        await m.write_marks(scope, [MarkRow(TOPIC, 2, first)], 3600)
+        await m.write_marks(scope, [MarkRow(TOPIC, 2, [Mark(20, "dead", f"{TOPIC}:2@20")])], 3600)
         later = [Mark(block + 5, "done", "m@1")]  # the next block, past the end the reader knows
-        await m.write_marks(scope, TOPIC, 2, later, 3600)
+        await m.write_marks(scope, [MarkRow(TOPIC, 2, later)], 3600)
         got = await m.read_marks(scope, TOPIC, 2, 11, 20)
         assert sorted(got) == [*first[1:], Mark(20, "dead", f"{TOPIC}:2@20"), *later]
         assert sorted(await m.read_marks(scope, TOPIC, 2, 0, 0)) == sorted(
             [*first, Mark(20, "dead", f"{TOPIC}:2@20"), *later])
         assert await m.read_marks(scope, TOPIC, 3, 0, 100) == []
         assert await m.read_marks(scope + "x", TOPIC, 2, 0, 100) == []
+
+    async def test_a_round_of_many_partitions_and_a_large_row_is_stored_whole(
+            self, stores: WorkerStores, scope: str) -> None:
+        m = stores.marks
+        partitions = 2 * MARK_WRITE_PARTITIONS + 3  # more rows than one request carries
+        rows = [MarkRow(TOPIC, p, [Mark(100 + i, "done", f"j{p}-{i}@1") for i in range(3)])
+                for p in range(partitions)]
+        # a row far over the bytes of one request (its occurrences are long), and an empty one
+        big = [Mark(i, "done", f"{'x' * 200}-{i}@1") for i in range(40)]
+        rows += [MarkRow(TOPIC, partitions, big), MarkRow(TOPIC, partitions + 1, [])]
+        requests = await m.write_marks(scope, rows, 3600)
+        assert requests >= 1
+        for p in range(partitions):
+            assert sorted(await m.read_marks(scope, TOPIC, p, 0, 200)) == list(rows[p].marks)
+        assert sorted(await m.read_marks(scope, TOPIC, partitions, 0, 50)) == big
+        assert await m.read_marks(scope, TOPIC, partitions + 1, 0, 50) == []
 
     # --- claims ------------------------------------------------------------------------
     async def test_a_claim_is_a_compare_and_set_register_released_only_by_its_runner(

@@ -106,7 +106,9 @@ async def test_the_next_holder_learns_every_mark_past_its_starting_offset() -> N
     a.mark(12, MARK_FAILED, "job-12@1", ticket=12)
     marks, tickets = a.take_pending()
     assert sorted(tickets) == [10, 11, 12, 13, 70_000]  # type: ignore[type-var]
-    await a.write(marks)
+    rows = a.rows(marks)
+    assert [[m.offset for m in r.marks] for r in rows] == [[10, 11, 12, 13], [70_000]]
+    await store.write_marks(a.scope, rows, a.keep_s)
     assert store.writes == 2  # one row per block
     assert not a.pending
     await a.release()

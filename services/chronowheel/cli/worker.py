@@ -52,7 +52,7 @@ def register(sub: Any) -> None:
     p.add_argument("--session-timeout-ms", type=int, default=10_000,
                    help="Kafka group session timeout (default 10000)")
     add_settings_arguments(p, (*CONNECTION_SETTINGS, "http_port", *HISTORY_SETTINGS,
-                               "gc_young_threshold"))
+                               "gc_young_threshold", "marks_wait_ms"))
     p.set_defaults(func=run)
 
 

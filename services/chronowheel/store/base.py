@@ -440,6 +440,22 @@ def block_of(offset: int) -> int:
     return offset >> BLOCK_BITS
 
 
+class MarkRow(NamedTuple):
+    """The marks of one partition in one write: ascending offsets, all in one block."""
+
+    topic: str
+    partition: int
+    marks: Sequence[Mark]
+
+
+MARK_WRITE_PARTITIONS = 10
+"""The most mark rows (Cassandra partitions) one request writes: Cassandra warns about an
+unlogged batch over more (its unlogged_batch_across_partitions_warn_threshold, 10)."""
+MARK_WRITE_BYTES = 4_000
+"""About the most bytes of mark rows in one request (their JSON and keys): under Cassandra's
+`batch_size_warn_threshold` (5 KiB). A single row larger than that is written alone."""
+
+
 class MarkStore(Protocol):
     """Where a worker's partition leases and outcome marks live.
 
@@ -461,9 +477,12 @@ class MarkStore(Protocol):
         """Drop the lease if `owner` still holds it."""
         ...
 
-    async def write_marks(self, scope: str, topic: str, partition: int, marks: Sequence[Mark],
-                          ttl_s: int) -> None:
-        """Store `marks` (ascending offsets, all in one block) durably for `ttl_s` seconds."""
+    async def write_marks(self, scope: str, rows: Sequence[MarkRow], ttl_s: int) -> int:
+        """Store each row's marks (ascending offsets, all in one block; one row per partition
+        and block) durably for `ttl_s` seconds; returns the requests it took. Rows of several
+        partitions may go in one request, so a worker's round of marks costs one request per
+        `MARK_WRITE_PARTITIONS` rows rather than one per partition. A failure may leave some
+        rows written (harmless: a mark only lets a redelivery be skipped)."""
         ...
 
     async def read_marks(self, scope: str, topic: str, partition: int, from_offset: int,

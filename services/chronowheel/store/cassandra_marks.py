@@ -1,10 +1,12 @@
 """The worker's storage (`store/base.py`, "the worker's storage") over Cassandra: the MarkStore of
 its per-partition idempotency (`worker/partitions.py`), leases in `worker_leases` (LWT) and
-outcome marks in `worker_marks` (plain writes, one row per flush); claims and run leases are
+outcome marks in `worker_marks` (plain writes: a row per partition and round, the rows of a
+round grouped into unlogged batches by replica set); claims and run leases are
 `CassandraStore`'s."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -12,11 +14,19 @@ from typing import Any
 import orjson
 from cassandra.cluster import Session
 from cassandra.protocol import InvalidRequest
-from cassandra.query import PreparedStatement
+from cassandra.query import BatchStatement, BatchType, BoundStatement, PreparedStatement
 
 from chronowheel.errors import ConfigError
 from chronowheel.settings import Settings
-from chronowheel.store.base import BLOCK_BITS, Mark, WorkerStores, block_of
+from chronowheel.store.base import (
+    BLOCK_BITS,
+    MARK_WRITE_BYTES,
+    MARK_WRITE_PARTITIONS,
+    Mark,
+    MarkRow,
+    WorkerStores,
+    block_of,
+)
 from chronowheel.store.cassandra import TUPLES, CassandraStore, execute
 from chronowheel.store.cassandra_history import CassandraRunHistory
 
@@ -28,6 +38,7 @@ class CassandraMarks:
 
     def __init__(self, session: Session, keyspace: str) -> None:
         self.session = session
+        self.keyspace = keyspace
         ks = keyspace
         try:
             p = session.prepare
@@ -73,13 +84,34 @@ class CassandraMarks:
     async def release_lease(self, scope: str, topic: str, partition: int, owner: str) -> None:
         await self._run(self._release, (scope, topic, partition, owner), "release a worker lease")
 
-    async def write_marks(self, scope: str, topic: str, partition: int, marks: Sequence[Mark],
-                          ttl_s: int) -> None:
-        if not marks:
-            return
+    async def write_marks(self, scope: str, rows: Sequence[MarkRow], ttl_s: int) -> int:
+        chunks = mark_chunks([self._bound(scope, row, ttl_s) for row in rows if row.marks],
+                             self._replicas)
+        await asyncio.gather(*(self._write_chunk(c) for c in chunks))
+        return len(chunks)
+
+    def _bound(self, scope: str, row: MarkRow, ttl_s: int) -> tuple[BoundStatement, int]:
+        marks = row.marks
         blob = orjson.dumps([list(m) for m in marks])
-        await self._run(self._write, (scope, topic, partition, block_of(marks[0].offset),
-                                      marks[-1].offset, blob, max(1, ttl_s)), "write done marks")
+        bound = self._write.bind((scope, row.topic, row.partition, block_of(marks[0].offset),
+                                  marks[-1].offset, blob, max(1, ttl_s)))
+        return bound, len(blob) + len(scope) + len(row.topic) + MARK_ROW_BYTES
+
+    def _replicas(self, bound: BoundStatement) -> Any:
+        return self.session.cluster.metadata.get_replicas(self.keyspace, bound.routing_key)
+
+    async def _write_chunk(self, chunk: list[BoundStatement]) -> None:
+        if len(chunk) == 1:
+            await execute(self.session, chunk[0], (), "write done marks",
+                          execution_profile=TUPLES)
+            return
+        # Unlogged over partitions of the same replicas: a mutation per partition, no batch
+        # log, routed (by its first statement) to one of those replicas.
+        batch: Any = BatchStatement(batch_type=BatchType.UNLOGGED)
+        for bound in chunk:
+            batch.add(bound)
+        await execute(self.session, batch, (), f"write done marks of {len(chunk)} partitions",
+                      execution_profile=TUPLES)
 
     async def read_marks(self, scope: str, topic: str, partition: int, from_offset: int,
                          to_offset: int) -> list[Mark]:
@@ -102,6 +134,38 @@ class CassandraMarks:
             if block >= block_of(max(from_offset, to_offset)) and not found:
                 return out
             block += 1
+
+
+MARK_ROW_BYTES = 40
+"""What a mark row adds to its JSON and strings when Cassandra sizes a batch (its partition,
+block and clustering integers, a cell's and a row's overhead): for `MARK_WRITE_BYTES`."""
+
+
+def mark_chunks(rows: Sequence[tuple[Any, int]], replicas_of: Any) -> list[list[Any]]:
+    """Statements (each with its size) in requests: those whose partitions have the same
+    replicas together, at most `MARK_WRITE_PARTITIONS` and about `MARK_WRITE_BYTES` a request;
+    a statement whose replicas are unknown goes alone."""
+    groups: dict[Any, list[tuple[Any, int]]] = {}
+    for i, (stmt, size) in enumerate(rows):
+        try:
+            hosts = replicas_of(stmt)
+        except Exception:  # no token map yet: alone is always right
+            hosts = None
+        key = frozenset(str(getattr(h, "endpoint", h)) for h in hosts) if hosts else ("alone", i)
+        groups.setdefault(key, []).append((stmt, size))
+    out: list[list[Any]] = []
+    for group in groups.values():
+        chunk: list[Any] = []
+        used = 0
+        for stmt, size in group:
+            if chunk and (len(chunk) >= MARK_WRITE_PARTITIONS or used + size > MARK_WRITE_BYTES):
+                out.append(chunk)
+                chunk, used = [], 0
+            chunk.append(stmt)
+            used += size
+        if chunk:
+            out.append(chunk)
+    return out
 
 
 class CassandraWorkerStores:

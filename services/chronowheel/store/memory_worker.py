@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from chronowheel.core.clock import Clock
-from chronowheel.store.base import Mark, WorkerStores
+from chronowheel.store.base import Mark, MarkRow, WorkerStores, block_of
 from chronowheel.store.memory import MemoryStore
 
 
@@ -22,6 +22,9 @@ class MemoryMarks:
         self.leases: dict[tuple[str, str, int], tuple[str, float]] = {}
         self.marks: dict[tuple[str, str, int], dict[int, Mark]] = {}
         self.writes = 0
+        """Mark rows written so far (a row per partition and block in each write)."""
+        self.requests = 0
+        """`write_marks` calls so far."""
         self.calls = 0
         """Calls made so far (a test reads it to see whether the store is still being used)."""
 
@@ -58,13 +61,19 @@ class MemoryMarks:
         if self._holder(key) == owner:
             del self.leases[key]
 
-    async def write_marks(self, scope: str, topic: str, partition: int, marks: Sequence[Mark],
-                          ttl_s: int) -> None:
+    async def write_marks(self, scope: str, rows: Sequence[MarkRow], ttl_s: int) -> int:
         self.calls += 1
-        self.writes += 1
-        stored = self.marks.setdefault((scope, topic, partition), {})
-        for mark in marks:
-            stored[mark.offset] = mark
+        self.requests += 1
+        for row in rows:
+            offsets = [m.offset for m in row.marks]
+            if offsets != sorted(offsets) or len({block_of(o) for o in offsets}) > 1:
+                raise ValueError(f"marks of {row.topic}[{row.partition}] not ascending in one "
+                                 f"block: {offsets}")
+            self.writes += 1
+            stored = self.marks.setdefault((scope, row.topic, row.partition), {})
+            for mark in row.marks:
+                stored[mark.offset] = mark
+        return 1 if rows else 0
 
     async def read_marks(self, scope: str, topic: str, partition: int, from_offset: int,
                          to_offset: int) -> list[Mark]:

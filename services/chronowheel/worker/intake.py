@@ -2,9 +2,20 @@
 
 A received record is `ready` when its partition needs no fence (idempotency off) or its lease is
 held and the outcomes already recorded past its starting offset are known; until then it is
-`held` by its partition. Handled records leave an outcome: with idempotency a mark, written
-with the others of its partition, and only then is the record's ticket finished (its offset may
-be committed); without, the ticket is finished at once.
+`held` by its partition. Handled records leave an outcome: with idempotency a mark, and only
+once it is written is the record's ticket finished (its offset may be committed); without, the
+ticket is finished at once.
+
+Marks are written in rounds for the whole worker, not per partition: a round takes the queued
+marks of every partition (a row each) and writes them together, a request per ten rows of the
+same replicas (`MarkStore.write_marks`); outcomes that come while a round is under way go in
+the next one. A round first waits up to `marks_wait_s` for more outcomes to join it, unless
+`hurry_marks` of them are queued or a revoke or stop waits for them. Why: Cassandra's CPU at an
+ordinary rate follows the number of requests far more than the rows they carry (a write a
+partition per handled record kept a third of a core busy at 1,000 records a second;
+loadtest/RESULTS.md, "The worker's marks in rounds"). What it costs: a crash can make run
+again, besides the handlers running at that moment, the records of the round under way and
+those queued for the next (at most `marks_wait_s` of them at a steady rate).
 
 One owner: the worker's event loop. The counters here (`holding`, per-partition `running` and
 `unmarked`) are what the fetch loop sizes its next read by and what a revoke waits for.
@@ -67,7 +78,7 @@ class Intake:
     def __init__(self, tracker: OffsetTracker[TopicPartition], marks: MarkStore | None, *,
                  scope: str, worker_id: str, lease_s: int, keep_s: int, poll_s: float,
                  spawn: Spawn, end_offset: Callable[[TopicPartition], int | None],
-                 timer: Timer) -> None:
+                 timer: Timer, marks_wait_s: float = 0.0, hurry_marks: int = 1) -> None:
         self.tracker = tracker
         self.marks = marks
         self.scope = scope
@@ -78,6 +89,9 @@ class Intake:
         self._spawn = spawn
         self._end_offset = end_offset
         self.timer = timer
+        self.marks_wait_s = marks_wait_s
+        self.hurry_marks = hurry_marks
+        """Queued marks at which a round is written without waiting `marks_wait_s`."""
         self.parts: dict[TopicPartition, Part] = {}
         self.ready: deque[Item] = deque()
         self.work = asyncio.Event()
@@ -86,6 +100,15 @@ class Intake:
         """Set when a record is handled or finished: the fetch loop may read more."""
         self.holding = 0
         """Records received and not yet finished (handled and marked) nor dropped."""
+        self.queued_marks = 0
+        """Marks waiting for the next round."""
+        self.writing = False
+        """The round writer runs (waiting for its round to fill, or writing it)."""
+        self.rounds = 0
+        """Rounds of marks written (a metric, and what tests count)."""
+        self._hurry = asyncio.Event()
+        """Set when the round must not wait: enough marks queued, or someone waits for them."""
+        self._settling = 0
         self.draining = False
 
     # --- in ---------------------------------------------------------------------------------
@@ -249,40 +272,72 @@ class Intake:
             return
         part.guard.mark(offset, state, occurrence, ticket)
         part.unmarked += 1
+        self.queued_marks += 1
         if not self.room.is_set():
             self.room.set()
-        if not part.flushing:
-            part.flushing = True
-            self._spawn(self._flush(part), f"marks-{part.tp.partition}")
+        if self.queued_marks >= self.hurry_marks:
+            self._hurry.set()
+        self._write_marks_soon()
 
-    async def _flush(self, part: Part) -> None:
-        """Write the partition's queued marks, one row per round; while a write is under way
-        the next outcomes queue up and go together in the next one."""
-        guard = part.guard
-        assert guard is not None
+    def _write_marks_soon(self) -> None:
+        if not self.writing:
+            self.writing = True
+            self._spawn(self._write_rounds(), "marks")
+
+    async def _write_rounds(self) -> None:
+        """Write rounds of marks until none are queued (see the module's docstring)."""
         try:
-            while guard.pending:
-                marks, tickets = guard.take_pending()
-                await guard.write(marks)
-                part.unmarked -= len(tickets)
-                for ticket in tickets:
-                    self.finish(cast(Ticket[TopicPartition], ticket))
+            while True:
+                if self.marks_wait_s > 0 and not self._hurry.is_set():
+                    await self.timer.wait_event(self._hurry, self.marks_wait_s)
+                self._hurry.clear()
+                if self._settling:
+                    self._hurry.set()
+                taken: list[tuple[Part, list[object]]] = []
+                rows = []
+                for part in self.parts.values():
+                    guard = part.guard
+                    if guard is not None and guard.pending:
+                        marks, tickets = guard.take_pending()
+                        rows += guard.rows(marks)
+                        taken.append((part, tickets))
+                        part.flushing = True
+                if not taken:
+                    return
+                self.queued_marks = 0  # every partition's queue was taken
+                store = self.marks
+                assert store is not None
+                try:
+                    await store.write_marks(self.scope, rows, self.keep_s)
+                finally:
+                    for part, _ in taken:
+                        part.flushing = False
+                self.rounds += 1
+                for part, tickets in taken:
+                    part.unmarked -= len(tickets)
+                    for ticket in tickets:
+                        self.finish(cast(Ticket[TopicPartition], ticket))
         finally:
-            part.flushing = False
+            self.writing = False
 
     async def settle_marks(self, parts: list[Part], timeout_s: float = 10.0) -> None:
-        """Wait (bounded) for the marks of `parts` to be written, before a final commit."""
+        """Wait (bounded) for the marks of `parts` to be written, before a final commit; the
+        rounds meanwhile do not wait for more outcomes."""
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s
-        while loop.time() < end:
-            busy = [p for p in parts if p.guard is not None and (p.flushing or p.guard.pending)]
-            if not busy:
-                return
-            for p in busy:
-                if not p.flushing:
-                    p.flushing = True
-                    self._spawn(self._flush(p), f"marks-{p.tp.partition}")
-            await asyncio.sleep(0.01)
+        self._settling += 1
+        self._hurry.set()
+        try:
+            while loop.time() < end:
+                busy = [p for p in parts
+                        if p.guard is not None and (p.flushing or p.guard.pending)]
+                if not busy:
+                    return
+                if any(p.guard is not None and p.guard.pending for p in busy):
+                    self._write_marks_soon()
+                await asyncio.sleep(0.01)
+        finally:
+            self._settling -= 1
 
     def finish(self, ticket: Ticket[TopicPartition]) -> None:
         if self.tracker.finish(ticket):
@@ -308,6 +363,8 @@ class Intake:
         leave with their partitions."""
         for part in parts:
             self.holding -= self.tracker.in_flight(part.tp)
+            if part.guard is not None:
+                self.queued_marks -= len(part.guard.pending)
             self.parts.pop(part.tp, None)
         self.tracker.drop(p.tp for p in parts)
         self.room.set()

@@ -12,9 +12,9 @@ instead, and outcomes are plain writes grouped per partition:
   expired (`valid_until`, measured from when the renewal was *sent*, on the monotonic clock), so
   a worker paused past its lease (a zombie) finds that out before it runs anything.
 - **Marks.** Each handled record's outcome (`done`, `failed` after its retry or dead letter was
-  produced, `skipped`) is queued and written with the others of its partition in one row; a
-  record's offset may be committed only once its mark is durable (or, without idempotency, once
-  it is handled).
+  produced, `skipped`) is queued and written with the others of its partition in one row, the
+  rows of every partition of the worker together (`intake.py`, a round); a record's offset may
+  be committed only once its mark is durable (or, without idempotency, once it is handled).
 - **Window.** On taking the lease a worker reads the marks from the lowest offset it is about to
   handle up to the partition's end, so a record that was handled but not committed (a crash, a
   rebalance, a zombie's last handlings) is skipped when delivered again. Copies of an
@@ -36,7 +36,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from chronowheel.store.base import Mark, MarkStore, block_of
+from chronowheel.store.base import Mark, MarkRow, MarkStore, block_of
 
 log = logging.getLogger(__name__)
 
@@ -153,10 +153,9 @@ class PartitionGuard:
         batch, self.pending = self.pending, []
         return [m for m, _ in batch], [t for _, t in batch]
 
-    async def write(self, marks: Sequence[Mark]) -> None:
-        for piece in split_by_block(marks):
-            await self.store.write_marks(self.scope, self.topic, self.partition, piece,
-                                         self.keep_s)
+    def rows(self, marks: Sequence[Mark]) -> list[MarkRow]:
+        """`marks` as the rows that store them: one per block they span."""
+        return [MarkRow(self.topic, self.partition, piece) for piece in split_by_block(marks)]
 
     def prune(self, below_offset: int) -> None:
         """Offsets below the committed point will not be delivered again in this holding."""
