@@ -151,10 +151,9 @@ class Settings:
                   "dropped and counted, never waited for")
     history_batch_rows: int = _opt(2_000, "run history rows written per batch")
     history_writes_in_flight: int = _opt(
-        4, "most requests of a process's run history writer in flight (a write of several "
-           "jobs is a request per group of them with the same replicas: each counts; a "
-           "worker's auto-pause report is not among them). Few: a second's worth sent at "
-           "once held a worker's event loop (more late handler starts)")
+        32, "most requests of a process's run history writer in flight (a write of several "
+            "jobs is a request per group of them with the same replicas: each counts; a "
+            "worker's auto-pause report is not among them)")
     history_writes_per_s: int = _opt(
         50, "most run history requests a second per process (0: no cap; a request holds the "
              "runs, or the counters, of up to 10 jobs with the same replicas): bounds what "
