@@ -90,6 +90,19 @@ def test_the_worker_tallies_are_exported_as_counters_read_at_scrape_time() -> No
     assert sample(metrics, "chronowheel_worker_skipped_total") == 8
 
 
+def test_the_rounds_of_marks_and_their_requests_are_exported_at_scrape_time() -> None:
+    class Counts:  # what the worker's intake counts (`Intake.rounds`, `.mark_requests`)
+        rounds = 0
+        mark_requests = 0
+
+    counts = Counts()
+    metrics = WorkerMetrics(WorkerStats())
+    metrics.count_marks(counts)
+    counts.rounds, counts.mark_requests = 4, 9
+    assert sample(metrics, "chronowheel_worker_mark_rounds_total") == 4
+    assert sample(metrics, "chronowheel_worker_mark_requests_total") == 9
+
+
 def test_a_revoked_partition_loses_its_lag_series() -> None:
     metrics = WorkerMetrics(WorkerStats())
     metrics.consumer_lag.labels(TOPIC, "3").set(12)

@@ -117,7 +117,7 @@ async def test_one_round_writes_the_marks_of_every_partition_in_one_request(rigs
     assert rig.store.requests == 1
     assert sorted(rig.store.rounds[0]) == [(0, [0]), (1, [0]), (2, [0, 1]), (3, [0]),
                                            (4, [0]), (5, [0])]
-    assert rig.intake.rounds == 1 and not rig.intake.writing
+    assert rig.intake.rounds == 1 and rig.intake.mark_requests == 1 and not rig.intake.writing
 
 
 async def test_outcomes_that_come_during_a_write_go_together_in_the_next_round(rigs: Any) -> None:

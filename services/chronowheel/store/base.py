@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import date
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from chronowheel.core import wire
 from chronowheel.core.buckets import minute_of
@@ -533,20 +533,29 @@ RUN_WRITE_BYTES = 4_000
 `batch_size_warn_threshold` (5 KiB)."""
 
 
-def same_replicas(job_ids: Sequence[str],
-                  replicas_of: Callable[[bytes], Any]) -> list[list[str]]:
-    """`job_ids` in groups whose partitions (keyed by the job id alone) have the same replicas,
-    in their order; a job whose replicas are unknown goes alone. `replicas_of`: the partition
-    key's replicas (the driver's token map; hosts with an `endpoint`, or any values)."""
-    groups: dict[Any, list[str]] = {}
-    for job_id in job_ids:
+T = TypeVar("T")
+
+
+def by_replicas(items: Sequence[T], replicas_of: Callable[[T], Any]) -> list[list[T]]:
+    """`items` in groups whose partitions have the same replicas, in their order; an item whose
+    replicas are unknown goes alone. `replicas_of`: an item's partition replicas (the driver's
+    token map; hosts with an `endpoint`, or any values)."""
+    groups: dict[Any, list[T]] = {}
+    for i, item in enumerate(items):
         try:
-            hosts = replicas_of(job_id.encode())
+            hosts = replicas_of(item)
         except Exception:  # no token map yet: alone is always right
             hosts = None
         key = frozenset(str(getattr(h, "endpoint", h)) for h in hosts) if hosts else None
-        groups.setdefault(key if key else ("alone", job_id), []).append(job_id)
+        groups.setdefault(key if key else ("alone", i), []).append(item)
     return list(groups.values())
+
+
+def same_replicas(job_ids: Sequence[str],
+                  replicas_of: Callable[[bytes], Any]) -> list[list[str]]:
+    """`job_ids` in groups whose partitions (keyed by the job id alone) have the same replicas
+    (`by_replicas`); `replicas_of` takes the partition key."""
+    return by_replicas(job_ids, lambda job_id: replicas_of(job_id.encode()))
 
 
 Permits = AbstractAsyncContextManager[Any]

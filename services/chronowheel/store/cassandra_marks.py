@@ -26,6 +26,7 @@ from chronowheel.store.base import (
     MarkRow,
     WorkerStores,
     block_of,
+    by_replicas,
 )
 from chronowheel.store.cassandra import TUPLES, CassandraStore, execute
 from chronowheel.store.cassandra_history import CassandraRunHistory
@@ -144,17 +145,9 @@ block and clustering integers, a cell's and a row's overhead): for `MARK_WRITE_B
 def mark_chunks(rows: Sequence[tuple[Any, int]], replicas_of: Any) -> list[list[Any]]:
     """Statements (each with its size) in requests: those whose partitions have the same
     replicas together, at most `MARK_WRITE_PARTITIONS` and about `MARK_WRITE_BYTES` a request;
-    a statement whose replicas are unknown goes alone."""
-    groups: dict[Any, list[tuple[Any, int]]] = {}
-    for i, (stmt, size) in enumerate(rows):
-        try:
-            hosts = replicas_of(stmt)
-        except Exception:  # no token map yet: alone is always right
-            hosts = None
-        key = frozenset(str(getattr(h, "endpoint", h)) for h in hosts) if hosts else ("alone", i)
-        groups.setdefault(key, []).append((stmt, size))
+    a statement whose replicas are unknown goes alone (`by_replicas`)."""
     out: list[list[Any]] = []
-    for group in groups.values():
+    for group in by_replicas(rows, lambda row: replicas_of(row[0])):
         chunk: list[Any] = []
         used = 0
         for stmt, size in group:

@@ -105,7 +105,9 @@ class Intake:
         self.writing = False
         """The round writer runs (waiting for its round to fill, or writing it)."""
         self.rounds = 0
-        """Rounds of marks written (a metric, and what tests count)."""
+        """Rounds of marks written (`chronowheel_worker_mark_rounds_total`)."""
+        self.mark_requests = 0
+        """Cassandra requests those rounds took (`chronowheel_worker_mark_requests_total`)."""
         self._hurry = asyncio.Event()
         """Set when the round must not wait: enough marks queued, or someone waits for them."""
         self._settling = 0
@@ -308,7 +310,8 @@ class Intake:
                 store = self.marks
                 assert store is not None
                 try:
-                    await store.write_marks(self.scope, rows, self.keep_s)
+                    self.mark_requests += await store.write_marks(self.scope, rows,
+                                                                  self.keep_s)
                 finally:
                     for part, _ in taken:
                         part.flushing = False

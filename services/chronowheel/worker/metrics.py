@@ -11,7 +11,7 @@ import contextlib
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
@@ -50,6 +50,10 @@ class WorkerMetrics:
         self.holding = Gauge("chronowheel_worker_holding_records",
                              "records received and not yet fully handled", registry=r)
 
+    def count_marks(self, counts: MarkCounts) -> None:
+        """Export the outcome marks' rounds and requests (the worker's intake counts them)."""
+        self.registry.register(_MarksCollector(counts))
+
     def forget_partition(self, topic: str, partition: int) -> None:
         with contextlib.suppress(KeyError):  # never measured
             self.consumer_lag.remove(topic, str(partition))
@@ -85,6 +89,27 @@ class _StatsCollector(Collector):
         quarantined.add_metric(["letter"], stats.quarantined - stats.unlettered)
         quarantined.add_metric(["log"], stats.unlettered)
         yield quarantined
+
+
+class MarkCounts(Protocol):
+    rounds: int
+    mark_requests: int
+
+
+class _MarksCollector(Collector):
+    """Rounds of outcome marks and the Cassandra requests they took, read at scrape time: the
+    requests are what a worker's idempotency costs Cassandra (docs/worker.md, "Idempotency")."""
+
+    def __init__(self, counts: MarkCounts) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(
+            "chronowheel_worker_mark_rounds", "rounds of outcome marks written (each holds the "
+            "marks of every partition queued since the last)", value=self._counts.rounds)
+        yield CounterMetricFamily(
+            "chronowheel_worker_mark_requests", "Cassandra requests the rounds of outcome marks "
+            "took (a batch per replica set and size limit)", value=self._counts.mark_requests)
 
 
 def observed(handler: Handler, topic: str, metrics: WorkerMetrics) -> Handler:

@@ -184,6 +184,7 @@ class Worker:
             keep_s=o.keep_s, poll_s=self._ledger.poll_s if self._ledger else 1.0,
             spawn=self._sup.job, end_offset=consumer.end_offset, timer=self.timer,
             marks_wait_s=self.settings.marks_wait_ms / 1000, hurry_marks=o.concurrency)
+        self.metrics.count_marks(self._intake)
         handlers = {t: observed(h, t, self.metrics) for t, h in self.handlers.items()}
         autopause = None
         if self.history is not None:
