@@ -25,6 +25,13 @@ ingested before it opens, as in bench-peers). Printed: for each stage, the time 
     fetched -> slot    a handler slot took it
     slot -> start      the handler began
 
+Beside them: each process's time waiting for a CPU while runnable over the window (its
+threads' `schedstat`: an event loop waiting there is late to everything), and the floor under
+every occurrence's lateness, measured before the node starts (`--floor-s`, default 10 s): a
+bare transactional producer commits one message every 10 ms and a read_committed reader
+stamps its arrival; no occurrence published by a transaction can reach a committed reader
+sooner.
+
 `--py-spy DIR` also records a py-spy profile of the node and of the worker over the window
 (folded stacks, one file per process, `py-spy` from the virtualenv; `--top` of each printed).
 Writes loadtest/results/trace-latency.json. The run's namespace (its topics and keyspace) is
@@ -47,9 +54,11 @@ from pathlib import Path
 from typing import Any
 
 from chronowheel.client import SchedulerClient
+from chronowheel.settings import Settings
 from chronowheel.testing import Collector, Fired, NodeProcess, drop_namespace
 from chronowheel.testing.lateness import percentile
 from common import stored_commands
+from limits import create_raw_topic, raw_kafka_visibility
 from worker_bench import ASSIGNED_RE, machine, new_namespace, say, settings_for, wait_for
 
 HERE = Path(__file__).resolve().parent
@@ -207,6 +216,58 @@ class CpuWatch:
                          / max(1, len(self.samples)), 2) for k in sorted(keys)}
 
 
+def schedstat(pid: int) -> dict[str, tuple[int, int]]:
+    """Per thread of `pid`: (ns on a CPU, ns runnable but waiting for one), from
+    /proc/<pid>/task/<tid>/schedstat; the main thread's key is "main"."""
+    out: dict[str, tuple[int, int]] = {}
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return out
+    for t in tasks:
+        try:
+            on_cpu, waiting, _slices = (int(x) for x in (t / "schedstat").read_text().split())
+        except (OSError, ValueError):
+            continue
+        out["main" if t.name == str(pid) else t.name] = (on_cpu, waiting)
+    return out
+
+
+class RunQueueWatch:
+    """How long each process's threads waited for a CPU while runnable over the window: an
+    event loop that waits there is late to everything, whatever its own code costs."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.first = {k: schedstat(p) for k, p in pids.items()}
+        self.t0 = time.monotonic()
+
+    def result(self) -> dict[str, dict[str, float]]:
+        wall_ms = (time.monotonic() - self.t0) * 1000
+        out: dict[str, dict[str, float]] = {}
+        for k, p in self.pids.items():
+            then, now = self.first[k], schedstat(p)
+            common = [t for t in now if t in then]
+            cpu = {t: (now[t][0] - then[t][0]) / 1e6 for t in common}
+            wait = {t: (now[t][1] - then[t][1]) / 1e6 for t in common}
+            out[k] = {"window_ms": round(wall_ms), "main_cpu_ms": round(cpu.get("main", 0)),
+                      "main_wait_ms": round(wait.get("main", 0)),
+                      "all_threads_cpu_ms": round(sum(cpu.values())),
+                      "all_threads_wait_ms": round(sum(wait.values()))}
+        return out
+
+
+async def raw_floor(settings: Settings, seconds: float) -> dict[str, Any]:
+    """The floor under any occurrence's lateness, measured before the node starts: a bare
+    transactional producer commits ONE fired-like message every 10 ms and a read_committed
+    reader measures stamp -> received (loadtest/bench/limits.py, `raw_kafka_visibility`)."""
+    topic = f"{settings.namespace}.rawfloor"
+    await create_raw_topic(settings, topic, 1)
+    out = await raw_kafka_visibility(settings, topic, 1, seconds, "floor", batch=1, every_ms=10)
+    return {"commit_ms": out["commit_ms"], "visible_ms": out["visible_ms"],
+            "transactions": out["transactions"]}
+
+
 def py_spy(pid: int, seconds: float, path: Path) -> subprocess.Popen[bytes] | None:
     exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(exe).exists():
@@ -244,10 +305,14 @@ def top_frames(path: Path, k: int = 20) -> dict[str, list[tuple[str, float]]]:
 
 async def run(rate: int, window_s: float, lead_s: float | None, spy_dir: Path | None,
               env_extra: dict[str, str], keep: bool = False,
-              worker_args: tuple[str, ...] = ()) -> dict[str, Any]:
+              worker_args: tuple[str, ...] = (), floor_s: float = 10.0) -> dict[str, Any]:
     n = int(rate * window_s)
     ns = new_namespace("trc")
     settings = settings_for(ns)
+    floor: dict[str, Any] | None = None
+    if floor_s > 0:
+        say(f"the floor: one-message transactions every 10 ms for {floor_s:.0f} s")
+        floor = await raw_floor(settings, floor_s)
     workdir = ROOT / ".state" / "trace-latency"
     workdir.mkdir(parents=True, exist_ok=True)
     sink = workdir / f"starts-{ns}.csv"
@@ -301,6 +366,7 @@ async def run(rate: int, window_s: float, lead_s: float | None, spy_dir: Path | 
         cpu = CpuWatch({"node": node.pid, "worker": worker.pid, "bench": os.getpid(),
                         **server_pids()})
         cpu_task = asyncio.ensure_future(cpu.run(t0_ms / 1000 + window_s + 2))
+        run_queue = RunQueueWatch({"node": node.pid, "worker": worker.pid})
         if spy_dir is not None:
             spy_dir.mkdir(parents=True, exist_ok=True)
             for name, p in procs.items():
@@ -321,6 +387,7 @@ async def run(rate: int, window_s: float, lead_s: float | None, spy_dir: Path | 
             await asyncio.sleep(0.5)
         seen = starts()
         await cpu_task
+        waited = run_queue.result()
     finally:
         for s in spies:
             s.wait(60)
@@ -363,6 +430,7 @@ async def run(rate: int, window_s: float, lead_s: float | None, spy_dir: Path | 
         "cpu_cores_mean": cpu.mean(), "cpu_cores_per_second": [d for _, d in cpu.samples],
         "node_rc": node_rc, "worker_rc": worker_rc,
         "node_pauses": node_trace.pauses(*window), "worker_pauses": worker_trace.pauses(*window),
+        "run_queue_wait": waited, "floor": floor,
     }
 
 
@@ -377,6 +445,9 @@ def main() -> int:
                     help="a variable for the node and worker (e.g. a CHRONOWHEEL_* setting)")
     ap.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
                     help="an argument for the worker (e.g. --no-idempotency); repeat as needed")
+    ap.add_argument("--floor-s", type=float, default=10.0,
+                    help="seconds of the raw floor measured before the node starts (one-message "
+                         "transactions to a read_committed reader); 0 skips it")
     ap.add_argument("--keep", action="store_true",
                     help="keep the run's namespace (its topics and keyspace) for inspection")
     args = ap.parse_args()
@@ -384,7 +455,7 @@ def main() -> int:
     result = {"machine": machine(), "command": " ".join(
         ["python", "loadtest/bench/trace_latency.py", *sys.argv[1:]])}
     result.update(asyncio.run(run(args.rate, args.window_s, args.lead_s, args.py_spy, env,
-                                   args.keep, tuple(args.worker_arg))))
+                                   args.keep, tuple(args.worker_arg), args.floor_s)))
     result["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
     h = result["handler_start_lateness_ms"]
     say(f"{args.rate}/s: handler start p50 {h[50]:.1f} p90 {h[90]:.1f} p99 {h[99]:.1f} "
@@ -402,6 +473,13 @@ def main() -> int:
         print(f"  {d}")
     for who in ("node", "worker"):
         print(f"{who} during the window: {result[who + '_pauses']}")
+        print(f"{who} waiting for a CPU while runnable: {result['run_queue_wait'][who]}")
+    floor = result["floor"]
+    if floor is not None:
+        c, v = floor["commit_ms"], floor["visible_ms"]
+        print(f"the floor ({floor['transactions']} one-message transactions): commit p50 "
+              f"{c['p50']:.1f} p99 {c['p99']:.1f} ms; stamp -> read_committed visible p50 "
+              f"{v['p50']:.1f} p99 {v['p99']:.1f} max {v['max']:.1f} ms")
     if args.py_spy is not None:
         for f in sorted(args.py_spy.glob(f"*-{args.rate}.folded")):
             top = top_frames(f)
