@@ -17,6 +17,8 @@ node, one line per fired occurrence when its transaction is over:
   BeginTxn, batches handed to the producer, AddOffsetsToTxn/TxnOffsetCommit (empty when the
   transaction carried no submit offsets), every batch acknowledged, EndTxn sent and answered,
   the coordinator done with it.
+  With CHRONOWHEEL_TRACE_APPLIED=TEXT also `applied,job_id,t` when a command's change reached
+  its shard's wheel, for jobs whose id contains TEXT (`urgent_bench.py --trace`).
 worker: `fetch,job_id,t` when the consumer's fetch returned the record, `slot,job_id,t` when
   a handler slot took it.
   `marks,n,rows,t` for each round of outcome marks written (idempotency on): its marks and
@@ -123,6 +125,19 @@ def install_node(out: Out) -> None:
     _wrap_async(kafka_node.KafkaTransaction, "_check_sent", after=stamp("acked"))
     _wrap_async(bus_kafka.Producer, "commit_transaction", before=stamp("endtxn"),
                 after=stamp("committed"))
+
+    match = os.environ.get("CHRONOWHEEL_TRACE_APPLIED")
+    if match:  # when a command's job entered (or left) its shard's wheel: `applied,job,t`
+        from chronowheel.node import state as node_state
+
+        orig_apply = node_state.ShardState.apply_job_change
+
+        def apply_job_change(self: Any, job_id: str, old_key: Any, new: Any) -> None:
+            orig_apply(self, job_id, old_key, new)
+            if match in job_id:
+                out.write(f"applied,{job_id},{wall_ms():.3f}\n")
+
+        node_state.ShardState.apply_job_change = apply_job_change  # type: ignore[method-assign]
 
     orig_commit = publisher.Publisher.commit
 

@@ -12,12 +12,18 @@
 
     .venv/bin/python loadtest/bench/urgent_bench.py
     .venv/bin/python loadtest/bench/urgent_bench.py --node-env CHRONOWHEEL_URGENT_MS=0  # off
+    .venv/bin/python loadtest/bench/urgent_bench.py --trace   # where each probe's time went
+
+`--trace` runs the node under `trace_shim.py` and adds `probe_stages`: for the probes sent
+while the herd was applied, sent -> applied (the change in its shard's wheel), applied -> due
+(the slack left), due -> taken out of the wheel, taken -> its transaction committed.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import sys
 import time
@@ -62,7 +68,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                           on_fired=on_fired)
     log_dir = LOG_DIR / "urgent"
     log_dir.mkdir(parents=True, exist_ok=True)
+    sent_at: dict[str, float] = {}
+    trace = log_dir / f"trace-{ns}.csv" if args.trace else None
+    if trace is not None:
+        here = Path(__file__).resolve().parent
+        env = {**env, "CHRONOWHEEL_TRACE_OUT": str(trace), "CHRONOWHEEL_TRACE_APPLIED": ".probe.",
+               "PYTHONPATH": os.pathsep.join(
+                   p for p in (str(here), os.environ.get("PYTHONPATH", "")) if p)}
     node = NodeProcess(settings, log_dir / "node.log", env=env, cwd=ROOT)
+    if trace is not None:
+        node.args_prefix = [sys.executable, str(Path(__file__).resolve().parent / "trace_shim.py")]
     producer = plain_producer(settings)
     rng = random.Random(7)
     now = int(wall_ms())
@@ -84,6 +99,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 after += group == "after"
                 jid = f"{ns}.probe.{i:05d}"
                 probe_group[jid] = group
+                sent_at[jid] = wall_ms()
                 await producer.send(settings.submit_topic, encode_upsert(
                     {"id": jid, "at": int(wall_ms()) + args.probe_lead_ms, "payload": {"i": i}}),
                     key=jid.encode())
@@ -148,9 +164,37 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await collector.stop()
         if node.alive():
             node.stop()
+        if trace is not None and trace.exists():
+            out["probe_stages"] = probe_stages(trace, sent_at, probe_group)
         if not args.keep:
             await drop_namespace(settings)
     return out
+
+
+def probe_stages(trace: Path, sent_at: dict[str, float],
+                 group: dict[str, str]) -> dict[str, Any]:
+    """Where each `during` probe's time went, from the node's trace (`trace_shim.py`): sent ->
+    applied (in its shard's wheel), due -> taken out of the wheel, taken -> committed."""
+    applied: dict[str, float] = {}
+    node: dict[str, list[float]] = {}
+    for line in trace.read_text().splitlines():
+        kind, _, rest = line.partition(",")
+        v = rest.split(",")
+        if kind == "applied":
+            applied.setdefault(v[0], float(v[1]))
+        elif kind == "node" and v[0] in group and v[12]:
+            node.setdefault(v[0], [float(v[1]), float(v[2]), float(v[12])])
+    stages: dict[str, list[float]] = {"sent -> applied": [], "applied -> due (slack)": [],
+                                      "due -> taken": [], "taken -> committed": []}
+    for jid, g in group.items():
+        if g != "during" or jid not in node or jid not in applied or jid not in sent_at:
+            continue
+        due, taken, committed = node[jid]
+        stages["sent -> applied"].append(applied[jid] - sent_at[jid])
+        stages["applied -> due (slack)"].append(due - applied[jid])
+        stages["due -> taken"].append(taken - due)
+        stages["taken -> committed"].append(committed - taken)
+    return {k: summarize(v) for k, v in stages.items()}
 
 
 def main() -> int:
@@ -168,6 +212,9 @@ def main() -> int:
     p.add_argument("--node-env", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--namespace")
     p.add_argument("--keep", action="store_true")
+    p.add_argument("--trace", action="store_true",
+                   help="run the node under trace_shim.py and report where each probe's time "
+                        "went (sent, applied, taken out of the wheel, committed)")
     p.add_argument("--json", help="also write the result to this file")
     add_stack_args(p)
     args = p.parse_args()

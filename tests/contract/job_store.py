@@ -322,9 +322,10 @@ class JobStoreContract:
         await store.add_bucket_count(ids.shard, minutes[0], 1)
         await store.add_bucket_counts(ids.shard, {minutes[0]: 2, minutes[1]: 3, minutes[3]: 4})
         await store.add_bucket_counts(ids.shard, {minutes[3]: 1})
+        await store.add_bucket_counts(ids.shard, {minutes[1]: 1, minutes[2]: 2}, in_flight=1)
         await store.add_bucket_counts(ids.shard, {})
         assert await store.bucket_counts(ids.shard, minutes[0], minutes[3]) == {
-            minutes[0]: 3, minutes[1]: 3, minutes[3]: 5}
+            minutes[0]: 3, minutes[1]: 4, minutes[2]: 2, minutes[3]: 5}
 
     # --- claims, meta, clock ----------------------------------------------------------
     async def test_a_claim_is_a_compare_and_set_register(self, store: JobStore,

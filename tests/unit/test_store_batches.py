@@ -208,6 +208,26 @@ async def test_ingest_of_ordinary_jobs_makes_no_batch_cassandra_would_warn_of() 
         await rig.stop_all()
 
 
+async def test_ingest_counts_buckets_with_its_own_few_requests_in_flight() -> None:
+    """A long-horizon herd makes about one counter request per job (one per (shard, hour) a
+    step touches): ingest asks the store to keep `ingest_counts_in_flight` of them in flight,
+    not the store's default, and the counts stay exact."""
+    rig = NodeRig(shards=1, ingest_counts_in_flight=3)
+    try:
+        await rig.start()
+        for i in range(200):
+            rig.upsert(f"j{i:04d}", at=T0 + 120_000 + (i * 104_729_311) % (30 * 86_400_000))
+        await rig.settle()
+        store = rig.store
+        assert store.count_calls and set(store.count_calls) == {3}
+        rows = Counter((shard, minute) for (minute, shard), bucket in store.due.items()
+                       for _ in bucket)
+        assert sum(rows.values()) == 200
+        assert {key: n for key, n in store.counts.items() if n} == dict(rows)
+    finally:
+        await rig.stop_all()
+
+
 async def test_a_job_whose_rows_alone_exceed_the_warning_size_is_written_and_warned_of() -> None:
     rig = NodeRig(shards=1)
     try:

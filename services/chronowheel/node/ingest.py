@@ -458,7 +458,8 @@ class Ingest:
                 elif isinstance(cmd, Retry):
                     counts[minute_of(max(cmd.at_ms, floor))] += 1
         if counts:
-            await self.store.add_bucket_counts(self.shard, counts)
+            await self.store.add_bucket_counts(self.shard, counts,
+                                               self.settings.ingest_counts_in_flight)
         counted.clear()
         counted.update(counts)
 

@@ -165,7 +165,8 @@ class NewJobs:
             if due.minute not in self.counted:
                 uncounted[due.minute] += 1
         await asyncio.gather(self.store.put_dues_and_jobs(rows),
-                             *([self.store.add_bucket_counts(self.shard, uncounted)]
+                             *([self.store.add_bucket_counts(
+                                 self.shard, uncounted, self.settings.ingest_counts_in_flight)]
                                if uncounted else []))
 
     def _applied(self, written: list[tuple[NewJob, Rows]]) -> None:

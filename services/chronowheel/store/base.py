@@ -329,10 +329,12 @@ class JobStore(Protocol):
         call may count twice (counts are an upper bound, used to skip empty minutes)."""
         ...
 
-    async def add_bucket_counts(self, shard: int, counts: Mapping[int, int]) -> None:
+    async def add_bucket_counts(self, shard: int, counts: Mapping[int, int],
+                                in_flight: int | None = None) -> None:
         """`add_bucket_count(shard, minute, rows)` for every minute -> rows of `counts`, in
-        few requests. Not atomic and not idempotent either: after a failure some minutes may
-        be counted (an upper bound stays an upper bound)."""
+        few requests, at most `in_flight` at a time (None: the store's own bound). Not atomic
+        and not idempotent either: after a failure some minutes may be counted (an upper
+        bound stays an upper bound)."""
         ...
 
     async def bucket_counts(self, shard: int, from_minute: int, to_minute: int) -> dict[int, int]:

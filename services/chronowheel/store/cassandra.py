@@ -748,14 +748,16 @@ class CassandraStore:
         hour = minute - minute % HOUR_MS
         await self._run(self._add_count, (rows, shard, hour, minute), "count bucket")
 
-    async def add_bucket_counts(self, shard: int, counts: Mapping[int, int]) -> None:
+    async def add_bucket_counts(self, shard: int, counts: Mapping[int, int],
+                                in_flight: int | None = None) -> None:
         # One request per partition (shard, hour), WRITES_IN_FLIGHT at a time: the minutes of
         # one hour go in one counter batch, which is a single mutation of a single partition
         # (no batch log, no coordinator fan-out, no warning at any size). A counter batch
         # across partitions made one coordinator do every replica's work, and Cassandra warned
         # of it on every call (issue 26). Not atomic across hours, and need not be: a count
         # is an upper bound that a retry may raise further.
-        await _bounded(self._count(updates) for updates in counts_by_partition(shard, counts))
+        await _bounded((self._count(updates) for updates in counts_by_partition(shard, counts)),
+                       in_flight or WRITES_IN_FLIGHT)
 
     async def _count(self, updates: list[tuple[int, int, int, int]]) -> None:
         if len(updates) == 1:

@@ -70,6 +70,8 @@ class MemoryStore:
         """(minute, shard) -> key -> (the version up to which that due row is retired, when
         the retirement expires, when it was written): `retire_due`."""
         self.counts: dict[tuple[int, int], int] = {}
+        self.count_calls: list[int | None] = []
+        """The `in_flight` of each add_bucket_counts call (what tests check)."""
         self.claims: dict[tuple[str, str], tuple[Claim, str, int | None]] = {}
         self.meta: dict[str, str] = {}
         self.requests: dict[tuple[int, str, str], tuple[RequestRow, int | None]] = {}
@@ -233,7 +235,11 @@ class MemoryStore:
         await self._enter()
         self.counts[(shard, minute)] = self.counts.get((shard, minute), 0) + rows
 
-    async def add_bucket_counts(self, shard: int, counts: Mapping[int, int]) -> None:
+    async def add_bucket_counts(self, shard: int, counts: Mapping[int, int],
+                                in_flight: int | None = None) -> None:
+        if in_flight is not None and in_flight < 1:
+            raise ValueError(f"in_flight must be at least 1, got {in_flight}")
+        self.count_calls.append(in_flight)
         await self._enter()
         for minute, rows in counts.items():
             self.counts[(shard, minute)] = self.counts.get((shard, minute), 0) + rows
