@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from chronowheel.store import cassandra
 from chronowheel.store.cassandra import HOUR_MS, _bounded, _settle, counts_by_partition
+from chronowheel.store.memory import MemoryStore
 from chronowheel.store.server_warnings import (
     DRIVER_LINE,
     OTHER,
@@ -181,6 +182,14 @@ async def test_each_answer_s_warnings_are_noted_when_it_is_settled(
 # --- the node's ingest on the in-memory store ---------------------------------------------
 
 
+def assert_counts_exact(store: MemoryStore, jobs: int) -> None:
+    """`jobs` due rows in all, and each minute's bucket count is exactly its due rows."""
+    rows = Counter((shard, minute) for (minute, shard), bucket in store.due.items()
+                   for _ in bucket)
+    assert sum(rows.values()) == jobs
+    assert {key: n for key, n in store.counts.items() if n} == dict(rows)
+
+
 async def test_ingest_of_ordinary_jobs_makes_no_batch_cassandra_would_warn_of() -> None:
     """Jobs of mixed horizons and payloads up to 1,500 bytes (about 3.5 KB of rows each),
     cron jobs among them: no logged batch over batch_size_warn_threshold, and each minute's
@@ -200,10 +209,7 @@ async def test_ingest_of_ordinary_jobs_makes_no_batch_cassandra_would_warn_of() 
         store = rig.store
         assert len(store.jobs) == 600
         assert store.warnings == []
-        rows = Counter((shard, minute) for (minute, shard), bucket in store.due.items()
-                       for _ in bucket)
-        assert sum(rows.values()) == 600
-        assert {key: n for key, n in store.counts.items() if n} == dict(rows)
+        assert_counts_exact(store, 600)
     finally:
         await rig.stop_all()
 
@@ -220,10 +226,7 @@ async def test_ingest_counts_buckets_with_its_own_few_requests_in_flight() -> No
         await rig.settle()
         store = rig.store
         assert store.count_calls and set(store.count_calls) == {3}
-        rows = Counter((shard, minute) for (minute, shard), bucket in store.due.items()
-                       for _ in bucket)
-        assert sum(rows.values()) == 200
-        assert {key: n for key, n in store.counts.items() if n} == dict(rows)
+        assert_counts_exact(store, 200)
     finally:
         await rig.stop_all()
 
