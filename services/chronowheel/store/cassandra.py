@@ -750,7 +750,8 @@ class CassandraStore:
 
     async def add_bucket_counts(self, shard: int, counts: Mapping[int, int],
                                 in_flight: int | None = None) -> None:
-        # One request per partition (shard, hour), WRITES_IN_FLIGHT at a time: the minutes of
+        # One request per partition (shard, hour), `in_flight` at a time (the node's
+        # ingest_counts_in_flight; WRITES_IN_FLIGHT when not given): the minutes of
         # one hour go in one counter batch, which is a single mutation of a single partition
         # (no batch log, no coordinator fan-out, no warning at any size). A counter batch
         # across partitions made one coordinator do every replica's work, and Cassandra warned
