@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 from chronowheel.cli import build_parser
+from chronowheel.errors import ConfigError
 from chronowheel.settings import NODE_TUNABLES, Settings, env_name, flag_name, settings_from_args
 
 # The values these had as module constants of the node, before they became settings.
@@ -66,3 +67,9 @@ def test_a_tunable_comes_from_its_variable_and_the_flag_wins(
     assert getattr(settings_from_args(build_parser().parse_args(["node"])), name) == 7_000
     args = build_parser().parse_args(["node", flag_name(name), "9"])
     assert getattr(settings_from_args(args), name) == 9
+
+
+@pytest.mark.parametrize("value", [0, -1])
+def test_a_shard_needs_at_least_one_count_request_in_flight(value: int) -> None:
+    with pytest.raises(ConfigError, match=r"ingest_counts_in_flight: must be at least 1, got"):
+        Settings(namespace="unit", ingest_counts_in_flight=value)
