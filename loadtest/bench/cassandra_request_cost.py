@@ -25,6 +25,7 @@ from typing import Any
 
 from cassandra.cluster import Cluster
 from cassandra.query import BatchStatement, BatchType
+from chronowheel.store.cassandra import execute
 from chronowheel.testing import require_loopback
 from common import add_stack_args
 from trace_latency import cpu_s, server_pids
@@ -40,36 +41,25 @@ async def step(session: Any, insert: Any, rate: int, rows: int, burst_ms: int,
                seconds: float, pid: int) -> dict[str, float]:
     loop = asyncio.get_running_loop()
 
-    def request(i: int) -> Any:
+    async def request(i: int) -> None:
         partition = i % 16
         if rows == 1:
-            return session.execute_async(insert, (partition, i, BLOB))
+            await execute(session, insert, (partition, i, BLOB), "probe insert")
+            return
         batch = BatchStatement(batch_type=BatchType.UNLOGGED)
         for r in range(rows):
             batch.add(insert, (partition, i * rows + r, BLOB))
-        return session.execute_async(batch)
-
-    def done(future: Any) -> asyncio.Future[None]:
-        out: asyncio.Future[None] = loop.create_future()
-
-        def ok(_: Any) -> None:
-            loop.call_soon_threadsafe(lambda: out.done() or out.set_result(None))
-
-        def failed(exc: BaseException) -> None:
-            loop.call_soon_threadsafe(lambda: out.done() or out.set_exception(exc))
-
-        future.add_callbacks(ok, failed)
-        return out
+        await execute(session, batch, (), "probe batch")
 
     total = int(rate * seconds)
     per_burst = max(1, rate * burst_ms // 1000) if burst_ms else 1
     gap_s = per_burst / rate
-    waits: list[asyncio.Future[None]] = []
+    waits: list[asyncio.Task[None]] = []
     cpu0, t0 = cpu_s(pid), loop.time()
     sent = 0
     while sent < total:
         for _ in range(min(per_burst, total - sent)):
-            waits.append(done(request(sent)))
+            waits.append(asyncio.ensure_future(request(sent)))
             sent += 1
         await asyncio.sleep(max(0.0, t0 + sent / rate - loop.time()) if per_burst == 1
                             else max(0.0, t0 + (sent // per_burst) * gap_s - loop.time()))

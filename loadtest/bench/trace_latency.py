@@ -80,6 +80,7 @@ class Trace:
         self.gc: list[tuple[int, float, float]] = []  # generation, start, ms
         self.stalls: list[tuple[float, float]] = []  # start, ms
         self.marks: list[tuple[float, int, int]] = []  # when, marks and rows in that write
+        self.applied: dict[str, float] = {}  # job -> when its command reached the wheel
         if not path.exists():
             return
         for line in path.read_text().splitlines():
@@ -89,6 +90,8 @@ class Trace:
                 row = {k: float(v) for k, v in zip(NODE_FIELDS[1:], values[1:], strict=True)
                        if v != ""}
                 self.node.setdefault(values[0], row)
+            elif kind == "applied" and len(values) == 2:
+                self.applied.setdefault(values[0], float(values[1]))
             elif kind in ("fetch", "slot") and len(values) >= 2:
                 (self.fetch if kind == "fetch" else self.slot).setdefault(
                     ",".join(values[:-1]), float(values[-1]))
@@ -452,7 +455,7 @@ def main() -> int:
                     help="keep the run's namespace (its topics and keyspace) for inspection")
     args = ap.parse_args()
     env = dict(e.split("=", 1) for e in args.env)
-    result = {"machine": machine(), "command": " ".join(
+    result: dict[str, Any] = {"machine": machine(), "command": " ".join(
         ["python", "loadtest/bench/trace_latency.py", *sys.argv[1:]])}
     result.update(asyncio.run(run(args.rate, args.window_s, args.lead_s, args.py_spy, env,
                                    args.keep, tuple(args.worker_arg), args.floor_s)))

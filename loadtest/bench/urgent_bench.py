@@ -45,6 +45,7 @@ from chronowheel.testing import (
     wall_ms,
 )
 from common import LOG_DIR, ROOT, add_stack_args, emit, fresh_namespace, init_with_cli, say
+from trace_latency import Trace
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -171,29 +172,23 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def probe_stages(trace: Path, sent_at: dict[str, float],
+def probe_stages(path: Path, sent_at: dict[str, float],
                  group: dict[str, str]) -> dict[str, Any]:
-    """Where each `during` probe's time went, from the node's trace (`trace_shim.py`): sent ->
-    applied (in its shard's wheel), due -> taken out of the wheel, taken -> committed."""
-    applied: dict[str, float] = {}
-    node: dict[str, list[float]] = {}
-    for line in trace.read_text().splitlines():
-        kind, _, rest = line.partition(",")
-        v = rest.split(",")
-        if kind == "applied":
-            applied.setdefault(v[0], float(v[1]))
-        elif kind == "node" and v[0] in group and v[12]:
-            node.setdefault(v[0], [float(v[1]), float(v[2]), float(v[12])])
+    """Where each `during` probe's time went, from the node's trace (`trace_shim.py`, read by
+    `trace_latency.Trace`): sent -> applied (in its shard's wheel), due -> taken out of the
+    wheel, taken -> committed."""
+    trace = Trace(path)
     stages: dict[str, list[float]] = {"sent -> applied": [], "applied -> due (slack)": [],
                                       "due -> taken": [], "taken -> committed": []}
     for jid, g in group.items():
-        if g != "during" or jid not in node or jid not in applied or jid not in sent_at:
+        row, applied = trace.node.get(jid), trace.applied.get(jid)
+        if g != "during" or row is None or "committed" not in row or applied is None \
+                or jid not in sent_at:
             continue
-        due, taken, committed = node[jid]
-        stages["sent -> applied"].append(applied[jid] - sent_at[jid])
-        stages["applied -> due (slack)"].append(due - applied[jid])
-        stages["due -> taken"].append(taken - due)
-        stages["taken -> committed"].append(committed - taken)
+        stages["sent -> applied"].append(applied - sent_at[jid])
+        stages["applied -> due (slack)"].append(row["scheduled"] - applied)
+        stages["due -> taken"].append(row["take"] - row["scheduled"])
+        stages["taken -> committed"].append(row["committed"] - row["take"])
     return {k: summarize(v) for k, v in stages.items()}
 
 
