@@ -52,7 +52,7 @@ from chronowheel.settings import Settings
 RESOURCE_TYPES = {"TOPIC": 2, "GROUP": 3, "CLUSTER": 4, "TRANSACTIONAL_ID": 5}
 PATTERN_TYPES = {"LITERAL": 3, "PREFIXED": 4}
 OPERATIONS = {"READ": 3, "WRITE": 4, "CREATE": 5, "DELETE": 6, "ALTER": 7, "DESCRIBE": 8,
-              "DESCRIBE_CONFIGS": 10, "IDEMPOTENT_WRITE": 12}
+              "DESCRIBE_CONFIGS": 10, "ALTER_CONFIGS": 11, "IDEMPOTENT_WRITE": 12}
 ALLOW = 3
 
 
@@ -249,7 +249,11 @@ def kafka_acls(settings: Settings, principals: Principals, *,
     topic("node", nod, settings.dead_topic, publish)
     for name, pattern in _topic_patterns(target_topics):
         topic("node", nod, name, publish, pattern)
-    acls.append(KafkaAcl("node", nod, "GROUP", nodes_group(settings), "LITERAL", "READ"))
+    # READ: its membership and offsets; ALTER_CONFIGS and DESCRIBE_CONFIGS: with
+    # node_group_protocol=consumer the group's session and heartbeat are the group's own
+    # configs, which each node sets from its settings when it starts.
+    acls.extend(KafkaAcl("node", nod, "GROUP", nodes_group(settings), "LITERAL", op)
+                for op in ("READ", "ALTER_CONFIGS", "DESCRIBE_CONFIGS"))
     # `<ns>-node-*`: each node's own producer, and the ones it starts to fence a previous
     # owner; `<ns>-shard-*`: the producer that commits a takeover's claim of a shard.
     acls.extend(KafkaAcl("node", nod, "TRANSACTIONAL_ID", prefixes[kind], "PREFIXED", op)

@@ -25,6 +25,7 @@ from chronowheel.errors import ConfigError
 ENV_PREFIX = "CHRONOWHEEL_"
 KAFKA_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+NODE_GROUP_PROTOCOLS = ("classic", "consumer")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -130,6 +131,12 @@ class Settings:
     node_loop_stall_limit_ms: int = _opt(
         15_000, "a node whose event loop answers nothing for this long leaves its group (its "
                 "shards move); a busy loop under it keeps them (more than the session timeout)")
+    node_group_protocol: str = _opt(
+        "consumer", "Kafka group protocol of the nodes: consumer (Kafka 4's KIP-848: only the "
+                    "shards that move pause; the brokers' group.consumer.min.session.timeout.ms "
+                    "and group.consumer.min.heartbeat.interval.ms must allow the node's) or "
+                    "classic (aiokafka's eager protocol: every rebalance pauses every shard "
+                    "for a moment)")
     node_instance_id: str = _opt(
         "", "static group membership: a stable name per node (e.g. its host name); a node "
             "restarted within the session timeout gets its shards back without a rebalance, "
@@ -316,6 +323,12 @@ class Settings:
             raise ConfigError(f"kafka_security_protocol: expected one of "
                               f"{', '.join(KAFKA_SECURITY_PROTOCOLS)}, got "
                               f"{self.kafka_security_protocol!r}")
+        object.__setattr__(self, "node_group_protocol",
+                           self.node_group_protocol.strip().lower())
+        if self.node_group_protocol not in NODE_GROUP_PROTOCOLS:
+            raise ConfigError(f"node_group_protocol: expected one of "
+                              f"{', '.join(NODE_GROUP_PROTOCOLS)}, got "
+                              f"{self.node_group_protocol!r}")
         if self.kafka_sasl_mechanism not in KAFKA_SASL_MECHANISMS:
             raise ConfigError(f"kafka_sasl_mechanism: expected one of "
                               f"{', '.join(KAFKA_SASL_MECHANISMS)}, got "

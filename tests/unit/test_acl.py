@@ -75,7 +75,9 @@ def test_the_node_owns_the_internal_topics_its_group_and_transactional_ids() -> 
         *{("TOPIC", "acme.state", "LITERAL", op) for op in ("READ", *writes)},
         *{("TOPIC", topic, "LITERAL", op) for op in publishes
           for topic in ("acme.fired", "acme.rejected", "acme.dead", "emails.out")},
-        ("GROUP", "acme-nodes", "LITERAL", "READ"),
+        # ALTER_CONFIGS, DESCRIBE_CONFIGS: the consumer protocol's session and heartbeat.
+        *{("GROUP", "acme-nodes", "LITERAL", op)
+          for op in ("READ", "ALTER_CONFIGS", "DESCRIBE_CONFIGS")},
         *{("TRANSACTIONAL_ID", prefix, "PREFIXED", op) for op in writes
           for prefix in ("acme-node-", "acme-shard-")},
     }  # and no CLUSTER right, no READ of what it only writes

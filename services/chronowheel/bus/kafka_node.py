@@ -45,6 +45,7 @@ from chronowheel.bus.ports import (
     RecordsRefused,
     Refusal,
     ShardsChanged,
+    SubmitGroup,
     SubmitRecord,
 )
 from chronowheel.core import limits
@@ -881,7 +882,15 @@ class KafkaNodeBus:
                 await consumer.stop()
 
     def submit_group(self, *, group_id: str, client_id: str, session_timeout_ms: int,
-                     on_assigned: ShardsChanged, on_revoked: ShardsChanged) -> KafkaSubmitGroup:
+                     on_assigned: ShardsChanged, on_revoked: ShardsChanged) -> SubmitGroup:
+        if self._settings.node_group_protocol == "consumer":
+            # librdkafka, imported only when asked for (aiokafka speaks only the classic one).
+            from chronowheel.bus.kafka_consumer_group import ConsumerProtocolGroup
+
+            return ConsumerProtocolGroup(self._settings, group_id=group_id,
+                                         client_id=client_id,
+                                         session_timeout_ms=session_timeout_ms,
+                                         on_assigned=on_assigned, on_revoked=on_revoked)
         return KafkaSubmitGroup(self._settings, group_id=group_id, client_id=client_id,
                                 session_timeout_ms=session_timeout_ms,
                                 on_assigned=on_assigned, on_revoked=on_revoked)

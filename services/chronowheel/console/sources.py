@@ -311,7 +311,8 @@ class Sources:
             now = now_ms()
             if self._group is None or now - self._group[0] > GROUP_CACHE_MS:
                 self._group = (now, await describe_group(
-                    self._admin, nodes_group(self.settings), self.settings.submit_topic))
+                    self._admin, nodes_group(self.settings), self.settings.submit_topic,
+                    settings=self.settings))
             return self._group[1]
 
     async def cluster(self) -> ClusterView:

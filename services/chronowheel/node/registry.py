@@ -6,7 +6,10 @@ callbacks start an actor per assigned shard (`node/shard.py`, which claims it: s
 an older session is stopped and, if the node is still a member of the group, its shards are
 taken over again (`recover`).
 
-Warm shards: the group protocol (eager) revokes every shard of every node at each rebalance.
+The callbacks are incremental: with the consumer group protocol (the default) a node is
+revoked and assigned only the shards that change owner, and the others go on untouched.
+
+Warm shards: the classic protocol (eager) revokes every shard of every node at each rebalance.
 A shard whose actor ended cleanly on its revocation (released, nothing in flight) is kept warm,
 its actor and wheel in memory: if the next assignment gives it back to this node, the same
 actor runs again and resumes without reloading when `resume_warm` proves nobody took the shard

@@ -87,11 +87,46 @@ def decode_assignment(raw: bytes, topic: str) -> list[int]:
     return sorted(p for t, parts in assignment.assignment if t == topic for p in parts)
 
 
-async def describe_group(admin: AIOKafkaAdminClient, group_id: str, topic: str) -> Group:
+def describe_modern_group(settings: Settings, group_id: str, topic: str) -> Group:
+    """A group as librdkafka describes it (blocking: run it on a thread). It speaks Kafka 4's
+    ConsumerGroupDescribe, which a group of the consumer protocol (node_group_protocol=consumer)
+    needs: the classic DescribeGroups shows such a group as Dead with no members."""
+    from confluent_kafka.admin import AdminClient
+
+    from chronowheel.bus.kafka_consumer_group import ADMIN_TIMEOUT_S, librdkafka_config
+
+    admin = AdminClient(librdkafka_config(settings))
+    try:
+        found = admin.describe_consumer_groups(
+            [group_id], request_timeout=ADMIN_TIMEOUT_S)[group_id].result(
+                timeout=ADMIN_TIMEOUT_S + 5)
+    except Exception as exc:
+        raise ChronowheelError(f"describing consumer group {group_id}: {exc}") from exc
+    members = []
+    owners: dict[int, Member] = {}
+    for m in found.members:
+        member = Member(m.member_id, m.client_id, m.host.lstrip("/"))
+        members.append(member)
+        parts = m.assignment.topic_partitions if m.assignment is not None else []
+        for tp in parts:
+            if tp.topic == topic:
+                owners[tp.partition] = member
+    state = "".join(word.capitalize() for word in found.state.name.split("_"))
+    return Group(state, tuple(members), owners)
+
+
+async def describe_group(admin: AIOKafkaAdminClient, group_id: str, topic: str, *,
+                         settings: Settings | None = None) -> Group:
+    """The group with its members and who holds which partition of `topic`. With `settings`,
+    a group the classic API shows as Dead and empty is described again through librdkafka:
+    it may be a group of the consumer protocol (`describe_modern_group`)."""
     # One group per request: aiokafka 0.14 sends DescribeGroups v3 but parses the answer with
     # the v2 layout, which happens to work for one group and breaks the connection for two.
     responses = await admin.describe_consumer_groups([group_id])
     groups = [g for r in responses for g in r.to_object()["groups"]]
+    if settings is not None and (not groups or (groups[0]["state"] == "Dead"
+                                                and not groups[0]["members"])):
+        return await asyncio.to_thread(describe_modern_group, settings, group_id, topic)
     if not groups:
         return Group("Dead", (), {})
     g: dict[str, Any] = groups[0]

@@ -84,7 +84,8 @@ async def read_status(settings: Settings, *, minutes: int,
         shards = await recorded_shards(store, settings)
         admin = await open_admin(settings)
         try:
-            group = await describe_group(admin, nodes_group(settings), settings.submit_topic)
+            group = await describe_group(admin, nodes_group(settings), settings.submit_topic,
+                                         settings=settings)
         finally:
             await admin.close()
         records = await read_state_records(settings, shards)

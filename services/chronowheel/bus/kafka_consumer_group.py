@@ -1,0 +1,570 @@
+"""The node's group member over Kafka 4's consumer group protocol (KIP-848), through librdkafka.
+
+`node_group_protocol=consumer` selects it (`KafkaNodeBus.submit_group`); the default, `classic`,
+is `KafkaSubmitGroup` (aiokafka, the eager protocol). Both implement `bus/ports.SubmitGroup`, and
+the node's exactly-once path does not depend on which: fencing rests on the state record and
+the claimers (`node/takeover.py`), and the node's transactional producer (aiokafka) commits its
+submit offsets into either kind of group (the broker checks a member epoch in TxnOffsetCommit
+only when one is given, and the producer gives none).
+
+What changes is what a rebalance costs. With this protocol the brokers compute the assignment
+and hand each member only its *changes*, on the member's heartbeats: a member that keeps a
+partition is never told anything about it, so a join, a leave or a restart pauses only the
+shards that move. A moved shard is revoked at its old owner's next heartbeat, and given to the
+new owner once the old one has acknowledged (its next heartbeat after `on_revoked` returned):
+about two heartbeat intervals. The session timeout and heartbeat interval are the *group's*
+(`consumer.session.timeout.ms`, `consumer.heartbeat.interval.ms`), not the client's; `start`
+sets them from node_session_timeout_ms and node_heartbeat_interval_ms, within the brokers'
+`group.consumer.min.*` / `group.consumer.max.*` limits (45 s and 5 s minimums by default).
+
+Threads, as in `KafkaSubmitGroup`: the librdkafka consumer is used only on the group thread,
+which polls it, hands fetched records to the node under a lock, serves the node's requests
+(seek, committed offsets, the membership check) between two polls, and runs the rebalance
+callbacks: each calls the node's `on_assigned` / `on_revoked` on the node loop and waits for it
+(serving requests meanwhile, since the node's shard actors ask for seeks while it waits). A
+revoked shard is removed from the consumer's assignment only after the node stopped it, and
+the revocation is acknowledged to the group only after that, so another member is given the
+shard only once this node has stopped publishing for it. Heartbeats are librdkafka's own
+background thread's: neither the node loop nor the group thread's poll delays them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from chronowheel.bus.kafka_node import LIVENESS_PING_MS, LoopLiveness
+from chronowheel.bus.ports import BusError, ShardsChanged, SubmitRecord
+from chronowheel.errors import ConfigError
+from chronowheel.settings import Settings
+from chronowheel.timeouts import wait_event
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# One poll of the group thread waits at most this long for records (librdkafka's batch consume
+# returns at its timeout unless the batch fills). It also bounds how long a request of the node
+# (a seek on the takeover path) waits for the group thread.
+CONSUME_WAIT_MS = 20
+# While a rebalance callback waits for the node, the node's requests are served this often.
+CALLBACK_SERVE_MS = 10
+# A seek of a partition whose fetch has not started yet is tried again this often.
+SEEK_RETRY_MS = 5
+ADMIN_TIMEOUT_S = 10.0
+# librdkafka's code for "no offset committed" in a TopicPartition's offset.
+OFFSET_INVALID = -1001
+# Errors of a synchronous commit that say this member is not in the group's current state.
+NOT_A_MEMBER = frozenset({"UNKNOWN_MEMBER_ID", "FENCED_MEMBER_EPOCH", "STALE_MEMBER_EPOCH",
+                          "ILLEGAL_GENERATION", "REBALANCE_IN_PROGRESS",
+                          "_ASSIGNMENT_LOST", "_STATE"})
+GROUP_SESSION = "consumer.session.timeout.ms"
+GROUP_HEARTBEAT = "consumer.heartbeat.interval.ms"
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A fetched record with the attributes of `SubmitRecord` (librdkafka's message has
+    methods instead, and lives only as long as the consumer)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Sequence[tuple[str, bytes]]
+
+
+def librdkafka_config(settings: Settings) -> dict[str, Any]:
+    """librdkafka's properties for the configured brokers, TLS and SASL (the same settings
+    as aiokafka's `security_options`)."""
+    conf: dict[str, Any] = {"bootstrap.servers": settings.kafka,
+                            "security.protocol": settings.kafka_security_protocol}
+    if settings.kafka_uses_ssl:
+        # Without a CA file, the system's CAs, as Python's default SSL context uses.
+        conf["ssl.ca.location"] = settings.kafka_ssl_cafile or "probe"
+        if settings.kafka_ssl_certfile:
+            conf["ssl.certificate.location"] = settings.kafka_ssl_certfile
+        if settings.kafka_ssl_keyfile:
+            conf["ssl.key.location"] = settings.kafka_ssl_keyfile
+        if settings.kafka_ssl_key_password is not None:
+            conf["ssl.key.password"] = settings.kafka_ssl_key_password.reveal()
+        conf["ssl.endpoint.identification.algorithm"] = (
+            "https" if settings.kafka_ssl_check_hostname else "none")
+    elif settings.kafka_ssl_cafile or settings.kafka_ssl_certfile:
+        raise ConfigError(f"kafka_ssl_* files are set but kafka_security_protocol is "
+                          f"{settings.kafka_security_protocol}: use SSL or SASL_SSL")
+    if settings.kafka_uses_sasl:
+        if not settings.kafka_sasl_username or settings.kafka_sasl_password is None:
+            raise ConfigError(
+                f"kafka_security_protocol {settings.kafka_security_protocol} needs "
+                "kafka_sasl_username and a password in CHRONOWHEEL_KAFKA_SASL_PASSWORD or "
+                "CHRONOWHEEL_KAFKA_SASL_PASSWORD_FILE")
+        conf.update({"sasl.mechanism": settings.kafka_sasl_mechanism,
+                     "sasl.username": settings.kafka_sasl_username,
+                     "sasl.password": settings.kafka_sasl_password.reveal()})
+    return conf
+
+
+def _error_name(exc: BaseException) -> str:
+    """librdkafka's error name of a KafkaException ("" for anything else)."""
+    args = getattr(exc, "args", ())
+    err = args[0] if args else None
+    name = getattr(err, "name", None)
+    return name() if callable(name) else ""
+
+
+def group_config_refusal(group_id: str, wanted: dict[str, int], exc: BaseException) -> str:
+    """What to tell an operator whose brokers refused the group's session or heartbeat."""
+    asked = ", ".join(f"{k} {v}" for k, v in wanted.items())
+    return (f"Kafka refused to set group {group_id}'s {asked} ({exc}): with "
+            f"node_group_protocol=consumer the brokers' group.consumer.min.session.timeout.ms "
+            f"must be at most node_session_timeout_ms and group.consumer.min.heartbeat."
+            f"interval.ms at most node_heartbeat_interval_ms (Kafka's defaults, 45 s and 5 s, "
+            f"refuse the node's), and the node's user needs ALTER_CONFIGS and DESCRIBE_CONFIGS "
+            f"on the group (see the operations runbook)")
+
+
+def configure_group(settings: Settings, group_id: str, *, session_timeout_ms: int,
+                    heartbeat_interval_ms: int) -> None:
+    """Set the group's session timeout and heartbeat interval (blocking; run it on a thread).
+    Raises ConfigError when the brokers refuse them."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        ResourceType,
+    )
+
+    wanted = {GROUP_SESSION: session_timeout_ms, GROUP_HEARTBEAT: heartbeat_interval_ms}
+    admin = AdminClient(librdkafka_config(settings))
+    resource = ConfigResource(ResourceType.GROUP, group_id, incremental_configs=[
+        ConfigEntry(name, str(value), incremental_operation=AlterConfigOpType.SET)
+        for name, value in wanted.items()])
+    try:
+        for future in admin.incremental_alter_configs([resource]).values():
+            future.result(timeout=ADMIN_TIMEOUT_S)
+    except KafkaException as exc:
+        retriable = getattr(exc.args[0], "retriable", lambda: False)() if exc.args else False
+        if retriable:
+            raise BusError(f"setting group {group_id}'s session and heartbeat: {exc}") from exc
+        raise ConfigError(group_config_refusal(group_id, wanted, exc)) from exc
+    except concurrent.futures.TimeoutError as exc:
+        raise BusError(f"setting group {group_id}'s session and heartbeat: no answer in "
+                       f"{ADMIN_TIMEOUT_S:.0f} s") from exc
+
+
+class ConsumerProtocolGroup:
+    """The node's member of `<ns>-nodes` with `group.protocol=consumer` (see the module)."""
+
+    def __init__(self, settings: Settings, *, group_id: str, client_id: str,
+                 session_timeout_ms: int, on_assigned: ShardsChanged,
+                 on_revoked: ShardsChanged, clock: Callable[[], float] = time.monotonic) -> None:
+        self._topic = settings.submit_topic
+        self._settings = settings
+        self._group_id = group_id
+        self._client_id = client_id
+        self._session_timeout_ms = session_timeout_ms
+        self._on_assigned = on_assigned
+        self._on_revoked = on_revoked
+        self._clock = clock
+        self._liveness = LoopLiveness(settings.node_loop_stall_limit_ms, clock,
+                                      what=f"node {client_id}")
+        self._lock = threading.Lock()  # guards the fields shared by both threads below
+        self._ready: dict[int, list[SubmitRecord]] = {}
+        self._paused_by_node: set[int] = set()
+        self._withheld: set[int] = set()
+        self._assigned: set[int] = set()
+        self._partitions: int | None = None
+        self._failure: BaseException | None = None
+        self._ping_pending = False
+        self._requests: queue.SimpleQueue[tuple[Callable[[Any], Any],
+                                                concurrent.futures.Future[Any]]] = \
+            queue.SimpleQueue()
+        self._stopping = threading.Event()
+        self._consumer: Any = None  # a confluent_kafka.Consumer, made and used on the thread
+        self._thread: threading.Thread | None = None
+        self._node_loop: asyncio.AbstractEventLoop | None = None
+        self._arrived: asyncio.Event | None = None
+        self._paused: set[int] = set()  # group thread only: what the consumer has paused
+
+    def _consumer_config(self) -> dict[str, Any]:
+        s = self._settings
+        conf = librdkafka_config(s)
+        conf.update({
+            "group.id": self._group_id,
+            "group.protocol": "consumer",
+            "client.id": self._client_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+            # The group thread polls only while the node loop answers: this is how long a
+            # hung node loop keeps its shards.
+            "max.poll.interval.ms": s.node_loop_stall_limit_ms,
+            # One fetched chunk per partition ahead of ingest, as the classic member.
+            "max.partition.fetch.bytes": 1 << 20,
+            # The group thread hands records over at once; a fetch waits no longer than the
+            # classic member's.
+            "fetch.wait.max.ms": 100,
+            "logger": logging.getLogger("chronowheel.bus.librdkafka"),
+        })
+        if s.node_instance_id:
+            conf["group.instance.id"] = s.node_instance_id
+        return conf
+
+    # --- between the threads ----------------------------------------------------------------
+    async def _on_group(self, request: Callable[[Any], T]) -> T:
+        """Run `request(consumer)` on the group thread and wait for it here."""
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            raise BusError(f"group {self._group_id}: the member is not running")
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._requests.put((request, future))
+        return await asyncio.wrap_future(future)
+
+    def _serve_requests(self, consumer: Any) -> None:
+        while True:
+            try:
+                request, future = self._requests.get_nowait()
+            except queue.Empty:
+                return
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(request(consumer))
+            except BaseException as exc:  # handed to the node's caller
+                future.set_exception(exc)
+
+    def _call_node(self, consumer: Any, callback: ShardsChanged, shards: list[int]) -> None:
+        """Run a node callback on the node loop; wait for it, serving the node's requests."""
+        loop = self._node_loop
+        if loop is None or loop.is_closed():
+            return
+        async def call() -> None:  # a coroutine of its own: the callback runs on the node loop
+            await callback(shards)
+
+        done: concurrent.futures.Future[None] = asyncio.run_coroutine_threadsafe(call(), loop)
+        while True:
+            try:
+                done.result(timeout=CALLBACK_SERVE_MS / 1000)
+                return
+            except concurrent.futures.TimeoutError:
+                self._serve_requests(consumer)
+
+    def _notify_node(self) -> None:
+        loop = self._node_loop
+        if loop is not None and self._arrived is not None:
+            with contextlib.suppress(RuntimeError):  # the node loop is closed: nobody waits
+                loop.call_soon_threadsafe(self._arrived.set)
+
+    # --- rebalance callbacks (group thread, inside a poll) ------------------------------------
+    def _assigned_cb(self, consumer: Any, partitions: list[Any]) -> None:
+        shards = sorted(tp.partition for tp in partitions if tp.topic == self._topic)
+        # Into the consumer's assignment first: the node's actors seek these shards while
+        # the callback waits, and a seek moves a partition that is already assigned.
+        consumer.incremental_assign(partitions)
+        with self._lock:
+            self._assigned.update(shards)
+            self._paused_by_node.difference_update(shards)
+        self._paused.difference_update(shards)  # a partition assigned anew starts unpaused
+        self._call_node(consumer, self._on_assigned, shards)
+
+    def _revoked_cb(self, consumer: Any, partitions: list[Any]) -> None:
+        shards = sorted(tp.partition for tp in partitions if tp.topic == self._topic)
+        with self._lock:
+            self._assigned.difference_update(shards)
+            self._paused_by_node.difference_update(shards)
+            self._withheld.difference_update(shards)
+            for k in shards:  # fetched for the old assignment: never handed over now
+                self._ready.pop(k, None)
+        # The node stops the shards before the revocation is acknowledged (after this
+        # returns): nobody else is given them while this node may still publish for them.
+        self._call_node(consumer, self._on_revoked, shards)
+        consumer.incremental_unassign(partitions)
+        self._paused.difference_update(shards)
+
+    # --- the group thread -------------------------------------------------------------------
+    def _run_thread(self, started: concurrent.futures.Future[None]) -> None:
+        from confluent_kafka import Consumer
+
+        consumer = None
+        try:
+            consumer = self._consumer = Consumer(self._consumer_config())
+            metadata = consumer.list_topics(self._topic, timeout=ADMIN_TIMEOUT_S)
+            topic = metadata.topics.get(self._topic)
+            if topic is None or topic.error is not None:
+                raise BusError(f"topic {self._topic}: not found "
+                               f"({topic.error if topic is not None else 'no metadata'})")
+            self._partitions = len(topic.partitions)
+            consumer.subscribe([self._topic], on_assign=self._assigned_cb,
+                               on_revoke=self._revoked_cb, on_lost=self._revoked_cb)
+            started.set_result(None)
+            self._poll_loop(consumer)
+        except BaseException as exc:
+            if not started.done():
+                started.set_exception(exc)
+            elif self._failure is None:
+                log.error("group %s: the member's thread failed: %r", self._group_id, exc)
+                self._failure = exc
+                self._notify_node()
+        finally:
+            if consumer is not None:
+                try:
+                    consumer.close()  # leaves the group; revocations run the callbacks
+                except Exception as exc:
+                    log.warning("group %s: closing the member: %r", self._group_id, exc)
+            self._fail_requests()
+
+    def _fail_requests(self) -> None:
+        while True:
+            try:
+                _request, future = self._requests.get_nowait()
+            except queue.Empty:
+                return
+            if future.set_running_or_notify_cancel():
+                future.set_exception(BusError(f"group {self._group_id}: the member stopped"))
+
+    def _ping(self) -> None:
+        loop = self._node_loop
+        if loop is not None and not self._ping_pending:
+            self._ping_pending = True
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._answer)
+        self._liveness.check()
+
+    def _answer(self) -> None:  # on the node loop
+        self._ping_pending = False
+        self._liveness.answered()
+
+    def _apply_pauses(self, consumer: Any) -> None:
+        from confluent_kafka import TopicPartition
+
+        most = self._settings.pump_fetch_records
+        with self._lock:
+            want = {k for k in self._assigned
+                    if k in self._paused_by_node or len(self._ready.get(k, ())) >= most}
+            assigned = set(self._assigned)
+        if stop := sorted((want - self._paused) & assigned):
+            consumer.pause([TopicPartition(self._topic, k) for k in stop])
+            self._paused.update(stop)
+        if go := sorted((self._paused - want) & assigned):
+            consumer.resume([TopicPartition(self._topic, k) for k in go])
+            self._paused.difference_update(go)
+
+    def _poll_loop(self, consumer: Any) -> None:
+        most = self._settings.pump_fetch_records
+        self._liveness.start()
+        next_ping = 0.0
+        while not self._stopping.is_set():
+            self._serve_requests(consumer)
+            now = time.monotonic()
+            if now >= next_ping:
+                self._ping()
+                next_ping = now + LIVENESS_PING_MS / 1000
+            if not self._liveness.may_poll():
+                # No poll: past max.poll.interval of these the member leaves the group.
+                self._stopping.wait(CONSUME_WAIT_MS / 1000)
+                continue
+            self._apply_pauses(consumer)
+            messages = consumer.consume(num_messages=most, timeout=CONSUME_WAIT_MS / 1000)
+            if not messages:
+                continue
+            batches: dict[int, list[SubmitRecord]] = {}
+            for msg in messages:
+                err = msg.error()
+                if err is not None:
+                    if err.fatal():
+                        raise BusError(f"group {self._group_id}: fetching {self._topic}: "
+                                       f"{err}")
+                    log.warning("group %s: fetching %s: %s", self._group_id, self._topic, err)
+                    continue
+                batches.setdefault(msg.partition(), []).append(Record(
+                    msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                    msg.headers() or ()))
+            if batches:
+                with self._lock:
+                    for k, records in batches.items():
+                        if k in self._assigned:
+                            self._ready.setdefault(k, []).extend(records)
+                self._notify_node()
+
+    # --- the node's side --------------------------------------------------------------------
+    async def start(self) -> None:
+        s = self._settings
+        await asyncio.to_thread(configure_group, s, self._group_id,
+                                session_timeout_ms=self._session_timeout_ms,
+                                heartbeat_interval_ms=s.node_heartbeat_interval_ms)
+        self._node_loop = asyncio.get_running_loop()
+        self._arrived = asyncio.Event()
+        started: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._run_thread, args=(started,), daemon=True,
+                                        name=f"group-{self._group_id}-{self._client_id}")
+        self._thread.start()
+        try:
+            await asyncio.wrap_future(started)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        """Leave the group and end the group thread (the node's shards have stopped)."""
+        thread = self._thread
+        if thread is None:
+            return
+        self._stopping.set()
+        await asyncio.to_thread(thread.join)
+        self._thread = None
+
+    def partition_count(self) -> int | None:
+        return self._partitions
+
+    def _raise_failure(self) -> None:
+        exc = self._failure
+        if exc is not None:
+            raise BusError(f"group {self._group_id}: the member's thread failed: "
+                           f"{exc!r}") from exc
+
+    async def fetch(self, timeout_ms: int, max_records: int) -> dict[int, list[SubmitRecord]]:
+        self._raise_failure()
+        arrived = self._arrived
+        assert arrived is not None, "start() first"
+        arrived.clear()
+        with self._lock:
+            empty = not any(k not in self._withheld for k in self._ready)
+        if empty:
+            await wait_event(arrived, timeout_ms / 1000)
+            self._raise_failure()
+        out: dict[int, list[SubmitRecord]] = {}
+        taken = 0
+        with self._lock:
+            for shard in list(self._ready):
+                if taken >= max_records:
+                    break
+                if shard in self._withheld:
+                    continue
+                out[shard] = records = self._ready.pop(shard)
+                taken += len(records)
+        return out
+
+    def pause(self, shard: int) -> None:
+        with self._lock:
+            self._paused_by_node.add(shard)
+
+    def resume(self, shard: int) -> None:
+        with self._lock:
+            self._paused_by_node.discard(shard)
+
+    def assigned(self) -> set[int]:
+        with self._lock:
+            return set(self._assigned)
+
+    def _tp(self, shard: int, offset: int | None = None) -> Any:
+        from confluent_kafka import TopicPartition
+
+        if offset is None:
+            return TopicPartition(self._topic, shard)
+        return TopicPartition(self._topic, shard, offset)
+
+    async def check_membership(self) -> bool:
+        return await self._on_group(self._check_membership_on_group)
+
+    def _check_membership_on_group(self, consumer: Any) -> bool:
+        from confluent_kafka import KafkaException
+
+        # As the classic member: commit an assigned partition's committed offset again (a
+        # no-op for the group); the coordinator checks the member's id and epoch.
+        for k in sorted(self.assigned()):
+            try:
+                (tp,) = consumer.committed([self._tp(k)], timeout=ADMIN_TIMEOUT_S)
+            except KafkaException as exc:
+                raise BusError(f"{self._topic}[{k}]: reading the committed offset: "
+                               f"{exc}") from exc
+            if tp.offset < 0:
+                continue
+            try:
+                consumer.commit(offsets=[self._tp(k, tp.offset)], asynchronous=False)
+            except KafkaException as exc:
+                if _error_name(exc) in NOT_A_MEMBER:
+                    log.warning("group membership check failed: %s", exc)
+                    return False
+                raise BusError(f"group membership check on {self._topic}[{k}]: "
+                               f"{exc}") from exc
+            return True
+        return bool(self.assigned())
+
+    async def committed(self, shard: int) -> int | None:
+        return await self._on_group(lambda consumer: self._committed_on_group(consumer, shard))
+
+    def _committed_on_group(self, consumer: Any, shard: int) -> int | None:
+        from confluent_kafka import KafkaException
+
+        try:
+            (tp,) = consumer.committed([self._tp(shard)], timeout=ADMIN_TIMEOUT_S)
+        except KafkaException as exc:
+            raise BusError(f"{self._topic}[{shard}]: reading the committed offset: "
+                           f"{exc}") from exc
+        return None if tp.offset < 0 else int(tp.offset)
+
+    async def seek(self, shard: int, offset: int | None) -> int:
+        with self._lock:
+            self._withheld.add(shard)
+        skipped: int = await self._on_group(
+            lambda consumer: self._seek_on_group(consumer, shard, offset))
+        return skipped
+
+    def deliver(self, shard: int) -> None:
+        with self._lock:
+            self._withheld.discard(shard)
+            waiting = shard in self._ready
+        if waiting and self._arrived is not None:
+            self._arrived.set()
+
+    def _seek_on_group(self, consumer: Any, shard: int, offset: int | None) -> int:
+        from confluent_kafka import OFFSET_BEGINNING, KafkaException
+
+        # The consumer's assignment, not `_assigned`: a shard being revoked leaves the latter
+        # first, but stays in the consumer's until the node has stopped it, and its actor,
+        # stopped half-way through a takeover, still seeks before it releases the shard.
+        if not any(tp.topic == self._topic and tp.partition == shard
+                   for tp in consumer.assignment()):
+            raise BusError(f"{self._topic}[{shard}]: seek of a shard not assigned to this "
+                           f"member")
+        skipped = 0
+        target = OFFSET_BEGINNING
+        if offset is not None:
+            # Below the log start librdkafka would reset without a word: the commands in
+            # between were deleted unapplied, which the node must report.
+            try:
+                start, _end = consumer.get_watermark_offsets(self._tp(shard),
+                                                             timeout=ADMIN_TIMEOUT_S)
+            except KafkaException as exc:
+                raise BusError(f"log start of {self._topic}[{shard}]: {exc}") from exc
+            target = max(offset, start)
+            skipped = max(0, start - offset)
+        # Records fetched from the old position are not handed over: those already handed
+        # to `_ready` go here, and librdkafka drops its own (a seek purges what it fetched).
+        with self._lock:
+            self._ready.pop(shard, None)
+        deadline = time.monotonic() + ADMIN_TIMEOUT_S
+        while True:
+            try:
+                consumer.seek(self._tp(shard, target))
+                return skipped
+            except KafkaException as exc:
+                # Just assigned, the partition's fetch is not started yet ("erroneous
+                # state") until librdkafka has looked up its first position: a moment.
+                if _error_name(exc) != "_STATE" or time.monotonic() > deadline:
+                    raise BusError(f"seek of {self._topic}[{shard}] to {target}: "
+                                   f"{exc}") from exc
+            time.sleep(SEEK_RETRY_MS / 1000)

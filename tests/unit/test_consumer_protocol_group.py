@@ -1,0 +1,110 @@
+"""The consumer group protocol member (`bus/kafka_consumer_group.py`, node_group_protocol):
+the setting, how the Kafka settings become librdkafka's, and what an operator is told when
+the brokers refuse the group's session or heartbeat. Its behaviour in a group is tested
+against a real broker (tests/integration/test_scale_out.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from chronowheel.bus.kafka_consumer_group import (
+    ConsumerProtocolGroup,
+    _error_name,
+    group_config_refusal,
+    librdkafka_config,
+)
+from chronowheel.bus.kafka_node import KafkaNodeBus, KafkaSubmitGroup
+from chronowheel.errors import ConfigError
+from chronowheel.settings import Settings
+from confluent_kafka import KafkaError, KafkaException
+
+
+async def _nothing(shards: list[int]) -> None:
+    del shards
+
+
+def test_the_protocol_is_kip_848s_unless_asked_and_any_other_value_is_refused() -> None:
+    assert Settings().node_group_protocol == "consumer"
+    assert Settings(node_group_protocol=" Classic ").node_group_protocol == "classic"
+    with pytest.raises(ConfigError) as refused:
+        Settings(node_group_protocol="cooperative")
+    assert "node_group_protocol" in str(refused.value)
+    assert "classic, consumer" in str(refused.value) and "'cooperative'" in str(refused.value)
+
+
+def test_the_protocol_comes_from_its_environment_variable_and_shows_in_the_nodes_help() -> None:
+    from chronowheel.cli import build_parser
+
+    s = Settings.from_env({"CHRONOWHEEL_NODE_GROUP_PROTOCOL": "consumer"})
+    assert s.node_group_protocol == "consumer"
+    [commands] = [a for a in build_parser()._actions
+                  if isinstance(a, argparse._SubParsersAction)]
+    text = commands.choices["node"].format_help()
+    assert "--node-group-protocol" in text
+    assert "CHRONOWHEEL_NODE_GROUP_PROTOCOL" in text
+
+
+@pytest.mark.parametrize(("protocol", "kind"), [("classic", KafkaSubmitGroup),
+                                                ("consumer", ConsumerProtocolGroup)])
+def test_the_node_bus_makes_the_member_of_the_configured_protocol(protocol: str,
+                                                                   kind: type) -> None:
+    bus = KafkaNodeBus(Settings(node_group_protocol=protocol))
+    member = bus.submit_group(group_id="ns-nodes", client_id="n1", session_timeout_ms=3_000,
+                              on_assigned=_nothing, on_revoked=_nothing)
+    assert isinstance(member, kind)
+
+
+def test_plaintext_brokers_need_nothing_but_their_addresses() -> None:
+    conf = librdkafka_config(Settings(kafka="k1:9092,k2:9092"))
+    assert conf == {"bootstrap.servers": "k1:9092,k2:9092", "security.protocol": "PLAINTEXT"}
+
+
+def test_tls_and_sasl_settings_become_librdkafkas() -> None:
+    s = Settings(kafka="k1:9093", kafka_security_protocol="SASL_SSL",
+                 kafka_sasl_mechanism="SCRAM-SHA-512", kafka_sasl_username="node",
+                 kafka_sasl_password="pw", kafka_ssl_cafile="/etc/ca.pem",
+                 kafka_ssl_certfile="/etc/c.pem", kafka_ssl_keyfile="/etc/k.pem",
+                 kafka_ssl_key_password="kp", kafka_ssl_check_hostname=False)
+    conf = librdkafka_config(s)
+    assert conf["security.protocol"] == "SASL_SSL"
+    assert conf["ssl.ca.location"] == "/etc/ca.pem"
+    assert conf["ssl.certificate.location"] == "/etc/c.pem"
+    assert conf["ssl.key.location"] == "/etc/k.pem"
+    assert conf["ssl.key.password"] == "kp"
+    assert conf["ssl.endpoint.identification.algorithm"] == "none"
+    assert (conf["sasl.mechanism"], conf["sasl.username"], conf["sasl.password"]) == (
+        "SCRAM-SHA-512", "node", "pw")
+
+
+def test_tls_without_a_ca_file_uses_the_systems_and_checks_the_host_name() -> None:
+    conf = librdkafka_config(Settings(kafka_security_protocol="SSL"))
+    assert conf["ssl.ca.location"] == "probe"
+    assert conf["ssl.endpoint.identification.algorithm"] == "https"
+    assert "ssl.certificate.location" not in conf and "sasl.username" not in conf
+
+
+def test_sasl_without_a_password_and_tls_files_without_tls_are_refused() -> None:
+    with pytest.raises(ConfigError, match="CHRONOWHEEL_KAFKA_SASL_PASSWORD"):
+        librdkafka_config(Settings(kafka_security_protocol="SASL_PLAINTEXT",
+                                   kafka_sasl_username="node"))
+    with pytest.raises(ConfigError, match="use SSL or SASL_SSL"):
+        librdkafka_config(Settings(kafka_ssl_cafile="/etc/ca.pem"))
+
+
+def test_a_refused_session_names_the_brokers_limits_and_the_permissions() -> None:
+    exc = KafkaException(KafkaError(KafkaError.INVALID_CONFIG, "session below the minimum"))
+    why = group_config_refusal("ns-nodes", {"consumer.session.timeout.ms": 3000,
+                                            "consumer.heartbeat.interval.ms": 300}, exc)
+    assert "group ns-nodes" in why
+    assert "consumer.session.timeout.ms 3000" in why and "consumer.heartbeat.interval.ms 300" in why
+    assert "group.consumer.min.session.timeout.ms" in why
+    assert "group.consumer.min.heartbeat.interval.ms" in why
+    assert "ALTER_CONFIGS" in why
+
+
+def test_error_names_come_from_librdkafkas_error() -> None:
+    stale = KafkaException(KafkaError(KafkaError.STALE_MEMBER_EPOCH))
+    assert _error_name(stale) == "STALE_MEMBER_EPOCH"
+    assert _error_name(KafkaException(KafkaError(KafkaError._STATE))) == "_STATE"
+    assert _error_name(ValueError("not Kafka's")) == ""
