@@ -58,6 +58,12 @@ CONSUME_WAIT_MS = 20
 CALLBACK_SERVE_MS = 10
 # A seek of a partition whose fetch has not started yet is tried again this often.
 SEEK_RETRY_MS = 5
+# Reads of offsets and watermarks are tried again this often, for this long, while Kafka
+# fails them (aiokafka's request timeout is of the same order).
+QUERY_RETRY_MS = 200
+QUERY_DEADLINE_S = 30.0
+# One try waits this long at most: the group thread does not poll meanwhile.
+QUERY_TIMEOUT_S = 5.0
 ADMIN_TIMEOUT_S = 10.0
 # librdkafka's code for "no offset committed" in a TopicPartition's offset.
 OFFSET_INVALID = -1001
@@ -503,24 +509,50 @@ class ConsumerProtocolGroup:
             return True
         return bool(self.assigned())
 
-    async def committed(self, shard: int) -> int | None:
-        return await self._on_group(lambda consumer: self._committed_on_group(consumer, shard))
-
-    def _committed_on_group(self, consumer: Any, shard: int) -> int | None:
+    async def _query(self, what: str, query: Callable[[Any], T]) -> T:
+        """A read of librdkafka's (offsets, watermarks), on the group thread (the consumer
+        is not used from two threads at once: a watermark query made from another thread
+        while the group thread polled took 0.5 s to forever, against 1-2 ms between two
+        polls), tried again while Kafka fails it (a broker killed or restarting: librdkafka
+        fails such a call at once, where aiokafka's own retries absorb it), for up to
+        `QUERY_DEADLINE_S`; between two tries the group thread polls as usual."""
         from confluent_kafka import KafkaException
 
-        try:
-            (tp,) = consumer.committed([self._tp(shard)], timeout=ADMIN_TIMEOUT_S)
-        except KafkaException as exc:
-            raise BusError(f"{self._topic}[{shard}]: reading the committed offset: "
-                           f"{exc}") from exc
+        deadline = time.monotonic() + QUERY_DEADLINE_S
+        while True:
+            try:
+                return await self._on_group(query)
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                fatal = bool(getattr(err, "fatal", lambda: False)())
+                if fatal or time.monotonic() > deadline:
+                    raise BusError(f"{what}: {exc}") from exc
+                log.warning("%s: %s; trying again", what, exc)
+            await asyncio.sleep(QUERY_RETRY_MS / 1000)
+
+    async def committed(self, shard: int) -> int | None:
+        (tp,) = await self._query(
+            f"{self._topic}[{shard}]: reading the committed offset",
+            lambda consumer: consumer.committed([self._tp(shard)], timeout=QUERY_TIMEOUT_S))
         return None if tp.offset < 0 else int(tp.offset)
 
     async def seek(self, shard: int, offset: int | None) -> int:
         with self._lock:
             self._withheld.add(shard)
-        skipped: int = await self._on_group(
-            lambda consumer: self._seek_on_group(consumer, shard, offset))
+        from confluent_kafka import OFFSET_BEGINNING
+
+        skipped = 0
+        target = OFFSET_BEGINNING
+        if offset is not None:
+            # Below the log start librdkafka would reset without a word: the commands in
+            # between were deleted unapplied, which the node must report.
+            start, _end = await self._query(
+                f"log start of {self._topic}[{shard}]",
+                lambda consumer: consumer.get_watermark_offsets(
+                    self._tp(shard), timeout=QUERY_TIMEOUT_S, cached=False))
+            target = max(offset, start)
+            skipped = max(0, start - offset)
+        await self._on_group(lambda consumer: self._seek_on_group(consumer, shard, target))
         return skipped
 
     def deliver(self, shard: int) -> None:
@@ -530,28 +562,15 @@ class ConsumerProtocolGroup:
         if waiting and self._arrived is not None:
             self._arrived.set()
 
-    def _seek_on_group(self, consumer: Any, shard: int, offset: int | None) -> int:
-        from confluent_kafka import OFFSET_BEGINNING, KafkaException
+    def _seek_on_group(self, consumer: Any, shard: int, target: int) -> None:
+        from confluent_kafka import KafkaException
 
-        # The consumer's assignment, not `_assigned`: a shard being revoked leaves the latter
-        # first, but stays in the consumer's until the node has stopped it, and its actor,
-        # stopped half-way through a takeover, still seeks before it releases the shard.
-        if not any(tp.topic == self._topic and tp.partition == shard
-                   for tp in consumer.assignment()):
-            raise BusError(f"{self._topic}[{shard}]: seek of a shard not assigned to this "
-                           f"member")
-        skipped = 0
-        target = OFFSET_BEGINNING
-        if offset is not None:
-            # Below the log start librdkafka would reset without a word: the commands in
-            # between were deleted unapplied, which the node must report.
-            try:
-                start, _end = consumer.get_watermark_offsets(self._tp(shard),
-                                                             timeout=ADMIN_TIMEOUT_S)
-            except KafkaException as exc:
-                raise BusError(f"log start of {self._topic}[{shard}]: {exc}") from exc
-            target = max(offset, start)
-            skipped = max(0, start - offset)
+        if shard not in self.assigned():
+            # Being revoked: its actor, stopped half-way through a takeover, seeks before it
+            # releases the shard. Nothing of the shard is handed over any more, so there is
+            # nothing to move. (Seeking it anyway met librdkafka's "erroneous state" until the
+            # callback ended, while the callback waited for the stop: 30 s, the stop deadline.)
+            return
         # Records fetched from the old position are not handed over: those already handed
         # to `_ready` go here, and librdkafka drops its own (a seek purges what it fetched).
         with self._lock:
@@ -560,7 +579,7 @@ class ConsumerProtocolGroup:
         while True:
             try:
                 consumer.seek(self._tp(shard, target))
-                return skipped
+                return
             except KafkaException as exc:
                 # Just assigned, the partition's fetch is not started yet ("erroneous
                 # state") until librdkafka has looked up its first position: a moment.
