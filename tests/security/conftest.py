@@ -69,8 +69,9 @@ def secured_ns(secured: Secured) -> Iterator[str]:
         "--node-principal", "User:node", "--cassandra-node-role", "node",
         "--cassandra-worker-role", "worker", "--cassandra-ops-role", "ops"], "admin", "admin")
     assert acl.returncode == 0, acl.stderr
-    # incl. the node transactional ids, <ns>.dead, DESCRIBE_CONFIGS on what the node writes
-    assert "applied 30 Kafka ACLs" in acl.stdout
+    # incl. the node transactional ids, <ns>.dead, DESCRIBE_CONFIGS on what the node writes,
+    # ALTER_CONFIGS and DESCRIBE_CONFIGS on the node group (its session and heartbeat)
+    assert "applied 32 Kafka ACLs" in acl.stdout
     yield ns
     drop_namespace(secured, ns)
 
