@@ -658,7 +658,7 @@ async def test_a_node_whose_loop_is_busy_past_its_session_keeps_its_shards(
 async def test_a_node_whose_loop_hangs_past_the_stall_limit_loses_its_shards(
         stack: Any, namespace: str, fleets: list[Fleet], tmp_path: Path,
         session_ms: int) -> None:
-    from chronowheel.bus.kafka_node import LoopLiveness
+    from chronowheel.bus.group_thread import LoopLiveness
 
     from testkit.faults import hold_event_loop
 

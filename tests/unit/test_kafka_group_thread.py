@@ -16,7 +16,8 @@ import pytest
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import InvalidSessionTimeoutError, KafkaConnectionError
 from chronowheel.bus import kafka_node
-from chronowheel.bus.kafka_node import GROUP_POLL_MS, KafkaSubmitGroup, LoopLiveness
+from chronowheel.bus.group_thread import LoopLiveness
+from chronowheel.bus.kafka_node import GROUP_POLL_MS, KafkaSubmitGroup
 from chronowheel.bus.ports import BusError
 from chronowheel.errors import ConfigError
 from chronowheel.settings import Settings

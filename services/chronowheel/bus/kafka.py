@@ -75,26 +75,35 @@ def namespace_topics(settings: Settings, shards: int, replication: int) -> list[
 # --- security -----------------------------------------------------------------------------
 
 
+def check_kafka_security(settings: Settings) -> tuple[str, str] | None:
+    """Refuse TLS files without TLS and SASL without credentials (ConfigError); the SASL user
+    name and password when the protocol uses SASL. Shared by aiokafka's options (below) and
+    librdkafka's (`bus/kafka_consumer_group.librdkafka_config`)."""
+    if not settings.kafka_uses_ssl and (settings.kafka_ssl_cafile or settings.kafka_ssl_certfile):
+        raise ConfigError(f"kafka_ssl_* files are set but kafka_security_protocol is "
+                          f"{settings.kafka_security_protocol}: use SSL or SASL_SSL")
+    if not settings.kafka_uses_sasl:
+        return None
+    if not settings.kafka_sasl_username or settings.kafka_sasl_password is None:
+        raise ConfigError(
+            f"kafka_security_protocol {settings.kafka_security_protocol} needs "
+            "kafka_sasl_username and a password in CHRONOWHEEL_KAFKA_SASL_PASSWORD or "
+            "CHRONOWHEEL_KAFKA_SASL_PASSWORD_FILE")
+    return settings.kafka_sasl_username, settings.kafka_sasl_password.reveal()
+
+
 def security_options(settings: Settings) -> dict[str, Any]:
     """The aiokafka arguments for the configured protocol, TLS and SASL (checked here)."""
+    credentials = check_kafka_security(settings)
     opts: dict[str, Any] = {"security_protocol": settings.kafka_security_protocol}
     if settings.kafka_uses_ssl:
         opts["ssl_context"] = ssl_context(
             what="kafka", cafile=settings.kafka_ssl_cafile, certfile=settings.kafka_ssl_certfile,
             keyfile=settings.kafka_ssl_keyfile, key_password=settings.kafka_ssl_key_password,
             check_hostname=settings.kafka_ssl_check_hostname)
-    elif settings.kafka_ssl_cafile or settings.kafka_ssl_certfile:
-        raise ConfigError(f"kafka_ssl_* files are set but kafka_security_protocol is "
-                          f"{settings.kafka_security_protocol}: use SSL or SASL_SSL")
-    if settings.kafka_uses_sasl:
-        if not settings.kafka_sasl_username or settings.kafka_sasl_password is None:
-            raise ConfigError(
-                f"kafka_security_protocol {settings.kafka_security_protocol} needs "
-                "kafka_sasl_username and a password in CHRONOWHEEL_KAFKA_SASL_PASSWORD or "
-                "CHRONOWHEEL_KAFKA_SASL_PASSWORD_FILE")
+    if credentials is not None:
         opts.update(sasl_mechanism=settings.kafka_sasl_mechanism,
-                    sasl_plain_username=settings.kafka_sasl_username,
-                    sasl_plain_password=settings.kafka_sasl_password.reveal())
+                    sasl_plain_username=credentials[0], sasl_plain_password=credentials[1])
     return opts
 
 

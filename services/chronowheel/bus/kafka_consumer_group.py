@@ -37,15 +37,14 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, TypeVar
 
-from chronowheel.bus.kafka_node import LIVENESS_PING_MS, LoopLiveness
-from chronowheel.bus.ports import BusError, ShardsChanged, SubmitRecord
+from chronowheel.bus.group_thread import LIVENESS_PING_MS, GroupThreadMember
+from chronowheel.bus.kafka import check_kafka_security
+from chronowheel.bus.ports import BusError, FetchedRecord, ShardsChanged, SubmitRecord
 from chronowheel.errors import ConfigError
 from chronowheel.settings import Settings
-from chronowheel.timeouts import wait_event
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -75,22 +74,10 @@ GROUP_SESSION = "consumer.session.timeout.ms"
 GROUP_HEARTBEAT = "consumer.heartbeat.interval.ms"
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """A fetched record with the attributes of `SubmitRecord` (librdkafka's message has
-    methods instead, and lives only as long as the consumer)."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: Sequence[tuple[str, bytes]]
-
-
 def librdkafka_config(settings: Settings) -> dict[str, Any]:
     """librdkafka's properties for the configured brokers, TLS and SASL (the same settings
-    as aiokafka's `security_options`)."""
+    as aiokafka's `security_options`, checked the same way)."""
+    credentials = check_kafka_security(settings)
     conf: dict[str, Any] = {"bootstrap.servers": settings.kafka,
                             "security.protocol": settings.kafka_security_protocol}
     if settings.kafka_uses_ssl:
@@ -104,18 +91,9 @@ def librdkafka_config(settings: Settings) -> dict[str, Any]:
             conf["ssl.key.password"] = settings.kafka_ssl_key_password.reveal()
         conf["ssl.endpoint.identification.algorithm"] = (
             "https" if settings.kafka_ssl_check_hostname else "none")
-    elif settings.kafka_ssl_cafile or settings.kafka_ssl_certfile:
-        raise ConfigError(f"kafka_ssl_* files are set but kafka_security_protocol is "
-                          f"{settings.kafka_security_protocol}: use SSL or SASL_SSL")
-    if settings.kafka_uses_sasl:
-        if not settings.kafka_sasl_username or settings.kafka_sasl_password is None:
-            raise ConfigError(
-                f"kafka_security_protocol {settings.kafka_security_protocol} needs "
-                "kafka_sasl_username and a password in CHRONOWHEEL_KAFKA_SASL_PASSWORD or "
-                "CHRONOWHEEL_KAFKA_SASL_PASSWORD_FILE")
+    if credentials is not None:
         conf.update({"sasl.mechanism": settings.kafka_sasl_mechanism,
-                     "sasl.username": settings.kafka_sasl_username,
-                     "sasl.password": settings.kafka_sasl_password.reveal()})
+                     "sasl.username": credentials[0], "sasl.password": credentials[1]})
     return conf
 
 
@@ -169,38 +147,21 @@ def configure_group(settings: Settings, group_id: str, *, session_timeout_ms: in
                        f"{ADMIN_TIMEOUT_S:.0f} s") from exc
 
 
-class ConsumerProtocolGroup:
+class ConsumerProtocolGroup(GroupThreadMember):
     """The node's member of `<ns>-nodes` with `group.protocol=consumer` (see the module)."""
 
     def __init__(self, settings: Settings, *, group_id: str, client_id: str,
                  session_timeout_ms: int, on_assigned: ShardsChanged,
                  on_revoked: ShardsChanged, clock: Callable[[], float] = time.monotonic) -> None:
-        self._topic = settings.submit_topic
-        self._settings = settings
-        self._group_id = group_id
-        self._client_id = client_id
-        self._session_timeout_ms = session_timeout_ms
-        self._on_assigned = on_assigned
-        self._on_revoked = on_revoked
-        self._clock = clock
-        self._liveness = LoopLiveness(settings.node_loop_stall_limit_ms, clock,
-                                      what=f"node {client_id}")
-        self._lock = threading.Lock()  # guards the fields shared by both threads below
-        self._ready: dict[int, list[SubmitRecord]] = {}
-        self._paused_by_node: set[int] = set()
-        self._withheld: set[int] = set()
-        self._assigned: set[int] = set()
-        self._partitions: int | None = None
-        self._failure: BaseException | None = None
-        self._ping_pending = False
+        super().__init__(settings, group_id=group_id, client_id=client_id,
+                         session_timeout_ms=session_timeout_ms, on_assigned=on_assigned,
+                         on_revoked=on_revoked, clock=clock)
         self._requests: queue.SimpleQueue[tuple[Callable[[Any], Any],
                                                 concurrent.futures.Future[Any]]] = \
             queue.SimpleQueue()
         self._stopping = threading.Event()
         self._consumer: Any = None  # a confluent_kafka.Consumer, made and used on the thread
         self._thread: threading.Thread | None = None
-        self._node_loop: asyncio.AbstractEventLoop | None = None
-        self._arrived: asyncio.Event | None = None
         self._paused: set[int] = set()  # group thread only: what the consumer has paused
 
     def _consumer_config(self) -> dict[str, Any]:
@@ -266,12 +227,6 @@ class ConsumerProtocolGroup:
                 return
             except concurrent.futures.TimeoutError:
                 self._serve_requests(consumer)
-
-    def _notify_node(self) -> None:
-        loop = self._node_loop
-        if loop is not None and self._arrived is not None:
-            with contextlib.suppress(RuntimeError):  # the node loop is closed: nobody waits
-                loop.call_soon_threadsafe(self._arrived.set)
 
     # --- rebalance callbacks (group thread, inside a poll) ------------------------------------
     def _assigned_cb(self, consumer: Any, partitions: list[Any]) -> None:
@@ -348,10 +303,6 @@ class ConsumerProtocolGroup:
                 loop.call_soon_threadsafe(self._answer)
         self._liveness.check()
 
-    def _answer(self) -> None:  # on the node loop
-        self._ping_pending = False
-        self._liveness.answered()
-
     def _apply_pauses(self, consumer: Any) -> None:
         from confluent_kafka import TopicPartition
 
@@ -394,15 +345,11 @@ class ConsumerProtocolGroup:
                                        f"{err}")
                     log.warning("group %s: fetching %s: %s", self._group_id, self._topic, err)
                     continue
-                batches.setdefault(msg.partition(), []).append(Record(
+                batches.setdefault(msg.partition(), []).append(FetchedRecord(
                     msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
                     msg.headers() or ()))
             if batches:
-                with self._lock:
-                    for k, records in batches.items():
-                        if k in self._assigned:
-                            self._ready.setdefault(k, []).extend(records)
-                self._notify_node()
+                self._hand_over(batches)
 
     # --- the node's side --------------------------------------------------------------------
     async def start(self) -> None:
@@ -432,48 +379,11 @@ class ConsumerProtocolGroup:
         await asyncio.to_thread(thread.join)
         self._thread = None
 
-    def partition_count(self) -> int | None:
-        return self._partitions
-
     def _raise_failure(self) -> None:
         exc = self._failure
         if exc is not None:
             raise BusError(f"group {self._group_id}: the member's thread failed: "
                            f"{exc!r}") from exc
-
-    async def fetch(self, timeout_ms: int, max_records: int) -> dict[int, list[SubmitRecord]]:
-        self._raise_failure()
-        arrived = self._arrived
-        assert arrived is not None, "start() first"
-        arrived.clear()
-        with self._lock:
-            empty = not any(k not in self._withheld for k in self._ready)
-        if empty:
-            await wait_event(arrived, timeout_ms / 1000)
-            self._raise_failure()
-        out: dict[int, list[SubmitRecord]] = {}
-        taken = 0
-        with self._lock:
-            for shard in list(self._ready):
-                if taken >= max_records:
-                    break
-                if shard in self._withheld:
-                    continue
-                out[shard] = records = self._ready.pop(shard)
-                taken += len(records)
-        return out
-
-    def pause(self, shard: int) -> None:
-        with self._lock:
-            self._paused_by_node.add(shard)
-
-    def resume(self, shard: int) -> None:
-        with self._lock:
-            self._paused_by_node.discard(shard)
-
-    def assigned(self) -> set[int]:
-        with self._lock:
-            return set(self._assigned)
 
     def _tp(self, shard: int, offset: int | None = None) -> Any:
         from confluent_kafka import TopicPartition
@@ -554,13 +464,6 @@ class ConsumerProtocolGroup:
             skipped = max(0, start - offset)
         await self._on_group(lambda consumer: self._seek_on_group(consumer, shard, target))
         return skipped
-
-    def deliver(self, shard: int) -> None:
-        with self._lock:
-            self._withheld.discard(shard)
-            waiting = shard in self._ready
-        if waiting and self._arrived is not None:
-            self._arrived.set()
 
     def _seek_on_group(self, consumer: Any, shard: int, target: int) -> None:
         from confluent_kafka import KafkaException

@@ -28,6 +28,7 @@ from aiokafka.errors import (
     UnknownTopicOrPartitionError,
 )
 
+from chronowheel.bus.group_thread import LIVENESS_PING_MS, GroupThreadMember
 from chronowheel.bus.kafka import (
     group_consumer,
     group_session_limits,
@@ -46,13 +47,12 @@ from chronowheel.bus.ports import (
     Refusal,
     ShardsChanged,
     SubmitGroup,
-    SubmitRecord,
 )
 from chronowheel.core import limits
 from chronowheel.errors import ChronowheelError, ConfigError
 from chronowheel.retry import with_retries
 from chronowheel.settings import Settings
-from chronowheel.timeouts import wait_event, within
+from chronowheel.timeouts import within
 
 log = logging.getLogger(__name__)
 
@@ -422,66 +422,6 @@ class KafkaTxnProducer:
         return len(parts) if parts else None
 
 
-class LoopLiveness:
-    """Whether the node's event loop still answers, as seen from the group thread.
-
-    The group thread pings the node loop; the loop answers (`answered`) when it gets to run the
-    ping. A loop that is busy (a herd, a large page) answers late but answers; a hung one never
-    does. The group keeps polling Kafka only while the loop answered within `POLL_GRACE_MS`, so
-    a loop hung for longer than the grace plus `limit_ms` (the consumer's max.poll.interval)
-    makes the member leave the group: its shards move although its heartbeats still go out.
-    The clock is injected (monotonic seconds): this is about elapsed time only.
-    """
-
-    POLL_GRACE_MS = 1_000
-
-    def __init__(self, limit_ms: int, clock: Callable[[], float] = time.monotonic, *,
-                 what: str = "node") -> None:
-        self.limit_ms = limit_ms
-        self._clock = clock
-        self._what = what
-        self._answered_at = clock()
-        self._warned = False
-        self._expelled = False
-
-    def answered(self) -> None:
-        """Called on the node loop when it runs a ping."""
-        now = self._clock()
-        if self._warned:
-            log.warning("%s: the event loop answers again after %.0f ms", self._what,
-                        (now - self._answered_at) * 1000)
-        self.start()
-
-    def start(self) -> None:
-        """Count from now: when the pings begin (until then nothing asked the loop, and a
-        join that took long, a static member's predecessor waited out, is no stall) and at
-        each answer."""
-        self._answered_at = self._clock()
-        self._warned = self._expelled = False
-
-    def stalled_ms(self) -> float:
-        return max(0.0, (self._clock() - self._answered_at) * 1000)
-
-    def may_poll(self) -> bool:
-        """Whether the loop answered recently enough for the group to poll for it."""
-        return self.stalled_ms() <= self.POLL_GRACE_MS
-
-    def check(self) -> None:
-        """Warn (once per stall) at a third of the limit, and log an error when the member is
-        being dropped (the limit plus the grace without an answer)."""
-        stalled = self.stalled_ms()
-        if stalled >= self.limit_ms / 3 and not self._warned:
-            self._warned = True
-            log.warning("%s: the event loop has not answered for %.0f ms; at "
-                        "node_loop_stall_limit_ms (%d) the node leaves its group and its shards "
-                        "move", self._what, stalled, self.limit_ms)
-        if stalled >= self.limit_ms + self.POLL_GRACE_MS and not self._expelled:
-            self._expelled = True
-            log.error("%s: the event loop has not answered for %.0f ms (over "
-                      "node_loop_stall_limit_ms %d): not polling, the group drops this member",
-                      self._what, stalled, self.limit_ms)
-
-
 class _Rebalance(ConsumerRebalanceListener):
     """Runs on the group thread; the node's callbacks run on the node loop and are awaited, so
     a revocation completes (the node stopped the shards) before the member rejoins and another
@@ -500,11 +440,9 @@ class _Rebalance(ConsumerRebalanceListener):
 # The group thread's fetches wait at most this long: aiokafka counts the time between them
 # against max.poll.interval, and pause changes of the node are applied between two of them.
 GROUP_POLL_MS = 200
-# The group thread pings the node loop this often.
-LIVENESS_PING_MS = 100
 
 
-class KafkaSubmitGroup:
+class KafkaSubmitGroup(GroupThreadMember):
     """The node's group member, run on an event loop of its own in a dedicated thread.
 
     Its heartbeats then depend only on that thread, not on the node's loop, which a herd or a
@@ -521,29 +459,12 @@ class KafkaSubmitGroup:
     def __init__(self, settings: Settings, *, group_id: str, client_id: str,
                  session_timeout_ms: int, on_assigned: ShardsChanged,
                  on_revoked: ShardsChanged, clock: Callable[[], float] = time.monotonic) -> None:
-        self._topic = settings.submit_topic
-        self._settings = settings
-        self._group_id = group_id
-        self._client_id = client_id
-        self._session_timeout_ms = session_timeout_ms
-        self._on_assigned = on_assigned
-        self._on_revoked = on_revoked
-        self._liveness = LoopLiveness(settings.node_loop_stall_limit_ms, clock,
-                                      what=f"node {client_id}")
-        self._lock = threading.Lock()  # guards the fields shared by both threads below
-        self._ready: dict[int, list[SubmitRecord]] = {}  # fetched, not yet taken by the node
-        self._paused_by_node: set[int] = set()
-        # Sought shards whose actor does not take records yet: fetch leaves them in _ready.
-        self._withheld: set[int] = set()
-        self._assigned: set[int] = set()
-        self._partitions: int | None = None
-        self._failure: BaseException | None = None
-        self._ping_pending = False
+        super().__init__(settings, group_id=group_id, client_id=client_id,
+                         session_timeout_ms=session_timeout_ms, on_assigned=on_assigned,
+                         on_revoked=on_revoked, clock=clock)
         self._consumer: AIOKafkaConsumer | None = None  # made and used on the group loop
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._node_loop: asyncio.AbstractEventLoop | None = None
-        self._arrived: asyncio.Event | None = None  # node loop: records or a failure came
         self._tasks: list[asyncio.Task[None]] = []  # group loop: pump and pings
 
     def _new_consumer(self) -> AIOKafkaConsumer:
@@ -579,12 +500,6 @@ class KafkaSubmitGroup:
             await callback(shards)
 
         await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call(), self._node_loop))
-
-    def _notify_node(self) -> None:
-        loop = self._node_loop
-        if loop is not None and self._arrived is not None:
-            with contextlib.suppress(RuntimeError):  # the node loop is closed: nobody waits
-                loop.call_soon_threadsafe(self._arrived.set)
 
     async def _revoked_on_group(self, shards: list[int]) -> None:
         with self._lock:
@@ -642,10 +557,6 @@ class KafkaSubmitGroup:
             self._liveness.check()
             await asyncio.sleep(LIVENESS_PING_MS / 1000)
 
-    def _answer(self) -> None:  # on the node loop
-        self._ping_pending = False
-        self._liveness.answered()
-
     async def _pump(self) -> None:
         consumer = self._consumer
         assert consumer is not None
@@ -669,11 +580,8 @@ class KafkaSubmitGroup:
             # member as polling forever.
             batches = await consumer.getmany(timeout_ms=GROUP_POLL_MS, max_records=most)
             if batches:
-                with self._lock:
-                    for tp, records in batches.items():
-                        if tp.partition in self._assigned:
-                            self._ready.setdefault(tp.partition, []).extend(records)
-                self._notify_node()
+                self._hand_over({tp.partition: list(records)
+                                 for tp, records in batches.items()})
 
     async def _stop_on_group(self) -> None:
         for task in self._tasks:
@@ -726,9 +634,6 @@ class KafkaSubmitGroup:
                 loop.close()
             self._loop = self._thread = None
 
-    def partition_count(self) -> int | None:
-        return self._partitions
-
     def _raise_failure(self) -> None:
         exc = self._failure
         if exc is None:
@@ -741,40 +646,6 @@ class KafkaSubmitGroup:
                 f"(INVALID_SESSION_TIMEOUT): the brokers' group.min.session.timeout.ms "
                 f"must be at most it (see the operations runbook)") from exc
         raise BusError(f"group {self._group_id}: the member's thread failed: {exc!r}") from exc
-
-    async def fetch(self, timeout_ms: int, max_records: int) -> dict[int, list[SubmitRecord]]:
-        self._raise_failure()
-        arrived = self._arrived
-        assert arrived is not None, "start() first"
-        arrived.clear()  # before looking: a hand-over from now on sets it again
-        with self._lock:
-            empty = not any(k not in self._withheld for k in self._ready)
-        if empty:
-            await wait_event(arrived, timeout_ms / 1000)
-            self._raise_failure()
-        out: dict[int, list[SubmitRecord]] = {}
-        taken = 0
-        with self._lock:
-            for shard in list(self._ready):
-                if taken >= max_records:
-                    break
-                if shard in self._withheld:
-                    continue
-                out[shard] = records = self._ready.pop(shard)
-                taken += len(records)
-        return out
-
-    def pause(self, shard: int) -> None:
-        with self._lock:
-            self._paused_by_node.add(shard)
-
-    def resume(self, shard: int) -> None:
-        with self._lock:
-            self._paused_by_node.discard(shard)
-
-    def assigned(self) -> set[int]:
-        with self._lock:
-            return set(self._assigned)
 
     async def check_membership(self) -> bool:
         return await self._on_group(self._check_membership_on_group())
@@ -819,13 +690,6 @@ class KafkaSubmitGroup:
             self._withheld.add(shard)
         skipped: int = await self._on_group(self._seek_on_group(shard, offset))
         return skipped
-
-    def deliver(self, shard: int) -> None:
-        with self._lock:
-            self._withheld.discard(shard)
-            waiting = shard in self._ready
-        if waiting and self._arrived is not None:
-            self._arrived.set()
 
     async def _seek_on_group(self, shard: int, offset: int | None) -> int:
         assert self._consumer is not None

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from chronowheel.bus.ports import (
     BusError,
     Fenced,
+    FetchedRecord,
     Headers,
     Prepared,
     RecordsRefused,
@@ -36,13 +37,7 @@ from chronowheel.timeouts import wait_event, within
 
 
 @dataclass(frozen=True, slots=True)
-class Message:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: Sequence[tuple[str, bytes]]
+class Message(FetchedRecord):
     committed_ms: int
     """The bus clock's time when the message became visible (its transaction committed)."""
     seq: int = 0

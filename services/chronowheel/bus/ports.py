@@ -83,6 +83,19 @@ class SubmitRecord(Protocol):
     def headers(self) -> Sequence[tuple[str, bytes]]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class FetchedRecord:
+    """A `SubmitRecord` held as plain fields (librdkafka's messages have methods instead, and
+    the in-memory bus keeps its messages so)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Sequence[tuple[str, bytes]]
+
+
 class Prepared(Protocol):
     """Messages encoded into producer batches outside any transaction (so a shard encodes its
     next part while the node's current transaction commits); `Transaction.send` ships them."""

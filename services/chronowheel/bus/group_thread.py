@@ -1,0 +1,187 @@
+"""What the node's two group members share: a thread of their own, and records handed over.
+
+Both members (`bus/kafka_node.KafkaSubmitGroup`, the classic protocol, and
+`bus/kafka_consumer_group.ConsumerProtocolGroup`, Kafka 4's) fetch `<ns>.submit` on a thread of
+their own and share this half: their settings and callbacks, the liveness pings of the node
+loop, what the group thread has fetched and the node has not taken yet (per shard, under a
+lock), the shards the node paused (backpressure) or has not taken over yet (withheld: sought,
+its actor not ready), and the wake-up of the node's pump.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from chronowheel.bus.ports import ShardsChanged, SubmitRecord
+from chronowheel.settings import Settings
+from chronowheel.timeouts import wait_event
+
+log = logging.getLogger(__name__)
+
+# The group thread pings the node loop this often.
+LIVENESS_PING_MS = 100
+
+
+class LoopLiveness:
+    """Whether the node's event loop still answers, as seen from the group thread.
+
+    The group thread pings the node loop; the loop answers (`answered`) when it gets to run the
+    ping. A loop that is busy (a herd, a large page) answers late but answers; a hung one never
+    does. The group keeps polling Kafka only while the loop answered within `POLL_GRACE_MS`, so
+    a loop hung for longer than the grace plus `limit_ms` (the consumer's max.poll.interval)
+    makes the member leave the group: its shards move although its heartbeats still go out.
+    The clock is injected (monotonic seconds): this is about elapsed time only.
+    """
+
+    POLL_GRACE_MS = 1_000
+
+    def __init__(self, limit_ms: int, clock: Callable[[], float] = time.monotonic, *,
+                 what: str = "node") -> None:
+        self.limit_ms = limit_ms
+        self._clock = clock
+        self._what = what
+        self._answered_at = clock()
+        self._warned = False
+        self._expelled = False
+
+    def answered(self) -> None:
+        """Called on the node loop when it runs a ping."""
+        now = self._clock()
+        if self._warned:
+            log.warning("%s: the event loop answers again after %.0f ms", self._what,
+                        (now - self._answered_at) * 1000)
+        self.start()
+
+    def start(self) -> None:
+        """Count from now: when the pings begin (until then nothing asked the loop, and a
+        join that took long, a static member's predecessor waited out, is no stall) and at
+        each answer."""
+        self._answered_at = self._clock()
+        self._warned = self._expelled = False
+
+    def stalled_ms(self) -> float:
+        return max(0.0, (self._clock() - self._answered_at) * 1000)
+
+    def may_poll(self) -> bool:
+        """Whether the loop answered recently enough for the group to poll for it."""
+        return self.stalled_ms() <= self.POLL_GRACE_MS
+
+    def check(self) -> None:
+        """Warn (once per stall) at a third of the limit, and log an error when the member is
+        being dropped (the limit plus the grace without an answer)."""
+        stalled = self.stalled_ms()
+        if stalled >= self.limit_ms / 3 and not self._warned:
+            self._warned = True
+            log.warning("%s: the event loop has not answered for %.0f ms; at "
+                        "node_loop_stall_limit_ms (%d) the node leaves its group and its shards "
+                        "move", self._what, stalled, self.limit_ms)
+        if stalled >= self.limit_ms + self.POLL_GRACE_MS and not self._expelled:
+            self._expelled = True
+            log.error("%s: the event loop has not answered for %.0f ms (over "
+                      "node_loop_stall_limit_ms %d): not polling, the group drops this member",
+                      self._what, stalled, self.limit_ms)
+
+
+
+class GroupThreadMember:
+    """The node's side of `SubmitGroup.fetch`, `pause`, `resume`, `assigned` and `deliver`;
+    the group thread fills `_ready` (of assigned shards only) and calls `_notify_node`."""
+
+    def __init__(self, settings: Settings, *, group_id: str, client_id: str,
+                 session_timeout_ms: int, on_assigned: ShardsChanged,
+                 on_revoked: ShardsChanged, clock: Callable[[], float] = time.monotonic) -> None:
+        self._topic = settings.submit_topic
+        self._settings = settings
+        self._group_id = group_id
+        self._client_id = client_id
+        self._session_timeout_ms = session_timeout_ms
+        self._on_assigned = on_assigned
+        self._on_revoked = on_revoked
+        self._liveness = LoopLiveness(settings.node_loop_stall_limit_ms, clock,
+                                      what=f"node {client_id}")
+        self._partitions: int | None = None
+        self._ping_pending = False
+        self._lock = threading.Lock()  # guards the fields shared by both threads below
+        self._ready: dict[int, list[SubmitRecord]] = {}  # fetched, not yet taken by the node
+        self._paused_by_node: set[int] = set()
+        # Sought shards whose actor does not take records yet: fetch leaves them in _ready.
+        self._withheld: set[int] = set()
+        self._assigned: set[int] = set()
+        self._failure: BaseException | None = None
+        self._node_loop: asyncio.AbstractEventLoop | None = None
+        self._arrived: asyncio.Event | None = None  # node loop: records or a failure came
+
+    def partition_count(self) -> int | None:
+        return self._partitions
+
+    def _answer(self) -> None:
+        """On the node loop: it ran a liveness ping."""
+        self._ping_pending = False
+        self._liveness.answered()
+
+    def _raise_failure(self) -> None:
+        """Raise what stopped the group thread, if anything did (the members say it their
+        own way)."""
+        raise NotImplementedError
+
+    def _notify_node(self) -> None:
+        """From the group thread: records or a failure came."""
+        loop = self._node_loop
+        if loop is not None and self._arrived is not None:
+            with contextlib.suppress(RuntimeError):  # the node loop is closed: nobody waits
+                loop.call_soon_threadsafe(self._arrived.set)
+
+    def _hand_over(self, batches: dict[int, list[SubmitRecord]]) -> None:
+        """From the group thread: fetched records, kept for shards still assigned."""
+        with self._lock:
+            for shard, records in batches.items():
+                if shard in self._assigned:
+                    self._ready.setdefault(shard, []).extend(records)
+        self._notify_node()
+
+    async def fetch(self, timeout_ms: int, max_records: int) -> dict[int, list[SubmitRecord]]:
+        self._raise_failure()
+        arrived = self._arrived
+        assert arrived is not None, "start() first"
+        arrived.clear()  # before looking: a hand-over from now on sets it again
+        with self._lock:
+            empty = not any(k not in self._withheld for k in self._ready)
+        if empty:
+            await wait_event(arrived, timeout_ms / 1000)
+            self._raise_failure()
+        out: dict[int, list[SubmitRecord]] = {}
+        taken = 0
+        with self._lock:
+            for shard in list(self._ready):
+                if taken >= max_records:
+                    break
+                if shard in self._withheld:
+                    continue
+                out[shard] = records = self._ready.pop(shard)
+                taken += len(records)
+        return out
+
+    def pause(self, shard: int) -> None:
+        with self._lock:
+            self._paused_by_node.add(shard)
+
+    def resume(self, shard: int) -> None:
+        with self._lock:
+            self._paused_by_node.discard(shard)
+
+    def assigned(self) -> set[int]:
+        with self._lock:
+            return set(self._assigned)
+
+    def deliver(self, shard: int) -> None:
+        """The shard's actor is ready: records fetched since its seek are its own."""
+        with self._lock:
+            self._withheld.discard(shard)
+            waiting = shard in self._ready
+        if waiting and self._arrived is not None:
+            self._arrived.set()
