@@ -11,6 +11,7 @@ import pytest
 from chronowheel.bus.kafka_consumer_group import (
     ConsumerProtocolGroup,
     _error_name,
+    admin_config,
     group_config_refusal,
     librdkafka_config,
 )
@@ -108,3 +109,8 @@ def test_error_names_come_from_librdkafkas_error() -> None:
     assert _error_name(stale) == "STALE_MEMBER_EPOCH"
     assert _error_name(KafkaException(KafkaError(KafkaError._STATE))) == "_STATE"
     assert _error_name(ValueError("not Kafka's")) == ""
+
+
+def test_admin_clients_log_only_warnings_and_errors() -> None:
+    s = Settings(kafka="k1:9092")
+    assert admin_config(s) == {**librdkafka_config(s), "log_level": 4}

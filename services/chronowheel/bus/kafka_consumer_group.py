@@ -97,6 +97,12 @@ def librdkafka_config(settings: Settings) -> dict[str, Any]:
     return conf
 
 
+def admin_config(settings: Settings) -> dict[str, Any]:
+    """librdkafka's properties for a short-lived admin client: warnings and errors only
+    (at its info level it prints to stderr that it purged its queue when it is destroyed)."""
+    return {**librdkafka_config(settings), "log_level": 4}
+
+
 def _error_name(exc: BaseException) -> str:
     """librdkafka's error name of a KafkaException ("" for anything else)."""
     args = getattr(exc, "args", ())
@@ -130,7 +136,7 @@ def configure_group(settings: Settings, group_id: str, *, session_timeout_ms: in
     )
 
     wanted = {GROUP_SESSION: session_timeout_ms, GROUP_HEARTBEAT: heartbeat_interval_ms}
-    admin = AdminClient(librdkafka_config(settings))
+    admin = AdminClient(admin_config(settings))
     resource = ConfigResource(ResourceType.GROUP, group_id, incremental_configs=[
         ConfigEntry(name, str(value), incremental_operation=AlterConfigOpType.SET)
         for name, value in wanted.items()])

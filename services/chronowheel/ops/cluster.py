@@ -93,9 +93,9 @@ def describe_modern_group(settings: Settings, group_id: str, topic: str) -> Grou
     needs: the classic DescribeGroups shows such a group as Dead with no members."""
     from confluent_kafka.admin import AdminClient
 
-    from chronowheel.bus.kafka_consumer_group import ADMIN_TIMEOUT_S, librdkafka_config
+    from chronowheel.bus.kafka_consumer_group import ADMIN_TIMEOUT_S, admin_config
 
-    admin = AdminClient(librdkafka_config(settings))
+    admin = AdminClient(admin_config(settings))
     try:
         found = admin.describe_consumer_groups(
             [group_id], request_timeout=ADMIN_TIMEOUT_S)[group_id].result(
