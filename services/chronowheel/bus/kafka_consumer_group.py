@@ -1,11 +1,11 @@
 """The node's group member over Kafka 4's consumer group protocol (KIP-848), through librdkafka.
 
-`node_group_protocol=consumer` selects it (`KafkaNodeBus.submit_group`); the default, `classic`,
-is `KafkaSubmitGroup` (aiokafka, the eager protocol). Both implement `bus/ports.SubmitGroup`, and
-the node's exactly-once path does not depend on which: fencing rests on the state record and
-the claimers (`node/takeover.py`), and the node's transactional producer (aiokafka) commits its
-submit offsets into either kind of group (the broker checks a member epoch in TxnOffsetCommit
-only when one is given, and the producer gives none).
+`node_group_protocol=consumer`, the default, selects it (`KafkaNodeBus.submit_group`); `classic`
+selects `KafkaSubmitGroup` (aiokafka, the eager protocol). Both implement
+`bus/ports.SubmitGroup`, and the node's exactly-once path does not depend on which: fencing
+rests on the state record and the claimers (`node/takeover.py`), and the node's transactional
+producer (aiokafka) commits its submit offsets into either kind of group (the broker checks a
+member epoch in TxnOffsetCommit only when one is given, and the producer gives none).
 
 What changes is what a rebalance costs. With this protocol the brokers compute the assignment
 and hand each member only its *changes*, on the member's heartbeats: a member that keeps a
@@ -64,8 +64,6 @@ QUERY_DEADLINE_S = 30.0
 # One try waits this long at most: the group thread does not poll meanwhile.
 QUERY_TIMEOUT_S = 5.0
 ADMIN_TIMEOUT_S = 10.0
-# librdkafka's code for "no offset committed" in a TopicPartition's offset.
-OFFSET_INVALID = -1001
 # Errors of a synchronous commit that say this member is not in the group's current state.
 NOT_A_MEMBER = frozenset({"UNKNOWN_MEMBER_ID", "FENCED_MEMBER_EPOCH", "STALE_MEMBER_EPOCH",
                           "ILLEGAL_GENERATION", "REBALANCE_IN_PROGRESS",
