@@ -14,6 +14,7 @@ from chronowheel.bus.kafka_consumer_group import (
     admin_config,
     group_config_refusal,
     librdkafka_config,
+    stops_the_member,
 )
 from chronowheel.bus.kafka_node import KafkaNodeBus, KafkaSubmitGroup
 from chronowheel.errors import ConfigError
@@ -114,3 +115,12 @@ def test_error_names_come_from_librdkafkas_error() -> None:
 def test_admin_clients_log_only_warnings_and_errors() -> None:
     s = Settings(kafka="k1:9092")
     assert admin_config(s) == {**librdkafka_config(s), "log_level": 4}
+
+
+def test_a_refused_read_of_the_submit_topic_stops_the_member_and_a_passing_error_does_not() -> None:
+    assert stops_the_member(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    assert stops_the_member(KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED))
+    assert stops_the_member(KafkaError(KafkaError._AUTHENTICATION))
+    assert stops_the_member(KafkaError(KafkaError._FATAL, fatal=True))
+    assert not stops_the_member(KafkaError(KafkaError._TRANSPORT))
+    assert not stops_the_member(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION))

@@ -95,6 +95,21 @@ def librdkafka_config(settings: Settings) -> dict[str, Any]:
     return conf
 
 
+# Errors of a fetch that concern all of the node's work, not one record: with them the member
+# would go on polling and read nothing, a shard's ingest stalled with only a warning per poll.
+# aiokafka raises the same from its fetch, which stops the classic member.
+STOPS_THE_MEMBER = frozenset({"TOPIC_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED",
+                              "CLUSTER_AUTHORIZATION_FAILED", "SASL_AUTHENTICATION_FAILED",
+                              "_AUTHENTICATION"})
+
+
+def stops_the_member(err: Any) -> bool:
+    """Whether a fetch error (librdkafka's KafkaError) stops the member: fatal, or a refusal
+    of this node's access (its ACLs, its credentials). Others are passing (a broker down, a
+    leader moving) and librdkafka tries again by itself."""
+    return bool(err.fatal()) or err.name() in STOPS_THE_MEMBER
+
+
 def admin_config(settings: Settings) -> dict[str, Any]:
     """librdkafka's properties for a short-lived admin client: warnings and errors only
     (at its info level it prints to stderr that it purged its queue when it is destroyed)."""
@@ -344,7 +359,7 @@ class ConsumerProtocolGroup(GroupThreadMember):
             for msg in messages:
                 err = msg.error()
                 if err is not None:
-                    if err.fatal():
+                    if stops_the_member(err):
                         raise BusError(f"group {self._group_id}: fetching {self._topic}: "
                                        f"{err}")
                     log.warning("group %s: fetching %s: %s", self._group_id, self._topic, err)
