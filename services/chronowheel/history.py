@@ -214,6 +214,13 @@ class RunRecorder:
         while self._queue or self._counts:
             await self.write_batch()
 
+    async def drain(self) -> None:
+        """At a stop, with the writer task still running: have it write everything queued
+        without its pace, its batch in hand included (cancelling it would lose that batch);
+        return once it has."""
+        self.writes_per_s = 0
+        await self.settled()
+
     async def settled(self) -> None:
         """Return once the writer task has written everything queued (tests)."""
         while self._queue or self._counts or not self._idle.is_set():

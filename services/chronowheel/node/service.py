@@ -198,21 +198,21 @@ class Node:
         loop_tasks = self._side_tasks[:1]
         await self.supervisor.cancel_and_wait(self._side_tasks[1:])
         await self.registry.stop_shards(list(self.owned))
+        # Every shard is released now: leave the group at once, so that the others take them
+        # over while this node finishes the rest (the run history's flush alone may take
+        # HISTORY_FLUSH_S; the others' takeovers waited for it before).
+        await self._leave_group()
         await self.supervisor.cancel_and_wait(loop_tasks)
         self._side_tasks.clear()
         if self.transactions is not None:
             await self.transactions.stop()
         if self._history_task is not None and self.history is not None:
             # Last: the shards' final commits are recorded too; within a bound, since
-            # history never holds a stop.
+            # history never holds a stop. By the writer task, which keeps its batch in hand.
+            with contextlib.suppress(Exception):
+                await within(self.history.drain(), HISTORY_FLUSH_S)
             await self.supervisor.cancel_and_wait([self._history_task])
             self._history_task = None
-            with contextlib.suppress(Exception):
-                await within(self.history.flush(), HISTORY_FLUSH_S)
-        if self._group is not None:
-            with contextlib.suppress(Exception):
-                await self._group.stop()  # leaves the group: others take over at once
-            self._group = None
         if self._bus is not None:
             with contextlib.suppress(Exception):
                 await self._bus.close()
@@ -223,6 +223,12 @@ class Node:
             self._cassandra = None
         await self.supervisor.cancel_all()
         log.info("node %s stopped", self.node_id)
+
+    async def _leave_group(self) -> None:
+        group, self._group = self._group, None
+        if group is not None:
+            with contextlib.suppress(Exception):
+                await group.stop()  # leaves the group: the others are assigned its shards
 
     def health(self) -> tuple[bool, dict[str, object]]:
         lag = {str(k): o.actor.dispatch_lag_ms() for k, o in self.owned.items()}

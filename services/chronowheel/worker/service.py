@@ -99,6 +99,7 @@ class Worker:
         self._ledger: Ledger | None = None
         self._overlap: Overlap | None = None
         self.history: RunRecorder | None = None
+        self._history_task: asyncio.Task[None] | None = None
         """The run history writer (None: runs are not recorded; see docs/worker.md)."""
         self._consumer: WorkerConsumer | None = None
         self._producer: WorkerProducer | None = None
@@ -204,7 +205,8 @@ class Worker:
         if self._ledger is not None:
             self._loops.append(self._sup.spawn(self._lease_loop(), "worker-leases"))
         if self.history is not None:
-            self._loops.append(self._sup.spawn(self.history.run(), "worker-history"))
+            # Not among `_loops`: it writes what the last handlings recorded at the stop.
+            self._history_task = self._sup.spawn(self.history.run(), "worker-history")
         self._slots.start()
         log.info("worker %s started: group %s, topics %s, concurrency %d, idempotency %s",
                  self.worker_id, self.group_id, ", ".join(self.topics), o.concurrency,
@@ -244,10 +246,15 @@ class Worker:
                     await self._commit()
             with contextlib.suppress(Exception):
                 await intake.release_leases(parts)
-        if self.history is not None:
+        if self.history is not None and self._history_task is not None:
             # What the last handlings recorded, within a bound: history never holds a stop.
+            # By the writer task, which keeps its batch in hand (cancelling it lost that).
             with contextlib.suppress(Exception):
-                await within(self.history.flush(), HISTORY_FLUSH_S)
+                await within(self.history.drain(), HISTORY_FLUSH_S)
+            self._history_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._history_task
+            self._history_task = None
         if self._consumer is not None:
             with contextlib.suppress(Exception):
                 await self._consumer.stop()  # leaves the group: partitions move at once
