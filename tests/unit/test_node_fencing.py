@@ -258,3 +258,32 @@ async def test_transactions_that_keep_failing_stop_the_node(rig: NodeRig) -> Non
 def test_renewals_after_failures_in_a_row_back_off_up_to_a_cap() -> None:
     assert [renew_backoff_ms(n) for n in range(1, 8)] == [0, 200, 400, 800, 1_600, 3_200, 5_000]
     assert renew_backoff_ms(1_000) == 5_000
+
+
+async def test_the_submit_partition_is_sought_while_the_claim_commits(rig: NodeRig) -> None:
+    """A takeover reads the committed submit offset and seeks while its claim commits (the
+    offset is settled with the state record); nothing reaches the shard before the claim."""
+    first = await rig.start("first")
+    rig.upsert("a", at=T0 + 1_000)
+    await rig.advance(1_500)
+    await first.shutdown()
+    rig.nodes.remove(first)
+    claim = rig.bus.hold_commits(f"{rig.settings.namespace}-shard-0")
+    second = rig.new_node("second")
+    await second.start()
+    await rig.settle()
+    member = rig.bus.members[second.group_id][-1]
+    committed = rig.bus.group_offsets.get((second.group_id, rig.settings.submit_topic, 0))
+    assert (0, committed) in member.seeks  # sought, while the claim waits
+    assert not second.owned[0].actor.ready
+    for k in (0, 1):  # shard 0's claim has not committed: its last record is the release
+        assert state_records(rig, k)[-1]["owner"] == (None if k == 0 else node_id("second"))
+    job = next(f"b-{i}" for i in range(100) if shard_of(f"b-{i}", 2) == 0)
+    rig.upsert(job, at=T0 + 3_000)
+    await rig.advance(1_000)
+    assert not second.owned[0].actor.ready
+    claim.set()
+    await rig.advance(2_000)
+    assert second.owned[0].actor.ready and second.failure is None
+    assert Counter(m.key for m in rig.fired()) == Counter([b"a", job.encode()])
+    assert_claim_before_publish(rig)

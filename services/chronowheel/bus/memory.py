@@ -406,6 +406,8 @@ class MemorySubmitGroup:
         """Set by a test: this member's generation is over (its session expired)."""
         self._paused: set[int] = set()
         self._withheld: set[int] = set()  # sought, not delivered yet (SubmitPositions.seek)
+        self.seeks: list[tuple[int, int | None]] = []
+        """(shard, offset) of every `seek`, in order (for tests)."""
         self._position: dict[int, int] = {}
 
     async def start(self) -> None:
@@ -476,6 +478,7 @@ class MemorySubmitGroup:
         return self.bus.group_offsets.get((self.group_id, self.topic, shard))
 
     async def seek(self, shard: int, offset: int | None) -> int:
+        self.seeks.append((shard, offset))
         self._withheld.add(shard)
         start = self.bus.log_start.get((self.topic, shard), 0)
         self._position[shard] = max(offset or 0, start)

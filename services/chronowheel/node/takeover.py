@@ -18,7 +18,9 @@ is by the owner each shard's state record names (docs/design.md, "Fencing"):
 
 The shard then resumes from that watermark and reads `<ns>.submit` from the node group's
 committed offset: everything after them is redone, and nothing before them was lost, because
-both were committed in the same transaction.
+both were committed in the same transaction. That offset is settled once the record is (step 3),
+so it is read and the partition sought while the claim commits: a takeover waits for the
+longer of the two, not their sum (what it fetches reaches the shard only after the claim).
 
 The claimer is kept, not stopped, while the node holds the shard and while it keeps the shard
 warm after a revocation (`node/registry.py`). A shard given back to this node is then resumed
@@ -35,7 +37,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from chronowheel.bus.ports import BusError, Fenced, NodeBus, SubmitPositions, TxnProducer
 from chronowheel.core.clock import Clock
@@ -47,6 +51,7 @@ from chronowheel.settings import Settings
 from chronowheel.timeouts import within
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 STATE_READ_TIMEOUT_MS = 30_000
 # A settled read waits for open transactions on the state partition: one of a paused process
@@ -83,17 +88,27 @@ class Phases:
     clock: Clock
     took: dict[str, int] = field(default_factory=dict)
     _mark: int = 0
+    _start: int = 0
 
     def __post_init__(self) -> None:
-        self._mark = self.clock.now_ms()
+        self._mark = self._start = self.clock.now_ms()
 
     def done(self, step: str) -> None:
         now = self.clock.now_ms()
         self.took[step] = self.took.get(step, 0) + now - self._mark
         self._mark = now
 
+    async def timed(self, step: str, work: Awaitable[T]) -> T:
+        """Run `work`, recording how long it took as `step` without moving the mark: for
+        steps that run alongside others (their times overlap, the total does not add them)."""
+        began = self.clock.now_ms()
+        try:
+            return await work
+        finally:
+            self.took[step] = self.took.get(step, 0) + self.clock.now_ms() - began
+
     def __str__(self) -> str:
-        total = sum(self.took.values())
+        total = self._mark - self._start
         return f"{total} ms (" + ", ".join(f"{k} {v}" for k, v in self.took.items()) + ")"
 
 
@@ -140,8 +155,20 @@ async def take_over(*, shard: int, transactions: NodeTransactions, bus: NodeBus,
             raise ChronowheelError(f"shard {shard}: its recorded owner kept changing over "
                                    f"{MAX_FENCE_ROUNDS} fencing rounds (last {owner})")
         watermark, ahead = _position(value, shard, settings, clock)
-        await _claim(claimer, settings, shard, watermark, me, node_id, clock, ahead)
-        phases.done("claim")
+        # The submit offset that goes with the watermark is settled too: the transaction that
+        # committed the record committed it, and no owner can commit another since (the last
+        # one is fenced or released). So the shard's partition is sought while the claim
+        # commits (records reach the shard only once its actor is ready, after the claim).
+        claimed, sought = await asyncio.gather(
+            phases.timed("claim", _claim(claimer, settings, shard, watermark, me, node_id,
+                                         clock, ahead)),
+            phases.timed("offset + seek", _seek(submit, shard)), return_exceptions=True)
+        phases.done("claim and seek")
+        if isinstance(claimed, BaseException):
+            raise claimed
+        if isinstance(sought, BaseException):
+            raise sought
+        committed, expired = sought
         kept = True
     except Fenced as exc:
         raise ShardLost(f"shard {shard}: another node is claiming it ({exc})") from exc
@@ -149,17 +176,17 @@ async def take_over(*, shard: int, transactions: NodeTransactions, bus: NodeBus,
         if not kept:
             await stop_quietly(claimer)
             phases.done("claimer stop")
-    try:
-        committed = await submit.committed(shard)
-        expired = await submit.seek(shard, committed)
-    except BaseException:
-        await stop_quietly(claimer)
-        raise
-    phases.done("seek")
     log.info("shard %d: claimed by %s (previous owner %s%s) in %s", shard, me, owner,
              f", fenced {sorted(fenced)}" if fenced else "", phases,
              extra={"shard": shard, "node": node_id})
     return Resume(watermark, committed, claimer, ahead, expired)
+
+
+async def _seek(submit: SubmitPositions, shard: int) -> tuple[int | None, int]:
+    """Read the group's committed offset of the shard and seek its partition there: the
+    offset, and how many commands retention deleted below the log start (`Resume`)."""
+    committed = await submit.committed(shard)
+    return committed, await submit.seek(shard, committed)
 
 
 async def _claim(claimer: TxnProducer, settings: Settings, shard: int, watermark: int, me: str,
