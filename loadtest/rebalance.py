@@ -34,7 +34,6 @@ import itertools
 import json
 import os
 import secrets
-import signal
 import sys
 import tempfile
 import time
@@ -190,8 +189,7 @@ async def rebalance(fleet: Fleet, name: str, change: Callable[[], object],
 
 
 def stop_node(node: NodeProcess) -> None:
-    node.signal(signal.SIGTERM)
-    node.stop(60)
+    node.stop(60)  # one SIGTERM: a graceful stop (a second one makes the node abort)
 
 
 def restart_node(fleet: Fleet, node: NodeProcess, env: dict[str, str]) -> None:

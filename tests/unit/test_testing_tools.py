@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -116,3 +119,29 @@ def test_node_process_reads_only_its_own_run_of_an_appended_log(tmp_path: Path) 
         f.write(f"... INFO chronowheel.node.http {PORT_MARKER}2222\n")
     assert proc.http_port() == 2222
     assert proc.stop() == 0  # already exited: its code
+
+
+def test_stop_after_a_sigterm_sends_no_second_one(tmp_path: Path) -> None:
+    """A node takes a second SIGTERM as "abort now": `stop` after `signal(SIGTERM)` (a test
+    that stops a node and then waits with `stop`) must not turn the graceful stop into one."""
+    script = tmp_path / "graceful.py"
+    script.write_text(
+        "import signal, sys, time\n"
+        "seen = []\n"
+        "def on_term(*_):\n"
+        "    seen.append(1)\n"
+        "    if len(seen) > 1:\n"
+        "        sys.exit(3)  # the second signal: abort\n"
+        "    print('stopping', flush=True)\n"
+        "signal.signal(signal.SIGTERM, on_term)\n"
+        "print('ready', flush=True)\n"
+        "while not seen:\n"
+        "    time.sleep(0.01)\n"
+        "time.sleep(0.3)  # a graceful stop takes a moment\n"
+        "sys.exit(0)\n")
+    proc = NodeProcess(Settings(namespace="unit"), tmp_path / "g.log", name="g")
+    proc.proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE)
+    assert proc.proc.stdout is not None and proc.proc.stdout.readline() == b"ready\n"
+    proc.signal(signal.SIGTERM)
+    assert proc.proc.stdout.readline() == b"stopping\n"  # the first SIGTERM was taken
+    assert proc.stop(30) == 0

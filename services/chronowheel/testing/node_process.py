@@ -87,6 +87,7 @@ class NodeProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self._port: int | None = None
         self._log_start = 0  # where this run's lines begin in the (appended) log
+        self._terminated = False  # SIGTERM sent to the running process
 
     def start(self, **env_overrides: str) -> None:
         env = dict(os.environ)
@@ -109,6 +110,7 @@ class NodeProcess:
             self._log_start = log.tell()
             self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, cwd=self.cwd)
+        self._terminated = False
 
     # --- the process ------------------------------------------------------------------------
     @property
@@ -122,6 +124,8 @@ class NodeProcess:
     def signal(self, sig: int) -> None:
         assert self.proc is not None, "start() first"
         self.proc.send_signal(sig)
+        if sig == signal.SIGTERM:
+            self._terminated = True
 
     def wait(self, timeout: float = 60) -> int:
         assert self.proc is not None, "start() first"
@@ -137,7 +141,10 @@ class NodeProcess:
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            # Once: a node takes a second SIGTERM as "abort now" (an impatient operator's
+            # second Ctrl-C), which would turn a graceful stop into a crash.
+            if not self._terminated:
+                self.signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
