@@ -718,6 +718,9 @@ class KafkaSubmitGroup(GroupThreadMember):
 
 
 STATE_READ_POLL_MS = 20
+STATE_TAIL_OFFSETS = 256
+"""A state read looks at this many offsets before the end first (`read_last`): a node
+transaction puts one record and one marker on each state partition it writes to."""
 """How long a state read's fetch and poll wait for records before it looks at its position
 again. It was 500 ms (aiokafka's defaults): a settled read that met an open transaction then
 took 500 ms however soon the transaction ended, on the path of every full takeover."""
@@ -767,35 +770,30 @@ class KafkaNodeBus:
         tp = TopicPartition(topic, partition)
         consumer = await self._reader()
         reusable = False
+        deadline = time.monotonic() + timeout_ms / 1000
         try:
             consumer.assign([tp])
             # read_committed: end_offsets is the last stable offset (before the first open
             # transaction). Settled: the high watermark, which a read_committed position
             # reaches only once every transaction that wrote below it is resolved.
             end = (await consumer.end_offsets([tp]))[tp]
-            await consumer.seek_to_beginning(tp)
-            found: bytes | None = None
-            deadline = time.monotonic() + timeout_ms / 1000
+            # The tail first: a state partition's active segment holds every record of the
+            # last `segment.ms` (compaction leaves it alone), thousands to a hundred thousand
+            # at high rates, and a read from the beginning parsed them all, twice per takeover.
+            # The last record is in the tail unless aborted transactions and markers filled it:
+            # then further back, until the log start.
+            back = STATE_TAIL_OFFSETS
+            start = max(0, end - back)
             while True:
-                position = await consumer.position(tp)
-                if settled:
-                    high = consumer.highwater(tp)
-                    end = max(end, high if high is not None else end)
-                    done = high is not None and position >= end
-                else:
-                    done = position >= end
-                if done:
+                found = await self._scan(consumer, tp, key, start, end, settled, deadline,
+                                         timeout_ms)
+                if found is not None or start == 0:
                     break
-                if time.monotonic() > deadline:
-                    raise BusError(f"timed out reading {topic}[{partition}] to its "
-                                   f"{'high watermark' if settled else 'end'} {end} "
-                                   f"({timeout_ms} ms, at {position})")
-                # Not longer: once the open transactions end, the fetch brings their markers
-                # and no record, and only the next turn of this loop sees the position moved.
-                batch = await consumer.getmany(tp, timeout_ms=STATE_READ_POLL_MS)
-                for msg in batch.get(tp, []):
-                    if msg.key == key and msg.value:
-                        found = msg.value
+                begin = (await consumer.beginning_offsets([tp]))[tp]
+                if start <= begin:
+                    break
+                back *= 16
+                start = max(begin, end - back)
             reusable = True
         finally:
             if reusable:
@@ -806,3 +804,31 @@ class KafkaNodeBus:
             else:  # a failed or cancelled read may leave it in any state
                 await consumer.stop()
         return found
+
+    @staticmethod
+    async def _scan(consumer: AIOKafkaConsumer, tp: TopicPartition, key: bytes, start: int,
+                    end: int, settled: bool, deadline: float, timeout_ms: int) -> bytes | None:
+        """The last record with `key` from offset `start` to `end` (settled: to the high
+        watermark, once every transaction below it is resolved); None if there is none."""
+        consumer.seek(tp, start)  # below the log start: reset to it (auto_offset_reset)
+        found: bytes | None = None
+        while True:
+            position = await consumer.position(tp)
+            if settled:
+                high = consumer.highwater(tp)
+                end = max(end, high if high is not None else end)
+                done = high is not None and position >= end
+            else:
+                done = position >= end
+            if done:
+                return found
+            if time.monotonic() > deadline:
+                raise BusError(f"timed out reading {tp.topic}[{tp.partition}] to its "
+                               f"{'high watermark' if settled else 'end'} {end} "
+                               f"({timeout_ms} ms, at {position})")
+            # Not longer: once the open transactions end, the fetch brings their markers
+            # and no record, and only the next turn of this loop sees the position moved.
+            batch = await consumer.getmany(tp, timeout_ms=STATE_READ_POLL_MS)
+            for msg in batch.get(tp, []):
+                if msg.key == key and msg.value:
+                    found = msg.value
