@@ -6,6 +6,7 @@ fenced through the shard's own transactional id."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 import orjson
@@ -17,6 +18,7 @@ from chronowheel.core.wire import StateRecord
 from chronowheel.node.transactions import FAILING_FOR_MS, MAX_FAILED_IN_ROW, renew_backoff_ms
 
 from tests.unit.node_rig import T0, NodeRig, scheduled_at
+from tests.unit.test_node_urgent import hold_writes_of
 
 
 def node_id(name: str) -> str:
@@ -287,3 +289,57 @@ async def test_the_submit_partition_is_sought_while_the_claim_commits(rig: NodeR
     assert second.owned[0].actor.ready and second.failure is None
     assert Counter(m.key for m in rig.fired()) == Counter([b"a", job.encode()])
     assert_claim_before_publish(rig)
+
+
+async def test_an_actor_that_fails_after_its_claim_releases_the_shard(rig: NodeRig) -> None:
+    """A shard actor that fails after its claim (here its loader, on a bug) releases the shard
+    with its claimer: the next owner fences nobody, where it used to fence the node's producer
+    (aborting what the node did for its other shards)."""
+    read_bucket = rig.store.read_bucket
+
+    def failing(minute: int, shard: int, **kw: object) -> object:
+        if shard == 0:
+            raise RuntimeError("a bug on shard 0's path")
+        return read_bucket(minute, shard, **kw)  # type: ignore[arg-type]
+
+    rig.store.read_bucket = failing  # type: ignore[method-assign,assignment]
+    first = rig.new_node("first")
+    await first.start()
+    await rig.settle()
+    assert first.failure is not None and "a bug on shard 0" in repr(first.failure)
+    assert state_records(rig, 0)[-1]["owner"] is None  # released by the failed actor
+    await first.shutdown()
+    rig.nodes.remove(first)
+    rig.store.read_bucket = read_bucket  # type: ignore[method-assign]
+    starts = len(rig.bus.starts)
+    await rig.start("second")
+    assert node_id("first") not in rig.bus.starts[starts:]  # nobody fenced
+    rig.upsert("after", at=T0 + 3_000)
+    await rig.advance(3_000)
+    assert Counter(m.key for m in rig.fired()) == Counter([b"after"])
+    assert_claim_before_publish(rig)
+
+
+async def test_a_shard_stopped_past_its_deadline_is_released() -> None:
+    """An actor whose stop passes `stop_deadline_ms` (a row write that never returns) is
+    cancelled; it then releases the shard, so its next owner fences nobody, and the command
+    it was applying is applied by that owner (its offset was never committed)."""
+    rig = NodeRig(shards=1, ingest_batch=1, stop_deadline_ms=50, stop_drain_ms=60_000)
+    hold = hold_writes_of(rig, "stuck")
+    try:
+        first = await rig.start("first")
+        rig.upsert("stuck", at=T0 + 10_000)
+        await rig.settle()  # its row write is held: the stop's drain cannot finish
+        await asyncio.wait_for(first.shutdown(), 30)
+        rig.nodes.remove(first)
+        assert state_records(rig, 0)[-1]["owner"] is None
+        starts = len(rig.bus.starts)
+        hold.set()
+        await rig.start("second")
+        assert node_id("first") not in rig.bus.starts[starts:]  # nobody fenced
+        await rig.advance(11_000)
+        assert [m.key for m in rig.fired()] == [b"stuck"]
+        assert_claim_before_publish(rig)
+    finally:
+        hold.set()
+        await rig.stop_all()

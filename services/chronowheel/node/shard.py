@@ -38,7 +38,7 @@ from chronowheel.node.loader import Loader
 from chronowheel.node.metrics import NodeMetrics
 from chronowheel.node.publisher import Publisher, stop_quietly
 from chronowheel.node.state import ShardState
-from chronowheel.node.takeover import Resume, Warm, resume_warm, take_over
+from chronowheel.node.takeover import Resume, Warm, release_half_way, resume_warm, take_over
 from chronowheel.node.transactions import NodeTransactions, ShardLost
 from chronowheel.node.writes import RowWriter
 from chronowheel.settings import Settings
@@ -193,6 +193,7 @@ class ShardActor:
     async def run(self) -> None:
         helpers: list[asyncio.Task[None]] = []
         clean = False
+        failure: BaseException | None = None
         try:
             await self._takeover()
             state, dispatcher = self.state, self.dispatcher  # fresh ones after a full takeover
@@ -221,6 +222,9 @@ class ShardActor:
                      and state.watermark == state.committed_watermark
                      and not state.outbox and state.offset_to_commit is None
                      and self.ingest.next_offset == self.publisher.committed_offset)
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
             self.ready = False
             for task in helpers:
@@ -230,7 +234,22 @@ class ShardActor:
                     await task
             self.clean = clean
             if not clean:
-                await self.close()
+                if self.claimer is not None and not isinstance(failure, ShardLost) \
+                        and self.session == self.transactions.session:
+                    # Claimed, and neither taken by another node nor fenced with the node's
+                    # producer (its recovery takes the shards again): not left to be fenced.
+                    why = "stopped past its deadline" if isinstance(
+                        failure, asyncio.CancelledError) else repr(failure) if failure \
+                        else "ended with work in flight"
+                    try:
+                        await release_half_way(shard=self.shard, claimer=self.claimer,
+                                               transactions=self.transactions, bus=self.bus,
+                                               settings=self.settings, clock=self.clock,
+                                               node_id=self.node_id, why=why)
+                    finally:
+                        await self.close()
+                else:
+                    await self.close()
             # A shard that moved on must not leave frozen per-shard series behind: its new
             # owner exports them, and a stale lag or watermark here would mislead alerts.
             self.metrics.forget_shard(self.label)

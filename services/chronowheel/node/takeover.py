@@ -35,6 +35,7 @@ shards").
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 from collections.abc import Awaitable
@@ -63,6 +64,10 @@ FENCE_TIMEOUT_S = 30
 FENCE_ATTEMPTS = 3
 # Owners that change again and again while we fence them: something is wrong, say so.
 MAX_FENCE_ROUNDS = 8
+# Releasing a shard whose actor ended half way waits at most this long for the node's
+# transactions of the shard to end, and for the settled read (`release_half_way`).
+RELEASE_SETTLE_S = 5
+RELEASE_READ_S = 10
 
 
 @dataclass(frozen=True)
@@ -274,6 +279,50 @@ async def resume_warm(*, shard: int, warm: Warm, transactions: NodeTransactions,
              shard, me, warm.watermark, committed, phases,
              extra={"shard": shard, "node": node_id})
     return Resume(warm.watermark, committed, warm.claimer, submit_expired=expired)
+
+
+async def release_half_way(*, shard: int, claimer: TxnProducer, transactions: NodeTransactions,
+                           bus: NodeBus, settings: Settings, clock: Clock, node_id: str,
+                           why: str) -> bool:
+    """Release a shard whose actor ended half way (a failure after its claim, a stop past
+    `stop_deadline_ms`): its last committed record still names this node, so its next owner
+    would fence this node's producer, which aborts what the node does for all its other
+    shards and makes it take them all over again.
+
+    Once nothing of the shard is queued or in a transaction of this node (`settle`, within
+    `RELEASE_SETTLE_S`), the shard's last committed record (a settled read) is the position
+    of everything this node published for it, with the submit offset committed beside it:
+    that record with no owner is what a final commit would have released. It is committed
+    with the shard's claimer, as a claim is: the commit fails if another node has begun
+    claiming the shard since (it initialised the claimer first), so a release never lands
+    after someone else's claim. True when released; False when there was nothing to release
+    (the record names someone else, or nobody) or it could not be done, and then the next
+    owner fences this node as before."""
+    me = transactions.transactional_id
+    try:
+        await within(transactions.settle(shard), RELEASE_SETTLE_S)
+        value = await within(_read(bus, settings, shard, settled=True), RELEASE_READ_S)
+        if value is None or _publisher(value, shard, settings) != me:
+            return False
+        record = dataclasses.replace(_parse(value, shard, settings), owner=None, claim=False,
+                                     without_owner=False, node=node_id, at=clock.now_ms())
+        txn = await claimer.begin()
+        try:
+            await txn.publish(settings.state_topic, shard, StateRecord.key(shard),
+                              record.encode(), [])
+            await txn.commit({})
+        except BaseException:
+            await txn.abort()
+            raise
+    except (TimeoutError, Fenced, ChronowheelError) as exc:
+        log.warning("shard %d: its actor ended half way (%s) and the shard could not be "
+                    "released (%s): its next owner fences this node", shard, why, exc,
+                    extra={"shard": shard, "node": node_id})
+        return False
+    log.warning("shard %d: its actor ended half way (%s); released at watermark %d, so that "
+                "its next owner fences nobody", shard, why, record.watermark,
+                extra={"shard": shard, "node": node_id})
+    return True
 
 
 async def fence(bus: NodeBus, transactional_id: str, group_id: str, shard: int) -> None:
