@@ -12,7 +12,7 @@ from collections import Counter
 import orjson
 import pytest
 from chronowheel.bus.memory import Message
-from chronowheel.bus.ports import Fenced
+from chronowheel.bus.ports import BusError, Fenced
 from chronowheel.core.shard import shard_of
 from chronowheel.core.wire import StateRecord
 from chronowheel.node.transactions import FAILING_FOR_MS, MAX_FAILED_IN_ROW, renew_backoff_ms
@@ -343,3 +343,35 @@ async def test_a_shard_stopped_past_its_deadline_is_released() -> None:
     finally:
         hold.set()
         await rig.stop_all()
+
+
+async def test_a_takeover_whose_seek_fails_after_the_claim_releases_the_shard(
+        rig: NodeRig) -> None:
+    """The seek runs beside the claim: when it fails and the claim committed, the takeover
+    releases the shard before it fails, so the next owner fences nobody."""
+    first = rig.new_node("first")
+    group_of = rig.bus.submit_group
+
+    def failing_group(**kw: object) -> object:
+        group = group_of(**kw)  # type: ignore[arg-type]
+        seek = group.seek
+
+        async def refused(shard: int, offset: int | None) -> int:
+            if shard == 0:
+                raise BusError("seek refused")
+            return await seek(shard, offset)
+
+        group.seek = refused  # type: ignore[method-assign]
+        return group
+
+    rig.bus.submit_group = failing_group  # type: ignore[method-assign,assignment]
+    await first.start()
+    await rig.settle()
+    assert first.failure is not None and "seek refused" in repr(first.failure)
+    assert state_records(rig, 0)[-1]["owner"] is None
+    await first.shutdown()
+    rig.nodes.remove(first)
+    rig.bus.submit_group = group_of  # type: ignore[method-assign]
+    starts = len(rig.bus.starts)
+    await rig.start("second")
+    assert node_id("first") not in rig.bus.starts[starts:]

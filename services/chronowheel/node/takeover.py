@@ -172,6 +172,10 @@ async def take_over(*, shard: int, transactions: NodeTransactions, bus: NodeBus,
         if isinstance(claimed, BaseException):
             raise claimed
         if isinstance(sought, BaseException):
+            # Claimed, nothing published: released again rather than left to be fenced.
+            await release_half_way(shard=shard, claimer=claimer, transactions=transactions,
+                                   bus=bus, settings=settings, clock=clock, node_id=node_id,
+                                   why=f"its takeover's seek failed: {sought!r}")
             raise sought
         committed, expired = sought
         kept = True
