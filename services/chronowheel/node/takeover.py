@@ -203,12 +203,18 @@ async def _claim(claimer: TxnProducer, settings: Settings, shard: int, watermark
     """Commit the claim: the state record with `watermark` (and `ahead`, unchanged) and owner
     `me`, alone in a transaction of the shard's claimer. Raises Fenced when another claimer
     started since."""
+    await _commit_alone(claimer, settings, StateRecord(
+        shard=shard, watermark=watermark, owner=me, node=node_id, at=clock.now_ms(),
+        claim=True, ahead=ahead))
+
+
+async def _commit_alone(claimer: TxnProducer, settings: Settings, record: StateRecord) -> None:
+    """Commit `record` alone in a transaction of the shard's claimer (a claim, or a release
+    of a shard left half way). Raises Fenced when another claimer started since."""
     txn = await claimer.begin()
     try:
-        claim = StateRecord(shard=shard, watermark=watermark, owner=me, node=node_id,
-                            at=clock.now_ms(), claim=True, ahead=ahead)
-        await txn.publish(settings.state_topic, shard, StateRecord.key(shard), claim.encode(),
-                          [])
+        await txn.publish(settings.state_topic, record.shard, StateRecord.key(record.shard),
+                          record.encode(), [])
         await txn.commit({})
     except BaseException:
         await txn.abort()
@@ -310,14 +316,7 @@ async def release_half_way(*, shard: int, claimer: TxnProducer, transactions: No
             return False
         record = dataclasses.replace(_parse(value, shard, settings), owner=None, claim=False,
                                      without_owner=False, node=node_id, at=clock.now_ms())
-        txn = await claimer.begin()
-        try:
-            await txn.publish(settings.state_topic, shard, StateRecord.key(shard),
-                              record.encode(), [])
-            await txn.commit({})
-        except BaseException:
-            await txn.abort()
-            raise
+        await _commit_alone(claimer, settings, record)
     except (TimeoutError, Fenced, ChronowheelError) as exc:
         log.warning("shard %d: its actor ended half way (%s) and the shard could not be "
                     "released (%s): its next owner fences this node", shard, why, exc,
