@@ -103,12 +103,14 @@ def anchor(clock: Clock) -> tuple[int, int]:
     return clock.now_ms(), clock.elapsed_ms()
 
 
-async def sleep_until_or_event(clock: Clock, deadline_ms: int, event: asyncio.Event) -> None:
-    """Return at the deadline (by `clock`) or as soon as `event` is set, whichever is first."""
+async def sleep_until_or_event(clock: Clock, deadline_ms: int, *events: asyncio.Event) -> None:
+    """Return at the deadline (by `clock`) or as soon as one of `events` is set, whichever is
+    first."""
     sleeper = asyncio.ensure_future(clock.sleep_until(deadline_ms))
-    waiter = asyncio.ensure_future(event.wait())
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
     try:
-        await asyncio.wait((sleeper, waiter), return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait((sleeper, *waiters), return_when=asyncio.FIRST_COMPLETED)
     finally:
         sleeper.cancel()
-        waiter.cancel()
+        for waiter in waiters:
+            waiter.cancel()

@@ -159,6 +159,7 @@ class Publisher:
                                         self.shard, p.user_headers, p.scheduled_ms, done)
         state.committed_watermark = watermark
         state.last_commit_ms = done
+        state.arrivals.settled(self.shard)
         self.last_record, self.released = record, release
         if offset is not None:
             self.committed_offset = offset

@@ -33,6 +33,7 @@ from chronowheel.core.model import ValidationPolicy
 from chronowheel.errors import ChronowheelError
 from chronowheel.node.metrics import NodeMetrics
 from chronowheel.node.shard import ShardActor
+from chronowheel.node.state import Arrivals
 from chronowheel.node.transactions import NodeTransactions, ShardLost
 from chronowheel.settings import Settings
 from chronowheel.store.base import JobStore
@@ -67,6 +68,9 @@ class ShardRegistry:
         self.node_writes = (asyncio.Semaphore(settings.ingest_writes_in_flight)
                             if settings.ingest_writes_in_flight > 0 else None)
         """Every shard's in-order ingest writes share these permits (`node/ingest.py`)."""
+        self.arrivals = Arrivals()
+        """The shards being taken over: their loaders read the rest of their look-ahead only
+        once none is (`node/loader.py`, `first_load`)."""
         self.owned: dict[int, Owned] = {}
         self.warm: dict[int, ShardActor] = {}
         """Shards revoked from this node whose actors ended cleanly, kept for the next
@@ -197,7 +201,7 @@ class ShardRegistry:
                 clock=self.clock, metrics=self.metrics,
                 policy=self.policy, group_id=self.group_id, node_id=self.node_id,
                 dispatch_blocked=self.dispatch_blocked, clock_state=self.clock_state,
-                node_writes=self.node_writes)
+                node_writes=self.node_writes, arrivals=self.arrivals)
             task = self.supervisor.spawn(actor.run(), f"shard-{k}", expected=self.shard_ended)
             self.owned[k] = Owned(actor, task)
         self.metrics.owned_shards.set(len(self.owned))

@@ -37,7 +37,7 @@ from chronowheel.node.ingest import Ingest
 from chronowheel.node.loader import Loader
 from chronowheel.node.metrics import NodeMetrics
 from chronowheel.node.publisher import Publisher, stop_quietly
-from chronowheel.node.state import ShardState
+from chronowheel.node.state import Arrivals, ShardState
 from chronowheel.node.takeover import Resume, Warm, release_half_way, resume_warm, take_over
 from chronowheel.node.transactions import NodeTransactions, ShardLost
 from chronowheel.node.writes import RowWriter
@@ -58,8 +58,12 @@ class ShardActor:
                  clock: Clock, metrics: NodeMetrics, policy: ValidationPolicy, group_id: str,
                  node_id: str, dispatch_blocked: Callable[[], bool],
                  clock_state: Callable[[], tuple[int | None, bool]] | None = None,
-                 node_writes: asyncio.Semaphore | None = None) -> None:
+                 node_writes: asyncio.Semaphore | None = None,
+                 arrivals: Arrivals | None = None) -> None:
         self.shard = shard
+        self.arrivals = Arrivals() if arrivals is None else arrivals
+        """The node's shards being taken over (`node/state.py`): this one from the start of
+        each run to its first commit."""
         self.node_writes = node_writes
         self.shards = shards
         self.settings = settings
@@ -104,7 +108,8 @@ class ShardActor:
         settings, store, clock, shard = self.settings, self.store, self.clock, self.shard
         metrics, policy = self.metrics, self.policy
         self.state = ShardState(shard=shard, start_ms=clock.now_ms(), tick_ms=settings.tick_ms,
-                                ingest_slack_ms=settings.ingest_slack_ms)
+                                ingest_slack_ms=settings.ingest_slack_ms,
+                                arrivals=self.arrivals)
         writer = RowWriter(store, shard, settings.retention_ms, settings.store_batch_fail_bytes)
         calendars = Calendars(store=store, clock=clock, refresh_ms=settings.calendar_refresh_ms)
         self.ingest = Ingest(state=self.state, shards=self.shards, settings=settings,
@@ -194,6 +199,7 @@ class ShardActor:
         helpers: list[asyncio.Task[None]] = []
         clean = False
         failure: BaseException | None = None
+        self.arrivals.arrive(self.shard)
         try:
             await self._takeover()
             state, dispatcher = self.state, self.dispatcher  # fresh ones after a full takeover
@@ -227,6 +233,7 @@ class ShardActor:
             raise
         finally:
             self.ready = False
+            self.arrivals.settled(self.shard)
             for task in helpers:
                 task.cancel()
             for task in helpers:

@@ -53,11 +53,38 @@ class Outgoing:
 _slot_of: Callable[[Pending], int] = attrgetter("slot_ms")
 
 
+class Arrivals:
+    """A node's shards that are being taken over or have not committed since (one per node,
+    shared by its shards' states). While any is, the loaders of the node hold the rest of
+    their first load back (`Loader.first_load`): a takeover's first transaction waited up to
+    0.6 s behind another shard's look-ahead being read on the same loop."""
+
+    def __init__(self) -> None:
+        self._shards: set[int] = set()
+        self.none = asyncio.Event()
+        """Set while no shard of the node is arriving."""
+        self.none.set()
+
+    def arrive(self, shard: int) -> None:
+        self._shards.add(shard)
+        self.none.clear()
+
+    def settled(self, shard: int) -> None:
+        if shard in self._shards:
+            self._shards.discard(shard)
+            if not self._shards:
+                self.none.set()
+
+    def __contains__(self, shard: object) -> bool:
+        return shard in self._shards
+
+
 class ShardState:
     """Everything two or more of a shard's tasks read or write. Each attribute group below is
     one coordination device; its docstring says who writes it and what it guarantees."""
 
-    def __init__(self, *, shard: int, start_ms: int, tick_ms: int, ingest_slack_ms: int) -> None:
+    def __init__(self, *, shard: int, start_ms: int, tick_ms: int, ingest_slack_ms: int,
+                 arrivals: Arrivals | None = None) -> None:
         self.shard = shard
         self.ingest_slack_ms = ingest_slack_ms
 
@@ -137,6 +164,10 @@ class ShardState:
         """Wakes the ingest task: records were queued."""
         self.loader_wake = asyncio.Event()
         """Wakes the loader early (stop)."""
+        self.arrivals = Arrivals() if arrivals is None else arrivals
+        """The node's shards between the start of a takeover and their first commit since: the
+        actor enters the shard at the start of its run and the publisher clears it at its first
+        commit (or the actor at the run's end)."""
         self.stopping = False
         """Set by the actor on a stop; every task finishes its current step and returns."""
 
