@@ -39,6 +39,7 @@ from chronowheel.bus.kafka import (
 )
 from chronowheel.bus.ports import (
     BusError,
+    Claimer,
     Fenced,
     Headers,
     Prepared,
@@ -764,6 +765,14 @@ class KafkaNodeBus:
 
     def producer(self, transactional_id: str, group_id: str) -> KafkaTxnProducer:
         return KafkaTxnProducer(self._settings, transactional_id, group_id)
+
+    def claimer(self, transactional_id: str, group_id: str) -> Claimer:
+        del group_id  # a claim commits no submit offsets
+        # librdkafka, imported only here (as the consumer protocol's member): its requests run
+        # on its own threads, not on the node's loop, which is busiest during takeovers.
+        from chronowheel.bus.kafka_claimer import RdKafkaClaimer
+
+        return RdKafkaClaimer(self._settings, transactional_id)
 
     async def read_last(self, topic: str, partition: int, key: bytes, timeout_ms: int, *,
                         settled: bool = False) -> bytes | None:

@@ -156,6 +156,9 @@ class MemoryBus:
     def producer(self, transactional_id: str, group_id: str) -> MemoryTxnProducer:
         return MemoryTxnProducer(self, transactional_id, group_id)
 
+    def claimer(self, transactional_id: str, group_id: str) -> MemoryTxnProducer:
+        return self.producer(transactional_id, group_id)
+
     async def close(self) -> None:
         """Nothing is kept between calls."""
 

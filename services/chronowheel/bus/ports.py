@@ -261,6 +261,38 @@ class SubmitGroup(SubmitPositions, Protocol):
         ...
 
 
+class ClaimTransaction(Protocol):
+    """The transaction of a claim or a release: one record, then commit or abort (the
+    errors as `Transaction`'s)."""
+
+    async def publish(self, topic: str, partition: int, key: bytes | None, value: bytes,
+                      headers: Headers) -> None: ...
+
+    async def commit(self, submit_offsets: Mapping[int, int]) -> None: ...
+
+    async def abort(self) -> None: ...
+
+
+class Claimer(Protocol):
+    """A transactional producer that only initialises, fencing every other producer with its
+    id (a shard's claimer `<ns>-shard-<k>`, or one started to fence a previous owner), and
+    commits single records alone in transactions (a claim, a release). `TxnProducer` is one;
+    `NodeBus.claimer` may give a lighter one."""
+
+    @property
+    def transactional_id(self) -> str: ...
+
+    async def start(self) -> None:
+        """As `TxnProducer.start`."""
+        ...
+
+    async def stop(self) -> None: ...
+
+    async def begin(self) -> ClaimTransaction:
+        """Open a transaction. Raises Fenced or BusError."""
+        ...
+
+
 class NodeBus(Protocol):
     """Everything a node needs from Kafka."""
 
@@ -270,6 +302,10 @@ class NodeBus(Protocol):
     def producer(self, transactional_id: str, group_id: str) -> TxnProducer:
         """A (not yet started) transactional producer; `group_id` is the group whose submit
         offsets its transactions commit."""
+        ...
+
+    def claimer(self, transactional_id: str, group_id: str) -> Claimer:
+        """A (not yet started) claimer or fencer (`Claimer`) with this transactional id."""
         ...
 
     async def read_last(self, topic: str, partition: int, key: bytes, timeout_ms: int, *,

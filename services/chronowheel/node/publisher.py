@@ -25,7 +25,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 
-from chronowheel.bus.ports import BusError, Prepared, Refusal, Transaction, TxnProducer
+from chronowheel.bus.ports import BusError, Claimer, Prepared, Refusal, Transaction
 from chronowheel.core import limits, wire
 from chronowheel.core.clock import Clock
 from chronowheel.core.shard import shard_of
@@ -311,7 +311,7 @@ def _fit(out: Outgoing, limit: int) -> Outgoing:
                     [(k, v) for k, v in out.headers if k.startswith("cw-")])
 
 
-async def stop_quietly(producer: TxnProducer | None) -> None:
+async def stop_quietly(producer: Claimer | None) -> None:
     if producer is not None:
         with contextlib.suppress(Exception):
             await producer.stop()

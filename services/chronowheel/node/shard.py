@@ -26,7 +26,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable
 
-from chronowheel.bus.ports import NodeBus, SubmitPositions, SubmitRecord, TxnProducer
+from chronowheel.bus.ports import Claimer, NodeBus, SubmitPositions, SubmitRecord
 from chronowheel.core.clock import Clock
 from chronowheel.core.model import ValidationPolicy
 from chronowheel.errors import ChronowheelError
@@ -83,7 +83,7 @@ class ShardActor:
         """True from the end of the takeover until the actor stops: records fetched for the
         shard before that are dropped by the pump (they are read again after the seek)."""
 
-        self.claimer: TxnProducer | None = None
+        self.claimer: Claimer | None = None
         """The shard's claimer, kept from the takeover while the actor (or its warm state)
         lives: a warm resume commits its claim with it (`node/takeover.py`)."""
         self.warm: Warm | None = None

@@ -42,7 +42,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from chronowheel.bus.ports import BusError, Fenced, NodeBus, SubmitPositions, TxnProducer
+from chronowheel.bus.ports import BusError, Claimer, Fenced, NodeBus, SubmitPositions
 from chronowheel.core.clock import Clock
 from chronowheel.core.wire import Ahead, StateRecord, StateRecordError, claimer_transactional_id
 from chronowheel.errors import ChronowheelError
@@ -74,7 +74,7 @@ RELEASE_READ_S = 10
 class Resume:
     watermark: int
     submit_offset: int | None  # None: the partition is read from its beginning
-    claimer: TxnProducer | None = field(default=None, compare=False)
+    claimer: Claimer | None = field(default=None, compare=False)
     """The shard's claimer, kept started (the caller stops it when it gives the shard up for
     good): a later `resume_warm` commits its claim with it."""
     ahead: Ahead | None = None
@@ -128,7 +128,7 @@ async def take_over(*, shard: int, transactions: NodeTransactions, bus: NodeBus,
     await transactions.settle(shard)
     phases.done("settle")
     me = transactions.transactional_id
-    claimer = bus.producer(claimer_transactional_id(settings.namespace, shard), group_id)
+    claimer = bus.claimer(claimer_transactional_id(settings.namespace, shard), group_id)
     kept = False
     try:
         # The first read only names whom to fence; every decision rests on the settled read,
@@ -198,7 +198,7 @@ async def _seek(submit: SubmitPositions, shard: int) -> tuple[int | None, int]:
     return committed, await submit.seek(shard, committed)
 
 
-async def _claim(claimer: TxnProducer, settings: Settings, shard: int, watermark: int, me: str,
+async def _claim(claimer: Claimer, settings: Settings, shard: int, watermark: int, me: str,
                  node_id: str, clock: Clock, ahead: Ahead | None = None) -> None:
     """Commit the claim: the state record with `watermark` (and `ahead`, unchanged) and owner
     `me`, alone in a transaction of the shard's claimer. Raises Fenced when another claimer
@@ -208,7 +208,7 @@ async def _claim(claimer: TxnProducer, settings: Settings, shard: int, watermark
         claim=True, ahead=ahead))
 
 
-async def _commit_alone(claimer: TxnProducer, settings: Settings, record: StateRecord) -> None:
+async def _commit_alone(claimer: Claimer, settings: Settings, record: StateRecord) -> None:
     """Commit `record` alone in a transaction of the shard's claimer (a claim, or a release
     of a shard left half way). Raises Fenced when another claimer started since."""
     txn = await claimer.begin()
@@ -225,7 +225,7 @@ async def _commit_alone(claimer: TxnProducer, settings: Settings, record: StateR
 class Warm:
     """What a shard released by this node left to prove that nobody took it since."""
 
-    claimer: TxnProducer
+    claimer: Claimer
     """Its claimer, started by this node's last takeover of the shard and kept since."""
     record: bytes
     """The release record this node committed last for the shard (owner null)."""
@@ -291,7 +291,7 @@ async def resume_warm(*, shard: int, warm: Warm, transactions: NodeTransactions,
     return Resume(warm.watermark, committed, warm.claimer, submit_expired=expired)
 
 
-async def release_half_way(*, shard: int, claimer: TxnProducer, transactions: NodeTransactions,
+async def release_half_way(*, shard: int, claimer: Claimer, transactions: NodeTransactions,
                            bus: NodeBus, settings: Settings, clock: Clock, node_id: str,
                            why: str) -> bool:
     """Release a shard whose actor ended half way (a failure after its claim, a stop past
@@ -334,7 +334,7 @@ async def fence(bus: NodeBus, transactional_id: str, group_id: str, shard: int) 
     log.warning("shard %d: fencing its recorded owner %s", shard, transactional_id,
                 extra={"shard": shard})
     for attempt in range(1, FENCE_ATTEMPTS + 1):
-        fencer = bus.producer(transactional_id, group_id)
+        fencer = bus.claimer(transactional_id, group_id)
         try:
             await within(fencer.start(), FENCE_TIMEOUT_S)
         except TimeoutError:
