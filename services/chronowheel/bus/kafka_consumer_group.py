@@ -19,13 +19,15 @@ sets them from node_session_timeout_ms and node_heartbeat_interval_ms, within th
 
 Threads, as in `KafkaSubmitGroup`: the librdkafka consumer is used only on the group thread,
 which polls it, hands fetched records to the node under a lock, serves the node's requests
-(seek, committed offsets, the membership check) between two polls, and runs the rebalance
+(seek, the membership check) between two polls, and runs the rebalance
 callbacks: each calls the node's `on_assigned` / `on_revoked` on the node loop and waits for it
 (serving requests meanwhile, since the node's shard actors ask for seeks while it waits). A
 revoked shard is removed from the consumer's assignment only after the node stopped it, and
 the revocation is acknowledged to the group only after that, so another member is given the
 shard only once this node has stopped publishing for it. Heartbeats are librdkafka's own
-background thread's: neither the node loop nor the group thread's poll delays them.
+background thread's: neither the node loop nor the group thread's poll delays them. A second
+consumer, never subscribed (the *querier*), reads committed offsets and log starts in threads
+of their own (`_ask`).
 """
 
 from __future__ import annotations
@@ -182,6 +184,20 @@ class ConsumerProtocolGroup(GroupThreadMember):
         self._consumer: Any = None  # a confluent_kafka.Consumer, made and used on the thread
         self._thread: threading.Thread | None = None
         self._paused: set[int] = set()  # group thread only: what the consumer has paused
+        self._querier: Any = None
+        """A second librdkafka consumer, never subscribed, for the takeover's reads of
+        committed offsets and log starts (`_ask`)."""
+
+    def _querier_config(self) -> dict[str, Any]:
+        return {**librdkafka_config(self._settings),
+                "group.id": self._group_id,  # whose committed offsets it reads
+                "client.id": f"{self._client_id}-queries",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                # Connected to every broker from the start: its first query does not wait
+                # for a connection.
+                "enable.sparse.connections": False,
+                "logger": logging.getLogger("chronowheel.bus.librdkafka")}
 
     def _consumer_config(self) -> dict[str, Any]:
         s = self._settings
@@ -379,6 +395,9 @@ class ConsumerProtocolGroup(GroupThreadMember):
         self._node_loop = asyncio.get_running_loop()
         self._arrived = asyncio.Event()
         started: concurrent.futures.Future[None] = concurrent.futures.Future()
+        from confluent_kafka import Consumer
+
+        self._querier = await asyncio.to_thread(Consumer, self._querier_config())
         self._thread = threading.Thread(target=self._run_thread, args=(started,), daemon=True,
                                         name=f"group-{self._group_id}-{self._client_id}")
         self._thread.start()
@@ -391,6 +410,10 @@ class ConsumerProtocolGroup(GroupThreadMember):
 
     async def stop(self) -> None:
         """Leave the group and end the group thread (the node's shards have stopped)."""
+        querier, self._querier = self._querier, None
+        if querier is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(querier.close)
         thread = self._thread
         if thread is None:
             return
@@ -438,19 +461,26 @@ class ConsumerProtocolGroup(GroupThreadMember):
             return True
         return bool(self.assigned())
 
-    async def _query(self, what: str, query: Callable[[Any], T]) -> T:
-        """A read of librdkafka's (offsets, watermarks), on the group thread (the consumer
-        is not used from two threads at once: a watermark query made from another thread
-        while the group thread polled took 0.5 s to forever, against 1-2 ms between two
-        polls), tried again while Kafka fails it (a broker killed or restarting: librdkafka
-        fails such a call at once, where aiokafka's own retries absorb it), for up to
-        `QUERY_DEADLINE_S`; between two tries the group thread polls as usual."""
+    async def _ask(self, what: str, query: Callable[[Any], T]) -> T:
+        """A read of offsets or watermarks through the querier, in a thread of its own, tried
+        again while Kafka fails it (a broker killed or restarting: librdkafka fails such a call
+        at once, where aiokafka's own retries absorb it) for up to `QUERY_DEADLINE_S`. A
+        takeover's two reads (the committed offset, the log start) so no longer queue on the
+        group thread, one after the other and between its polls, with the reads of every
+        other shard taken over at the same time (the offset and the seek took 0.15-0.55 s at
+        the scale-outs of the loaded cluster profile); several shards' reads run at once, and
+        only the seek is left to the group thread. The querier is not the member: its calls
+        do not meet the group thread's polls, which had made such reads take from 0.5 s to
+        forever when made on the member's consumer from another thread."""
         from confluent_kafka import KafkaException
 
+        querier = self._querier
+        if querier is None:
+            raise BusError(f"group {self._group_id}: the member is not running")
         deadline = time.monotonic() + QUERY_DEADLINE_S
         while True:
             try:
-                return await self._on_group(query)
+                return await asyncio.to_thread(query, querier)
             except KafkaException as exc:
                 err = exc.args[0] if exc.args else None
                 fatal = bool(getattr(err, "fatal", lambda: False)())
@@ -460,9 +490,9 @@ class ConsumerProtocolGroup(GroupThreadMember):
             await asyncio.sleep(QUERY_RETRY_MS / 1000)
 
     async def committed(self, shard: int) -> int | None:
-        (tp,) = await self._query(
+        (tp,) = await self._ask(
             f"{self._topic}[{shard}]: reading the committed offset",
-            lambda consumer: consumer.committed([self._tp(shard)], timeout=QUERY_TIMEOUT_S))
+            lambda querier: querier.committed([self._tp(shard)], timeout=QUERY_TIMEOUT_S))
         return None if tp.offset < 0 else int(tp.offset)
 
     async def seek(self, shard: int, offset: int | None) -> int:
@@ -475,9 +505,9 @@ class ConsumerProtocolGroup(GroupThreadMember):
         if offset is not None:
             # Below the log start librdkafka would reset without a word: the commands in
             # between were deleted unapplied, which the node must report.
-            start, _end = await self._query(
+            start, _end = await self._ask(
                 f"log start of {self._topic}[{shard}]",
-                lambda consumer: consumer.get_watermark_offsets(
+                lambda querier: querier.get_watermark_offsets(
                     self._tp(shard), timeout=QUERY_TIMEOUT_S, cached=False))
             target = max(offset, start)
             skipped = max(0, start - offset)
