@@ -24,7 +24,11 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from chronowheel.bus.kafka_consumer_group import librdkafka_config
+from chronowheel.bus.kafka_consumer_group import (
+    LIBRDKAFKA_CALLS,
+    librdkafka_call,
+    librdkafka_config,
+)
 from chronowheel.bus.ports import BusError, Fenced, Headers
 from chronowheel.settings import Settings
 
@@ -42,6 +46,10 @@ FENCED_ERRORS = frozenset({"_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH
 # brokers), and the takeover has already said that the claimer was fenced.
 warnings.filterwarnings("ignore", message="Producer abort_transaction failed during close",
                         category=RuntimeWarning)
+
+
+_CLOSING: set[asyncio.Future[None]] = set()
+"""Claimers being closed (`RdKafkaClaimer.stop`)."""
 
 
 def _name(exc: BaseException) -> str:
@@ -68,7 +76,7 @@ def _translated(what: str) -> Iterator[None]:
 async def _off_loop(what: str, call: Callable[[], T]) -> T:
     """Run a blocking librdkafka call in a thread: the loop goes on meanwhile."""
     with _translated(what):
-        return await asyncio.to_thread(call)
+        return await librdkafka_call(call)
 
 
 class RdKafkaClaimTransaction:
@@ -138,16 +146,23 @@ class RdKafkaClaimer:
         self._producer = await _off_loop(f"{self._id}: init transactional producer", init)
 
     async def stop(self) -> None:
+        """Returns at once; the client is closed on a thread of `LIBRDKAFKA_CALLS` (which the
+        interpreter's exit waits for). Closing a librdkafka client joins its threads: a node
+        stopping or giving shards up closed its claimers one after the other, and the node's
+        leave of the group (which the other nodes wait for) came up to a second after the
+        SIGTERM."""
         producer, self._producer = self._producer, None
         if producer is not None:
             # Anything queued is dropped; close() aborts an open transaction (the broker would
             # at its timeout anyway, as the port says).
             def close() -> None:
-                producer.purge()
-                producer.close()
+                with contextlib.suppress(Exception):
+                    producer.purge()
+                    producer.close()
 
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(close)
+            closing = asyncio.get_running_loop().run_in_executor(LIBRDKAFKA_CALLS, close)
+            _CLOSING.add(closing)
+            closing.add_done_callback(_CLOSING.discard)
 
     async def begin(self) -> RdKafkaClaimTransaction:
         producer = self._producer

@@ -70,6 +70,19 @@ ADMIN_TIMEOUT_S = 10.0
 NOT_A_MEMBER = frozenset({"UNKNOWN_MEMBER_ID", "FENCED_MEMBER_EPOCH", "STALE_MEMBER_EPOCH",
                           "ILLEGAL_GENERATION", "REBALANCE_IN_PROGRESS",
                           "_ASSIGNMENT_LOST", "_STATE"})
+# Blocking librdkafka calls made for the node's loop (the querier's reads, the claimers'
+# transactions) run on this pool, not asyncio's default executor: its few threads (CPUs + 4)
+# would make the claims of many shards taken over at once wait for each other, and a fence
+# that waits for a broker (up to 30 s) would hold one of them.
+LIBRDKAFKA_CALLS = concurrent.futures.ThreadPoolExecutor(max_workers=32,
+                                                         thread_name_prefix="librdkafka-call")
+
+
+async def librdkafka_call(call: Callable[[], T]) -> T:
+    """Run a blocking librdkafka call on `LIBRDKAFKA_CALLS`; the loop goes on meanwhile."""
+    return await asyncio.get_running_loop().run_in_executor(LIBRDKAFKA_CALLS, call)
+
+
 GROUP_SESSION = "consumer.session.timeout.ms"
 GROUP_HEARTBEAT = "consumer.heartbeat.interval.ms"
 
@@ -480,7 +493,7 @@ class ConsumerProtocolGroup(GroupThreadMember):
         deadline = time.monotonic() + QUERY_DEADLINE_S
         while True:
             try:
-                return await asyncio.to_thread(query, querier)
+                return await librdkafka_call(lambda: query(querier))
             except KafkaException as exc:
                 err = exc.args[0] if exc.args else None
                 fatal = bool(getattr(err, "fatal", lambda: False)())

@@ -3,8 +3,8 @@
 It raises `horizon_ms` minute by minute up to now + lookahead, within the memory cap; jumps
 over empty minutes by their bucket counts when far behind; and pre-warms hot buckets (more rows
 than `hot_bucket_rows`) up to `prewarm_ms` ahead, so a herd is in memory before its minute.
-After a takeover it reads the next few seconds first and the rest once the shard's first
-transaction has committed (`first_load`).
+After a takeover it reads the next few seconds first, and the rest once no shard of the node is
+still being taken over or waiting for its first commit (`first_load`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ minute of 3,600 rows took 60-85 ms to read on an idle cluster profile and severa
 under load; its first page of 500, 5-85 ms."""
 FIRST_LOAD_AHEAD_MS = 5_000
 """After a takeover the loader reads the rows due within this much of now first (capped by
-`lookahead_ms`), then holds the rest of the look-ahead back until the shard's first commit."""
+`lookahead_ms`), then holds the rest of the look-ahead back while shards of the node are
+arriving (`Arrivals`)..."""
 FIRST_COMMIT_WAIT_MS = 2_000
 """...but not longer than this: dispatch has FIRST_LOAD_AHEAD_MS of rows meanwhile, so the hold
 never leaves it without rows, whatever happens to the commits."""
