@@ -17,17 +17,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import secrets
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from chronowheel.admin import init_namespace
 from chronowheel.bus.kafka_node import KafkaNodeBus
 from chronowheel.core.wire import StateRecord, claimer_transactional_id
 from chronowheel.settings import Settings
-from chronowheel.testing import drop_namespace, require_loopback
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from chronowheel.testing import drop_namespace
+from common import scratch_namespace
 
 
 async def busy(ms: float) -> None:
@@ -52,13 +55,7 @@ async def claim_once(claimer: Any, settings: Settings, shard: int) -> tuple[floa
 
 
 async def run(args: argparse.Namespace) -> None:
-    cassandra = os.environ.get("CHRONOWHEEL_CASSANDRA", "127.0.0.1:9042")
-    kafka = os.environ.get("CHRONOWHEEL_KAFKA", "127.0.0.1:9092")
-    require_loopback("cassandra", cassandra)
-    require_loopback("kafka", kafka)
-    settings = Settings(namespace="cb" + secrets.token_hex(4), cassandra=cassandra,
-                        kafka=kafka, shards=1, replication="1")
-    await init_namespace(settings)
+    settings = await scratch_namespace("cb")
     bus = KafkaNodeBus(settings)
     spinner = asyncio.create_task(busy(args.busy_ms)) if args.busy_ms > 0 else None
     kinds = {"aiokafka": bus.producer, "librdkafka": bus.claimer}

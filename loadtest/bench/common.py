@@ -207,3 +207,20 @@ def init_with_cli(args: argparse.Namespace, namespace: str) -> None:
     subprocess.run([sys.executable, "-m", "chronowheel", "init", "--namespace", namespace,
                     "--shards", str(args.shards), "--kafka", args.kafka,
                     "--cassandra", args.cassandra], check=True, capture_output=True)
+
+
+async def scratch_namespace(prefix: str, *, shards: int = 1) -> Settings:
+    """A new namespace on the loopback servers of CHRONOWHEEL_CASSANDRA / CHRONOWHEEL_KAFKA
+    (replication 1), initialised; the caller drops it (`chronowheel.testing.drop_namespace`)."""
+    import secrets
+
+    from chronowheel.admin import init_namespace
+
+    cassandra = os.environ.get("CHRONOWHEEL_CASSANDRA", "127.0.0.1:9042")
+    kafka = os.environ.get("CHRONOWHEEL_KAFKA", "127.0.0.1:9092")
+    require_loopback("cassandra", cassandra)
+    require_loopback("kafka", kafka)
+    settings = Settings(namespace=prefix + secrets.token_hex(4), cassandra=cassandra,
+                        kafka=kafka, shards=shards, replication="1")
+    await init_namespace(settings)
+    return settings

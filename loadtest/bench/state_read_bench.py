@@ -13,29 +13,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import secrets
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import chronowheel.bus.kafka_node as kafka_node
-from chronowheel.admin import init_namespace
 from chronowheel.bus.kafka import transactional_producer
 from chronowheel.core.wire import StateRecord
-from chronowheel.settings import Settings
-from chronowheel.testing import drop_namespace, require_loopback
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from chronowheel.testing import drop_namespace
+from common import scratch_namespace
 
 PER_TRANSACTION = 10
 
 
 async def run(args: argparse.Namespace) -> None:
-    cassandra = os.environ.get("CHRONOWHEEL_CASSANDRA", "127.0.0.1:9042")
-    kafka = os.environ.get("CHRONOWHEEL_KAFKA", "127.0.0.1:9092")
-    require_loopback("cassandra", cassandra)
-    require_loopback("kafka", kafka)
-    settings = Settings(namespace="sr" + secrets.token_hex(4), cassandra=cassandra,
-                        kafka=kafka, shards=1, replication="1")
-    await init_namespace(settings)
+    settings = await scratch_namespace("sr")
     try:
         record = StateRecord(shard=0, watermark=1_796_471_906_556,
                              owner=f"{settings.namespace}-node-bench", node="bench",
