@@ -25,6 +25,7 @@ from typing import Any
 
 from chronowheel.bus.kafka_node import KafkaNodeBus
 from chronowheel.core.wire import StateRecord, claimer_transactional_id
+from chronowheel.node.takeover import commit_alone
 from chronowheel.settings import Settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -45,10 +46,8 @@ async def claim_once(claimer: Any, settings: Settings, shard: int) -> tuple[floa
     began = time.perf_counter()
     await claimer.start()
     started = time.perf_counter()
-    txn = await claimer.begin()
-    record = StateRecord(shard=shard, watermark=1, owner="bench", node="bench", claim=True)
-    await txn.publish(settings.state_topic, shard, StateRecord.key(shard), record.encode(), [])
-    await txn.commit({})
+    await commit_alone(claimer, settings, StateRecord(shard=shard, watermark=1, owner="bench",
+                                                      node="bench", claim=True))
     done = time.perf_counter()
     await claimer.stop()
     return (started - began) * 1000, (done - started) * 1000

@@ -12,25 +12,15 @@ from chronowheel.bus.kafka_claimer import RdKafkaClaimer
 from chronowheel.bus.kafka_node import KafkaNodeBus
 from chronowheel.bus.ports import BusError, Fenced
 from chronowheel.core.wire import StateRecord, claimer_transactional_id
+from chronowheel.node.takeover import commit_alone
 
 from tests.integration.harness import make_namespace
 
 pytestmark = pytest.mark.integration
 
 
-def record(shard: int, watermark: int, owner: str) -> tuple[int, bytes, bytes]:
-    return shard, StateRecord.key(shard), StateRecord(
-        shard=shard, watermark=watermark, owner=owner, node="test", claim=True).encode()
-
-
-async def commit_alone(claimer: Any, topic: str, shard: int, key: bytes, value: bytes) -> None:
-    txn = await claimer.begin()
-    try:
-        await txn.publish(topic, shard, key, value, [])
-        await txn.commit({})
-    except BaseException:
-        await txn.abort()
-        raise
+def record(shard: int, watermark: int, owner: str) -> StateRecord:
+    return StateRecord(shard=shard, watermark=watermark, owner=owner, node="test", claim=True)
 
 
 async def test_a_claimer_fences_the_one_before_it_and_its_claim_is_read_back(
@@ -42,11 +32,11 @@ async def test_a_claimer_fences_the_one_before_it_and_its_claim_is_read_back(
     assert isinstance(first, RdKafkaClaimer) and first.transactional_id == claimer_id
     try:
         await first.start()
-        await commit_alone(first, settings.state_topic, *record(1, 1_000, "first"))
+        await commit_alone(first, settings, record(1, 1_000, "first"))
         await second.start()  # InitProducerId: `first` may commit nothing more
         with pytest.raises(Fenced):
-            await commit_alone(first, settings.state_topic, *record(1, 2_000, "first"))
-        await commit_alone(second, settings.state_topic, *record(1, 3_000, "second"))
+            await commit_alone(first, settings, record(1, 2_000, "first"))
+        await commit_alone(second, settings, record(1, 3_000, "second"))
         value = await bus.read_last(settings.state_topic, 1, StateRecord.key(1), 30_000,
                                     settled=True)
         assert value is not None
@@ -74,7 +64,8 @@ async def test_a_fencer_aborts_an_aiokafka_producers_open_transaction(
     try:
         await owner.start()
         open_txn = await owner.begin()
-        await open_txn.publish(settings.state_topic, 0, *record(0, 9_000, owner_id)[1:], [])
+        await open_txn.publish(settings.state_topic, 0, StateRecord.key(0),
+                              record(0, 9_000, owner_id).encode(), [])
         await fencer.start()  # bumps the epoch: the open transaction is aborted
         with pytest.raises(Fenced):
             await open_txn.commit({})

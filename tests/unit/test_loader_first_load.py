@@ -6,6 +6,7 @@ first transactions of the shards taken over with it, and with them their first m
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from chronowheel.core.buckets import MINUTE_MS
 from chronowheel.core.clock import ManualClock
@@ -32,8 +33,17 @@ def arriving_shard(clock: ManualClock, store: PagedStore, arrivals: Arrivals
 
 
 async def turns(n: int = 10) -> None:
+    """Let the loop run n turns: after a condition held, to show that nothing more happens."""
     for _ in range(n):
         await asyncio.sleep(0)
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(10_000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the condition never held")
 
 
 async def test_the_first_load_stops_after_the_page_that_passes_the_near_window() -> None:
@@ -46,6 +56,7 @@ async def test_the_first_load_stops_after_the_page_that_passes_the_near_window()
     arrivals.arrive(7)  # another shard of the node, arriving too
     state, loader = arriving_shard(clock, store, arrivals)
     first = asyncio.create_task(loader.first_load())
+    await until(lambda: state.horizon_ms >= MINUTE + 100 + FIRST_LOAD_AHEAD_MS)
     await turns(100)  # holding: nothing more is read while shards are arriving
     # The near window ends at MINUTE + 5,100: the first page (up to MINUTE + 4,990) does not
     # reach it, the second (up to MINUTE + 9,990) does; the third is not read.
@@ -67,13 +78,14 @@ async def test_without_commits_the_hold_ends_after_its_bound() -> None:
     await store.put_due(row(MINUTE + 50, 0), ttl_s=86_400)  # due: to publish at once
     state, loader = arriving_shard(clock, store, Arrivals())
     first = asyncio.create_task(loader.first_load())
+    await until(lambda: state.horizon_ms >= MINUTE + 100 + FIRST_LOAD_AHEAD_MS)
     await turns(100)  # one row in the minute: read whole, then the hold
     assert state.horizon_ms == MINUTE + MINUTE_MS - 1 and not first.done()
     clock.advance(FIRST_COMMIT_WAIT_MS - 1)
     await turns()
     assert not first.done()
     clock.advance(1)
-    await first
+    await until(first.done)
 
 
 async def test_nothing_due_holds_nothing() -> None:
@@ -94,6 +106,7 @@ async def test_a_stop_ends_the_hold() -> None:
     await store.put_due(row(MINUTE + 50, 0), ttl_s=86_400)
     state, loader = arriving_shard(clock, store, Arrivals())
     first = asyncio.create_task(loader.first_load())
+    await until(lambda: state.horizon_ms >= MINUTE + 100 + FIRST_LOAD_AHEAD_MS)
     await turns(100)
     assert not first.done()
     state.stopping = True

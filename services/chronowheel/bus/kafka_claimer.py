@@ -35,8 +35,9 @@ from chronowheel.settings import Settings
 T = TypeVar("T")
 
 # init_transactions retries the coordinator's lookup and InitProducerId itself until this
-# timeout; a takeover's fence abandons a start after FENCE_TIMEOUT_S (30 s) as before.
-INIT_TIMEOUT_S = 30.0
+# timeout: under a takeover's fence bound (FENCE_TIMEOUT_S, 30 s), so that a start gives up and
+# closes its client on its own thread before the fence abandons it.
+INIT_TIMEOUT_S = 25.0
 # A claim's commit (or abort) waits at most this long for the brokers.
 COMMIT_TIMEOUT_S = 30.0
 # Errors that mean a newer producer with this transactional id started since.

@@ -203,12 +203,12 @@ async def _claim(claimer: Claimer, settings: Settings, shard: int, watermark: in
     """Commit the claim: the state record with `watermark` (and `ahead`, unchanged) and owner
     `me`, alone in a transaction of the shard's claimer. Raises Fenced when another claimer
     started since."""
-    await _commit_alone(claimer, settings, StateRecord(
+    await commit_alone(claimer, settings, StateRecord(
         shard=shard, watermark=watermark, owner=me, node=node_id, at=clock.now_ms(),
         claim=True, ahead=ahead))
 
 
-async def _commit_alone(claimer: Claimer, settings: Settings, record: StateRecord) -> None:
+async def commit_alone(claimer: Claimer, settings: Settings, record: StateRecord) -> None:
     """Commit `record` alone in a transaction of the shard's claimer (a claim, or a release
     of a shard left half way). Raises Fenced when another claimer started since."""
     txn = await claimer.begin()
@@ -316,7 +316,7 @@ async def release_half_way(*, shard: int, claimer: Claimer, transactions: NodeTr
             return False
         record = dataclasses.replace(_parse(value, shard, settings), owner=None, claim=False,
                                      without_owner=False, node=node_id, at=clock.now_ms())
-        await _commit_alone(claimer, settings, record)
+        await commit_alone(claimer, settings, record)
     except (TimeoutError, Fenced, ChronowheelError) as exc:
         log.warning("shard %d: its actor ended half way (%s) and the shard could not be "
                     "released (%s): its next owner fences this node", shard, why, exc,
