@@ -66,16 +66,16 @@ def record_bytes(record: RunRecord) -> int:
 class RunRecorder:
     def __init__(self, store: RunHistoryStore, *, ttl_s: int, queue_rows: int,
                  batch_rows: int, in_flight: int, writes_per_s: int = 0,
-                 queue_bytes: int = DEFAULT_QUEUE_BYTES,
+                 round_s: float = 0.0, queue_bytes: int = DEFAULT_QUEUE_BYTES,
                  registry: CollectorRegistry | None = None,
                  monotonic: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         if queue_rows < 1 or batch_rows < 1 or in_flight < 1 or ttl_s < 1 \
-                or queue_bytes < ROW_BYTES:
+                or queue_bytes < ROW_BYTES or round_s < 0:
             raise ValueError(f"run recorder: queue_rows ({queue_rows}), batch_rows "
                              f"({batch_rows}), in_flight ({in_flight}) and ttl_s ({ttl_s}) "
                              f"must be at least 1, queue_bytes ({queue_bytes}) at least "
-                             f"{ROW_BYTES}")
+                             f"{ROW_BYTES}, round_s ({round_s}) at least 0")
         self.store = store
         self.ttl_s = ttl_s
         self.queue_rows = queue_rows
@@ -92,6 +92,13 @@ class RunRecorder:
         drops (counted) rather than the writer taking the process's time. Counted as the
         store makes them: a write of several jobs is a request per group of jobs with the
         same replicas (`store.base.same_replicas`), not one."""
+        self.round_s = round_s
+        """Batches start at least this far apart (0: as soon as the previous one ends): at an
+        ordinary rate the rows then go as a few bursts of requests a second, not one request
+        whenever a row comes. Cassandra's request threads spin for a while after each request
+        before they park, so an even trickle keeps them spinning: at 100 runs a second the
+        trickle cost Cassandra about 0.1 of a core (`loadtest/RESULTS.md`, "Requests in
+        rounds")."""
         self._requests_per_row = 2 / RUN_WRITE_JOBS
         """Requests a row took in the last batch (runs and counters): what a paced batch is
         sized by. At first two per `RUN_WRITE_JOBS` rows of distinct jobs (one node)."""
@@ -108,6 +115,7 @@ class RunRecorder:
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._draining = asyncio.Event()
         self._monotonic = monotonic
         self._logged_at: float | None = None
         self.written = 0
@@ -204,10 +212,23 @@ class RunRecorder:
             self._idle.clear()
             started = self._monotonic()
             requests = await self.write_batch(self._paced_rows())
-            if self.writes_per_s > 0 and requests:
-                pause = requests / self.writes_per_s - (self._monotonic() - started)
+            if requests:
+                pace = requests / self.writes_per_s if self.writes_per_s > 0 else 0.0
+                pause = max(pace, self.round_s) - (self._monotonic() - started)
                 if pause > 0:
-                    await self._sleep(pause)
+                    await self._pause(pause)
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep between batches; a drain (a stop) ends the pause at once."""
+        if self._draining.is_set():
+            return
+        sleeping = asyncio.ensure_future(self._sleep(seconds))
+        draining = asyncio.ensure_future(self._draining.wait())
+        try:
+            await asyncio.wait((sleeping, draining), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeping.cancel()
+            draining.cancel()
 
     async def flush(self) -> None:
         """Write everything queued now (at shutdown; tests)."""
@@ -216,9 +237,11 @@ class RunRecorder:
 
     async def drain(self) -> None:
         """At a stop, with the writer task still running: have it write everything queued
-        without its pace, its batch in hand included (cancelling it would lose that batch);
-        return once it has."""
+        without its pace or rounds, its batch in hand included (cancelling it would lose that
+        batch); return once it has."""
         self.writes_per_s = 0
+        self.round_s = 0.0
+        self._draining.set()
         await self.settled()
 
     async def settled(self) -> None:
@@ -359,7 +382,8 @@ def recorder_for(store: RunHistoryStore, settings: Settings,
                        queue_bytes=settings.history_queue_bytes,
                        batch_rows=settings.history_batch_rows,
                        in_flight=settings.history_writes_in_flight,
-                       writes_per_s=settings.history_writes_per_s, registry=registry)
+                       writes_per_s=settings.history_writes_per_s,
+                       round_s=settings.history_round_ms / 1000, registry=registry)
 
 
 class _Collector(Collector):

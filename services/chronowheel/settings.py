@@ -112,10 +112,12 @@ class Settings:
                 "reference cycles die young instead of triggering full collections, which "
                 "pause the event loop ~0.5 s per million objects")
     marks_wait_ms: int = _opt(
-        20, "worker: the longest a round of outcome marks waits for more outcomes before "
-            "it is written (one request per ten partitions' rows; a round with concurrency "
-            "marks queued goes at once). 0 writes each round as soon as the last returns. "
-            "A crash can make run again up to this much more of what was handled")
+        100, "worker: the longest a round of outcome marks waits for more outcomes before "
+             "it is written (one request per ten partitions' rows; a round with concurrency "
+             "marks queued goes at once; an even trickle of requests keeps Cassandra's "
+             "request threads spinning). 0 writes each round as soon as the last returns. "
+             "Delays offset commits, not handlers; a crash can make run again up to this "
+             "much more of what was handled, at most concurrency marks")
     malloc_threshold_bytes: int = _opt(
         131_072, "node process: glibc's mmap and trim thresholds, fixed (0 = glibc's dynamic "
                  "ones, which rise to 32 MiB and then keep freed buffers resident)")
@@ -165,6 +167,11 @@ class Settings:
         50, "most run history requests a second per process (0: no cap; a request holds the "
              "runs, or the counters, of up to 10 jobs with the same replicas): bounds what "
              "history costs; past it rows queue, then drop (counted)")
+    history_round_ms: int = _opt(
+        500, "run history batches of a process start at least this far apart (0: as soon as "
+             "the previous one ends): at ordinary rates history goes to Cassandra in a few "
+             "bursts a second instead of a request whenever a run comes, which keeps "
+             "Cassandra's request threads spinning; history is that much later")
     allowed_topics: str = _opt(
         "", "regex of extra target topics jobs may fire to (besides <ns>.fired)"
     )
@@ -351,6 +358,9 @@ class Settings:
         if self.history_queue_bytes < 1024:
             raise ConfigError(f"history_queue_bytes: must be at least 1024, got "
                               f"{self.history_queue_bytes}")
+        if not 0 <= self.history_round_ms <= 10_000:
+            raise ConfigError(f"history_round_ms: must be 0 to 10000 (ten seconds), got "
+                              f"{self.history_round_ms}")
         if self.history_writes_per_s < 0:
             raise ConfigError(f"history_writes_per_s: must be 0 (no cap) or more, got "
                               f"{self.history_writes_per_s}")
@@ -665,6 +675,6 @@ NODE_TUNABLES = (
 
 HISTORY_SETTINGS = ("run_history", "history_limit", "history_ttl_ms", "history_queue_rows",
                     "history_queue_bytes", "history_batch_rows", "history_writes_in_flight",
-                    "history_writes_per_s")
+                    "history_writes_per_s", "history_round_ms")
 """Settings of run history (`chronowheel node` and `chronowheel worker` have a flag for each;
 `job history` and the console read `history_limit`)."""

@@ -187,8 +187,9 @@ def test_the_streak_starts_at_since_and_counts_only_the_jobs_own_occurrences() -
 # --- the node's conditional pause ----------------------------------------------------------------
 @pytest.fixture
 async def rigs() -> AsyncIterator[tuple[NodeRig, WorkerRig, MemoryRunHistory]]:
-    # No pacing of the history writers: it would sleep in real time.
-    async with NodeRig(history_writes_per_s=0) as nodes, WorkerRig(node=nodes) as workers:
+    # No pacing of the history writers, nor rounds: they would sleep in real time.
+    async with NodeRig(history_writes_per_s=0, history_round_ms=0) as nodes, \
+            WorkerRig(node=nodes) as workers:
         yield nodes, workers, MemoryRunHistory(clock=nodes.clock)
 
 

@@ -214,7 +214,8 @@ async def test_a_failed_write_is_counted_and_the_writer_goes_on() -> None:
 
 @asynccontextmanager
 async def paced_writer(store: MemoryRunHistory, writes_per_s: int, jobs: int,
-                       pauses: int = 1) -> AsyncIterator[tuple[RunRecorder, list[float]]]:
+                       pauses: int = 1, round_s: float = 0.0
+                       ) -> AsyncIterator[tuple[RunRecorder, list[float]]]:
     """A writer paced at `writes_per_s` on a clock that stands still, with a run each of
     `jobs` jobs queued, held in its `pauses`-th pause (the ones before it return at once):
     yields it and the pauses it asked for (seconds), and ends it on leaving."""
@@ -228,7 +229,8 @@ async def paced_writer(store: MemoryRunHistory, writes_per_s: int, jobs: int,
             await asyncio.Event().wait()  # the test ends the writer here
 
     rec = RunRecorder(store, ttl_s=60, queue_rows=100, batch_rows=100, in_flight=4,
-                      writes_per_s=writes_per_s, monotonic=lambda: 0.0, sleep=sleep)
+                      writes_per_s=writes_per_s, round_s=round_s, monotonic=lambda: 0.0,
+                      sleep=sleep)
     for job in range(jobs):
         rec.add(RunRecord(f"j{job}", T0, fired_ms=T0))
     task = asyncio.ensure_future(rec.run())
@@ -270,6 +272,53 @@ async def test_a_paced_batch_is_sized_by_the_requests_a_row_took() -> None:
         # here (ten seconds). Two a row from then on: the next batch is ten rows (its floor),
         # 20 requests, not another 50.
         assert slept == [10.0, 2.0] and store.writes == 120 and rec.queued == 10
+
+
+async def test_batches_start_a_round_apart_when_the_rate_allows_more() -> None:
+    store = MemoryRunHistory()
+    async with paced_writer(store, writes_per_s=0, jobs=3, round_s=0.5) as (_rec, slept):
+        # No cap on the rate: without rounds the writer would go on at once; with them it
+        # waits out the rest of the round before its next batch.
+        assert slept == [0.5] and store.writes == 2
+
+
+async def test_the_pace_wins_over_a_shorter_round() -> None:
+    store = MemoryRunHistory()
+    async with paced_writer(store, writes_per_s=1, jobs=3, round_s=0.5) as (_rec, slept):
+        # Two requests at one a second: two seconds, longer than the round.
+        assert slept == [2.0] and store.writes == 2
+
+
+async def test_a_drain_writes_everything_without_waiting_for_rounds() -> None:
+    pauses: list[float] = []
+
+    async def sleep(seconds: float) -> None:  # a round would hold the writer here for good
+        pauses.append(seconds)
+        await asyncio.Event().wait()
+
+    store = MemoryRunHistory()
+    rec = RunRecorder(store, ttl_s=60, queue_rows=100, batch_rows=2, in_flight=4,
+                      round_s=0.5, monotonic=lambda: 0.0, sleep=sleep)
+    for job in range(6):
+        rec.add(RunRecord(f"j{job}", T0, fired_ms=T0))
+    task = asyncio.ensure_future(rec.run())
+    try:
+        # Three batches of two: at a stop they go one after the other, no round between.
+        await asyncio.wait_for(rec.drain(), 5)
+    finally:
+        task.cancel()
+    assert (rec.written, rec.queued, pauses) == (6, 0, [])
+
+
+async def test_a_drain_ends_the_pause_the_writer_is_in() -> None:
+    store = MemoryRunHistory()
+    async with paced_writer(store, writes_per_s=0, jobs=12, round_s=0.5) as (rec, slept):
+        rec.batch_rows = 10
+        rec.add(RunRecord("late", T0, fired_ms=T0))
+        # Held in its round's pause (a sleep that never ends here): a stop does not wait it
+        # out.
+        await asyncio.wait_for(rec.drain(), 5)
+        assert slept == [0.5] and rec.written == 13 and rec.queued == 0
 
 
 async def test_the_requests_in_flight_are_bounded_however_the_writes_split() -> None:
