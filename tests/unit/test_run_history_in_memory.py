@@ -16,10 +16,11 @@ from chronowheel.cli.jobs import view as jobs_view
 from chronowheel.core import runs
 from chronowheel.core.clock import ManualClock
 from chronowheel.core.runs import RunCounters, RunRecord, counter_deltas, shown_status
-from chronowheel.errors import RetriableError
+from chronowheel.errors import ConfigError, RetriableError
 from chronowheel.history import RunRecorder, run_groups
 from chronowheel.node.service import Node
 from chronowheel.ops.runs import read_job_history
+from chronowheel.settings import Settings
 from chronowheel.store.base import JobPage, JobRow, JobSummary, Permits
 from chronowheel.store.memory_history import MemoryRunHistory
 from chronowheel.worker import Occurrence, Worker
@@ -287,6 +288,15 @@ async def test_the_pace_wins_over_a_shorter_round() -> None:
     async with paced_writer(store, writes_per_s=1, jobs=3, round_s=0.5) as (_rec, slept):
         # Two requests at one a second: two seconds, longer than the round.
         assert slept == [2.0] and store.writes == 2
+
+
+@pytest.mark.parametrize("round_ms", [-1, 10_001])
+def test_a_round_out_of_range_is_refused_with_its_name_and_bounds(round_ms: int) -> None:
+    with pytest.raises(ConfigError, match=rf"history_round_ms: must be 0 to 10000 .*{round_ms}"):
+        Settings(namespace="unit", history_round_ms=round_ms)
+    with pytest.raises(ValueError, match="round_s"):
+        RunRecorder(MemoryRunHistory(), ttl_s=60, queue_rows=10, batch_rows=10, in_flight=1,
+                    round_s=-0.001)
 
 
 async def test_a_drain_writes_everything_without_waiting_for_rounds() -> None:
