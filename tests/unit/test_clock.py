@@ -66,3 +66,21 @@ async def test_sleep_until_or_event_returns_at_the_deadline_without_the_event() 
     clock.set(10_000)
     await asyncio.wait_for(task, 1)
     assert not event.is_set()
+
+
+@pytest.mark.parametrize("clock", [SystemClock(), OffsetClock(offset_ms=-5_000)])
+async def test_the_system_clock_sleeps_to_the_deadline_not_a_floored_millisecond_past_it(
+        clock: SystemClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[float] = []
+
+    async def sleep(delay: float) -> None:
+        asked.append(delay)
+
+    offset_ns = getattr(clock, "offset_ms", 0) * 1_000_000
+    # 0.7 ms into a millisecond: now_ms() says 999, the deadline 1,000 is 0.3 ms away.
+    monkeypatch.setattr("time.time_ns", lambda: 999_700_000 - offset_ns)
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    assert clock.now_ms() == 999
+    await clock.sleep_until(1_000)
+    await clock.sleep_until(999)  # past: no sleep at all
+    assert asked == [pytest.approx(0.0003)]
