@@ -27,10 +27,11 @@ def main(argv: list[str]) -> None:
     if rest[1:3] != ["-m", "chronowheel"]:
         raise SystemExit(f"usage: OFFSET_MS PYTHON -m chronowheel ARGS... (got {rest})")
 
-    def now_ms(self: clock.SystemClock) -> int:
-        return time.time_ns() // 1_000_000 + offset_ms
+    # The clock's one source of time: now_ms() floors it, sleep_until() counts from it.
+    def now_ns(self: clock.SystemClock) -> int:
+        return time.time_ns() + offset_ms * 1_000_000
 
-    clock.SystemClock.now_ms = now_ms  # type: ignore[method-assign]
+    clock.SystemClock.now_ns = now_ns  # type: ignore[method-assign]
     sys.argv = ["chronowheel", *rest[3:]]
     runpy.run_module("chronowheel", run_name="__main__", alter_sys=True)
 
