@@ -86,6 +86,7 @@ async def test_without_commits_the_hold_ends_after_its_bound() -> None:
     assert not first.done()
     clock.advance(1)
     await until(first.done)
+    await first  # its result, or the error it ended with
 
 
 async def test_nothing_due_holds_nothing() -> None:
