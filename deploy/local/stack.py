@@ -86,6 +86,39 @@ CLUSTER_KAFKA_CONTROLLER_PORT = 9292
 # Sized so that the six JVMs stay under about 7 GiB of RSS on a 24 GiB, 2-core machine.
 CLUSTER_HEAP = os.environ.get("CHRONOWHEEL_CLUSTER_STACK_HEAP", "512m")
 CLUSTER_CASSANDRA_HEAP = os.environ.get("CHRONOWHEEL_CLUSTER_CASSANDRA_HEAP", "1g")
+# Timer slack for Cassandra's threads, in microseconds (Linux only; 0 keeps the kernel's 50 µs).
+# Cassandra's request threads (its shared executor pool) do not park when their work is done:
+# for about 10 ms they sleep in steps of 10 µs to 1 ms in case more comes, each step a timer.
+# With the default slack an even trickle of requests keeps them waking tens of thousands of
+# times a second: 20 single-row writes a second cost Cassandra 0.14 cores of this two-core
+# machine and 60 a second 0.32, against 0.03 and 0.06 with 1 ms of slack, which lets the kernel
+# fold those wake-ups together (loadtest/RESULTS.md, "Cassandra's idle spin"). A request that
+# arrives while only a spinner is awake may wait up to the slack for it.
+CASSANDRA_TIMER_SLACK_ENV = "CHRONOWHEEL_CASSANDRA_TIMER_SLACK_US"
+CASSANDRA_TIMER_SLACK_US_DEFAULT = 1000
+# Sets the timer slack of the process's one thread (every thread the JVM starts inherits it),
+# then becomes the server in the same process, so the pid file and the marker check hold.
+# PR_SET_TIMERSLACK is 29; a refusal leaves the default slack and still starts the server.
+EXEC_WITH_TIMER_SLACK = (
+    "import ctypes, os, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(29, ctypes.c_ulong(int(sys.argv[1])), 0, 0, 0)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def cassandra_timer_slack_us() -> int:
+    """The timer slack for Cassandra's threads, from CHRONOWHEEL_CASSANDRA_TIMER_SLACK_US."""
+    raw = os.environ.get(CASSANDRA_TIMER_SLACK_ENV, "").strip()
+    if not raw:
+        return CASSANDRA_TIMER_SLACK_US_DEFAULT
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 1_000_000:
+        raise StackError(f"{CASSANDRA_TIMER_SLACK_ENV}={raw!r}: expected whole microseconds "
+                         f"from 0 (the kernel's default) to 1000000")
+    return value
 
 
 @dataclass(frozen=True)
@@ -563,6 +596,10 @@ class Server:
     def prepare(self, java: str, classpath: str) -> list[str]:
         raise NotImplementedError
 
+    def launcher(self, java: str) -> list[str]:
+        """What runs the JVM: java itself, or a wrapper that execs it (the same pid)."""
+        return [java]
+
     def launch(self, java: str, classpath: str) -> None:
         for d in (self.conf, self.logs, self.home / "tmp"):
             d.mkdir(parents=True, exist_ok=True)
@@ -575,7 +612,7 @@ class Server:
             console.write(f"\n=== start {time.strftime('%Y-%m-%dT%H:%M:%S')} ===\n".encode())
             console.flush()
             self.proc = subprocess.Popen(
-                [java, self.marker, *args],
+                [*self.launcher(java), self.marker, *args],
                 stdout=console,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -602,6 +639,12 @@ class Server:
 
 
 class Cassandra(Server):
+    def launcher(self, java: str) -> list[str]:
+        slack_us = cassandra_timer_slack_us()
+        if slack_us == 0 or not sys.platform.startswith("linux"):
+            return [java]
+        return [sys.executable, "-c", EXEC_WITH_TIMER_SLACK, str(slack_us * 1000), java]
+
     def prepare(self, java: str, classpath: str) -> list[str]:
         values = {
             "listen_address": self.host,

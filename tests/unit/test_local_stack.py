@@ -301,3 +301,34 @@ def test_the_cluster_kafka_properties_replicate_everything_three_times(tmp_path:
     for key in ("min.insync.replicas", "transaction.state.log.min.isr"):
         assert props[key] == "2", key
     assert props["unclean.leader.election.enable"] == "false"
+
+
+@pytest.mark.skipif(not Path("/proc/self/timerslack_ns").exists(),
+                    reason="needs Linux's /proc/<pid>/timerslack_ns")
+def test_the_timer_slack_wrapper_sets_the_slack_and_becomes_the_program() -> None:
+    import subprocess
+    out = subprocess.run(
+        [sys.executable, "-c", stack_script.EXEC_WITH_TIMER_SLACK, "700000",
+         "/bin/sh", "-c", 'echo "$$ $(cat /proc/self/timerslack_ns)"'],
+        capture_output=True, text=True, check=True, timeout=30)
+    # The shell ran with the slack, and so did the child it started (inherited).
+    assert out.stdout.split()[1] == "700000"
+
+
+def test_cassandra_starts_under_the_timer_slack_wrapper_unless_told_not_to(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = stack_script.Paths(state=tmp_path, cache=tmp_path, profile=stack_script.PLAIN)
+    servers = stack_script.servers(paths)
+    cassandra, kafka = servers["cassandra"], servers["kafka"]
+    monkeypatch.delenv(stack_script.CASSANDRA_TIMER_SLACK_ENV, raising=False)
+    assert kafka.launcher("/jdk/bin/java") == ["/jdk/bin/java"]
+    if sys.platform.startswith("linux"):
+        assert cassandra.launcher("/jdk/bin/java") == [
+            sys.executable, "-c", stack_script.EXEC_WITH_TIMER_SLACK, "1000000", "/jdk/bin/java"]
+    monkeypatch.setenv(stack_script.CASSANDRA_TIMER_SLACK_ENV, "0")
+    assert cassandra.launcher("/jdk/bin/java") == ["/jdk/bin/java"]
+    for bad in ("1ms", "-5", "2000000"):
+        monkeypatch.setenv(stack_script.CASSANDRA_TIMER_SLACK_ENV, bad)
+        with pytest.raises(stack_script.StackError,
+                           match=r"CHRONOWHEEL_CASSANDRA_TIMER_SLACK_US=.*0 .*1000000"):
+            cassandra.launcher("/jdk/bin/java")
