@@ -89,9 +89,9 @@ CLUSTER_CASSANDRA_HEAP = os.environ.get("CHRONOWHEEL_CLUSTER_CASSANDRA_HEAP", "1
 # Timer slack for Cassandra's threads, in microseconds (Linux only; 0 keeps the kernel's 50 µs).
 # Cassandra's request threads (its shared executor pool) do not park when their work is done:
 # for about 10 ms they sleep in steps of 10 µs to 1 ms in case more comes, each step a timer.
-# With the default slack an even trickle of requests keeps them waking tens of thousands of
-# times a second: 20 single-row writes a second cost Cassandra 0.14 cores of this two-core
-# machine and 60 a second 0.32, against 0.03 and 0.06 with 1 ms of slack, which lets the kernel
+# With the default slack an even trickle of requests keeps them waking thousands of times a
+# second: 10 single-row writes a second cost Cassandra 0.08 cores of this two-core
+# machine and 50 a second 0.29, against 0.02 and 0.04 with 1 ms of slack, which lets the kernel
 # fold those wake-ups together (loadtest/RESULTS.md, "Cassandra's idle spin"). A request that
 # arrives while only a spinner is awake may wait up to the slack for it.
 CASSANDRA_TIMER_SLACK_ENV = "CHRONOWHEEL_CASSANDRA_TIMER_SLACK_US"
