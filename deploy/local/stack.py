@@ -1087,6 +1087,7 @@ def cmd_install(paths: Paths, names: Sequence[str]) -> dict[str, Any]:
 
 def cmd_up(paths: Paths, names: Sequence[str], timeout: float) -> dict[str, Any]:
     chosen = pick(servers(paths), names)
+    cassandra_timer_slack_us()  # a bad setting is refused before anything is started
     result: dict[str, Any] = {"started": [], "already_running": [], "seconds": {}}
     with state_lock(paths):
         to_start: list[Server] = []

@@ -332,3 +332,12 @@ def test_cassandra_starts_under_the_timer_slack_wrapper_unless_told_not_to(
         with pytest.raises(stack_script.StackError,
                            match=r"CHRONOWHEEL_CASSANDRA_TIMER_SLACK_US=.*0 .*1000000"):
             cassandra.launcher("/jdk/bin/java")
+
+
+def test_up_refuses_a_bad_timer_slack_before_starting_anything(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = stack_script.Paths(state=tmp_path, cache=tmp_path, profile=stack_script.PLAIN)
+    monkeypatch.setenv(stack_script.CASSANDRA_TIMER_SLACK_ENV, "fast")
+    with pytest.raises(stack_script.StackError, match="CHRONOWHEEL_CASSANDRA_TIMER_SLACK_US"):
+        stack_script.cmd_up(paths, [], timeout=1)
+    assert not any(tmp_path.iterdir())  # no server folder, pid file or lock was made
