@@ -227,3 +227,34 @@ async def test_a_grace_of_0_keeps_no_shard_warm() -> None:
         await assert_given_back_in_full(rig, node)
         await rig.advance(3_000)
         assert_each_once_never_early(rig, Counter({job_on(0, "a"): 1}))
+
+
+async def test_a_shard_resumed_warm_exports_its_series_again(rig: NodeRig) -> None:
+    """The release drops a shard's per-shard series; the same actor run again (warm) exports
+    them anew and keeps them current, not into series no longer registered."""
+    node = await rig.start("me")
+    rig.upsert(job_on(0, "a"), at=T0 + 3_000)
+    rig.upsert(job_on(0, "b"), at=T0 + 30_000)
+    await rig.advance(1_000)
+    registry_ = node.metrics.registry
+
+    def entries(shard: int) -> float | None:
+        return registry_.get_sample_value("chronowheel_wheel_entries", {"shard": str(shard)})
+
+    def watermark(shard: int) -> float | None:
+        return registry_.get_sample_value("chronowheel_watermark_seconds", {"shard": str(shard)})
+
+    assert entries(0) == 2
+    await group(node).revoke([0, 1])
+    await rig.settle()
+    assert entries(0) is None and watermark(0) is None  # released: no frozen series
+    await group(node).assign([0, 1])
+    await rig.settle()
+    assert node.owned[0].actor.resumed_warm
+    await rig.advance(3_000)  # "a" fires: the wheel and the watermark move on
+    assert entries(0) == 1
+    first = watermark(0)
+    assert first is not None and first >= (T0 + 3_000) / 1000
+    await rig.advance(2_000)
+    later = watermark(0)
+    assert later is not None and later > first

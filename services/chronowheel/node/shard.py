@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from chronowheel.bus.ports import Claimer, NodeBus, SubmitPositions, SubmitRecord
 from chronowheel.core.clock import Clock
@@ -43,6 +44,9 @@ from chronowheel.node.transactions import NodeTransactions, ShardLost
 from chronowheel.node.writes import RowWriter
 from chronowheel.settings import Settings
 from chronowheel.store.base import JobStore, RunHistoryStore
+
+if TYPE_CHECKING:
+    from prometheus_client import Gauge
 
 __all__ = ["ShardActor", "ShardLost"]
 
@@ -79,6 +83,10 @@ class ShardActor:
         self.node_id = node_id
         self.dispatch_blocked = dispatch_blocked
         self.label = str(shard)
+        self._gauges: tuple[Gauge, ...] | None = None
+        """This shard's series of the per-shard gauges, bound at its first step after a
+        (re)start (`_update_gauges`)."""
+        self._upcoming_gauge: Gauge | None = None
         self.ready = False
         """True from the end of the takeover until the actor stops: records fetched for the
         shard before that are dropped by the pump (they are read again after the seek)."""
@@ -260,6 +268,7 @@ class ShardActor:
             # A shard that moved on must not leave frozen per-shard series behind: its new
             # owner exports them, and a stale lag or watermark here would mislead alerts.
             self.metrics.forget_shard(self.label)
+            self._gauges = self._upcoming_gauge = None  # removed: a warm rerun binds anew
             self._stopped.set()
 
     @property
@@ -354,12 +363,25 @@ class ShardActor:
         await self.dispatcher.step(final=True)
 
     def _update_gauges(self) -> None:
-        m, label, state = self.metrics, self.label, self.state
-        m.wheel_entries.labels(label).set(len(state.wheel))
-        m.catch_up_queue.labels(label).set(len(state.late))
-        m.loaded_horizon.labels(label).set(state.horizon_ms / 1000)
-        m.watermark.labels(label).set(state.committed_watermark / 1000)
-        m.prewarmed_buckets.labels(label).set(len(state.prewarmed))
-        m.dispatch_lag.labels(label).set(self.dispatch_lag_ms() / 1000)
-        if state.upcoming_rows is not None:
-            m.upcoming_rows.labels(label).set(state.upcoming_rows)
+        gauges = self._gauges
+        if gauges is None:
+            # Bound once per run, not at every step: `labels()` costs about as much as the
+            # seven sets together, and this runs after every step of every shard.
+            m, label = self.metrics, self.label
+            gauges = self._gauges = (
+                m.wheel_entries.labels(label), m.catch_up_queue.labels(label),
+                m.loaded_horizon.labels(label), m.watermark.labels(label),
+                m.prewarmed_buckets.labels(label), m.dispatch_lag.labels(label))
+        state = self.state
+        wheel_entries, catch_up_queue, loaded_horizon, watermark, prewarmed, lag = gauges
+        wheel_entries.set(len(state.wheel))
+        catch_up_queue.set(len(state.late))
+        loaded_horizon.set(state.horizon_ms / 1000)
+        watermark.set(state.committed_watermark / 1000)
+        prewarmed.set(len(state.prewarmed))
+        lag.set(self.dispatch_lag_ms() / 1000)
+        if state.upcoming_rows is not None:  # no series before it is known (not a false 0)
+            upcoming = self._upcoming_gauge
+            if upcoming is None:
+                upcoming = self._upcoming_gauge = self.metrics.upcoming_rows.labels(self.label)
+            upcoming.set(state.upcoming_rows)
