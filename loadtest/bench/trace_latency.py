@@ -81,6 +81,7 @@ class Trace:
         self.stalls: list[tuple[float, float]] = []  # start, ms
         self.marks: list[tuple[float, int, int]] = []  # when, marks and rows in that write
         self.applied: dict[str, float] = {}  # job -> when its command reached the wheel
+        self.txns: list[dict[str, float]] = []  # every node transaction: its stage stamps
         if not path.exists():
             return
         for line in path.read_text().splitlines():
@@ -90,6 +91,11 @@ class Trace:
                 row = {k: float(v) for k, v in zip(NODE_FIELDS[1:], values[1:], strict=True)
                        if v != ""}
                 self.node.setdefault(values[0], row)
+            elif kind == "txn" and len(values) >= 4:
+                txn = {"seq": float(values[0]), "parts": float(values[1]),
+                       "offsets": float(values[2]), "messages": float(values[3])}
+                txn.update((k, float(v)) for k, _, v in (x.partition("=") for x in values[4:]))
+                self.txns.append(txn)
             elif kind == "applied" and len(values) == 2:
                 self.applied.setdefault(values[0], float(values[1]))
             elif kind in ("fetch", "slot") and len(values) >= 2:

@@ -17,6 +17,9 @@ node, one line per fired occurrence when its transaction is over:
   BeginTxn, batches handed to the producer, AddOffsetsToTxn/TxnOffsetCommit (empty when the
   transaction carried no submit offsets), every batch acknowledged, EndTxn sent and answered,
   the coordinator done with it.
+  `txn,seq,parts,offsets,messages,begin=t,...,done=t` for every node transaction, whether
+  a traced occurrence is in it or not (an ingest step's offsets alone, say): its parts, how
+  many carried submit offsets, its messages, and the stamps above that it reached.
   With CHRONOWHEEL_TRACE_APPLIED=TEXT also `applied,job_id,t` when a command's change reached
   its shard's wheel, for jobs whose id contains TEXT (`urgent_bench.py --trace`).
 worker: `fetch,job_id,t` when the consumer's fetch returned the record, `slot,job_id,t` when
@@ -112,6 +115,12 @@ def install_node(out: Out) -> None:
         finally:
             current["done"] = wall_ms()
             snapshot = dict(current)
+            # Every transaction, with or without an occurrence of the trace in it:
+            # `txn,seq,parts,offsets,messages` then its stage stamps (`key=ms`).
+            out.write(f"txn,{snapshot['seq']},{snapshot['parts']},{snapshot['offsets']},"
+                      f"{sum(p.messages for p in parts)},"
+                      + ",".join(f"{k}={v:.3f}" for k, v in snapshot.items()
+                                 if isinstance(v, float)) + "\n")
             for p in parts:
                 txn_of[p.shard] = snapshot
             current.clear()

@@ -16,7 +16,9 @@
 
 `--trace` runs the node under `trace_shim.py` and adds `probe_stages`: for the probes sent
 while the herd was applied, sent -> applied (the change in its shard's wheel), applied -> due
-(the slack left), due -> taken out of the wheel, taken -> its transaction committed.
+(the slack left), due -> taken out of the wheel, taken -> its transaction committed; and of
+the last, queued -> its transaction begins, of which the wait for the node transaction in
+flight when it was queued (the node runs one at a time), and its own transaction.
 """
 
 from __future__ import annotations
@@ -179,7 +181,11 @@ def probe_stages(path: Path, sent_at: dict[str, float],
     wheel, taken -> committed."""
     trace = Trace(path)
     stages: dict[str, list[float]] = {"sent -> applied": [], "applied -> due (slack)": [],
-                                      "due -> taken": [], "taken -> committed": []}
+                                      "due -> taken": [], "taken -> committed": [],
+                                      "queued -> its transaction begins": [],
+                                      "of which the transaction in flight": [],
+                                      "its transaction": []}
+    txns = sorted(trace.txns, key=lambda t: t["begin"])
     for jid, g in group.items():
         row, applied = trace.node.get(jid), trace.applied.get(jid)
         if g != "during" or row is None or "committed" not in row or applied is None \
@@ -189,6 +195,14 @@ def probe_stages(path: Path, sent_at: dict[str, float],
         stages["applied -> due (slack)"].append(row["scheduled"] - applied)
         stages["due -> taken"].append(row["take"] - row["scheduled"])
         stages["taken -> committed"].append(row["committed"] - row["take"])
+        if "queued" in row and "begin" in row:
+            queued, begin = row["queued"], row["begin"]
+            stages["queued -> its transaction begins"].append(begin - queued)
+            # The one transaction that may be running when the part is queued (one at a time).
+            before = [t for t in txns if t["begin"] <= queued < t.get("done", t["begin"])]
+            stages["of which the transaction in flight"].append(
+                before[0]["done"] - queued if before else 0.0)
+            stages["its transaction"].append(row["committed"] - begin)
     return {k: summarize(v) for k, v in stages.items()}
 
 
