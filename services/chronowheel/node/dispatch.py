@@ -112,6 +112,8 @@ class Dispatcher:
             late = self._take_late(limit, now)
             if limit > state.watermark or late:
                 fired = await self._take_due(limit, now, late)
+                if fired:
+                    state.last_fired_ms = now
         nd = state.wheel.next_deadline()
         s = self.settings
         idle_commit = (state.watermark > state.committed_watermark

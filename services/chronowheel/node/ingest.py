@@ -47,6 +47,7 @@ from chronowheel.node.rejections import Rejections
 from chronowheel.node.state import Outgoing, ShardState
 from chronowheel.node.transitions import READ, STORED, UNCHANGED, Transitions, unchanged
 from chronowheel.node.urgent import LaneBatch, UrgentLane
+from chronowheel.node.write_permits import NodeWritePermits
 from chronowheel.node.writes import RowWriter, schedule_of
 from chronowheel.settings import Settings
 from chronowheel.store.base import JobRow, JobStore, RunHistoryStore
@@ -73,7 +74,7 @@ class Permits:
     shared by every shard's in-order pass): the node keeps few writes queued at Cassandra, so
     that the urgent lane's, which take no node permit, do not wait behind hundreds."""
 
-    def __init__(self, own: asyncio.Semaphore, node: asyncio.Semaphore | None) -> None:
+    def __init__(self, own: asyncio.Semaphore, node: NodeWritePermits | None) -> None:
         self.own = own
         self.node = node
 
@@ -101,7 +102,7 @@ class Ingest:
                  writer: RowWriter, clock: Clock, metrics: NodeMetrics,
                  policy: ValidationPolicy, calendars: Calendars,
                  history: Callable[[], RunHistoryStore | None] = lambda: None,
-                 node_writes: asyncio.Semaphore | None = None) -> None:
+                 node_writes: NodeWritePermits | None = None) -> None:
         self.state = state
         self.node_writes = node_writes
         """The node's gate on in-order writes in flight (None: each shard's own only)."""
@@ -369,7 +370,7 @@ class Ingest:
             self.metrics.ingested.labels(op.op, STORED).inc()
 
     async def _apply_chains(self, chains: dict[str, list[Command]], parts: Appliers,
-                            node_writes: asyncio.Semaphore | None = None) -> None:
+                            node_writes: NodeWritePermits | None = None) -> None:
         """Apply every job's commands, each job's in order, all jobs' locks held throughout.
 
         The common case, an upsert of a job with no pending due row to replace, goes in groups:

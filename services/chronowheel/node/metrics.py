@@ -43,6 +43,14 @@ class NodeMetrics:
             buckets=LATENESS_BUCKETS, registry=r)
         self.wheel_entries = Gauge("chronowheel_wheel_entries", "occurrences held in the wheel",
                                    ["shard"], registry=r)
+        self.ingest_writes_in_flight = Gauge(
+            "chronowheel_ingest_writes_in_flight",
+            "the in-order ingest passes' writes to Cassandra in flight on this node",
+            registry=r)
+        self.ingest_writes_bound = Gauge(
+            "chronowheel_ingest_writes_bound",
+            "their bound as last decided: ingest_writes_in_flight, or "
+            "ingest_writes_in_flight_due_soon while an occurrence is due soon", registry=r)
         self.loaded_horizon = Gauge(
             "chronowheel_loaded_horizon_seconds",
             "epoch seconds through which every due row is in the wheel", ["shard"], registry=r)

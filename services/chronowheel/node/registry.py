@@ -35,6 +35,7 @@ from chronowheel.node.metrics import NodeMetrics
 from chronowheel.node.shard import ShardActor
 from chronowheel.node.state import Arrivals
 from chronowheel.node.transactions import NodeTransactions, ShardLost
+from chronowheel.node.write_permits import NodeWritePermits
 from chronowheel.settings import Settings
 from chronowheel.store.base import JobStore
 from chronowheel.supervise import Supervisor
@@ -65,9 +66,17 @@ class ShardRegistry:
         self.supervisor = supervisor
         self.dispatch_blocked = dispatch_blocked
         self.clock_state = clock_state
-        self.node_writes = (asyncio.Semaphore(settings.ingest_writes_in_flight)
-                            if settings.ingest_writes_in_flight > 0 else None)
-        """Every shard's in-order ingest writes share these permits (`node/ingest.py`)."""
+        wide = settings.ingest_writes_in_flight
+        narrow = settings.ingest_writes_in_flight_due_soon
+        self.node_writes = (NodeWritePermits(wide, narrow if 0 < narrow < wide else wide,
+                                             self.firing_soon, clock.now_ms)
+                            if wide > 0 else None)
+        """Every shard's in-order ingest writes share these permits (`node/ingest.py`), fewer
+        while firing is near (`node/write_permits.py`)."""
+        permits = self.node_writes
+        if permits is not None:  # read at scrape time: nothing on the writes' path
+            metrics.ingest_writes_in_flight.set_function(lambda: permits.in_flight)
+            metrics.ingest_writes_bound.set_function(lambda: permits.current)
         self.arrivals = Arrivals()
         """The shards being taken over: their loaders read the rest of their look-ahead only
         once none is (`node/loader.py`, `first_load`)."""
@@ -106,6 +115,21 @@ class ShardRegistry:
         await self.drop_warm()
 
     # --- supervision ----------------------------------------------------------------------
+    def firing_soon(self) -> bool:
+        """Whether a shard of this node has an occurrence due within `ingest_due_soon_ms`
+        (the wheel's bound: never later than the earliest due), one queued to catch up, or
+        fired one that recently."""
+        now = self.clock.now_ms()
+        near = self.settings.ingest_due_soon_ms
+        for owned in self.owned.values():
+            state = owned.actor.state
+            if state.late or now - state.last_fired_ms < near:
+                return True
+            due = state.wheel.next_deadline()
+            if due is not None and due <= now + near:
+                return True
+        return False
+
     def shard_ended(self, task: asyncio.Task[Any], exc: BaseException | None) -> bool:
         """Whether a shard actor's end is no failure: it was stopped on purpose (revoked or
         shut down: `stop_shards` delists it first) or lost to a newer owner (fenced)."""

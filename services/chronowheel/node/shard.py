@@ -41,6 +41,7 @@ from chronowheel.node.publisher import Publisher, stop_quietly
 from chronowheel.node.state import Arrivals, ShardState
 from chronowheel.node.takeover import Resume, Warm, release_half_way, resume_warm, take_over
 from chronowheel.node.transactions import NodeTransactions, ShardLost
+from chronowheel.node.write_permits import NodeWritePermits
 from chronowheel.node.writes import RowWriter
 from chronowheel.settings import Settings
 from chronowheel.store.base import JobStore, RunHistoryStore
@@ -62,7 +63,7 @@ class ShardActor:
                  clock: Clock, metrics: NodeMetrics, policy: ValidationPolicy, group_id: str,
                  node_id: str, dispatch_blocked: Callable[[], bool],
                  clock_state: Callable[[], tuple[int | None, bool]] | None = None,
-                 node_writes: asyncio.Semaphore | None = None,
+                 node_writes: NodeWritePermits | None = None,
                  arrivals: Arrivals | None = None) -> None:
         self.shard = shard
         self.arrivals = Arrivals() if arrivals is None else arrivals

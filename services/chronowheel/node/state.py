@@ -102,6 +102,9 @@ class ShardState:
         from). Written only by the publisher."""
         self.last_commit_ms = 0
         """Clock time of the last committed transaction; paces idle watermark commits."""
+        self.last_fired_ms = -(1 << 62)
+        """Clock time dispatch last took occurrences to publish (the node's ingest writes
+        stay few for a while after it: `node/write_permits.py`)."""
 
         self.late = LateQueue()
         """Late occurrences dispatch took from the wheel, published at the catch-up rate
