@@ -82,6 +82,7 @@ class Trace:
         self.marks: list[tuple[float, int, int]] = []  # when, marks and rows in that write
         self.applied: dict[str, float] = {}  # job -> when its command reached the wheel
         self.txns: list[dict[str, float]] = []  # every node transaction: its stage stamps
+        self.retries: list[tuple[str, float]] = []  # transactional requests asked again
         if not path.exists():
             return
         for line in path.read_text().splitlines():
@@ -96,6 +97,8 @@ class Trace:
                        "offsets": float(values[2]), "messages": float(values[3])}
                 txn.update((k, float(v)) for k, _, v in (x.partition("=") for x in values[4:]))
                 self.txns.append(txn)
+            elif kind == "retry" and len(values) == 3:
+                self.retries.append((values[0], float(values[2])))
             elif kind == "applied" and len(values) == 2:
                 self.applied.setdefault(values[0], float(values[1]))
             elif kind in ("fetch", "slot") and len(values) >= 2:
@@ -424,6 +427,10 @@ async def run(rate: int, window_s: float, lead_s: float | None, spy_dir: Path | 
                    "start_p50": percentile(sorted(b for _, b in v), 50),
                    "start_max": max(b for _, b in v)} for k, v in sorted(by_second.items())}
     txns = {int(r["txn_seq"]): r for r in rows if "txn_seq" in r}
+    retried: dict[str, int] = {}
+    for handler, at in node_trace.retries:
+        if window[0] <= at <= window[1]:
+            retried[handler] = retried.get(handler, 0) + 1
     late = sorted(seen[j] - d for j, d in jobs.items() if j in seen)
     early = sum(1 for j, d in jobs.items() if j in seen and seen[j] < d)
     return {
@@ -435,6 +442,9 @@ async def run(rate: int, window_s: float, lead_s: float | None, spy_dir: Path | 
         "transactions": len(txns),
         "parts_per_txn_p50": percentile(sorted(r["txn_parts"] for r in txns.values()), 50),
         "txns_with_offsets": sum(1 for r in txns.values() if r.get("txn_offsets")),
+        "node_transactions": sum(1 for t in node_trace.txns
+                                 if window[0] <= t["begin"] <= window[1]),
+        "transactional_retries": retried,
         "stages": stages, "by_second": seconds,
         "cpu_cores_mean": cpu.mean(), "cpu_cores_per_second": [d for _, d in cpu.samples],
         "node_rc": node_rc, "worker_rc": worker_rc,
@@ -472,6 +482,10 @@ def main() -> int:
         f"{result['early']}; {result['transactions']} transactions, "
         f"{result['parts_per_txn_p50']} parts each (p50), {result['txns_with_offsets']} "
         f"with submit offsets")
+    retried = result["transactional_retries"]
+    say(f"node transactions in the window: {result['node_transactions']}; transactional "
+        f"requests asked again (a retriable answer, CONCURRENT_TRANSACTIONS mostly): "
+        f"{', '.join(f'{k} {v}' for k, v in sorted(retried.items())) or 'none'}")
     print(markdown(result["stages"]))
     print("second of the window: jobs, due->taken p99, due->start p50 and max (ms)")
     for k, v in result["by_second"].items():

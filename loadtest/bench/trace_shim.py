@@ -17,6 +17,8 @@ node, one line per fired occurrence when its transaction is over:
   BeginTxn, batches handed to the producer, AddOffsetsToTxn/TxnOffsetCommit (empty when the
   transaction carried no submit offsets), every batch acknowledged, EndTxn sent and answered,
   the coordinator done with it.
+  `retry,handler,backoff_ms,t` when the broker answered a transactional request of the node's
+  producer with a retriable error (CONCURRENT_TRANSACTIONS, mostly) and it is asked again.
   `txn,seq,parts,offsets,messages,begin=t,...,done=t` for every node transaction, whether
   a traced occurrence is in it or not (an ingest step's offsets alone, say): its parts, how
   many carried submit offsets, its messages, and the stamps above that it reached.
@@ -134,6 +136,24 @@ def install_node(out: Out) -> None:
     _wrap_async(kafka_node.KafkaTransaction, "_check_sent", after=stamp("acked"))
     _wrap_async(bus_kafka.Producer, "commit_transaction", before=stamp("endtxn"),
                 after=stamp("committed"))
+
+    # Transactional requests the broker answered with a retriable error (CONCURRENT_TRANSACTIONS
+    # while it still writes the previous transaction's markers, mostly): asked again after
+    # the backoff the handler returned.
+    from aiokafka.producer import sender as aiokafka_sender
+
+    for name in ("AddPartitionsToTxnHandler", "AddOffsetsToTxnHandler",
+                 "TxnOffsetCommitHandler", "EndTxnHandler"):
+        handler = getattr(aiokafka_sender, name)
+
+        def handle_response(self: Any, resp: Any, _orig: Any = handler.handle_response,
+                            _name: str = name) -> Any:
+            backoff = _orig(self, resp)
+            if backoff is not None:
+                out.write(f"retry,{_name},{backoff * 1000:.1f},{wall_ms():.3f}\n")
+            return backoff
+
+        handler.handle_response = handle_response
 
     match = os.environ.get("CHRONOWHEEL_TRACE_APPLIED")
     if match:  # when a command's job entered (or left) its shard's wheel: `applied,job,t`
