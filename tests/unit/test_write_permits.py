@@ -124,3 +124,17 @@ async def test_the_registry_is_firing_soon_before_an_instant_and_right_after_it(
     assert registry.firing_soon()
     await rig.advance(near)
     assert not registry.firing_soon()
+
+
+async def test_a_waiter_cancelled_and_passed_over_before_it_ran_is_no_error() -> None:
+    """A release between a waiter's cancellation and its task's turn drops the cancelled
+    waiter from the queue itself; the task's own clean-up then finds it gone."""
+    p, _, _ = permits(wide=1, narrow=1)
+    await started(1, p)
+    first, second = await started(2, p)
+    first.cancel()
+    p.release()  # before `first` ran: passes it over, hands the permit to `second`
+    await asyncio.sleep(0)
+    assert first.cancelled()
+    assert second.done() and second.exception() is None
+    assert p.in_flight == 1

@@ -16,6 +16,7 @@ node's clock); a false "soon" costs ingest speed only, never correctness.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Callable
 
@@ -60,7 +61,9 @@ class NodeWritePermits:
             if waiter.done() and not waiter.cancelled():
                 self.release()  # handed a permit, then cancelled before it ran: give it back
             else:
-                self._waiters.remove(waiter)
+                # A release may have passed it over (and dropped it) before this task ran.
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
                 self._wake()  # a waiter behind it may fit now
             raise
 
