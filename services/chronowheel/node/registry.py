@@ -289,10 +289,16 @@ class ShardRegistry:
     # owns nothing would be worse than one that stops, so failures here stop the node loudly.
     async def on_revoked(self, shards: list[int]) -> None:
         log.info("node %s: group revoked shards %s", self.node_id, sorted(shards))
+        began = self.clock.now_ms()
         try:
             await self.stop_shards(shards, keep_warm=True)
         except Exception as exc:
             self.supervisor.fail("revoking shards", exc)
+            return
+        # The group hands the shards on only after this: how long it took is part of their
+        # pause (a slow rebalance shows here or in the next owner's `claimed ... in` line).
+        log.info("node %s: revoked shards %s stopped and released in %d ms", self.node_id,
+                 sorted(shards), self.clock.now_ms() - began)
 
     async def on_assigned(self, shards: list[int]) -> None:
         log.info("node %s: group assigned shards %s", self.node_id, sorted(shards))
