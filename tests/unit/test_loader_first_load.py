@@ -28,7 +28,7 @@ def arriving_shard(clock: ManualClock, store: PagedStore, arrivals: Arrivals
     state = ShardState(shard=0, start_ms=MINUTE, tick_ms=settings.tick_ms,
                        ingest_slack_ms=settings.ingest_slack_ms, arrivals=arrivals)
     state.watermark = state.committed_watermark = state.horizon_ms = MINUTE - 1
-    arrivals.arrive(0)
+    arrivals.arrive(0, clock.now_ms())
     return state, Loader(state=state, settings=settings, store=store, clock=clock)
 
 
@@ -53,7 +53,7 @@ async def test_the_first_load_stops_after_the_page_that_passes_the_near_window()
     for i in range(3 * DUE_PAGE_ROWS):  # a row every 10 ms: a page of 500 covers 5 s
         await store.put_due(row(MINUTE + 10 * i, i), ttl_s=86_400)
     arrivals = Arrivals()
-    arrivals.arrive(7)  # another shard of the node, arriving too
+    arrivals.arrive(7, clock.now_ms())  # another shard of the node, arriving too
     state, loader = arriving_shard(clock, store, arrivals)
     first = asyncio.create_task(loader.first_load())
     await until(lambda: state.horizon_ms >= MINUTE + 100 + FIRST_LOAD_AHEAD_MS)
@@ -142,3 +142,17 @@ async def test_the_shards_of_a_node_share_one_gate() -> None:
         assert node.owned[0].actor.state.arrivals is arrivals
         # Nothing due on either: neither has committed, and neither holds the other's load.
         assert arrivals.none.is_set()
+
+
+def test_a_settled_shard_tells_when_its_takeover_began_once() -> None:
+    """The publisher logs a shard's first commit after its takeover with the time since it
+    began; a later commit (settled already) must not log it again."""
+    arrivals = Arrivals()
+    arrivals.arrive(3, 1_000)
+    arrivals.arrive(4, 1_200)
+    assert not arrivals.none.is_set()
+    assert arrivals.settled(3) == 1_000
+    assert arrivals.settled(3) is None
+    assert not arrivals.none.is_set()
+    assert arrivals.settled(4) == 1_200
+    assert arrivals.none.is_set()

@@ -159,7 +159,14 @@ class Publisher:
                                         self.shard, p.user_headers, p.scheduled_ms, done)
         state.committed_watermark = watermark
         state.last_commit_ms = done
-        state.arrivals.settled(self.shard)
+        arrived = state.arrivals.settled(self.shard)
+        if arrived is not None:
+            # How long the shard published nothing here after its takeover began: with the
+            # claim's line, it tells a slow move's takeover from its first transaction.
+            log.info("shard %d: first commit %d ms after its takeover began (%d fired, the "
+                     "latest %d ms late)", self.shard, done - arrived, len(published),
+                     max(0, done - min(per_slot)) if per_slot else 0,
+                     extra={"shard": self.shard, "node": self.node_id})
         self.last_record, self.released = record, release
         if offset is not None:
             self.committed_offset = offset

@@ -208,7 +208,7 @@ class ShardActor:
         helpers: list[asyncio.Task[None]] = []
         clean = False
         failure: BaseException | None = None
-        self.arrivals.arrive(self.shard)
+        self.arrivals.arrive(self.shard, self.clock.now_ms())
         try:
             await self._takeover()
             state, dispatcher = self.state, self.dispatcher  # fresh ones after a full takeover

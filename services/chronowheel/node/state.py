@@ -60,20 +60,23 @@ class Arrivals:
     0.6 s behind another shard's look-ahead being read on the same loop."""
 
     def __init__(self) -> None:
-        self._shards: set[int] = set()
+        self._shards: dict[int, int] = {}
+        """Arriving shard -> when its takeover began (the node's clock, ms)."""
         self.none = asyncio.Event()
         """Set while no shard of the node is arriving."""
         self.none.set()
 
-    def arrive(self, shard: int) -> None:
-        self._shards.add(shard)
+    def arrive(self, shard: int, at_ms: int) -> None:
+        self._shards[shard] = at_ms
         self.none.clear()
 
-    def settled(self, shard: int) -> None:
-        if shard in self._shards:
-            self._shards.discard(shard)
-            if not self._shards:
-                self.none.set()
+    def settled(self, shard: int) -> int | None:
+        """The shard has arrived: returns when its takeover began, or None when it was not
+        arriving (settled already)."""
+        began = self._shards.pop(shard, None)
+        if began is not None and not self._shards:
+            self.none.set()
+        return began
 
     def __contains__(self, shard: object) -> bool:
         return shard in self._shards
