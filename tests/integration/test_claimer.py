@@ -5,14 +5,18 @@ read of the state partition finds."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 import pytest
 from chronowheel.bus.kafka_claimer import RdKafkaClaimer
+from chronowheel.bus.kafka_consumer_group import librdkafka_config
 from chronowheel.bus.kafka_node import KafkaNodeBus
 from chronowheel.bus.ports import BusError, Fenced
+from chronowheel.core.clock import SystemClock
 from chronowheel.core.wire import StateRecord, claimer_transactional_id
-from chronowheel.node.takeover import commit_alone
+from chronowheel.node.takeover import _STARTING_FENCERS, commit_alone, fence
 
 from tests.integration.harness import make_namespace
 
@@ -78,6 +82,51 @@ async def test_a_fencer_aborts_an_aiokafka_producers_open_transaction(
     finally:
         await fencer.stop()
         await owner.stop()
+        await bus.close()
+
+
+async def test_a_fence_of_an_owner_mid_transaction_aborts_it_and_stops_every_fencer(
+        stack: Any, namespace: str) -> None:
+    """The coordinator refuses the first InitProducerId of a fence while it aborts the owner's
+    open transaction, and librdkafka asks again only after 500 ms: `fence` starts more fencers
+    meanwhile. The owner's transaction is aborted, and every fencer is stopped in the end."""
+    from confluent_kafka import KafkaException, Producer
+
+    settings = await make_namespace(stack, namespace, shards=1)
+    bus = KafkaNodeBus(settings)
+    owner_id = f"{namespace}-node-crashed"
+    owner = Producer({**librdkafka_config(settings), "transactional.id": owner_id})
+
+    def open_a_transaction() -> None:
+        owner.init_transactions(30)
+        owner.begin_transaction()
+        owner.produce(settings.state_topic, record(0, 9_000, owner_id).encode(),
+                      StateRecord.key(0), partition=0)
+        assert owner.flush(30) == 0  # sent and acknowledged: the partition is in the txn
+
+    started: list[str] = []
+    make_claimer = bus.claimer
+
+    def counted(transactional_id: str, group_id: str) -> Any:
+        started.append(transactional_id)
+        return make_claimer(transactional_id, group_id)
+
+    bus.claimer = counted  # type: ignore[method-assign]
+    try:
+        await asyncio.to_thread(open_a_transaction)
+        await fence(bus, owner_id, f"{namespace}-nodes", 0, SystemClock())
+        assert len(started) >= 2 and set(started) == {owner_id}
+        with pytest.raises(KafkaException, match="fenced"):
+            await asyncio.to_thread(owner.commit_transaction, 30)
+        value = await bus.read_last(settings.state_topic, 0, StateRecord.key(0), 30_000,
+                                    settled=True)
+        assert value is not None and StateRecord.parse(value, shard=0).node == "init"
+        async with asyncio.timeout(30):  # the fencers that lost stop once their start ends
+            while _STARTING_FENCERS:
+                await asyncio.sleep(0.05)
+    finally:
+        with contextlib.suppress(KafkaException):
+            await asyncio.to_thread(owner.close)
         await bus.close()
 
 

@@ -124,10 +124,12 @@ class RdKafkaClaimer:
                 "transactional.id": self._id,
                 "transaction.timeout.ms": 60_000,
                 "enable.sparse.connections": False,
-                # A fence's InitProducerId is refused (CONCURRENT_TRANSACTIONS) until the
-                # coordinator has aborted the fenced producer's open transaction: tried again
-                # every 20 ms, not on librdkafka's backoff growing to 1 s (a crash's fences
-                # took 0.5-0.7 s with it, 12-170 ms on aiokafka's constant 100 ms).
+                # Requests that librdkafka retries itself (a claim's produce and transaction
+                # requests) are tried again after 20-100 ms, not on its backoff growing to
+                # 1 s. That does not apply to InitProducerId:
+                # librdkafka asks again for a refused producer id only after a fixed 500 ms,
+                # which a fence meets every time its owner had a transaction open; so a fence
+                # starts more fencers meanwhile (`node/takeover.py`, FENCE_STAGGER_MS).
                 "retry.backoff.ms": 20,
                 "retry.backoff.max.ms": 100,
                 "linger.ms": 0}

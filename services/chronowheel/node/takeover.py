@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from chronowheel.bus.ports import BusError, Claimer, Fenced, NodeBus, SubmitPositions
-from chronowheel.core.clock import Clock
+from chronowheel.core.clock import Clock, sleep_until_or_event
 from chronowheel.core.wire import Ahead, StateRecord, StateRecordError, claimer_transactional_id
 from chronowheel.errors import ChronowheelError
 from chronowheel.node.publisher import stop_quietly
@@ -62,6 +62,14 @@ SETTLED_READ_TIMEOUT_MS = 90_000
 # hangs longer than this is abandoned and tried again with a new producer.
 FENCE_TIMEOUT_S = 30
 FENCE_ATTEMPTS = 3
+FENCE_STAGGER_MS = 50
+"""While no fencer of a fence has initialised, another one starts this often, up to
+FENCERS_AT_ONCE. The first InitProducerId of a fence is refused (CONCURRENT_TRANSACTIONS)
+while the coordinator aborts the fenced producer's open transaction, which takes tens of
+milliseconds, and librdkafka asks again only after a fixed 500 ms (its producer-id timer,
+which `retry.backoff.ms` does not shorten): a fencer started later finds the abort done.
+Measured: `loadtest/bench/fence_bench.py`."""
+FENCERS_AT_ONCE = 6
 # Owners that change again and again while we fence them: something is wrong, say so.
 MAX_FENCE_ROUNDS = 8
 # Releasing a shard whose actor ended half way waits at most this long for the node's
@@ -147,7 +155,8 @@ async def take_over(*, shard: int, transactions: NodeTransactions, bus: NodeBus,
             if owner is not None and owner not in (me, claimer.transactional_id, *fenced):
                 # Shards of one previous owner are taken over together: one fence serves them.
                 await transactions.once(f"fence {owner}",
-                                        functools.partial(fence, bus, owner, group_id, shard))
+                                        functools.partial(fence, bus, owner, group_id, shard,
+                                                         clock))
                 fenced.add(owner)
                 phases.done("fence")
             settled = await _read(bus, settings, shard, settled=True)
@@ -328,26 +337,71 @@ async def release_half_way(*, shard: int, claimer: Claimer, transactions: NodeTr
     return True
 
 
-async def fence(bus: NodeBus, transactional_id: str, group_id: str, shard: int) -> None:
+_STARTING_FENCERS: set[asyncio.Task[None]] = set()
+"""Fencers whose fence ended before their start did (another fencer initialised first): each
+stops its producer once its start ends. They are never cancelled: a librdkafka start abandoned
+half way would leave its client to be closed by whichever thread collects it."""
+
+
+def _forget_fencer(task: asyncio.Task[None]) -> None:
+    _STARTING_FENCERS.discard(task)
+    if not task.cancelled():
+        task.exception()  # a loser's failure is not news: the fence has ended either way
+
+
+async def _start_and_stop(fencer: Claimer) -> None:
+    try:
+        await fencer.start()
+    finally:
+        await stop_quietly(fencer)
+
+
+async def fence(bus: NodeBus, transactional_id: str, group_id: str, shard: int,
+                clock: Clock) -> None:
     """Bump the epoch of `transactional_id`: its open transaction is aborted and it can
     commit nothing more until it initialises again (which a node does only to claim anew)."""
     log.warning("shard %d: fencing its recorded owner %s", shard, transactional_id,
                 extra={"shard": shard})
     for attempt in range(1, FENCE_ATTEMPTS + 1):
-        fencer = bus.claimer(transactional_id, group_id)
-        try:
-            await within(fencer.start(), FENCE_TIMEOUT_S)
-        except TimeoutError:
-            log.warning("shard %d: fencing %s did not finish in %d s (attempt %d of %d)",
-                        shard, transactional_id, FENCE_TIMEOUT_S, attempt, FENCE_ATTEMPTS,
-                        extra={"shard": shard})
-            continue
-        finally:
-            await stop_quietly(fencer)
-        log.info("shard %d: fenced %s", shard, transactional_id, extra={"shard": shard})
-        return
+        winner = await _fence_attempt(bus, transactional_id, group_id, clock)
+        if winner is not None:
+            log.info("shard %d: fenced %s (by fencer %d of this attempt)", shard,
+                     transactional_id, winner, extra={"shard": shard})
+            return
+        log.warning("shard %d: fencing %s did not finish in %d s (attempt %d of %d)",
+                    shard, transactional_id, FENCE_TIMEOUT_S, attempt, FENCE_ATTEMPTS,
+                    extra={"shard": shard})
     raise BusError(f"shard {shard}: could not fence {transactional_id} in {FENCE_ATTEMPTS} "
                    f"attempts of {FENCE_TIMEOUT_S} s")
+
+
+async def _fence_attempt(bus: NodeBus, transactional_id: str, group_id: str,
+                         clock: Clock) -> int | None:
+    """Start a fencer, and another every FENCE_STAGGER_MS while none has initialised (at most
+    FENCERS_AT_ONCE), until one has: returns its number (1 = the first), or None when none
+    had after FENCE_TIMEOUT_S. A fencer that fails raises its error here."""
+    deadline = clock.now_ms() + FENCE_TIMEOUT_S * 1000
+    ended = asyncio.Event()
+    fencers: list[asyncio.Task[None]] = []
+    while clock.now_ms() < deadline:
+        if len(fencers) < FENCERS_AT_ONCE:
+            task = asyncio.create_task(_start_and_stop(bus.claimer(transactional_id, group_id)),
+                                       name=f"fence {transactional_id}")
+            _STARTING_FENCERS.add(task)
+            task.add_done_callback(_forget_fencer)
+            task.add_done_callback(lambda _task: ended.set())
+            fencers.append(task)
+            wake = min(deadline, clock.now_ms() + FENCE_STAGGER_MS)
+        else:
+            wake = deadline
+        await sleep_until_or_event(clock, wake, ended)
+        done = [(number, task) for number, task in enumerate(fencers, 1) if task.done()]
+        for number, task in done:
+            if not task.cancelled() and task.exception() is None:
+                return number
+        if done:
+            done[0][1].result()  # every fencer that ended failed: the first one's error
+    return None
 
 
 async def _read(bus: NodeBus, settings: Settings, shard: int, *, settled: bool) -> bytes | None:
