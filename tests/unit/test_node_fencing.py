@@ -75,6 +75,35 @@ async def test_a_takeover_fences_the_recorded_owner_then_claims(rig: NodeRig) ->
         {node_id("gone"), node_id("me"), "unit-shard-0", "unit-shard-1"})
 
 
+async def test_the_recorded_owner_is_fenced_while_the_claimer_starts(rig: NodeRig) -> None:
+    """The fence does not wait for the claimer's start (a crash's takeover waits for the
+    longer of the two); the claim still waits for both, and for the settled read after them."""
+    s = rig.settings
+    rig.bus.produce(s.state_topic, 0, StateRecord.key(0), orjson.dumps(
+        {"shard": 0, "watermark": T0, "owner": node_id("gone")}))
+    zombie = rig.bus.producer(node_id("gone"), "unit-nodes")
+    await zombie.start()
+    txn = await zombie.begin()
+    await txn.publish(s.fired_topic, 0, b"ghost", b"never", [])
+    claimer_started = rig.bus.hold_starts(f"{s.namespace}-shard-0")
+    node = rig.new_node("me")
+    await node.start()
+    await rig.settle()
+    assert rig.bus.starts.count(node_id("gone")) == 2  # its own start, then the fence's
+    assert node_id("gone") not in rig.bus.open_txns  # which aborted its open transaction
+    assert f"{s.namespace}-shard-0" not in rig.bus.starts  # while the claimer still starts
+    assert not node.owned[0].actor.ready
+    assert not [r for r in state_records(rig, 0) if r.get("claim")]
+    claimer_started.set()
+    await rig.advance(1_000)
+    assert node.owned[0].actor.ready and node.failure is None
+    claims = [r for r in state_records(rig, 0) if r.get("claim")]
+    assert [(c["owner"], c["watermark"]) for c in claims] == [(node_id("me"), T0)]
+    with pytest.raises(Fenced):
+        await txn.commit({})
+    assert rig.fired() == []
+
+
 async def test_records_without_owner_are_fenced_through_the_shard_id_and_upgraded(
         rig: NodeRig) -> None:
     # A per-shard producer of the old scheme, with an open transaction for shard 1.

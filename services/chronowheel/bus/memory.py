@@ -76,6 +76,8 @@ class MemoryBus:
         """Set whenever an open transaction ends (commit, abort, fence)."""
         self.held: dict[str, asyncio.Event] = {}
         """transactional id -> commits of it wait for this event (see `hold_commits`)."""
+        self.held_starts: dict[str, asyncio.Event] = {}
+        """transactional id -> starts of it wait for this event (see `hold_starts`)."""
         self.members: dict[str, list[MemorySubmitGroup]] = {}
         """group id -> members in the order they joined (see `MemorySubmitGroup.start`)."""
         self.starts: list[str] = []
@@ -121,6 +123,11 @@ class MemoryBus:
         """Make commits of `transactional_id` wait (as a process stopped mid-commit, with its
         transaction open) until the returned event is set."""
         return self.held.setdefault(transactional_id, asyncio.Event())
+
+    def hold_starts(self, transactional_id: str) -> asyncio.Event:
+        """Make starts of `transactional_id` wait (as an InitProducerId still on its way)
+        until the returned event is set; nothing is fenced before that."""
+        return self.held_starts.setdefault(transactional_id, asyncio.Event())
 
     def topic_limit(self, topic: str) -> int:
         return self.topic_limits.get(topic, limits.KAFKA_MAX_MESSAGE_BYTES)
@@ -355,6 +362,9 @@ class MemoryTxnProducer:
     async def start(self) -> None:
         await asyncio.sleep(0)
         bus = self.bus
+        held = bus.held_starts.get(self._id)
+        if held is not None:
+            await held.wait()
         self.epoch = bus.epochs.get(self._id, 0) + 1
         bus.epochs[self._id] = self.epoch
         # As InitProducerId: the open transaction of an earlier producer of this id aborts.
