@@ -302,9 +302,10 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         await tally.stop()
         fleet.close()
         if args.keep:
-            say(f"kept namespace {settings.namespace}, logs in {log_dir}")
+            say(f"kept namespace {settings.namespace}")
         else:
             await drop_namespace(settings)
+        say(f"the nodes' logs are in {log_dir}")
 
 
 def summary(f: PhaseFigures) -> dict[str, object]:
@@ -337,7 +338,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--static", action="store_true",
                    help="give each node a group instance id (static membership)")
     p.add_argument("--node-env", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--keep", action="store_true", help="keep the namespace and the logs")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the namespace (its topics and keyspace) after the run; the nodes' "
+                        "logs are kept either way. Kept namespaces add up on the servers and "
+                        "load them: drop them when done")
     args = p.parse_args(argv)
     if args.nodes < 2 or min(args.rate, args.steady_s, args.ingest_rate,
                              args.phase_allowance_s) <= 0:
