@@ -16,10 +16,6 @@ is by the owner each shard's state record names (docs/design.md, "Fencing"):
    shard, so a later owner always finds, in step 2 or 3, every node that may hold an open
    transaction with this shard's messages.
 
-Steps 1 and 2 run at the same time: the first read only names whom to fence, and a fence
-initialises another transactional id than the claimer's, so neither needs the other; step 3
-follows both.
-
 The shard then resumes from that watermark and reads `<ns>.submit` from the node group's
 committed offset: everything after them is redone, and nothing before them was lost, because
 both were committed in the same transaction. That offset is settled once the record is (step 3),
@@ -142,43 +138,30 @@ async def take_over(*, shard: int, transactions: NodeTransactions, bus: NodeBus,
     me = transactions.transactional_id
     claimer = bus.claimer(claimer_transactional_id(settings.namespace, shard), group_id)
     kept = False
-    fenced: set[str] = set()
-
-    def to_fence(owner: str | None) -> bool:
-        return owner is not None and owner not in (me, claimer.transactional_id, *fenced)
-
-    async def fence_owner(owner: str) -> None:
-        # Shards of one previous owner are taken over together: one fence serves them.
-        await transactions.once(f"fence {owner}",
-                                functools.partial(fence, bus, owner, group_id, shard, clock))
-        fenced.add(owner)
-
-    async def read_and_fence() -> bytes | None:
-        # The first read only names whom to fence, and a fence is safe in any order with the
-        # claimer's start: every decision rests on the settled read, which follows both.
-        value = await phases.timed("state read", _read(bus, settings, shard, settled=False))
-        owner = _publisher(value, shard, settings)
-        if to_fence(owner):
-            assert owner is not None
-            await phases.timed("fence", fence_owner(owner))
-        return value
-
     try:
-        # So the claimer starts while the record is read and its owner fenced: a crash's
-        # takeover waits for the longer of the two, not their sum.
+        # The first read only names whom to fence; every decision rests on the settled read,
+        # which follows the claimer's start. So both may run at once.
         started, value = await asyncio.gather(
-            phases.timed("claimer init", claimer.start()), read_and_fence(),
+            claimer.start(), _read(bus, settings, shard, settled=False),
             return_exceptions=True)
         for outcome in (started, value):
             if isinstance(outcome, BaseException):
                 raise outcome
         assert not isinstance(value, BaseException)
-        phases.done("claimer init beside read + fence")
+        phases.done("claimer init + state read")
+        fenced: set[str] = set()
         for _ in range(MAX_FENCE_ROUNDS):
             owner = _publisher(value, shard, settings)
-            if to_fence(owner):
-                assert owner is not None
-                await fence_owner(owner)  # the owner changed while we looked: fence it too
+            # Never before the claimer has started: an owner fenced sooner could initialise
+            # again and commit a claim of its own in between, unfenced by us and unaborted by
+            # our claimer's start. Fenced after it, the owner can only claim again by starting
+            # the shard's claimer, which fences ours: then our claim fails.
+            if owner is not None and owner not in (me, claimer.transactional_id, *fenced):
+                # Shards of one previous owner are taken over together: one fence serves them.
+                await transactions.once(f"fence {owner}",
+                                        functools.partial(fence, bus, owner, group_id, shard,
+                                                         clock))
+                fenced.add(owner)
                 phases.done("fence")
             settled = await _read(bus, settings, shard, settled=True)
             phases.done("settled read")
