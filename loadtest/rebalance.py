@@ -12,7 +12,8 @@ afterwards:
    after the nodes share every shard again: **scale-out** (one more node joins), **scale-in**
    (that node is stopped with SIGTERM), **restart** of each first node in turn (SIGTERM, then
    started again: a rolling restart), **crash** (`kill -9` of the first node; the run ends with
-   the survivors).
+   the survivors). `--phases` runs some of them, in that order: fewer phases need fewer jobs
+   stored first, so a high `--rate` can be set up where the whole run's jobs could not.
 
 A read_committed reader records every fired message. Reported per phase and shard: the owner
 before and after, the **pause** (the longest time between two arrivals of the shard at the
@@ -23,6 +24,7 @@ cw-fired-at (the node's publish stamp). One JSON line per run is appended to
 loadtest/results/rebalance.jsonl.
 
 Usage: python loadtest/rebalance.py [--cluster] [--nodes 3] [--rate 5000] [--static]
+       [--phases out,in,restart,crash]
 """
 
 from __future__ import annotations
@@ -59,6 +61,26 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "loadtest" / "results" / "rebalance.jsonl"
 # Jobs keep coming due this long after the last phase's planned end (seconds).
 END_MARGIN_S = 20.0
+# The phases, in the order they run; scale-in stops the node that scale-out started.
+PHASES = ("out", "in", "restart", "crash")
+
+
+def phase_count(phases: Iterable[str], nodes: int) -> int:
+    """How many changes `phases` make: a rolling restart is one per first node."""
+    return sum(nodes if p == "restart" else 1 for p in phases)
+
+
+def parse_phases(text: str) -> tuple[str, ...]:
+    """`out,in,restart,crash` or a subset, run in PHASES' order whatever the order given."""
+    asked = [p.strip() for p in text.split(",") if p.strip()]
+    if unknown := [p for p in asked if p not in PHASES]:
+        raise ValueError(f"--phases: unknown {', '.join(unknown)} (choose from "
+                         f"{', '.join(PHASES)})")
+    if not asked:
+        raise ValueError("--phases: name at least one phase")
+    if "in" in asked and "out" not in asked:
+        raise ValueError("--phases: 'in' stops the node that 'out' starts: give 'out' too")
+    return tuple(p for p in PHASES if p in asked)
 
 
 @dataclass
@@ -226,8 +248,8 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         first = [fleet.start(f"n{i + 1}", **node_env(f"n{i + 1}")) for i in range(args.nodes)]
         await fleet.until(sharing(fleet, lambda: first), 180, "the nodes sharing the shards")
         await tally.start()
-        phase_count = 3 + args.nodes
-        span_s = args.steady_s * (phase_count + 1) + args.phase_allowance_s * phase_count
+        changes = phase_count(args.phases, args.nodes)
+        span_s = args.steady_s * (changes + 1) + args.phase_allowance_s * changes
         count = int(span_s * args.rate)
         start = int(now_ms() + count * 1000 / args.ingest_rate + 10_000)
         jobs = even_jobs(start, span_s + END_MARGIN_S, args.rate)
@@ -247,19 +269,26 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
 
         extra: list[NodeProcess] = []
         name = f"n{args.nodes + 1}"
-        phases.append(await rebalance(
-            fleet, "scale-out", lambda: extra.append(fleet.start(name, **node_env(name))),
-            lambda: [*first, *extra], args.steady_s, name))
-        phases.append(await rebalance(fleet, "scale-in (SIGTERM)", lambda: stop_node(extra[0]),
-                                      lambda: first, args.steady_s, name))
-        for node in first:
-            phases.append(await rebalance(fleet, f"restart {node.name}",
-                                          functools.partial(restart_node, fleet, node,
-                                                            node_env(node.name)),
-                                          lambda: first, args.steady_s, node.name))
-        victim = first[0]
-        phases.append(await rebalance(fleet, f"crash {victim.name} (kill -9)", victim.kill,
-                                      lambda: first[1:], args.steady_s, victim.name))
+        if "out" in args.phases:
+            phases.append(await rebalance(
+                fleet, "scale-out", lambda: extra.append(fleet.start(name, **node_env(name))),
+                lambda: [*first, *extra], args.steady_s, name))
+        if "in" in args.phases:
+            phases.append(await rebalance(fleet, "scale-in (SIGTERM)",
+                                          lambda: stop_node(extra.pop()), lambda: first,
+                                          args.steady_s, name))
+        if "restart" in args.phases:
+            for node in first:
+                phases.append(await rebalance(fleet, f"restart {node.name}",
+                                              functools.partial(restart_node, fleet, node,
+                                                                node_env(node.name)),
+                                              lambda: [*first, *extra], args.steady_s,
+                                              node.name))
+        if "crash" in args.phases:
+            victim = first[0]
+            phases.append(await rebalance(fleet, f"crash {victim.name} (kill -9)", victim.kill,
+                                          lambda: [*first[1:], *extra], args.steady_s,
+                                          victim.name))
         end = phases[-1].end_ms
         if end > start + (span_s + END_MARGIN_S) * 1000:
             raise SystemExit("the phases outlasted the jobs: raise --phase-allowance-s")
@@ -292,6 +321,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "cluster": args.cluster, "nodes": args.nodes, "shards": args.shards,
             "rate": args.rate, "static": args.static, "node_env": args.node_env,
+            "phases_run": list(args.phases),
             "jobs": len(due), "ingest_s": round(ingest_s, 1), "load_1m": os.getloadavg()[0],
             "lost": outcome.lost, "early": outcome.early, "duplicates": outcome.duplicates,
             "lateness_p50_ms": outcome.p(50), "lateness_p99_ms": outcome.p(99),
@@ -338,6 +368,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--static", action="store_true",
                    help="give each node a group instance id (static membership)")
     p.add_argument("--node-env", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--phases", default=",".join(PHASES),
+                   help="the changes to make, comma-separated, run in this order: "
+                        f"{','.join(PHASES)} (default: all)")
     p.add_argument("--keep", action="store_true",
                    help="keep the namespace (its topics and keyspace) after the run; the nodes' "
                         "logs are kept either way. Kept namespaces add up on the servers and "
@@ -349,6 +382,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                 "--ingest-rate positive")
     if any("=" not in kv for kv in args.node_env):
         p.error("--node-env takes KEY=VALUE")
+    try:
+        args.phases = parse_phases(args.phases)
+    except ValueError as e:
+        p.error(str(e))
     return args
 
 

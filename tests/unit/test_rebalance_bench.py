@@ -91,3 +91,24 @@ def test_the_arguments_are_checked(bench: Any) -> None:
     with pytest.raises(SystemExit):
         bench.parse(["--node-env", "NOEQUALS"])
     assert bench.parse(["--rate", "100"]).rate == 100
+
+
+def test_phases_run_in_their_fixed_order_and_a_rolling_restart_counts_once_per_node(
+        bench: Any) -> None:
+    assert bench.parse_phases("crash, out,in") == ("out", "in", "crash")
+    assert bench.phase_count(bench.parse_phases("out,in,restart,crash"), nodes=3) == 6
+    assert bench.phase_count(("out", "in"), nodes=3) == 2
+    assert bench.phase_count(("restart",), nodes=5) == 5
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("out,join", "unknown join"),
+    (" , ", "name at least one phase"),
+    ("in,crash", "'in' stops the node that 'out' starts"),
+])
+def test_phases_that_cannot_run_are_refused_with_the_reason(bench: Any, text: str,
+                                                            message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        bench.parse_phases(text)
+    with pytest.raises(SystemExit):
+        bench.parse(["--phases", text])
