@@ -250,7 +250,8 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         await tally.start()
         changes = phase_count(args.phases, args.nodes)
         span_s = args.steady_s * (changes + 1) + args.phase_allowance_s * changes
-        count = int(span_s * args.rate)
+        # every job the run submits, the margin's too: the ingest must take them all first
+        count = int((span_s + END_MARGIN_S) * args.rate)
         start = int(now_ms() + count * 1000 / args.ingest_rate + 10_000)
         jobs = even_jobs(start, span_s + END_MARGIN_S, args.rate)
         say(f"{len(jobs):,} jobs due {args.rate:,}/s from {(start - now_ms()) / 1000:.0f} s on")
