@@ -20,8 +20,9 @@ before and after, the **pause** (the longest time between two arrivals of the sh
 reader, from the phase's start to its end) and the worst **lateness** (arrival at the reader
 minus the due instant) of what arrived in it, each beside the same in the steady window before
 the change; for the whole run, lost, early and duplicate occurrences and the lateness by
-cw-fired-at (the node's publish stamp). One JSON line per run is appended to
-loadtest/results/rebalance.jsonl.
+cw-fired-at (the node's publish stamp), and the share of the machine's CPU time left idle from
+the first due instant to the last phase's end (from /proc/stat). One JSON line per run is
+appended to loadtest/results/rebalance.jsonl.
 
 Usage: python loadtest/rebalance.py [--cluster] [--nodes 3] [--rate 5000] [--static]
        [--phases out,in,restart,crash]
@@ -168,6 +169,24 @@ def phase_figures(phase: Phase, messages: Iterable[Fired], shards: int,
     return out
 
 
+def cpu_times() -> tuple[int, int]:
+    """(idle, total) jiffies of every CPU since boot, from /proc/stat (Linux); (0, 0) where
+    there is none."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    # user nice system idle iowait irq softirq steal; guest time is counted in user already
+    return fields[3] + (fields[4] if len(fields) > 4 else 0), sum(fields[:8])
+
+
+def idle_share(before: tuple[int, int], after: tuple[int, int]) -> float | None:
+    """The share of the CPUs' time spent idle between two `cpu_times()` readings."""
+    total = after[1] - before[1]
+    return None if total <= 0 else round((after[0] - before[0]) / total, 3)
+
+
 def even_jobs(start_ms: int, seconds: float, rate: int) -> dict[str, int]:
     """One-shot jobs (id -> due ms) due `rate` a second from `start_ms` for `seconds`."""
     count = int(seconds * rate)
@@ -266,7 +285,9 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         if slack_s < 1:
             raise SystemExit(f"ingest of {len(jobs):,} jobs took {ingest_s:.0f} s, past the "
                              "first due instant: lower --ingest-rate")
-        await asyncio.sleep(slack_s + args.steady_s)
+        await asyncio.sleep(slack_s)
+        firing_cpu = cpu_times()  # how busy the machine is while the nodes fire
+        await asyncio.sleep(args.steady_s)
 
         extra: list[NodeProcess] = []
         name = f"n{args.nodes + 1}"
@@ -293,6 +314,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         end = phases[-1].end_ms
         if end > start + (span_s + END_MARGIN_S) * 1000:
             raise SystemExit("the phases outlasted the jobs: raise --phase-allowance-s")
+        cpu_idle = idle_share(firing_cpu, cpu_times())
         due = {j: at for j, at in jobs.items() if at <= end}
         await fleet.until(lambda: {m.job_id for m in tally.messages} >= due.keys(), 120,
                           "every occurrence due before the end read")
@@ -318,12 +340,15 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                     say(f"  {'its node' if own else 'other nodes'}' shards: pause up to "
                         f"{pause:.0f} ms, lateness up to {late:.0f} ms")
         say(outcome.summary())
+        if cpu_idle is not None:
+            say(f"the CPUs were idle {cpu_idle:.1%} of the time while the nodes fired")
         return {
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "cluster": args.cluster, "nodes": args.nodes, "shards": args.shards,
             "rate": args.rate, "static": args.static, "node_env": args.node_env,
             "phases_run": list(args.phases),
             "jobs": len(due), "ingest_s": round(ingest_s, 1), "load_1m": os.getloadavg()[0],
+            "cpu_idle_firing": cpu_idle,
             "lost": outcome.lost, "early": outcome.early, "duplicates": outcome.duplicates,
             "lateness_p50_ms": outcome.p(50), "lateness_p99_ms": outcome.p(99),
             "lateness_max_ms": outcome.max_ms,

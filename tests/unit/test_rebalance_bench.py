@@ -112,3 +112,10 @@ def test_phases_that_cannot_run_are_refused_with_the_reason(bench: Any, text: st
         bench.parse_phases(text)
     with pytest.raises(SystemExit):
         bench.parse(["--phases", text])
+
+
+def test_idle_share_is_the_idle_part_of_the_cpu_time_between_two_readings(bench: Any) -> None:
+    assert bench.idle_share((100, 1_000), (150, 1_200)) == 0.25
+    assert bench.idle_share((100, 1_000), (100, 1_000)) is None  # no time passed
+    idle, total = bench.cpu_times()
+    assert 0 <= idle <= total
