@@ -162,11 +162,13 @@ class Publisher:
         arrived = state.arrivals.settled(self.shard)
         if arrived is not None:
             # How long the shard published nothing here after its takeover began: with the
-            # claim's line, it tells a slow move's takeover from its first transaction.
+            # claim's line, it tells a slow move's takeover from its first transaction, and
+            # the split tells waiting for rows and dispatch from waiting for the transaction.
             log.info("shard %d: first commit %d ms after its takeover began (%d fired, the "
-                     "latest %d ms late)", self.shard, done - arrived, len(published),
-                     max(0, done - min(per_slot)) if per_slot else 0,
-                     extra={"shard": self.shard, "node": self.node_id})
+                     "latest %d ms late; its part came %d ms after the takeover began and "
+                     "took %d ms to commit)", self.shard, done - arrived, len(published),
+                     max(0, done - min(per_slot)) if per_slot else 0, started - arrived,
+                     done - started, extra={"shard": self.shard, "node": self.node_id})
         self.last_record, self.released = record, release
         if offset is not None:
             self.committed_offset = offset
