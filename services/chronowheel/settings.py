@@ -124,6 +124,12 @@ class Settings:
     max_batch: int = _opt(
         5_000, "most occurrences a shard dispatches in one step, and most messages a node "
                "transaction gathers from several shards (one shard's step always goes whole)")
+    node_transaction_spacing_ms: int = _opt(
+        0, "least time from the start of one node transaction to the start of the next (0: "
+           "back to back). Each transaction costs the brokers a fixed amount of CPU whatever "
+           "it carries: on brokers short of CPU, fewer and larger transactions leave more of "
+           "it for everything else, at up to this much more lateness. A shard's first part "
+           "after a takeover and a released shard's last part do not wait")
     node_session_timeout_ms: int = _opt(
         3_000, "Kafka group session timeout: how fast a dead node's shards move (brokers "
                "must allow it: group.min.session.timeout.ms at most this)")
@@ -373,6 +379,9 @@ class Settings:
                      "history_writes_in_flight"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be at least 1, got {getattr(self, name)}")
+        if not 0 <= self.node_transaction_spacing_ms <= 1000:
+            raise ConfigError(f"node_transaction_spacing_ms: must be 0 to 1000 (a second), "
+                              f"got {self.node_transaction_spacing_ms}")
         if self.history_queue_bytes < 1024:
             raise ConfigError(f"history_queue_bytes: must be at least 1024, got "
                               f"{self.history_queue_bytes}")

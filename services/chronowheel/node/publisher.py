@@ -129,8 +129,11 @@ class Publisher:
             return len(sent) + 1
 
         try:
+            # The first part after a takeover and a release go without the spacing between
+            # node transactions: the first one's occurrences have waited for the move.
             await self.transactions.commit(self.shard, self.session, fill, offset,
-                                           messages=len(sent) + 1)
+                                           messages=len(sent) + 1,
+                                           urgent=release or self.shard in state.arrivals)
         except Republish as again:
             # The transaction was aborted (nothing of this part is visible) and the node
             # starts a new session, which ends this actor: remember what the broker refused,

@@ -150,7 +150,8 @@ class Node:
         registry = self.registry
         self.transactions = NodeTransactions(
             producer=lambda: bus.producer(txn_id, self.group_id), clock=self.clock,
-            metrics=self.metrics, on_fenced=registry.on_fenced, max_messages=s.max_batch)
+            metrics=self.metrics, on_fenced=registry.on_fenced, max_messages=s.max_batch,
+            spacing_ms=s.node_transaction_spacing_ms)
         await self.transactions.start()
         if s.run_history:
             hstore = self._history_store

@@ -37,6 +37,15 @@ Size: a transaction takes queued parts up to `max_messages` messages (at least o
 rest wait for the next). Without that cap a herd (every shard's step full at once) made one
 transaction of ~100,000 messages per cycle, and a read_committed reader saw nothing of it
 until all of it was written; with it, herd messages become visible a few thousand at a time.
+
+Spacing: with `spacing_ms`, the next transaction begins no sooner than that long after the last
+one began (parts queue meanwhile). Every transaction costs the brokers the same fixed work
+whatever it carries (AddPartitionsToTxn, EndTxn, the coordinator's log writes and a marker on
+every partition it wrote, each replicated), so on brokers short of CPU fewer, larger
+transactions leave them more of it (the same trade as a producer's linger, which Kafka 4
+raised from 0 to 5 ms by default: KIP-1030). An urgent part does not wait: a shard's first
+part after its takeover (its occurrences have waited for the move already) and the last part
+of a shard being released.
 """
 
 from __future__ import annotations
@@ -56,7 +65,7 @@ from chronowheel.bus.ports import (
     Transaction,
     TxnProducer,
 )
-from chronowheel.core.clock import Clock
+from chronowheel.core.clock import Clock, sleep_until_or_event
 from chronowheel.errors import ChronowheelError
 from chronowheel.history import RunRecorder
 from chronowheel.node.metrics import NodeMetrics
@@ -126,17 +135,23 @@ class _Part:
     submit_offset: int | None
     done: asyncio.Future[None]
     messages: int
+    urgent: bool = False
 
 
 class NodeTransactions:
     def __init__(self, *, producer: Callable[[], TxnProducer], clock: Clock,
                  metrics: NodeMetrics, on_fenced: Callable[[int], None],
-                 max_messages: int | None = None) -> None:
+                 max_messages: int | None = None, spacing_ms: int = 0) -> None:
         """`producer` makes a new (unstarted) producer of the node's transactional id;
         `on_fenced(session)` is told the new session when a fence is found; `max_messages`
-        caps the messages one transaction gathers (None: every queued part)."""
+        caps the messages one transaction gathers (None: every queued part); `spacing_ms` is
+        the least time from one transaction's begin to the next one's (urgent parts excepted)."""
         if max_messages is not None and max_messages < 1:
             raise ValueError(f"max_messages must be >= 1, got {max_messages}")
+        if spacing_ms < 0:
+            raise ValueError(f"spacing_ms must be >= 0, got {spacing_ms}")
+        self._spacing_ms = spacing_ms
+        self._urgent = asyncio.Event()
         self._new_producer = producer
         self._max_messages = max_messages
         self.clock = clock
@@ -189,19 +204,23 @@ class NodeTransactions:
                 await self._producer.stop()
 
     async def commit(self, shard: int, session: int, fill: Fill,
-                     submit_offset: int | None, *, messages: int = 1) -> None:
+                     submit_offset: int | None, *, messages: int = 1,
+                     urgent: bool = False) -> None:
         """Have `fill` (about `messages` messages) and `submit_offset` committed in the next
-        node transaction with room for it; return when it committed. Raises NodeFenced when
-        `session` is over (the producer was fenced since the shard was claimed),
-        ChronowheelError when the transaction failed otherwise."""
+        node transaction with room for it; return when it committed. An `urgent` part ends
+        the spacing between transactions: the next one begins as soon as the one in flight
+        has ended. Raises NodeFenced when `session` is over (the producer was fenced since
+        the shard was claimed), ChronowheelError when the transaction failed otherwise."""
         if session != self.session:
             raise NodeFenced(f"shard {shard}: the node's producer was fenced since the shard "
                              f"was claimed (session {session}, now {self.session})")
         if not self._running:
             raise ChronowheelError(f"shard {shard}: the node's transaction loop is not running")
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Part(shard, session, fill, submit_offset, done, messages))
+        self._queue.append(_Part(shard, session, fill, submit_offset, done, messages, urgent))
         self._busy[shard] += 1
+        if urgent:
+            self._urgent.set()
         self._kick.set()
         await done
 
@@ -236,15 +255,21 @@ class NodeTransactions:
         """The transaction loop (a supervised task of the node): one transaction at a time,
         with every part queued when the previous one ended."""
         self._running = True
+        began: int | None = None
         try:
             while True:
                 await self._kick.wait()
+                if began is not None and not self._urgent.is_set():
+                    resume = began + self._spacing_ms
+                    if resume > self.clock.now_ms():
+                        await sleep_until_or_event(self.clock, resume, self._urgent)
                 # Let the shards woken by the last commit take what came due meanwhile and
                 # queue it (a few loop turns): otherwise they always miss the next transaction
                 # and wait for the one after it.
                 for _ in range(NEXT_PART_TURNS):
                     await asyncio.sleep(0)
                 self._kick.clear()
+                self._urgent.clear()
                 # A part whose actor was cancelled before its transaction began is dropped:
                 # the actor is gone, and its shard is taken over again from committed state.
                 self._release([p for p in self._queue if p.done.done()])
@@ -252,7 +277,11 @@ class NodeTransactions:
                 parts = self._take()
                 if self._queue:
                     self._kick.set()  # what did not fit goes in the next transaction
+                    if any(p.urgent for p in self._queue):
+                        self._urgent.set()
                 if parts:
+                    if self._spacing_ms:
+                        began = self.clock.now_ms()
                     try:
                         await self._transaction(parts)
                     finally:
