@@ -142,7 +142,8 @@ async def take_over(*, shard: int, transactions: NodeTransactions, bus: NodeBus,
         # The first read only names whom to fence; every decision rests on the settled read,
         # which follows the claimer's start. So both may run at once.
         started, value = await asyncio.gather(
-            claimer.start(), _read(bus, settings, shard, settled=False),
+            phases.timed("claimer init", claimer.start()),
+            phases.timed("state read", _read(bus, settings, shard, settled=False)),
             return_exceptions=True)
         for outcome in (started, value):
             if isinstance(outcome, BaseException):
