@@ -41,18 +41,22 @@ def eof(offset: int) -> Event:
 
 
 class Scripted:
-    """A consumer whose polls hand over one scripted batch each (then nothing)."""
+    """A consumer whose polls hand over one scripted batch each (then nothing). A batch may
+    come with the high watermark of the fetch that brought it (`(events, high)`); the cached
+    watermarks are then that one, else the query's."""
 
-    def __init__(self, watermarks: tuple[int, int], *batches: list[Event]) -> None:
+    def __init__(self, watermarks: tuple[int, int],
+                 *batches: list[Event] | tuple[list[Event], int]) -> None:
         self.watermarks = watermarks
-        self.batches = deque(batches)
+        self.high = watermarks[1]
+        self.batches = deque(b if isinstance(b, tuple) else (b, None) for b in batches)
         self.assigned: list[Any] = []
         self.closed = False
         self._rest: list[Event] = []
 
-    def get_watermark_offsets(self, tp: Any, timeout: float, cached: bool) -> tuple[int, int]:
-        assert not cached
-        return self.watermarks
+    def get_watermark_offsets(self, tp: Any, timeout: float | None = None,
+                              cached: bool = False) -> tuple[int, int]:
+        return (self.watermarks[0], self.high) if cached else self.watermarks
 
     def assign(self, tps: list[Any]) -> None:
         self.assigned = [(tp.topic, tp.partition, tp.offset) for tp in tps]
@@ -63,7 +67,10 @@ class Scripted:
     def poll(self, timeout: float) -> Event | None:
         if not self.batches:
             return None
-        first, *self._rest = self.batches.popleft()
+        events, high = self.batches.popleft()
+        if high is not None:
+            self.high = high
+        first, *self._rest = events
         return first
 
     def consume(self, n: int, timeout: float) -> list[Event]:
@@ -100,6 +107,25 @@ def test_an_eof_past_the_markers_ends_the_read_with_the_last_record() -> None:
     assert reads.read_last_blocking(TOPIC, 3, b"k", 1_000, False) == b"new"
     assert not consumer.batches
     assert reads.idle == 1 and consumer.assigned == []  # kept, fetching nothing
+
+
+def test_a_settled_read_goes_on_to_the_high_watermark_of_its_fetches() -> None:
+    # The query gives the last stable offset, 2; offsets 2-3 are a transaction still open
+    # (the fetches' high watermark, 4). Its record counts once it committed: read to 4.
+    consumer = Scripted((0, 2), ([Event(1, b"k", b"old"), eof(2)], 4),
+                        ([Event(2, b"k", b"new"), eof(4)], 4))
+    assert reads_with(consumer).read_last_blocking(TOPIC, 0, b"k", 1_000, True) == b"new"
+    # Not settled, the same read ends at the last stable offset.
+    consumer = Scripted((0, 2), ([Event(1, b"k", b"old"), eof(2)], 4),
+                        ([Event(2, b"k", b"new"), eof(4)], 4))
+    assert reads_with(consumer).read_last_blocking(TOPIC, 0, b"k", 1_000, False) == b"old"
+
+
+def test_a_settled_read_waits_to_hear_from_its_fetches_even_with_nothing_below_the_end() -> None:
+    # Nothing committed yet (last stable offset 0), a transaction open at offset 0: the read
+    # begins at its end, but only its fetches can tell whether something is open above it.
+    consumer = Scripted((0, 0), ([eof(0)], 1), ([Event(0, b"k", b"v"), eof(2)], 2))
+    assert reads_with(consumer).read_last_blocking(TOPIC, 0, b"k", 1_000, True) == b"v"
 
 
 def test_records_of_other_keys_and_empty_values_are_not_the_last_record() -> None:
