@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import chronowheel.bus.kafka_node as kafka_node
-import chronowheel.bus.kafka_state_reads as kafka_state_reads
 from chronowheel.bus.kafka import transactional_producer
 from chronowheel.core.wire import StateRecord
 
@@ -51,11 +50,11 @@ async def run(args: argparse.Namespace) -> None:
         finally:
             await writer.stop()
         bus = kafka_node.KafkaNodeBus(settings)
-        tail = kafka_state_reads.TAIL_OFFSETS
+        tail = kafka_node.STATE_TAIL_OFFSETS
         try:
             await bus.read_last(settings.state_topic, 0, key, 30_000)  # a reader started
             for name, back in (("tail", tail), ("from the beginning", 1 << 62)):
-                kafka_state_reads.TAIL_OFFSETS = back
+                kafka_node.STATE_TAIL_OFFSETS = back
                 took = []
                 for _ in range(args.reads):
                     t0 = time.monotonic()
@@ -66,7 +65,7 @@ async def run(args: argparse.Namespace) -> None:
                 print(f"{args.records:,} records, read {name}: median {statistics.median(took):.1f}"
                       f" ms, min {min(took):.1f}, max {max(took):.1f} ({args.reads} reads)")
         finally:
-            kafka_state_reads.TAIL_OFFSETS = tail
+            kafka_node.STATE_TAIL_OFFSETS = tail
             await bus.close()
     finally:
         await drop_namespace(settings)

@@ -33,6 +33,7 @@ from chronowheel.bus.kafka import (
     group_consumer,
     group_session_limits,
     open_admin,
+    reader,
     session_timeout_refusal,
     transactional_producer,
 )
@@ -717,17 +718,36 @@ class KafkaSubmitGroup(GroupThreadMember):
         return max(0, start - offset)
 
 
+STATE_READ_POLL_MS = 20
+STATE_TAIL_OFFSETS = 256
+"""A state read looks at this many offsets before the end first (`read_last`): a node
+transaction puts one record and one marker on each state partition it writes to."""
+"""How long a state read's fetch and poll wait for records before it looks at its position
+again. It was 500 ms (aiokafka's defaults): a settled read that met an open transaction then
+took 500 ms however soon the transaction ended, on the path of every full takeover."""
+
+
 class KafkaNodeBus:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
-        # librdkafka, imported only here: a takeover's reads are off the node's loop.
-        from chronowheel.bus.kafka_state_reads import RdKafkaStateReads
+        # Started readers kept for the next state read: starting one (bootstrap, metadata)
+        # costs a few hundred ms, twice per claimed shard, on the path of every failover.
+        self._idle_readers: list[AIOKafkaConsumer] = []
 
-        self._state_reads = RdKafkaStateReads(settings)
+    async def _reader(self) -> AIOKafkaConsumer:
+        if self._idle_readers:
+            return self._idle_readers.pop()
+        # A short long-poll: a settled read waits for the transactions still open on the state
+        # partition, and each wait ends at the broker's fetch wait or the poll below.
+        consumer = reader(self._settings, fetch_max_wait_ms=STATE_READ_POLL_MS)
+        await consumer.start()
+        return consumer
 
     async def close(self) -> None:
-        # Closing a librdkafka client joins its threads: not on the loop.
-        await asyncio.to_thread(self._state_reads.close)
+        idle, self._idle_readers = self._idle_readers, []
+        for consumer in idle:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
 
     def submit_group(self, *, group_id: str, client_id: str, session_timeout_ms: int,
                      on_assigned: ShardsChanged, on_revoked: ShardsChanged) -> SubmitGroup:
@@ -756,6 +776,68 @@ class KafkaNodeBus:
 
     async def read_last(self, topic: str, partition: int, key: bytes, timeout_ms: int, *,
                         settled: bool = False) -> bytes | None:
-        """`bus/kafka_state_reads.py`: the whole read in a thread, off the node's loop."""
-        return await self._state_reads.read_last(topic, partition, key, timeout_ms,
-                                                 settled=settled)
+        tp = TopicPartition(topic, partition)
+        consumer = await self._reader()
+        reusable = False
+        deadline = time.monotonic() + timeout_ms / 1000
+        try:
+            consumer.assign([tp])
+            # read_committed: end_offsets is the last stable offset (before the first open
+            # transaction). Settled: the high watermark, which a read_committed position
+            # reaches only once every transaction that wrote below it is resolved.
+            end = (await consumer.end_offsets([tp]))[tp]
+            # The tail first: a state partition's active segment holds every record of the
+            # last `segment.ms` (compaction leaves it alone), thousands to a hundred thousand
+            # at high rates, and a read from the beginning parsed them all, twice per takeover.
+            # The last record is in the tail unless aborted transactions and markers filled it:
+            # then further back, until the log start.
+            back = STATE_TAIL_OFFSETS
+            start = max(0, end - back)
+            while True:
+                found = await self._scan(consumer, tp, key, start, end, settled, deadline,
+                                         timeout_ms)
+                if found is not None or start == 0:
+                    break
+                begin = (await consumer.beginning_offsets([tp]))[tp]
+                if start <= begin:
+                    break
+                back *= 16
+                start = max(begin, end - back)
+            reusable = True
+        finally:
+            if reusable:
+                # Paused while idle: its fetcher would go on fetching the partition every
+                # STATE_READ_POLL_MS, read or not (the next assign starts unpaused).
+                consumer.pause(tp)
+                self._idle_readers.append(consumer)
+            else:  # a failed or cancelled read may leave it in any state
+                await consumer.stop()
+        return found
+
+    @staticmethod
+    async def _scan(consumer: AIOKafkaConsumer, tp: TopicPartition, key: bytes, start: int,
+                    end: int, settled: bool, deadline: float, timeout_ms: int) -> bytes | None:
+        """The last record with `key` from offset `start` to `end` (settled: to the high
+        watermark, once every transaction below it is resolved); None if there is none."""
+        consumer.seek(tp, start)  # below the log start: reset to it (auto_offset_reset)
+        found: bytes | None = None
+        while True:
+            position = await consumer.position(tp)
+            if settled:
+                high = consumer.highwater(tp)
+                end = max(end, high if high is not None else end)
+                done = high is not None and position >= end
+            else:
+                done = position >= end
+            if done:
+                return found
+            if time.monotonic() > deadline:
+                raise BusError(f"timed out reading {tp.topic}[{tp.partition}] to its "
+                               f"{'high watermark' if settled else 'end'} {end} "
+                               f"({timeout_ms} ms, at {position})")
+            # Not longer: once the open transactions end, the fetch brings their markers
+            # and no record, and only the next turn of this loop sees the position moved.
+            batch = await consumer.getmany(tp, timeout_ms=STATE_READ_POLL_MS)
+            for msg in batch.get(tp, []):
+                if msg.key == key and msg.value:
+                    found = msg.value
