@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 STOP_DEADLINE_S = Settings.stop_deadline_ms / 1000
 HISTORY_FLUSH_S = 5.0
 """At a graceful stop, how long the node writes the run history still queued, at most."""
+TOPICS_AHEAD_TIMEOUT_S = 10
+"""`_read_topics_ahead` gives up after this long (each read has its own bound too)."""
 
 
 @dataclass
@@ -153,6 +155,7 @@ class Node:
             metrics=self.metrics, on_fenced=registry.on_fenced, max_messages=s.max_batch,
             spacing_ms=s.node_transaction_spacing_ms)
         await self.transactions.start()
+        await self._read_topics_ahead()
         if s.run_history:
             hstore = self._history_store
             if hstore is None and self._cassandra is not None:
@@ -190,6 +193,25 @@ class Node:
             self.supervisor.spawn(guard.loop_watch(), "event-loop-watch")]
         log.info("node %s started: namespace %s, %d shards, group %s", self.node_id,
                  s.namespace, self.shards, self.group_id)
+
+    async def _read_topics_ahead(self) -> None:
+        """Read the largest record and the partition count of the topics a shard's first part
+        publishes to (the namespace's fired and dead topics), before the group can assign a
+        shard. Read at the first part instead, they came on the path of a new node's first
+        transaction: the start of an admin client and three requests, on the node's loop
+        while it is busiest (taking shards over). Best effort: what is not read here is read
+        at the first use, as before."""
+        s = self.settings
+        producer = self.transactions.producer
+        topics = (s.fired_topic, s.dead_topic)
+        try:
+            await within(asyncio.gather(*(producer.max_record_bytes(t) for t in topics),
+                                        *(producer.partition_count(t) for t in topics)),
+                         TOPICS_AHEAD_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("node %s: the limits and partitions of %s were not read within %d s "
+                        "of the start; each is read at its first use", self.node_id,
+                        ", ".join(topics), TOPICS_AHEAD_TIMEOUT_S)
 
     async def shutdown(self) -> None:
         """Stop taking work, finish open transactions, leave the group."""

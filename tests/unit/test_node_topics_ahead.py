@@ -1,0 +1,45 @@
+"""A node reads the largest record and the partition count of its namespace's fired and dead
+topics at its start, before it joins the group: a shard's first part then finds them known
+(`Node._read_topics_ahead`). Read at the first part, they came on the path of a new node's
+first transaction, while its loop was busiest taking shards over."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.unit.node_rig import NodeRig
+
+
+async def test_the_namespaces_topics_are_read_before_the_node_joins_its_group() -> None:
+    async with NodeRig(shards=2) as rig:
+        bus = rig.bus
+        events: list[tuple[str, str]] = []
+        make_producer, make_group = bus.producer, bus.submit_group
+
+        def producer(transactional_id: str, group_id: str) -> Any:
+            made = make_producer(transactional_id, group_id)
+            limit, count = made.max_record_bytes, made.partition_count
+
+            async def max_record_bytes(topic: str) -> int:
+                events.append(("limit", topic))
+                return await limit(topic)
+
+            async def partition_count(topic: str) -> int | None:
+                events.append(("partitions", topic))
+                return await count(topic)
+
+            made.max_record_bytes = max_record_bytes  # type: ignore[method-assign]
+            made.partition_count = partition_count  # type: ignore[method-assign]
+            return made
+
+        def submit_group(**kw: Any) -> Any:
+            events.append(("group", ""))
+            return make_group(**kw)
+
+        bus.producer = producer  # type: ignore[method-assign]
+        bus.submit_group = submit_group  # type: ignore[method-assign]
+        await rig.start()
+        s = rig.settings
+        before = set(events[:events.index(("group", ""))])
+        assert before == {("limit", s.fired_topic), ("limit", s.dead_topic),
+                          ("partitions", s.fired_topic), ("partitions", s.dead_topic)}
