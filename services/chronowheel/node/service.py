@@ -22,7 +22,7 @@ from typing import Any
 
 from chronowheel.admin import recorded_shard_count
 from chronowheel.bus.kafka_node import KafkaNodeBus
-from chronowheel.bus.ports import NodeBus, SubmitGroup
+from chronowheel.bus.ports import NodeBus, SubmitGroup, TxnProducer
 from chronowheel.core.clock import Clock, SystemClock
 from chronowheel.core.model import ValidationPolicy
 from chronowheel.errors import ChronowheelError, ConfigError
@@ -155,7 +155,7 @@ class Node:
             metrics=self.metrics, on_fenced=registry.on_fenced, max_messages=s.max_batch,
             spacing_ms=s.node_transaction_spacing_ms)
         await self.transactions.start()
-        await self._read_topics_ahead()
+        await self._read_topics_ahead(self.transactions.producer)
         if s.run_history:
             hstore = self._history_store
             if hstore is None and self._cassandra is not None:
@@ -194,7 +194,7 @@ class Node:
         log.info("node %s started: namespace %s, %d shards, group %s", self.node_id,
                  s.namespace, self.shards, self.group_id)
 
-    async def _read_topics_ahead(self) -> None:
+    async def _read_topics_ahead(self, producer: TxnProducer) -> None:
         """Read the largest record and the partition count of the topics a shard's first part
         publishes to (the namespace's fired and dead topics), before the group can assign a
         shard. Read at the first part instead, they came on the path of a new node's first
@@ -202,7 +202,6 @@ class Node:
         while it is busiest (taking shards over). Best effort: what is not read here is read
         at the first use, as before."""
         s = self.settings
-        producer = self.transactions.producer
         topics = (s.fired_topic, s.dead_topic)
         try:
             await within(asyncio.gather(*(producer.max_record_bytes(t) for t in topics),
