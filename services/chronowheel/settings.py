@@ -129,7 +129,14 @@ class Settings:
            "back to back). Each transaction costs the brokers a fixed amount of CPU whatever "
            "it carries: on brokers short of CPU, fewer and larger transactions leave more of "
            "it for everything else, at up to this much more lateness. A shard's first part "
-           "after a takeover and a released shard's last part do not wait")
+           "after a takeover, a released shard's last part and a full transaction (max_batch "
+           "messages) do not wait")
+    node_transaction_spacing_max_ms: int = _opt(
+        0, "most the spacing between node transactions grows to, above "
+           "node_transaction_spacing_ms, while the brokers take longer than their floor of "
+           "the last minute to end a transaction (EndTxn): short of CPU, they get fewer "
+           "transactions; with CPU to spare, transactions go at the least spacing. 0: no "
+           "adapting")
     node_session_timeout_ms: int = _opt(
         3_000, "Kafka group session timeout: how fast a dead node's shards move (brokers "
                "must allow it: group.min.session.timeout.ms at most this)")
@@ -382,6 +389,9 @@ class Settings:
         if not 0 <= self.node_transaction_spacing_ms <= 1000:
             raise ConfigError(f"node_transaction_spacing_ms: must be 0 to 1000 (a second), "
                               f"got {self.node_transaction_spacing_ms}")
+        if not 0 <= self.node_transaction_spacing_max_ms <= 1000:
+            raise ConfigError(f"node_transaction_spacing_max_ms: must be 0 to 1000 (a second), "
+                              f"got {self.node_transaction_spacing_max_ms}")
         if self.history_queue_bytes < 1024:
             raise ConfigError(f"history_queue_bytes: must be at least 1024, got "
                               f"{self.history_queue_bytes}")

@@ -28,13 +28,15 @@ class Rig:
     """A node's transaction loop over the in-memory bus; each part notes when its
     transaction took it."""
 
-    def __init__(self, spacing_ms: int) -> None:
+    def __init__(self, spacing_ms: int, spacing_max_ms: int = 0,
+                 max_messages: int | None = None) -> None:
         self.clock = ManualClock(T0)
         self.bus = MemoryBus(SETTINGS, self.clock)
         self.bus.create_namespace(2)
         self.transactions = NodeTransactions(
             producer=lambda: self.bus.producer("unit-node-a", "unit-nodes"), clock=self.clock,
-            metrics=NodeMetrics(), on_fenced=lambda session: None, spacing_ms=spacing_ms)
+            metrics=NodeMetrics(), on_fenced=lambda session: None, spacing_ms=spacing_ms,
+            spacing_max_ms=spacing_max_ms, max_messages=max_messages)
         self.taken: dict[str, int] = {}
         self.committed: dict[str, int] = {}
 
@@ -112,12 +114,78 @@ async def test_an_urgent_part_ends_the_spacing_and_takes_the_waiting_parts_along
         assert rig.taken["c"] == T0 + 220
 
 
+async def test_a_full_transaction_does_not_wait_for_the_spacing() -> None:
+    async with Rig(spacing_ms=200, max_messages=2) as rig:
+        rig.part("a")
+        await rig.settle()
+        rig.clock.advance(10)
+        rig.part("b")
+        await rig.settle()
+        assert "b" not in rig.taken  # one message of two: it waits
+        rig.part("c", shard=1)
+        await rig.settle()
+        assert rig.taken["b"] == rig.taken["c"] == T0 + 10  # two of two: full, at once
+        rig.clock.advance(10)
+        for name in ("d", "e", "f"):
+            rig.part(name)
+        await rig.settle()
+        # Full at once; what did not fit (f) goes next, without the spacing either: at
+        # max_messages a spacing, a herd would fall behind.
+        assert rig.taken["d"] == rig.taken["e"] == rig.taken["f"] == T0 + 20
+        rig.part("g")
+        await rig.settle()
+        assert "g" not in rig.taken
+        rig.clock.advance(200)
+        await rig.settle()
+        assert rig.taken["g"] == T0 + 220
+
+
 async def test_without_spacing_transactions_go_back_to_back() -> None:
     async with Rig(spacing_ms=0) as rig:
         for name in ("a", "b", "c"):
             rig.part(name)
             await rig.settle()
         assert rig.taken == {"a": T0, "b": T0, "c": T0}
+
+
+async def test_brokers_slow_to_end_transactions_get_them_spaced_until_they_recover() -> None:
+    async with Rig(spacing_ms=0, spacing_max_ms=200) as rig:
+        gauge = rig.transactions.metrics.txn_spacing_seconds
+
+        async def one(name: str) -> int:
+            """A part queued just after the last transaction: when its own began."""
+            rig.part(name)
+            await rig.settle()
+            while name not in rig.taken:
+                rig.clock.advance(1)
+                await rig.settle()
+            return rig.taken[name] - rig.clock.now_ms()
+
+        rig.bus.end_txn_ms = 4.0
+        for i in range(20):
+            await one(f"quick {i}")
+        assert gauge._value.get() == 0
+        began = rig.taken["quick 19"]
+        rig.part("back to back")
+        await rig.settle()
+        assert rig.taken["back to back"] == began
+        rig.bus.end_txn_ms = 80.0  # the brokers are short of CPU
+        waits = []
+        for i in range(30):
+            before = rig.clock.now_ms()
+            await one(f"slow {i}")
+            waits.append(rig.taken[f"slow {i}"] - before)
+        assert waits[0] == 0
+        assert max(waits) > 150  # spaced, up to 200 ms after the last began
+        assert gauge._value.get() == 0.2
+        rig.bus.end_txn_ms = 4.0  # recovered
+        for i in range(60):
+            await one(f"again {i}")
+        assert gauge._value.get() == 0
+        last = rig.taken["again 59"]
+        rig.part("back to back again")
+        await rig.settle()
+        assert rig.taken["back to back again"] == last
 
 
 def test_the_spacing_is_a_node_flag_and_a_variable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -127,12 +195,19 @@ def test_the_spacing_is_a_node_flag_and_a_variable(monkeypatch: pytest.MonkeyPat
         == 150
     args = build_parser().parse_args(["node", "--node-transaction-spacing-ms", "40"])
     assert settings_from_args(args).node_transaction_spacing_ms == 40
+    monkeypatch.setenv("CHRONOWHEEL_NODE_TRANSACTION_SPACING_MAX_MS", "250")
+    assert settings_from_args(build_parser().parse_args(["node"])) \
+        .node_transaction_spacing_max_ms == 250
+    args = build_parser().parse_args(["node", "--node-transaction-spacing-max-ms", "90"])
+    assert settings_from_args(args).node_transaction_spacing_max_ms == 90
 
 
 @pytest.mark.parametrize("spacing_ms", [-1, 1001])
 def test_a_spacing_out_of_range_is_refused_with_its_bounds(spacing_ms: int) -> None:
     with pytest.raises(ConfigError, match="node_transaction_spacing_ms: must be 0 to 1000"):
         Settings(node_transaction_spacing_ms=spacing_ms)
+    with pytest.raises(ConfigError, match="node_transaction_spacing_max_ms: must be 0 to 1000"):
+        Settings(node_transaction_spacing_max_ms=spacing_ms)
 
 
 async def test_a_node_with_spacing_publishes_a_later_occurrence_once_the_spacing_is_over(

@@ -191,6 +191,7 @@ class KafkaTransaction:
         self._sent: list[tuple[asyncio.Future[Any], KafkaPrepared | None, tuple[int, ...],
                                str]] = []
         self._refusals: list[Refusal] = []
+        self.end_ms: float | None = None
 
     async def _send_batch(self, batch: Any, topic: str, partition: int) -> asyncio.Future[Any]:
         try:
@@ -249,7 +250,9 @@ class KafkaTransaction:
                     {TopicPartition(self._submit_topic, k): off
                      for k, off in submit_offsets.items()}, self._group_id)
             await self._check_sent()
+            ending = time.monotonic()
             await self._producer.commit_transaction()
+            self.end_ms = (time.monotonic() - ending) * 1000
 
     async def _check_sent(self) -> None:
         """Wait for every batch sent; raise what one of them failed with (nothing is committed

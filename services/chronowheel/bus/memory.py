@@ -92,6 +92,9 @@ class MemoryBus:
         self.max_request_bytes = 4 << 20
         """The producers' `max_request_size`."""
         self.commits = 0
+        self.end_txn_ms = 0.0
+        """What a committed transaction reports as its brokers' end time (`Transaction.end_ms`):
+        a test sets it to act out brokers short of CPU."""
         self.fail_commits = 0
         """Make this many next commits fail with BusError (after nothing was applied)."""
         self.fail_commits_of: str | None = None
@@ -234,6 +237,7 @@ class MemoryTransaction:
         self._open: dict[tuple[str, int], int] = {}  # messages in the current batch
         self.refusals: list[Refusal] = []
         self.aborted = False
+        self.end_ms: float | None = None
 
     def writes_to(self, topic: str, partition: int) -> bool:
         """Whether this open transaction has a message for that partition (in Kafka: holds
@@ -325,6 +329,7 @@ class MemoryTransaction:
         for shard, offset in submit_offsets.items():
             bus.group_offsets[(producer.group_id, bus.settings.submit_topic, shard)] = offset
         bus.commits += 1
+        self.end_ms = bus.end_txn_ms
         self._end()
 
     async def abort(self) -> None:

@@ -120,6 +120,11 @@ class Transaction(Protocol):
     `BusError` on any other failure.
     """
 
+    end_ms: float | None
+    """How long the brokers took to end the transaction once everything in it was sent (its
+    EndTxn: the coordinator's log writes, about the same whatever the transaction carried),
+    in ms; None until `commit` returned."""
+
     def append(self, topic: str, partition: int, key: bytes | None, value: bytes,
                headers: Headers) -> bool:
         """Buffer a message without awaiting anything; False when it needs `publish` (no

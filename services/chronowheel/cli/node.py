@@ -19,7 +19,8 @@ log = logging.getLogger("chronowheel.node")
 NODE_SETTINGS = (
     "namespace", "cassandra", "kafka", "consistency", "http_port", "lookahead_ms", "prewarm_ms",
     "hot_bucket_rows", "bucket_page_rows", "bucket_cap_rows", "max_clock_skew_ms", "tick_ms",
-    "max_batch", "node_transaction_spacing_ms", "node_session_timeout_ms",
+    "max_batch", "node_transaction_spacing_ms", "node_transaction_spacing_max_ms",
+    "node_session_timeout_ms",
     "node_heartbeat_interval_ms",
     "node_loop_stall_limit_ms", "node_group_protocol",
     "node_instance_id", "retention_ms", "allowed_topics", "max_id_bytes",

@@ -106,6 +106,16 @@ class NodeMetrics:
         self.txn_seconds = Histogram("chronowheel_transaction_seconds",
                                      "node transaction latency (begin to committed)",
                                      buckets=LATENESS_BUCKETS, registry=r)
+        self.txn_end_seconds = Histogram(
+            "chronowheel_transaction_end_seconds",
+            "how long the brokers took to end a committed node transaction once everything in "
+            "it was sent (EndTxn); it grows when the brokers are short of CPU",
+            buckets=LATENESS_BUCKETS, registry=r)
+        self.txn_spacing_seconds = Gauge(
+            "chronowheel_transaction_spacing_seconds",
+            "the least time from one node transaction's begin to the next one's, now "
+            "(node_transaction_spacing_ms, and up to node_transaction_spacing_max_ms while "
+            "the brokers' end times grow)", registry=r)
         self.txn_messages = Counter("chronowheel_transaction_messages_total",
                                     "messages (fired, outbox, state records) in committed "
                                     "node transactions", registry=r)

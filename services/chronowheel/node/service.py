@@ -153,7 +153,8 @@ class Node:
         self.transactions = NodeTransactions(
             producer=lambda: bus.producer(txn_id, self.group_id), clock=self.clock,
             metrics=self.metrics, on_fenced=registry.on_fenced, max_messages=s.max_batch,
-            spacing_ms=s.node_transaction_spacing_ms)
+            spacing_ms=s.node_transaction_spacing_ms,
+            spacing_max_ms=s.node_transaction_spacing_max_ms)
         await self.transactions.start()
         await self._read_topics_ahead(self.transactions.producer)
         if s.run_history:

@@ -38,14 +38,15 @@ rest wait for the next). Without that cap a herd (every shard's step full at onc
 transaction of ~100,000 messages per cycle, and a read_committed reader saw nothing of it
 until all of it was written; with it, herd messages become visible a few thousand at a time.
 
-Spacing: with `spacing_ms`, the next transaction begins no sooner than that long after the last
-one began (parts queue meanwhile). Every transaction costs the brokers the same fixed work
-whatever it carries (AddPartitionsToTxn, EndTxn, the coordinator's log writes and a marker on
-every partition it wrote, each replicated), so on brokers short of CPU fewer, larger
-transactions leave them more of it (the same trade as a producer's linger, which Kafka 4
-raised from 0 to 5 ms by default: KIP-1030). An urgent part does not wait: a shard's first
-part after its takeover (its occurrences have waited for the move already) and the last part
-of a shard being released.
+Spacing: the next transaction begins no sooner than the spacing after the last one began
+(parts queue meanwhile): `spacing_ms` at least, and up to `spacing_max_ms` while the brokers'
+end times say they are short of CPU (`node/spacing.py`). Every transaction costs the brokers
+the same fixed work whatever it carries, so on brokers short of CPU fewer, larger transactions
+leave them more of it (the same trade as a producer's linger, which Kafka 4 raised from 0 to
+5 ms by default: KIP-1030). An urgent part does not wait: a shard's first part after its
+takeover (its occurrences have waited for the move already) and the last part of a shard
+being released; nor does a full transaction (`max_messages` queued, or parts left over by the
+last one), which is as large as spacing could make it.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ from chronowheel.core.clock import Clock, sleep_until_or_event
 from chronowheel.errors import ChronowheelError
 from chronowheel.history import RunRecorder
 from chronowheel.node.metrics import NodeMetrics
+from chronowheel.node.spacing import Spacing
 from chronowheel.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -141,16 +143,16 @@ class _Part:
 class NodeTransactions:
     def __init__(self, *, producer: Callable[[], TxnProducer], clock: Clock,
                  metrics: NodeMetrics, on_fenced: Callable[[int], None],
-                 max_messages: int | None = None, spacing_ms: int = 0) -> None:
+                 max_messages: int | None = None, spacing_ms: int = 0,
+                 spacing_max_ms: int = 0) -> None:
         """`producer` makes a new (unstarted) producer of the node's transactional id;
         `on_fenced(session)` is told the new session when a fence is found; `max_messages`
         caps the messages one transaction gathers (None: every queued part); `spacing_ms` is
-        the least time from one transaction's begin to the next one's (urgent parts excepted)."""
+        the least time from one transaction's begin to the next one's (urgent parts excepted),
+        and up to `spacing_max_ms` it adapts to the brokers' end times (`node/spacing.py`)."""
         if max_messages is not None and max_messages < 1:
             raise ValueError(f"max_messages must be >= 1, got {max_messages}")
-        if spacing_ms < 0:
-            raise ValueError(f"spacing_ms must be >= 0, got {spacing_ms}")
-        self._spacing_ms = spacing_ms
+        self.spacing = Spacing(least_ms=spacing_ms, most_ms=spacing_max_ms)
         self._urgent = asyncio.Event()
         self._new_producer = producer
         self._max_messages = max_messages
@@ -219,8 +221,9 @@ class NodeTransactions:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.append(_Part(shard, session, fill, submit_offset, done, messages, urgent))
         self._busy[shard] += 1
-        if urgent:
-            self._urgent.set()
+        cap = self._max_messages
+        if urgent or (cap is not None and sum(p.messages for p in self._queue) >= cap):
+            self._urgent.set()  # urgent, or a full transaction is waiting: no spacing
         self._kick.set()
         await done
 
@@ -260,7 +263,7 @@ class NodeTransactions:
             while True:
                 await self._kick.wait()
                 if began is not None and not self._urgent.is_set():
-                    resume = began + self._spacing_ms
+                    resume = began + self.spacing.ms
                     if resume > self.clock.now_ms():
                         await sleep_until_or_event(self.clock, resume, self._urgent)
                 # Let the shards woken by the last commit take what came due meanwhile and
@@ -276,12 +279,13 @@ class NodeTransactions:
                 self._queue = [p for p in self._queue if not p.done.done()]
                 parts = self._take()
                 if self._queue:
-                    self._kick.set()  # what did not fit goes in the next transaction
-                    if any(p.urgent for p in self._queue):
-                        self._urgent.set()
+                    # What did not fit goes in the next transaction, without the spacing: a
+                    # full transaction is as large as spacing could make it, and waiting would
+                    # cap the node at `max_messages` a spacing (a herd would fall behind).
+                    self._kick.set()
+                    self._urgent.set()
                 if parts:
-                    if self._spacing_ms:
-                        began = self.clock.now_ms()
+                    began = self.clock.now_ms()
                     try:
                         await self._transaction(parts)
                     finally:
@@ -356,6 +360,10 @@ class NodeTransactions:
         self._failing_since = None
         m = self.metrics
         m.txn_seconds.observe((self.clock.now_ms() - started) / 1000)
+        if txn.end_ms is not None:
+            m.txn_end_seconds.observe(txn.end_ms / 1000)
+            self.spacing.ended(txn.end_ms, self.clock.now_ms())
+            m.txn_spacing_seconds.set(self.spacing.ms / 1000)
         m.txn_messages.inc(messages)
         m.txn_shards.inc(len(parts))
         for p in parts:
