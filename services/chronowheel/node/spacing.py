@@ -10,8 +10,8 @@ behind the others and spacing them leaves the brokers the CPU for the messages t
 *adapts*, up to `node_transaction_spacing_max_ms` (0 turns adapting off), following one signal:
 how long the brokers take to end a transaction once everything in it was sent (its EndTxn,
 `Transaction.end_ms`). That time does not grow with what the transaction carries, only with
-how busy the coordinator and the partitions' leaders are, so it tells a loaded cluster from a
-large transaction. The rule is a delay-based one, as in LEDBAT (RFC 6817) or TCP Vegas:
+how busy the coordinator and its transaction log's replicas are, so it tells a loaded cluster
+from a large transaction. The rule is a delay-based one, as in LEDBAT (RFC 6817) or TCP Vegas:
 
 - the *floor* is the shortest end time of the last `FLOOR_WINDOW_MS`, kept as the minima of
   `FLOOR_BUCKETS` slices of it (so it follows a cluster that became slower for good, a minute
@@ -22,8 +22,8 @@ large transaction. The rule is a delay-based one, as in LEDBAT (RFC 6817) or TCP
   space the next transactions, only end times that stay high;
 - their difference is the brokers' *queueing*. At each transaction the spacing moves by
   `GAIN` times the queueing's distance from `QUEUEING_TARGET_MS`: up while it is over, down
-  while it is under; well under (below half the target) it falls to `DECAY` of itself at once,
-  so that brokers that recovered get transactions back to back within a few of them.
+  while it is under; well under (below half the target) it falls to `DECAY` of itself at each,
+  so that brokers that recovered get transactions back to back within some twenty of them.
 
 Measured on the cluster profile (three brokers on two shared cores, `loadtest/RESULTS.md`,
 "Spacing that follows the brokers"): idle, the end times were 1.2-2.4 ms; at 5,000
@@ -33,10 +33,11 @@ back at 2-5 ms (queueing under 3 ms) the spacing stays 0. Load grows and the end
 12 ms: the queueing, 10 ms, is 5 over the target, and the spacing grows 5 ms a transaction:
 5, 10, 15 ... As it passes the time one transaction takes, fewer of them are made, each larger,
 and their end times fall; it settles where the queueing is about the target. When the load is
-gone (end times at 2-3 ms) it falls by a quarter a transaction: 120, 90, 68 ... 0.
+gone (end times at 2-3 ms), once their average is back under 4.5 ms it falls by a quarter a
+transaction: 120, 90, 68 ... 0.
 
 An urgent part (a shard's first after its takeover, a released shard's last) ends the wait
-whatever the spacing (`node/transactions.py`).
+whatever the spacing, and so does a full transaction (`node/transactions.py`).
 """
 
 from __future__ import annotations
