@@ -152,14 +152,14 @@ async def test_brokers_slow_to_end_transactions_get_them_spaced_until_they_recov
     async with Rig(spacing_ms=0, spacing_max_ms=200) as rig:
         gauge = rig.transactions.metrics.txn_spacing_seconds
 
-        async def one(name: str) -> int:
-            """A part queued just after the last transaction: when its own began."""
+        async def one(name: str) -> None:
+            """Queue a part and move the clock a millisecond at a time until its transaction
+            took it."""
             rig.part(name)
             await rig.settle()
             while name not in rig.taken:
                 rig.clock.advance(1)
                 await rig.settle()
-            return rig.taken[name] - rig.clock.now_ms()
 
         rig.bus.end_txn_ms = 4.0
         for i in range(20):
@@ -190,6 +190,7 @@ async def test_brokers_slow_to_end_transactions_get_them_spaced_until_they_recov
 
 def test_the_spacing_is_a_node_flag_and_a_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Settings().node_transaction_spacing_ms == 0  # back to back unless asked
+    assert Settings().node_transaction_spacing_max_ms == 0  # and not adapting
     monkeypatch.setenv("CHRONOWHEEL_NODE_TRANSACTION_SPACING_MS", "150")
     assert settings_from_args(build_parser().parse_args(["node"])).node_transaction_spacing_ms \
         == 150
