@@ -152,40 +152,32 @@ async def test_brokers_slow_to_end_transactions_get_them_spaced_until_they_recov
     async with Rig(spacing_ms=0, spacing_max_ms=200) as rig:
         gauge = rig.transactions.metrics.txn_spacing_seconds
 
-        async def one(name: str) -> None:
+        async def one(name: str) -> int:
             """Queue a part and move the clock a millisecond at a time until its transaction
-            took it."""
+            took it; how long it waited."""
+            queued = rig.clock.now_ms()
             rig.part(name)
             await rig.settle()
             while name not in rig.taken:
                 rig.clock.advance(1)
                 await rig.settle()
+            return rig.taken[name] - queued
 
-        rig.bus.end_txn_ms = 4.0
-        for i in range(20):
-            await one(f"quick {i}")
+        async def series(prefix: str, end_ms: float, count: int) -> list[int]:
+            """`count` parts one after the other, the brokers ending each in `end_ms`."""
+            rig.bus.end_txn_ms = end_ms
+            return [await one(f"{prefix} {i}") for i in range(count)]
+
+        await series("quick", 4.0, 20)
         assert gauge._value.get() == 0
-        began = rig.taken["quick 19"]
-        rig.part("back to back")
-        await rig.settle()
-        assert rig.taken["back to back"] == began
-        rig.bus.end_txn_ms = 80.0  # the brokers are short of CPU
-        waits = []
-        for i in range(30):
-            before = rig.clock.now_ms()
-            await one(f"slow {i}")
-            waits.append(rig.taken[f"slow {i}"] - before)
+        assert await one("back to back") == 0
+        waits = await series("slow", 80.0, 30)  # the brokers are short of CPU
         assert waits[0] == 0
         assert max(waits) > 150  # spaced, up to 200 ms after the last began
         assert gauge._value.get() == 0.2
-        rig.bus.end_txn_ms = 4.0  # recovered
-        for i in range(60):
-            await one(f"again {i}")
+        await series("again", 4.0, 60)  # recovered
         assert gauge._value.get() == 0
-        last = rig.taken["again 59"]
-        rig.part("back to back again")
-        await rig.settle()
-        assert rig.taken["back to back again"] == last
+        assert await one("back to back again") == 0
 
 
 def test_the_spacing_is_a_node_flag_and_a_variable(monkeypatch: pytest.MonkeyPatch) -> None:
