@@ -71,6 +71,7 @@ class Rig:
 
 async def test_the_next_transaction_waits_for_the_spacing_after_the_last_began() -> None:
     async with Rig(spacing_ms=200) as rig:
+        assert rig.transactions.metrics.txn_spacing_seconds._value.get() == 0.2
         first = rig.part("a")
         await rig.settle()
         assert rig.taken == {"a": T0} and first.done()  # nothing in flight: at once

@@ -212,6 +212,10 @@ class Node:
             log.warning("node %s: the limits and partitions of %s were not read within %d s "
                         "of the start; each is read at its first use", self.node_id,
                         ", ".join(topics), TOPICS_AHEAD_TIMEOUT_S)
+        except Exception as exc:  # a read ahead must not stop the start: first use reads again
+            log.warning("node %s: reading the limits and partitions of %s at the start failed "
+                        "(%r); each is read at its first use", self.node_id, ", ".join(topics),
+                        exc)
 
     async def shutdown(self) -> None:
         """Stop taking work, finish open transactions, leave the group."""

@@ -153,6 +153,7 @@ class NodeTransactions:
         if max_messages is not None and max_messages < 1:
             raise ValueError(f"max_messages must be >= 1, got {max_messages}")
         self.spacing = Spacing(least_ms=spacing_ms, most_ms=spacing_max_ms)
+        metrics.txn_spacing_seconds.set(spacing_ms / 1000)
         self._urgent = asyncio.Event()
         self._new_producer = producer
         self._max_messages = max_messages
@@ -221,8 +222,7 @@ class NodeTransactions:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.append(_Part(shard, session, fill, submit_offset, done, messages, urgent))
         self._busy[shard] += 1
-        cap = self._max_messages
-        if urgent or (cap is not None and sum(p.messages for p in self._queue) >= cap):
+        if urgent or (self.spacing.ms and self._full()):
             self._urgent.set()  # urgent, or a full transaction is waiting: no spacing
         self._kick.set()
         await done
@@ -296,6 +296,12 @@ class NodeTransactions:
             self._release(self._queue)
             self._queue = []
 
+    def _full(self) -> bool:
+        """Whether the queued parts fill a transaction (only asked while there is a spacing
+        to end: back to back, nothing waits anyway)."""
+        cap = self._max_messages
+        return cap is not None and sum(p.messages for p in self._queue) >= cap
+
     def _take(self) -> list[_Part]:
         """The parts of the next transaction: queued ones in order while they fit in
         `max_messages`, at least one."""
@@ -362,8 +368,9 @@ class NodeTransactions:
         m.txn_seconds.observe((self.clock.now_ms() - started) / 1000)
         if txn.end_ms is not None:
             m.txn_end_seconds.observe(txn.end_ms / 1000)
-            self.spacing.ended(txn.end_ms, self.clock.now_ms())
-            m.txn_spacing_seconds.set(self.spacing.ms / 1000)
+            if self.spacing.adapts:
+                self.spacing.ended(txn.end_ms, self.clock.now_ms())
+                m.txn_spacing_seconds.set(self.spacing.ms / 1000)
         m.txn_messages.inc(messages)
         m.txn_shards.inc(len(parts))
         for p in parts:
