@@ -6,7 +6,7 @@ import argparse
 import importlib
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from chronowheel.errors import ChronowheelError
 from chronowheel.logs import configure
@@ -32,7 +32,30 @@ COMMAND_MODULES = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+# The command each module registers is named after the module.
+COMMANDS = {module.rsplit(".", 1)[1]: module for module in COMMAND_MODULES}
+# Options before the command that take a value (the command is the first word after them).
+_GLOBAL_OPTIONS_WITH_VALUE = ("--log-format",)
+
+
+def command_in(argv: Sequence[str]) -> str | None:
+    """The command `argv` names, or None (no command, an unknown one, or only --help).
+
+    The parser then needs only that command's module: a `chronowheel node` skips importing
+    the fifteen others (about 0.15 s of CPU at every node and worker start)."""
+    words = iter(argv)
+    for word in words:
+        if word in ("-h", "--help"):  # the whole help lists every command
+            return None
+        if word in _GLOBAL_OPTIONS_WITH_VALUE:
+            next(words, None)
+        elif not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with `only` (a command of COMMANDS), that command alone."""
     parser = argparse.ArgumentParser(
         prog="chronowheel",
         description="Durable scheduler for future work (Cassandra + timing wheels + Kafka).",
@@ -43,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("CHRONOWHEEL_LOG_FORMAT", "text"),
         help="text, or one JSON object per line [env CHRONOWHEEL_LOG_FORMAT; default text]")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
+    for name in (COMMANDS[only],) if only is not None else COMMAND_MODULES:
         importlib.import_module(name).register(sub)
     env_backed(parser, os.environ)
     return parser
@@ -94,7 +117,9 @@ def _env_word(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    if argv is None:
+        argv = sys.argv[1:]
+    parser = build_parser(command_in(argv))
     args = parser.parse_args(argv)
     configure(verbose=args.verbose, fmt=args.log_format)
     try:
