@@ -145,6 +145,52 @@ async def test_keep_alive_serves_two_requests_on_one_connection_then_closes_when
         writer.close()
 
 
+async def test_http_1_0_is_answered_and_closed_unless_it_asks_to_keep_alive() -> None:
+    async with serving() as endpoint:
+        reader, writer = await connect(endpoint)
+        writer.write(b"GET /healthz/live HTTP/1.0\r\n\r\n")
+        status, headers, body = await response(reader)
+        assert (status, headers["connection"].lower(), body) == (200, "close", b'{"ok":true}')
+        assert await closed_by_server(reader, 5) == b""
+        writer.close()
+        reader, writer = await connect(endpoint)
+        for _ in range(2):
+            writer.write(b"GET /healthz/live HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+            status, headers, _ = await response(reader)
+            assert (status, headers["connection"].lower()) == (200, "keep-alive")
+        writer.close()
+
+
+async def test_a_client_that_half_closes_after_its_request_still_gets_the_answer() -> None:
+    async with serving() as endpoint:
+        reader, writer = await connect(endpoint)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        writer.write_eof()
+        status, _, body = await response(reader)
+        assert status == 200 and orjson.loads(body)["ok"] is True
+        assert await closed_by_server(reader, 5) == b""
+        writer.close()
+
+
+async def test_a_failing_health_check_is_a_500_and_the_endpoint_goes_on() -> None:
+    calls = 0
+
+    def health() -> tuple[bool, dict[str, object]]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("health check bug")
+        return True, {}
+
+    endpoint = HttpEndpoint(NodeMetrics().registry, health, 0)
+    await endpoint.start()
+    try:
+        assert (await get(endpoint, "/healthz"))[0] == 500
+        assert (await get(endpoint, "/healthz"))[0] == 200
+    finally:
+        await endpoint.stop()
+
+
 # --- what one client can make it hold ---------------------------------------------------------
 
 

@@ -7,11 +7,11 @@ other path needs `Authorization: Bearer <CHRONOWHEEL_HTTP_TOKEN>` (chronowheel.s
 with the reason in the JSON body); `/healthz/live` only says that the process answers, so a
 liveness probe restarts a hung process but never one that is merely catching up.
 
-HTTP parsing is aiohttp's low-level server; around each connection sits a guard that bounds
-what one client can hold (`HttpLimits`):
+HTTP is read and written by `observe/http_wire.py` (GET and HEAD, no bodies); each connection
+is an asyncio protocol that bounds what one client can hold (`HttpLimits`):
 
-- the request line and each header field are capped in size, the header count too (aiohttp
-  answers 400 and closes);
+- the request line and each header field are capped in size, the header count too (answered
+  414 or 431 and closed);
 - the bytes received for one request (line, headers, anything after them) are capped; beyond
   that the server answers 431 and closes;
 - every request has a deadline, from its first byte (or the connection opening) until its
@@ -20,13 +20,14 @@ what one client can hold (`HttpLimits`):
 - an idle keep-alive connection is closed after `keepalive_s`;
 - at most `max_connections` connections are open; one more is answered 503 and closed;
 - only GET and HEAD are served (405 otherwise), and a request with a body is answered 413
-  and its connection closed: nothing here reads a body.
+  and its connection closed: nothing here reads a body;
+- while the socket does not take the answers (the client does not read them), the connection
+  reads nothing more either: pipelined requests wait in the kernel, not here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -34,14 +35,11 @@ from dataclasses import dataclass
 from typing import cast
 
 import orjson
-from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from chronowheel.observe.http_wire import Refused, RequestHead, head_end, parse_head, response
 from chronowheel.security import bearer_allowed
 from chronowheel.settings import Secret
-from chronowheel.timeouts import within
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +70,8 @@ class HttpLimits:
     """Open connections; one more is answered 503 and closed."""
 
 
-_REFUSED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
-            b"Content-Length: 21\r\nConnection: close\r\n\r\ntoo many connections\n")
-_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain\r\n"
-              b"Content-Length: 18\r\nConnection: close\r\n\r\nrequest too large\n")
+_REFUSED = response(503, "text/plain", b"too many connections\n", close=True)
+_TOO_LARGE = response(431, "text/plain", b"request too large\n", close=True)
 _ALLOWED_METHODS = ("GET", "HEAD")
 
 
@@ -91,8 +87,7 @@ class HttpEndpoint:
         self._token = token
         self.limits = limits or HttpLimits()
         self._server: asyncio.Server | None = None
-        self._web: web.Server | None = None
-        self._guards: dict[asyncio.BaseTransport, _Guard] = {}
+        self._connections: dict[asyncio.BaseTransport, _Connection] = {}
         self.refused = 0
         """Connections turned away because `max_connections` were open."""
         self._refusal_logged = 0.0
@@ -105,193 +100,196 @@ class HttpEndpoint:
     @property
     def connections(self) -> int:
         """Connections open now (refused ones not counted)."""
-        return len(self._guards)
+        return len(self._connections)
 
     def buffered_bytes(self) -> int:
         """Bytes the open connections hold: received for the request under way, and queued
         to be sent."""
-        return sum(g.received + g.write_buffered() for g in self._guards.values())
+        return sum(c.received + c.write_buffered() for c in self._connections.values())
 
     async def start(self) -> None:
-        lim = self.limits
-        self._web = web.Server(
-            self._serve, access_log=None, logger=_ParseErrors(log, {}),
-            max_line_size=lim.max_line_size, max_field_size=lim.max_field_size,
-            max_headers=lim.max_headers,
-            # aiohttp's own wait for a request, from the connection opening or the last
-            # response: a backstop behind the guard's deadline and idle timer.
-            keepalive_timeout=lim.request_timeout_s + lim.keepalive_s,
-            lingering_time=0)
-        web_server = self._web
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _Guard(self, web_server()), self._host, self._port,
-            backlog=lim.max_connections)
+            lambda: _Connection(self), self._host, self._port,
+            backlog=self.limits.max_connections)
         log.info("serving /metrics and /healthz on http://%s:%d", self._host, self.port)
 
     async def stop(self) -> None:
         if self._server is None:
             return
         self._server.close()
-        for guard in list(self._guards.values()):
-            guard.drop()
-        if self._web is not None:
-            with contextlib.suppress(TimeoutError):
-                await within(self._web.shutdown(1.0), 2.0)
+        for connection in list(self._connections.values()):
+            connection.drop()
         await self._server.wait_closed()
 
     # --- connections ------------------------------------------------------------------------
-    def _admit(self, guard: _Guard) -> bool:
-        if len(self._guards) >= self.limits.max_connections:
+    def _admit(self, connection: _Connection) -> bool:
+        if len(self._connections) >= self.limits.max_connections:
             self.refused += 1
             now = time.monotonic()
             if now - self._refusal_logged > 60:
                 self._refusal_logged = now
                 log.warning("HTTP endpoint: %d connections open, refusing more (%d so far)",
-                            len(self._guards), self.refused)
+                            len(self._connections), self.refused)
             return False
-        assert guard.transport is not None
-        self._guards[guard.transport] = guard
+        assert connection.transport is not None
+        self._connections[connection.transport] = connection
         return True
 
-    def _forget(self, guard: _Guard) -> None:
-        if guard.transport is not None and self._guards.get(guard.transport) is guard:
-            del self._guards[guard.transport]
+    def _forget(self, connection: _Connection) -> None:
+        transport = connection.transport
+        if transport is not None and self._connections.get(transport) is connection:
+            del self._connections[transport]
 
     # --- requests ---------------------------------------------------------------------------
-    async def _serve(self, request: web.BaseRequest) -> web.StreamResponse:
-        guard = self._guards.get(request.transport) if request.transport else None
-        if guard is not None:
-            guard.request_started()
-        resp = self._respond(request)
-        try:
-            await resp.prepare(request)
-            await resp.write_eof()
-        finally:
-            if guard is not None:
-                guard.request_done()
-        return resp
+    def answer(self, request: RequestHead) -> tuple[bytes, bool]:
+        """The response to `request`, and whether the connection closes after it."""
+        close = not request.keep_alive
+        head_only = request.method == "HEAD"
 
-    def _respond(self, request: web.BaseRequest) -> web.Response:
+        def reply(status: int, content_type: str, body: bytes,
+                  extra: tuple[tuple[str, str], ...] = ()) -> bytes:
+            return response(status, content_type, body, head_only=head_only, close=close,
+                            keep_alive_1_0=request.version < (1, 1), extra=extra)
+
         if request.method not in _ALLOWED_METHODS:
-            resp = _text(405, "method not allowed\n")
-            resp.headers["Allow"] = ", ".join(_ALLOWED_METHODS)
-            resp.force_close()
-            return resp
-        if request.body_exists:
-            resp = _text(413, "a request body is not accepted\n")
-            resp.force_close()
-            return resp
-        path = request.raw_path
+            close = True
+            return reply(405, "text/plain", b"method not allowed\n",
+                         (("Allow", ", ".join(_ALLOWED_METHODS)),)), close
+        if request.has_body:
+            close = True
+            return reply(413, "text/plain", b"a request body is not accepted\n"), close
+        path = request.target
         route = path.split("?", 1)[0]
         if not bearer_allowed(path, request.headers, self._token):
-            resp = _text(401, "bearer token required\n")
-            resp.headers["WWW-Authenticate"] = 'Bearer realm="chronowheel"'
-            return resp
+            return reply(401, "text/plain", b"bearer token required\n",
+                         (("WWW-Authenticate", 'Bearer realm="chronowheel"'),)), close
         if route.startswith("/metrics"):
-            return _body(200, CONTENT_TYPE_LATEST, generate_latest(self._registry))
+            return reply(200, CONTENT_TYPE_LATEST, generate_latest(self._registry)), close
         if route == "/healthz/live":
-            return _body(200, "application/json", b'{"ok":true}')
+            return reply(200, "application/json", b'{"ok":true}'), close
         if route.startswith("/healthz"):
             ok, detail = self._health()
-            return _body(200 if ok else 503, "application/json",
-                         orjson.dumps({"ok": ok, **detail}))
-        return _text(404, "not found\n")
+            return reply(200 if ok else 503, "application/json",
+                         orjson.dumps({"ok": ok, **detail})), close
+        return reply(404, "text/plain", b"not found\n"), close
 
 
-def _body(status: int, content_type: str, body: bytes) -> web.Response:
-    return web.Response(status=status, body=body, headers={"Content-Type": content_type})
+class _Connection(asyncio.Protocol):
+    """One connection: requests read from its bytes and answered in order, within the
+    endpoint's limits."""
 
-
-def _text(status: int, text: str) -> web.Response:
-    return _body(status, "text/plain", text.encode())
-
-
-class _ParseErrors(logging.LoggerAdapter):
-    """aiohttp's error logger: a request it could not parse (too long, too many headers,
-    garbage) is the client's fault and logged at debug level, without the offending bytes;
-    anything else keeps its traceback."""
-
-    def exception(self, msg: object, *args: object, exc_info: object = True,
-                  **kwargs: object) -> None:
-        if isinstance(exc_info, HttpProcessingError) and (exc_info.code or 400) < 500:
-            self.logger.debug("HTTP endpoint: refused a malformed request (%s, %s)",
-                              exc_info.code, type(exc_info).__name__)
-            return
-        self.logger.exception(msg, *args, exc_info=exc_info, **kwargs)
-
-
-class _Guard(asyncio.Protocol):
-    """One connection: aiohttp's protocol inside, the endpoint's limits around it."""
-
-    def __init__(self, endpoint: HttpEndpoint, inner: RequestHandler) -> None:
+    def __init__(self, endpoint: HttpEndpoint) -> None:
         self._endpoint = endpoint
-        self._inner = inner
         self._limits = endpoint.limits
         self.transport: asyncio.Transport | None = None
-        self.received = 0
-        """Bytes received since the last response was handed to the socket."""
+        self._buffer = bytearray()
+        """Received and not yet answered: the request under way and any pipelined after it."""
         self._admitted = False
+        self._closing = False
+        self._paused = False  # the socket takes no more answers for now
         self._deadline: asyncio.TimerHandle | None = None
         self._idle: asyncio.TimerHandle | None = None
+
+    @property
+    def received(self) -> int:
+        """Bytes received and not yet answered."""
+        return len(self._buffer)
 
     # asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         if not self._endpoint._admit(self):
+            self._closing = True
             self.transport.write(_REFUSED)
             self.transport.close()
             return
         self._admitted = True
         self._arm_deadline()
-        self._inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        if not self._admitted or self.transport is None or self.transport.is_closing():
+        if not self._admitted or self._closing:
             return
         if self._deadline is None:  # the first byte of the next request
             self._arm_deadline()
-        self.received += len(data)
-        if self.received > self._limits.max_request_bytes:
-            self.received = 0
-            self.transport.write(_TOO_LARGE)
-            self.transport.close()  # the deadline still drops it if the client never reads
-            return
-        self._inner.data_received(data)
+        self._buffer += data
+        self._serve()
 
     def eof_received(self) -> bool | None:
-        if self._admitted:
-            self._inner.eof_received()
-        return None
+        return None  # the transport closes once what was written has been sent
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
-        self.received = 0
+        self._closing = True
+        self._buffer.clear()
         if self._admitted:
             self._endpoint._forget(self)
-            self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
-        if self._admitted:
-            self._inner.pause_writing()
+        self._paused = True
+        if self.transport is not None and not self._closing:
+            self.transport.pause_reading()
 
     def resume_writing(self) -> None:
-        if self._admitted:
-            self._inner.resume_writing()
+        self._paused = False
+        if self.transport is not None and not self._closing:
+            self.transport.resume_reading()
+            self._serve()
 
     # the request cycle ----------------------------------------------------------------------
-    def request_started(self) -> None:
-        if self._deadline is None:  # a pipelined request, read before the last response
-            self._arm_deadline()
+    def _serve(self) -> None:
+        """Answer every complete request received, in order, while the socket takes them."""
+        while not self._paused and not self._closing:
+            end = head_end(self._buffer)
+            if end is None or end[0] > self._limits.max_request_bytes:
+                if len(self._buffer) > self._limits.max_request_bytes:
+                    self._close_with(_TOO_LARGE)
+                return
+            length, consumed = end
+            head = bytes(self._buffer[:length])
+            del self._buffer[:consumed]
+            lim = self._limits
+            request = parse_head(head, max_line_size=lim.max_line_size,
+                                 max_field_size=lim.max_field_size,
+                                 max_headers=lim.max_headers)
+            if isinstance(request, Refused):
+                log.debug("HTTP endpoint: refused a malformed request (%d, %s)",
+                          request.status, request.reason)
+                self._close_with(response(request.status, "text/plain",
+                                          f"{request.reason}\n".encode(), close=True))
+                return
+            try:
+                answer, close = self._endpoint.answer(request)
+            except Exception:
+                log.exception("HTTP endpoint: answering %s %s failed", request.method,
+                              request.target)
+                self._close_with(response(500, "text/plain", b"internal error\n", close=True))
+                return
+            if close:
+                self._close_with(answer)
+                return
+            assert self.transport is not None
+            self.transport.write(answer)
+            self._request_done()
 
-    def request_done(self) -> None:
-        """The response was handed to the socket: the next request starts from nothing, and
-        the connection may now sit idle for `keepalive_s`."""
-        self.received = 0
+    def _request_done(self) -> None:
+        """The response was handed to the socket: the next request's deadline starts with its
+        first byte (already here when pipelined), else the connection may sit idle for
+        `keepalive_s`."""
+        if self._buffer:
+            self._arm_deadline()
+            return
         self._cancel_timers()
-        if self.transport is not None and not self.transport.is_closing():
-            loop = asyncio.get_running_loop()
-            self._idle = loop.call_later(self._limits.keepalive_s, self._idle_over)
+        loop = asyncio.get_running_loop()
+        self._idle = loop.call_later(self._limits.keepalive_s, self._idle_over)
+
+    def _close_with(self, data: bytes) -> None:
+        """Send `data` last and close (the deadline still drops it if the client never reads)."""
+        assert self.transport is not None
+        self._closing = True
+        self._buffer.clear()
+        self.transport.write(data)
+        self.transport.close()
 
     def write_buffered(self) -> int:
         if self.transport is None or self.transport.is_closing():
@@ -301,6 +299,7 @@ class _Guard(asyncio.Protocol):
     def drop(self) -> None:
         """Cut the connection now, whatever it is doing."""
         self._cancel_timers()
+        self._closing = True
         if self.transport is not None:
             self.transport.abort()
 
@@ -317,7 +316,12 @@ class _Guard(asyncio.Protocol):
 
     def _idle_over(self) -> None:
         self._idle = None
-        if self.transport is not None:
+        if self.transport is None:
+            return
+        self._closing = True
+        if self.transport.get_write_buffer_size():
+            self.transport.abort()  # an answer never read: close() would wait for it forever
+        else:
             self.transport.close()
 
     def _cancel_timers(self) -> None:
