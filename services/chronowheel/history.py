@@ -235,13 +235,19 @@ class RunRecorder:
         while self._queue or self._counts:
             await self.write_batch()
 
+    def hurry(self) -> None:
+        """From now on write without a pace or rounds, and end the pause the writer is in: a
+        stop calls it first, so what is queued goes out while the rest of the stop runs."""
+        self.writes_per_s = 0
+        self.round_s = 0.0
+        self._draining.set()
+        self._wake.set()
+
     async def drain(self) -> None:
         """At a stop, with the writer task still running: have it write everything queued
         without its pace or rounds, its batch in hand included (cancelling it would lose that
         batch); return once it has."""
-        self.writes_per_s = 0
-        self.round_s = 0.0
-        self._draining.set()
+        self.hurry()
         await self.settled()
 
     async def settled(self) -> None:

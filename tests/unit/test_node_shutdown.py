@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from chronowheel.core import runs
@@ -86,3 +87,28 @@ async def test_drain_writes_the_batch_the_writer_holds() -> None:
     writer.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await writer
+
+
+async def test_the_history_queue_starts_going_out_before_the_shards_are_released(
+        nodes: NodeRig) -> None:
+    node = Node(nodes.settings, clock=nodes.clock, store=nodes.store, bus=nodes.bus,
+                shards=nodes.settings.shards, node_id="n1", history=MemoryRunHistory())
+    await node.start()
+    await nodes.settle()
+    recorder = node.history
+    assert recorder is not None
+    order: list[str] = []
+    hurry, stop_shards = recorder.hurry, node.registry.stop_shards
+
+    def hurried() -> None:
+        order.append("history hurried")
+        hurry()
+
+    async def stopping(*args: Any, **kwargs: Any) -> None:
+        order.append("shards released")
+        await stop_shards(*args, **kwargs)
+
+    recorder.hurry = hurried  # type: ignore[method-assign]
+    node.registry.stop_shards = stopping  # type: ignore[method-assign]
+    await node.shutdown()
+    assert order[:2] == ["history hurried", "shards released"]

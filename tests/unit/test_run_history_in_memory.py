@@ -331,6 +331,18 @@ async def test_a_drain_ends_the_pause_the_writer_is_in() -> None:
         assert slept == [0.5] and rec.written == 13 and rec.queued == 0
 
 
+async def test_hurry_ends_the_pause_and_drops_the_pace_without_waiting() -> None:
+    store = MemoryRunHistory()
+    async with paced_writer(store, writes_per_s=1, jobs=12, round_s=0.5) as (rec, slept):
+        rec.batch_rows = 10
+        rec.add(RunRecord("late", T0, fired_ms=T0))
+        assert slept == [2.0] and rec.queued > 0  # held in a pause that never ends here
+        rec.hurry()  # returns at once: a stop goes on with its other steps meanwhile
+        assert rec.writes_per_s == 0 and rec.round_s == 0.0
+        await asyncio.wait_for(rec.settled(), 5)
+        assert (rec.written, rec.queued, slept) == (13, 0, [2.0])
+
+
 async def test_the_requests_in_flight_are_bounded_however_the_writes_split() -> None:
     gate = asyncio.Event()
     full = asyncio.Event()

@@ -31,6 +31,7 @@ from chronowheel.node.clock_guard import ClockGuard
 from chronowheel.node.metrics import NodeMetrics
 from chronowheel.node.pump import pump
 from chronowheel.node.registry import Owned, ShardRegistry
+from chronowheel.node.takeover import Phases
 from chronowheel.node.transactions import NodeTransactions, node_transactional_id
 from chronowheel.observe.http import HttpEndpoint
 from chronowheel.settings import Settings
@@ -131,8 +132,12 @@ class Node:
 
     async def start(self) -> None:
         s = self.settings
+        # Each step's time goes into the "started" line: a restarted node's shards wait for
+        # all of it (with static membership nobody takes them over meanwhile).
+        steps = Phases(self.clock)
         if not self.shards:
             self.shards = await recorded_shard_count(s)
+            steps.done("shard count")
         self.metrics.shards.set(self.shards)
         if self._bus is None:
             self._bus = KafkaNodeBus(s)
@@ -141,10 +146,12 @@ class Node:
             self._store = self._cassandra
             # chronowheel_store_server_warnings_total: what Cassandra warned about, by kind
             self.metrics.registry.register(self._cassandra.server_warnings)
+            steps.done("cassandra")
         self.metrics.dispatch_blocked.set(1)
         self.http = HttpEndpoint(self.metrics.registry, self.health, s.http_port, s.http_host,
                                  token=s.http_token)
         await self.http.start()
+        steps.done("http")
         # One transactional producer for every shard of this process; started (fencing an
         # earlier process with the same node id) before any shard can be assigned.
         bus = self._bus
@@ -156,7 +163,9 @@ class Node:
             spacing_ms=s.node_transaction_spacing_ms,
             spacing_max_ms=s.node_transaction_spacing_max_ms)
         await self.transactions.start()
+        steps.done("producer")
         await self._read_topics_ahead(self.transactions.producer)
+        steps.done("topics")
         if s.run_history:
             hstore = self._history_store
             if hstore is None and self._cassandra is not None:
@@ -171,6 +180,7 @@ class Node:
                 self.history = recorder_for(hstore, s, self.metrics.registry)
                 self.transactions.history = self.history
                 self._history_task = self.supervisor.spawn(self.history.run(), "run-history")
+            steps.done("history")
         self._side_tasks = [self.supervisor.spawn(self.transactions.run(), "node-transactions")]
         group = self._bus.submit_group(
             group_id=self.group_id, client_id=self.node_id,
@@ -181,6 +191,7 @@ class Node:
         registry.attach(shards=self.shards, store=self.store, bus=bus,
                         transactions=self.transactions, group=group)
         await group.start()
+        steps.done("group")
         parts = group.partition_count()
         if parts is not None and parts != self.shards:
             await group.stop()
@@ -192,8 +203,8 @@ class Node:
             self.supervisor.spawn(pump(group, registry.owned, s), "ingest-pump"),
             self.supervisor.spawn(guard.monitor(), "clock-skew-monitor"),
             self.supervisor.spawn(guard.loop_watch(), "event-loop-watch")]
-        log.info("node %s started: namespace %s, %d shards, group %s", self.node_id,
-                 s.namespace, self.shards, self.group_id)
+        log.info("node %s started in %s: namespace %s, %d shards, group %s", self.node_id,
+                 steps, s.namespace, self.shards, self.group_id)
 
     async def _read_topics_ahead(self, producer: TxnProducer) -> None:
         """Read the largest record and the partition count of the topics a shard's first part
@@ -220,19 +231,31 @@ class Node:
     async def shutdown(self) -> None:
         """Stop taking work, finish open transactions, leave the group."""
         self.supervisor.begin_shutdown()  # from here on, tasks that end are no failures
+        # Each step's time goes into the last line: a restarted node's shards wait for all of
+        # it (with static membership nobody takes them over meanwhile).
+        steps = Phases(self.clock)
+        if self.history is not None:
+            # The run history's queue (paced, so seconds of runs at a high rate) starts going
+            # out now, beside the shards' release, instead of after it: with static membership
+            # a restarted node's shards wait for the whole stop.
+            self.history.hurry()
         await self.registry.stop_recovery()
         # The transaction loop goes last: the shards' final commits (releases) need it.
         loop_tasks = self._side_tasks[:1]
         await self.supervisor.cancel_and_wait(self._side_tasks[1:])
+        steps.done("side tasks")
         await self.registry.stop_shards(list(self.owned))
+        steps.done("shards released")
         # Every shard is released now: leave the group at once, so that the others take them
         # over while this node finishes the rest (the run history's flush alone may take
         # HISTORY_FLUSH_S; the others' takeovers waited for it before).
         await self._leave_group()
+        steps.done("group left")
         await self.supervisor.cancel_and_wait(loop_tasks)
         self._side_tasks.clear()
         if self.transactions is not None:
             await self.transactions.stop()
+        steps.done("transactions")
         if self._history_task is not None and self.history is not None:
             # Last: the shards' final commits are recorded too; within a bound, since
             # history never holds a stop. By the writer task, which keeps its batch in hand.
@@ -240,16 +263,19 @@ class Node:
                 await within(self.history.drain(), HISTORY_FLUSH_S)
             await self.supervisor.cancel_and_wait([self._history_task])
             self._history_task = None
+            steps.done("history")
         if self._bus is not None:
             with contextlib.suppress(Exception):
                 await self._bus.close()
+            steps.done("readers")
         if self.http is not None:
             await self.http.stop()
         if self._cassandra is not None:
             await asyncio.to_thread(self._cassandra.close)
             self._cassandra = None
+            steps.done("cassandra")
         await self.supervisor.cancel_all()
-        log.info("node %s stopped", self.node_id)
+        log.info("node %s stopped in %s", self.node_id, steps)
 
     async def _leave_group(self) -> None:
         group, self._group = self._group, None
