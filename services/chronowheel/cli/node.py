@@ -64,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
             pauses.remove()
 
     asyncio.run(main())
-    # What the interpreter's exit still waits for (the clients' threads closing) comes after
-    # this line and before the process ends; a restarted node's shards wait for it too.
+    # The interpreter's exit joins the threads still closing clients before it runs atexit
+    # functions, so the line says how long that took; a restarted node's shards wait for it.
     loop_closed = time.monotonic()
     atexit.register(lambda: log.info("node process: exiting, %d ms after its event loop closed",
                                      (time.monotonic() - loop_closed) * 1000))
