@@ -35,6 +35,16 @@ def test_the_command_is_the_first_word_after_the_global_options(
     assert cli.command_in(argv) == command
 
 
+def test_every_global_option_that_takes_a_value_is_skipped_with_it() -> None:
+    # Read from the parser itself, so a global option added later needs no list kept by hand.
+    parser = cli.build_parser("worker")
+    takes_value = [option for action in parser._actions if action.nargs != 0
+                   for option in action.option_strings]
+    assert "--log-format" in takes_value
+    for option in takes_value:
+        assert cli.command_in([option, "node", "worker", "--topic", "t"]) == "worker", option
+
+
 def test_one_command_parses_as_in_the_whole_parser(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CHRONOWHEEL_WORKER_CONCURRENCY", "7")
     argv = ["-v", "worker", "--topic", "t", "--handler", "m:f"]
