@@ -27,7 +27,7 @@ from chronowheel.core.wire import StateRecord
 from chronowheel.errors import ConfigError, RetriableError
 from chronowheel.schema import cql_statements
 from chronowheel.settings import Settings
-from chronowheel.store.cassandra import TRANSIENT_ERRORS, connect
+from chronowheel.store.cassandra import TRANSIENT_ERRORS, connect, recorded_shards
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +38,6 @@ class InitReport:
     shards: int
     created_topics: list[str]
     keyspace_created: bool
-
-
-def _recorded_shards(session: Session, keyspace: str) -> int | None:
-    rows = session.execute(
-        "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s", (keyspace,))
-    if "meta" not in {r.table_name for r in rows}:
-        return None
-    row = session.execute(f"SELECT value FROM {keyspace}.meta WHERE name = 'shards'").one()
-    return None if row is None else int(row.value)
 
 
 # How long init waits, after each schema change, for every Cassandra node to have it.
@@ -137,7 +128,7 @@ async def init_namespace(settings: Settings) -> InitReport:
     admin = await open_admin(settings)
     try:
         # 1. refuse a changed shard count before touching anything
-        recorded = await asyncio.to_thread(_recorded_shards, session, ks)
+        recorded = await asyncio.to_thread(recorded_shards, session, ks)
         if recorded is not None and recorded != shards:
             raise ConfigError(
                 f"namespace {settings.namespace!r} was initialised with {recorded} shards; "
@@ -197,16 +188,3 @@ async def seed_watermarks(settings: Settings, shards: int) -> int:
     finally:
         await producer.stop()
     return len(empty)
-
-
-async def recorded_shard_count(settings: Settings) -> int:
-    """The N stored at init; a node refuses to start on an uninitialised namespace."""
-    cluster, session = connect(settings)
-    try:
-        n = await asyncio.to_thread(_recorded_shards, session, settings.keyspace)
-    finally:
-        cluster.shutdown()
-    if n is None:
-        raise ConfigError(f"namespace {settings.namespace!r} is not initialised: run "
-                          f"`chronowheel init --namespace {settings.namespace} --shards N`")
-    return n

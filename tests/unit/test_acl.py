@@ -266,7 +266,7 @@ def test_the_worker_gets_exactly_the_tables_its_code_uses() -> None:
 def test_the_node_gets_exactly_the_tables_its_code_uses() -> None:
     grants = cassandra_grants(S, CassandraRoles.defaults(S.keyspace))
     needed = _needed("node")
-    needed.setdefault("meta", set()).add("SELECT")  # admin.recorded_shard_count, at start
+    needed.setdefault("meta", set()).add("SELECT")  # the shard count, read at the start
     assert _granted(grants, "acme_node") == needed
 
 

@@ -20,7 +20,6 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from chronowheel.admin import recorded_shard_count
 from chronowheel.bus.kafka_node import KafkaNodeBus
 from chronowheel.bus.ports import NodeBus, SubmitGroup, TxnProducer
 from chronowheel.core.clock import Clock, SystemClock
@@ -36,7 +35,7 @@ from chronowheel.node.transactions import NodeTransactions, node_transactional_i
 from chronowheel.observe.http import HttpEndpoint
 from chronowheel.settings import Settings
 from chronowheel.store.base import JobStore, RunHistoryStore
-from chronowheel.store.cassandra import CassandraStore
+from chronowheel.store.cassandra import CassandraStore, read_shard_count
 from chronowheel.store.cassandra_history import CassandraRunHistory
 from chronowheel.supervise import Supervisor
 from chronowheel.timeouts import within
@@ -135,37 +134,41 @@ class Node:
         # Each step's time goes into the "started" line: a restarted node's shards wait for
         # all of it (with static membership nobody takes them over meanwhile).
         steps = Phases(self.clock)
-        if not self.shards:
-            self.shards = await recorded_shard_count(s)
-            steps.done("shard count")
-        self.metrics.shards.set(self.shards)
-        if self._bus is None:
-            self._bus = KafkaNodeBus(s)
+        # Cassandra (a connection, the shard count, the statements prepared one by one: a few
+        # hundred ms on three hosts) opens in a thread beside the Kafka steps below.
+        opening: asyncio.Future[tuple[CassandraStore, int]] | None = None
         if self._store is None:
-            self._cassandra = await asyncio.to_thread(CassandraStore.open, s)
+            opening = asyncio.ensure_future(steps.timed(
+                "cassandra", asyncio.to_thread(CassandraStore.open_counting_shards, s)))
+        elif not self.shards:
+            self.shards = await asyncio.to_thread(read_shard_count, s)
+            steps.done("shard count")
+        kafka_side = asyncio.ensure_future(self._start_kafka_side(steps))
+        try:
+            if opening is not None:
+                # A refusal from Cassandra (a namespace never initialised) ends the start at
+                # once, without waiting for the Kafka steps.
+                await asyncio.wait((kafka_side, opening), return_when=asyncio.FIRST_EXCEPTION)
+                if opening.done():
+                    opening.result()  # raises its failure, if any
+            await kafka_side
+        except BaseException:
+            kafka_side.cancel()
+            with contextlib.suppress(BaseException):
+                await kafka_side
+            if opening is not None:
+                await _close_when_open(opening)
+            raise
+        if opening is not None:
+            self._cassandra, shards = await opening
             self._store = self._cassandra
+            self.shards = self.shards or shards
             # chronowheel_store_server_warnings_total: what Cassandra warned about, by kind
             self.metrics.registry.register(self._cassandra.server_warnings)
-            steps.done("cassandra")
-        self.metrics.dispatch_blocked.set(1)
-        self.http = HttpEndpoint(self.metrics.registry, self.health, s.http_port, s.http_host,
-                                 token=s.http_token)
-        await self.http.start()
-        steps.done("http")
-        # One transactional producer for every shard of this process; started (fencing an
-        # earlier process with the same node id) before any shard can be assigned.
-        bus = self._bus
-        txn_id = node_transactional_id(s.namespace, self.node_id)
-        registry = self.registry
-        self.transactions = NodeTransactions(
-            producer=lambda: bus.producer(txn_id, self.group_id), clock=self.clock,
-            metrics=self.metrics, on_fenced=registry.on_fenced, max_messages=s.max_batch,
-            spacing_ms=s.node_transaction_spacing_ms,
-            spacing_max_ms=s.node_transaction_spacing_max_ms)
-        await self.transactions.start()
-        steps.done("producer")
-        await self._read_topics_ahead(self.transactions.producer)
-        steps.done("topics")
+            steps.done("cassandra wait")
+        self.metrics.shards.set(self.shards)
+        bus, transactions, registry = self._bus, self.transactions, self.registry
+        assert bus is not None and transactions is not None
         if s.run_history:
             hstore = self._history_store
             if hstore is None and self._cassandra is not None:
@@ -178,18 +181,18 @@ class Node:
                     log.error("run history off: %s", exc)
             if hstore is not None:
                 self.history = recorder_for(hstore, s, self.metrics.registry)
-                self.transactions.history = self.history
+                transactions.history = self.history
                 self._history_task = self.supervisor.spawn(self.history.run(), "run-history")
             steps.done("history")
-        self._side_tasks = [self.supervisor.spawn(self.transactions.run(), "node-transactions")]
-        group = self._bus.submit_group(
+        self._side_tasks = [self.supervisor.spawn(transactions.run(), "node-transactions")]
+        group = bus.submit_group(
             group_id=self.group_id, client_id=self.node_id,
             session_timeout_ms=s.node_session_timeout_ms,
             on_assigned=registry.on_assigned, on_revoked=registry.on_revoked)
         # Before start(): the first assignment can arrive during it.
         self._group = group
         registry.attach(shards=self.shards, store=self.store, bus=bus,
-                        transactions=self.transactions, group=group)
+                        transactions=transactions, group=group)
         await group.start()
         steps.done("group")
         parts = group.partition_count()
@@ -205,6 +208,31 @@ class Node:
             self.supervisor.spawn(guard.loop_watch(), "event-loop-watch")]
         log.info("node %s started in %s: namespace %s, %d shards, group %s", self.node_id,
                  steps, s.namespace, self.shards, self.group_id)
+
+    async def _start_kafka_side(self, steps: Phases) -> None:
+        """The start's steps that need no Cassandra: the HTTP endpoint, the node's producer
+        (fencing an earlier process with the same node id, before any shard can be assigned)
+        and the topics' limits read ahead."""
+        s = self.settings
+        if self._bus is None:
+            self._bus = KafkaNodeBus(s)
+        self.metrics.dispatch_blocked.set(1)
+        self.http = HttpEndpoint(self.metrics.registry, self.health, s.http_port, s.http_host,
+                                 token=s.http_token)
+        await self.http.start()
+        steps.done("http")
+        # One transactional producer for every shard of this process.
+        bus = self._bus
+        txn_id = node_transactional_id(s.namespace, self.node_id)
+        self.transactions = NodeTransactions(
+            producer=lambda: bus.producer(txn_id, self.group_id), clock=self.clock,
+            metrics=self.metrics, on_fenced=self.registry.on_fenced, max_messages=s.max_batch,
+            spacing_ms=s.node_transaction_spacing_ms,
+            spacing_max_ms=s.node_transaction_spacing_max_ms)
+        await self.transactions.start()
+        steps.done("producer")
+        await self._read_topics_ahead(self.transactions.producer)
+        steps.done("topics")
 
     async def _read_topics_ahead(self, producer: TxnProducer) -> None:
         """Read the largest record and the partition count of the topics a shard's first part
@@ -288,3 +316,13 @@ class Node:
         ok = not self.blocked and self.failure is None and all(v < 5_000 for v in lag.values())
         return ok, {"node": self.node_id, "shards": sorted(self.owned), "dispatch_lag_ms": lag,
                     "clock_skew_ms": self.skew_ms, "dispatch_blocked": self.blocked}
+
+
+async def _close_when_open(opening: asyncio.Future[tuple[CassandraStore, int]]) -> None:
+    """A start that failed while Cassandra was still opening: let the open end (it cannot be
+    interrupted in its thread), then close what it opened."""
+    try:
+        store, _ = await asyncio.shield(opening)
+    except BaseException:  # its own failure is not the one the start reports
+        return
+    await asyncio.to_thread(store.close)

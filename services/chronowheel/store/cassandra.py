@@ -443,6 +443,35 @@ async def execute(session: Session, stmt: PreparedStatement, params: Sequence[An
     return await with_retries(once, what, STORE_POLICY)
 
 
+def recorded_shards(session: Session, keyspace: str) -> int | None:
+    """The shard count stored at init (blocking), or None for a namespace never initialised."""
+    rows = session.execute(
+        "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s", (keyspace,))
+    if "meta" not in {r.table_name for r in rows}:
+        return None
+    row = session.execute(f"SELECT value FROM {keyspace}.meta WHERE name = 'shards'").one()
+    return None if row is None else int(row.value)
+
+
+def shard_count(session: Session, settings: Settings) -> int:
+    """The shard count stored at init (blocking); a node refuses a namespace never
+    initialised."""
+    shards = recorded_shards(session, settings.keyspace)
+    if shards is None:
+        raise ConfigError(f"namespace {settings.namespace!r} is not initialised: run "
+                          f"`chronowheel init --namespace {settings.namespace} --shards N`")
+    return shards
+
+
+def read_shard_count(settings: Settings) -> int:
+    """`shard_count` on a connection of its own (blocking), for a node given its store."""
+    cluster, session = connect(settings)
+    try:
+        return shard_count(session, settings)
+    finally:
+        cluster.shutdown()
+
+
 class CassandraStore:
     """JobStore over one keyspace. Create with `open()`; close with `close()`."""
 
@@ -526,7 +555,24 @@ class CassandraStore:
 
     @classmethod
     def open(cls, settings: Settings) -> CassandraStore:
+        return cls.over(settings, *connect(settings))
+
+    @classmethod
+    def open_counting_shards(cls, settings: Settings) -> tuple[CassandraStore, int]:
+        """A node's start (blocking): one connection, on which the namespace's shard count is
+        read first (refusing a namespace never initialised), then the store's statements are
+        prepared."""
         cluster, session = connect(settings)
+        try:
+            shards = shard_count(session, settings)
+        except BaseException:
+            cluster.shutdown()
+            raise
+        return cls.over(settings, cluster, session), shards
+
+    @classmethod
+    def over(cls, settings: Settings, cluster: Cluster, session: Session) -> CassandraStore:
+        """The store on a connection just made; the connection is closed if that fails."""
         try:
             return cls(settings, cluster, session)
         except InvalidRequest as exc:
