@@ -112,6 +112,11 @@ class RunRecorder:
         """Counter deltas without a run row (`count`), added with the next batch."""
         self._queued = 0
         self._queued_bytes = 0
+        self._taken = 0
+        """Rows taken off the queue by batches, ever (`caught_up` counts by it)."""
+        self._through = 0
+        """Rows of batches that have ended (written, failed or lost), ever."""
+        self._batch_ended = asyncio.Event()
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -250,6 +255,17 @@ class RunRecorder:
         self.hurry()
         await self.settled()
 
+    async def caught_up(self) -> None:
+        """Return once every row queued at the call has been through a batch (written, or
+        failed and counted), however many are queued after it: a node that goes on firing
+        while its history goes out (a static member's stop) waits for what it had, not for
+        a queue it keeps filling. Needs the writer task running."""
+        target = self._taken + self._queued
+        while self._through < target:
+            self._batch_ended.clear()
+            self._wake.set()
+            await self._batch_ended.wait()
+
     async def settled(self) -> None:
         """Return once the writer task has written everything queued (tests)."""
         while self._queue or self._counts or not self._idle.is_set():
@@ -285,6 +301,7 @@ class RunRecorder:
                 taken = nbytes * room // len(items)
                 queue[0] = [rest, convert, nbytes - taken]
             room -= len(chunk)
+            self._taken += len(chunk)
             self._queued -= len(chunk)
             self._queued_bytes -= taken
             out.extend(chunk if convert is None else map(convert, chunk))
@@ -296,6 +313,14 @@ class RunRecorder:
         at most `in_flight` requests at a time; return the requests made (as the store counts
         them: a write is one or more, by replica set; a failed write counts one). Failures are
         counted, not raised (an error of history never stops the node or the worker)."""
+        taken_before = self._taken
+        try:
+            return await self._write_taken(rows)
+        finally:
+            self._through += self._taken - taken_before
+            self._batch_ended.set()
+
+    async def _write_taken(self, rows: int | None) -> int:
         try:
             records = self._take(rows)
         except Exception as exc:  # a conversion bug: those rows are lost, the writer goes on

@@ -112,3 +112,63 @@ async def test_the_history_queue_starts_going_out_before_the_shards_are_released
     node.registry.stop_shards = stopping  # type: ignore[method-assign]
     await node.shutdown()
     assert order[:2] == ["history hurried", "shards released"]
+
+
+async def test_a_static_member_fires_on_while_its_history_goes_out_and_releases_after() -> None:
+    """With static membership nobody takes a stopping node's shards over until it is back, so
+    they wait for its whole restart: the history queued so far goes out while they still fire,
+    and they are released after it, instead of waiting for that write."""
+    gate = asyncio.Event()
+
+    async def held() -> None:  # Cassandra answering the history's writes only when let
+        await gate.wait()
+
+    async with NodeRig(history_writes_per_s=0, node_instance_id="node-0") as rig:
+        history = MemoryRunHistory(clock=rig.clock, delay=held)
+        node = Node(rig.settings, clock=rig.clock, store=rig.store, bus=rig.bus,
+                    shards=rig.settings.shards, node_id="n1", history=history)
+        await node.start()
+        await rig.settle()
+        for i in range(10):
+            rig.upsert(f"job-{i}", at=T0 + 1_000 + i)
+        await rig.advance(2_000)
+        assert len(rig.fired()) == 10
+        member = rig.bus.members[node.group_id][-1]
+
+        stopping = asyncio.create_task(node.shutdown())
+        await rig.settle()
+        # The history's writes are held: the shards are still owned, and they still fire.
+        assert not stopping.done()
+        assert sorted(node.owned) == list(range(rig.settings.shards))
+        assert member.assigned() == set(range(rig.settings.shards))
+        rig.upsert("during-the-stop", at=T0 + 2_500)
+        await rig.advance(1_000)
+        assert len(rig.fired()) == 11
+        gate.set()
+        await stopping
+        assert node.owned == {}
+        for k in range(rig.settings.shards):
+            assert state_records(rig, k)[-1]["owner"] is None
+        # Every run reached the history: those queued before the stop, and the one during it.
+        assert len(await history.job_runs("during-the-stop", 10)) == 1
+        assert all([len(await history.job_runs(f"job-{i}", 10)) == 1 for i in range(10)])
+
+
+async def test_a_static_member_releases_its_shards_when_the_history_does_not_answer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    async def never() -> None:  # Cassandra not answering the history at all
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr("chronowheel.node.service.HISTORY_FLUSH_S", 0)  # its bound, at once
+    async with NodeRig(history_writes_per_s=0, node_instance_id="node-0") as rig:
+        node = Node(rig.settings, clock=rig.clock, store=rig.store, bus=rig.bus,
+                    shards=rig.settings.shards, node_id="n1",
+                    history=MemoryRunHistory(clock=rig.clock, delay=never))
+        await node.start()
+        await rig.settle()
+        rig.upsert("job", at=T0 + 1_000)
+        await rig.advance(2_000)
+        await asyncio.wait_for(node.shutdown(), 5)
+        assert node.owned == {}
+        for k in range(rig.settings.shards):
+            assert state_records(rig, k)[-1]["owner"] is None

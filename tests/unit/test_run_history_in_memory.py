@@ -343,6 +343,48 @@ async def test_hurry_ends_the_pause_and_drops_the_pace_without_waiting() -> None
         assert (rec.written, rec.queued, slept) == (13, 0, [2.0])
 
 
+async def test_caught_up_waits_for_the_rows_queued_before_it_not_for_later_ones() -> None:
+    store = MemoryRunHistory()
+    rec = RunRecorder(store, ttl_s=60, queue_rows=10_000, batch_rows=2, in_flight=1)
+    for job in range(5):
+        rec.add(RunRecord(f"before{job}", T0, fired_ms=T0))
+
+    async def firing() -> None:  # the node goes on firing: a run at every turn of the loop
+        n = 0
+        while True:
+            rec.add(RunRecord(f"after{n}", T0, fired_ms=T0))
+            n += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.ensure_future(rec.run())
+    feeder = asyncio.ensure_future(firing())
+    try:
+        # Never idle while rows keep coming, so `settled` would not return; this does.
+        await asyncio.wait_for(rec.caught_up(), 5)
+        for job in range(5):
+            assert len(await store.job_runs(f"before{job}", 10)) == 1
+        assert rec.queued > 0  # later runs still wait
+    finally:
+        feeder.cancel()
+        task.cancel()
+
+
+async def test_caught_up_counts_a_failed_batch_as_through() -> None:
+    async def refused() -> None:
+        raise RetriableError("Cassandra timed out")
+
+    store = MemoryRunHistory(delay=refused)
+    rec = RunRecorder(store, ttl_s=60, queue_rows=100, batch_rows=2, in_flight=1)
+    for job in range(3):
+        rec.add(RunRecord(f"j{job}", T0, fired_ms=T0))
+    task = asyncio.ensure_future(rec.run())
+    try:
+        await asyncio.wait_for(rec.caught_up(), 5)  # a stop is not held by a failing store
+        assert (rec.failed, rec.written, rec.queued) == (3, 0, 0)
+    finally:
+        task.cancel()
+
+
 async def test_the_requests_in_flight_are_bounded_however_the_writes_split() -> None:
     gate = asyncio.Event()
     full = asyncio.Event()

@@ -267,6 +267,13 @@ class Node:
             # out now, beside the shards' release, instead of after it: with static membership
             # a restarted node's shards wait for the whole stop.
             self.history.hurry()
+            if self.settings.node_instance_id and self.owned and self.failure is None:
+                # A static member keeps its shards through its restart (nobody takes them
+                # over): they go on firing while what the history had queued goes out, and
+                # are released after it, so their pause no longer holds that write.
+                with contextlib.suppress(TimeoutError):
+                    await within(self.history.caught_up(), HISTORY_FLUSH_S)
+                steps.done("history before the release")
         await self.registry.stop_recovery()
         # The transaction loop goes last: the shards' final commits (releases) need it.
         loop_tasks = self._side_tasks[:1]
