@@ -11,7 +11,8 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 from typing import Any, cast
 
@@ -472,6 +473,28 @@ def read_shard_count(settings: Settings) -> int:
         cluster.shutdown()
 
 
+PREPARE_THREADS = 8
+"""Statements a store prepares at once at its start (see `prepare_concurrently`)."""
+
+
+def prepare_concurrently(session: Session, declare: Callable[[Callable[[str], Any]], None],
+                         threads: int = PREPARE_THREADS) -> None:
+    """Run `declare(p)`, in which each statement is `p(cql)`, twice: once to collect the
+    statements' text, which are then prepared `threads` at a time, and once more with `p`
+    handing out the prepared statements. The driver's `prepare` blocks for a round trip to one
+    host and then one to each other host; one after another, a node's start on three busy
+    hosts spent most of its Cassandra step on them. Raises the first statement's error."""
+    texts: list[str] = []
+
+    def collect(cql: str) -> None:
+        texts.append(cql)
+
+    declare(collect)
+    with ThreadPoolExecutor(threads, thread_name_prefix="cw-prepare") as pool:
+        prepared = dict(zip(texts, pool.map(session.prepare, texts), strict=True))
+    declare(prepared.__getitem__)
+
+
 class CassandraStore:
     """JobStore over one keyspace. Create with `open()`; close with `close()`."""
 
@@ -481,8 +504,12 @@ class CassandraStore:
         self.session = session
         self.server_warnings = SERVER_WARNINGS
         mute_driver_lines()  # counted and logged by SERVER_WARNINGS instead, a line per kind
-        ks = settings.keyspace
-        p = session.prepare
+        self._listings: dict[tuple[bool, bool, bool, bool], PreparedStatement] = {}
+        prepare_concurrently(session, self._declare_statements)
+
+    def _declare_statements(self, p: Callable[[str], Any]) -> None:
+        """Every statement of the store, each from `p(cql)` (see `prepare_concurrently`)."""
+        ks = self.settings.keyspace
         self._get_job = p(f"SELECT job_id, shard, spec, version, status, scheduled_ms, slot_ms, "
                           f"tenant, note, since_ms FROM {ks}.jobs WHERE job_id = ?")
         self._get_jobs = p(f"SELECT job_id, shard, spec, version, status, scheduled_ms, "
@@ -500,7 +527,6 @@ class CassandraStore:
                                  f"WHERE shard = ?")
         self._put_request = p(f"INSERT INTO {ks}.job_requests ({REQUEST_COLUMNS}) "
                               f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?")
-        self._listings: dict[tuple[bool, bool, bool, bool], PreparedStatement] = {}
         # Only with `due_deletes` (nodes of older versions about): see RetiredDue.
         self._del_due = p(f"DELETE FROM {ks}.due WHERE minute = ? AND shard = ? AND slot_ms = ? "
                           f"AND job_id = ? AND attempt = ?")

@@ -15,7 +15,7 @@ holds one of the caller's permits while in flight (the writer's `history_writes_
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cassandra.cluster import Session
@@ -25,7 +25,7 @@ from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, PreparedStat
 from chronowheel.core.runs import COUNTERS, RunRecord
 from chronowheel.errors import ConfigError
 from chronowheel.store.base import RUN_WRITE_JOBS, Permits, permit, same_replicas
-from chronowheel.store.cassandra import TUPLES, execute
+from chronowheel.store.cassandra import TUPLES, execute, prepare_concurrently
 
 RUN_COLUMNS = ("job_id, scheduled_ms, attempt, occurrence, fired_ms, lateness_ms, node_id, "
                "started_ms, ended_ms, outcome, worker_id, error")
@@ -75,31 +75,35 @@ class CassandraRunHistory:
         self.session = session
         self.keyspace = ks = keyspace
         try:
-            p = session.prepare
-            self._put = p(f"INSERT INTO {ks}.run_history ({RUN_COLUMNS}) VALUES "
-                          f"(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?")
-            # Each writer's own columns only, and a counter alone: the driver binds a value in
-            # some 4 µs of Python here, so a row binds what it sets (a worker's row 10 values
-            # instead of 13, a run's single counter 2 instead of 7).
-            self._put_worker = p(f"INSERT INTO {ks}.run_history ({WORKER_COLUMNS}) VALUES "
-                                 f"(?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?")
-            self._put_node = p(f"INSERT INTO {ks}.run_history ({NODE_COLUMNS}) VALUES "
-                               f"(?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?")
-            sets = ", ".join(f"{c} = {c} + ?" for c in COUNTERS)
-            self._count = p(f"UPDATE {ks}.run_counters SET {sets} WHERE job_id = ?")
-            self._count_one = {c: p(f"UPDATE {ks}.run_counters SET {c} = {c} + ? "
-                                    f"WHERE job_id = ?") for c in COUNTERS}
-            self._runs = p(f"SELECT {RUN_COLUMNS} FROM {ks}.run_history WHERE job_id = ? "
-                           f"LIMIT ?")
-            self._last = p(f"SELECT {RUN_COLUMNS} FROM {ks}.run_history WHERE job_id IN ? "
-                           f"PER PARTITION LIMIT 1")
-            self._counts = p(f"SELECT job_id, {', '.join(COUNTERS)} FROM {ks}.run_counters "
-                             f"WHERE job_id IN ?")
+            prepare_concurrently(session, self._declare_statements)
         except InvalidRequest as exc:
             raise ConfigError(
                 f"keyspace {ks} has no run history tables ({exc}): run `chronowheel init` "
                 f"for this namespace once more (it is idempotent and adds missing tables)"
             ) from exc
+
+    def _declare_statements(self, p: Callable[[str], Any]) -> None:
+        """Every statement of the history, each from `p(cql)` (see `prepare_concurrently`)."""
+        ks = self.keyspace
+        self._put = p(f"INSERT INTO {ks}.run_history ({RUN_COLUMNS}) VALUES "
+                      f"(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?")
+        # Each writer's own columns only, and a counter alone: the driver binds a value in
+        # some 4 µs of Python here, so a row binds what it sets (a worker's row 10 values
+        # instead of 13, a run's single counter 2 instead of 7).
+        self._put_worker = p(f"INSERT INTO {ks}.run_history ({WORKER_COLUMNS}) VALUES "
+                             f"(?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?")
+        self._put_node = p(f"INSERT INTO {ks}.run_history ({NODE_COLUMNS}) VALUES "
+                           f"(?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?")
+        sets = ", ".join(f"{c} = {c} + ?" for c in COUNTERS)
+        self._count = p(f"UPDATE {ks}.run_counters SET {sets} WHERE job_id = ?")
+        self._count_one = {c: p(f"UPDATE {ks}.run_counters SET {c} = {c} + ? "
+                                f"WHERE job_id = ?") for c in COUNTERS}
+        self._runs = p(f"SELECT {RUN_COLUMNS} FROM {ks}.run_history WHERE job_id = ? "
+                       f"LIMIT ?")
+        self._last = p(f"SELECT {RUN_COLUMNS} FROM {ks}.run_history WHERE job_id IN ? "
+                       f"PER PARTITION LIMIT 1")
+        self._counts = p(f"SELECT job_id, {', '.join(COUNTERS)} FROM {ks}.run_counters "
+                         f"WHERE job_id IN ?")
 
     async def _exec(self, stmt: Any, params: Sequence[Any] | None, what: str) -> Any:
         return await execute(self.session, stmt, params or (), what, execution_profile=TUPLES)
