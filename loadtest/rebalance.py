@@ -110,6 +110,8 @@ class ShardFigures:
     steady_gap_ms: float
     worst_lateness_ms: float
     steady_worst_lateness_ms: float
+    pause_began_ms: float = 0.0
+    """when the pause began, from the phase's start (the signal, for a stop or a restart)"""
 
 
 @dataclass
@@ -154,18 +156,22 @@ def phase_figures(phase: Phase, messages: Iterable[Fired], shards: int,
     for k in range(shards):
         times = sorted(arrivals[k])
         pause = steady = 0.0
+        began = phase.start_ms
         for a, b in itertools.pairwise(times):
             if b <= phase.start_ms:
                 steady = max(steady, b - a)
-            else:
-                pause = max(pause, b - a)
+            elif b - a > pause:
+                pause, began = b - a, a
         # A shard silent from its last arrival to the phase's end paused that long too.
         last = times[-1] if times else quiet
-        pause = max(pause, phase.end_ms - max(last, phase.start_ms))
+        if phase.end_ms - max(last, phase.start_ms) > pause:
+            began = max(last, phase.start_ms)
+            pause = phase.end_ms - began
         before, after = phase.before.get(k, "?"), phase.after.get(k, "?")
         of_subject = bool(phase.subject) and phase.subject in (before, after)
         out.shards[k] = ShardFigures(before, after, before != after, of_subject, round(pause),
-                                     round(steady), round(worst[k]), round(steady_worst[k]))
+                                     round(steady), round(worst[k]), round(steady_worst[k]),
+                                     round(began - phase.start_ms))
     return out
 
 

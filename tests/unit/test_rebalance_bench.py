@@ -54,6 +54,7 @@ def test_a_phase_reports_each_shards_pause_steady_gap_and_lateness(bench: Any) -
     assert (stayed.moved, stayed.pause_ms, stayed.steady_gap_ms) == (False, 300, 100)
     assert (stayed.worst_lateness_ms, stayed.steady_worst_lateness_ms) == (20, 20)
     assert (moved.moved, moved.pause_ms, moved.steady_gap_ms) == (True, 2_500, 4_590)
+    assert (stayed.pause_began_ms, moved.pause_began_ms) == (-80, -100)  # the last arrival
     assert (moved.worst_lateness_ms, moved.steady_worst_lateness_ms) == (2_450, 10)
     assert figures.worst(moved=False) == (300, 20)
     assert figures.worst(moved=True) == (2_500, 2_450)
@@ -73,6 +74,7 @@ def test_a_restarted_nodes_shards_stay_with_it_but_count_as_its_own(bench: Any) 
     figures = bench.phase_figures(phase, messages, SHARDS, steady_ms=1_000)
     own, other = figures.shards[0], figures.shards[1]
     assert (own.moved, own.of_subject, own.pause_ms) == (False, True, 4_000)
+    assert own.pause_began_ms == 0  # a silence to the end counts from the phase's start
     assert (other.moved, other.of_subject, other.pause_ms) == (False, False, 100)
     assert figures.worst(subject=True)[0] == 4_000 and figures.worst(moved=True) == (None, None)
 
