@@ -315,17 +315,23 @@ class RunRecorder:
         counted, not raised (an error of history never stops the node or the worker)."""
         taken_before = self._taken
         try:
-            return await self._write_taken(rows)
-        finally:
-            self._through += self._taken - taken_before
-            self._batch_ended.set()
-
-    async def _write_taken(self, rows: int | None) -> int:
-        try:
             records = self._take(rows)
         except Exception as exc:  # a conversion bug: those rows are lost, the writer goes on
             self._failed(0, exc)
+            self._batch_through(self._taken - taken_before)
             return 0
+        # Counted here, before any await: another batch may take rows while this one writes.
+        taken = self._taken - taken_before
+        try:
+            return await self._write(records)
+        finally:
+            self._batch_through(taken)
+
+    def _batch_through(self, rows: int) -> None:
+        self._through += rows
+        self._batch_ended.set()
+
+    async def _write(self, records: list[RunRecord]) -> int:
         counts, self._counts = self._counts, {}
         if not records and not counts:
             return 0

@@ -369,6 +369,38 @@ async def test_caught_up_waits_for_the_rows_queued_before_it_not_for_later_ones(
         task.cancel()
 
 
+async def test_caught_up_is_not_fooled_by_two_batches_in_flight_at_once() -> None:
+    # A flush beside the writer task: the second batch takes its rows while the first one
+    # waits on the store; the first one ending does not put the second's rows through.
+    gates = [asyncio.Event() for _ in range(4)]  # each batch: its runs' request, its counters'
+    waiting = list(gates)
+
+    async def held() -> None:
+        await waiting.pop(0).wait()
+
+    store = MemoryRunHistory(delay=held)
+    rec = RunRecorder(store, ttl_s=60, queue_rows=100, batch_rows=2, in_flight=4)
+    for job in range(4):
+        rec.add(RunRecord("j", T0 + job, fired_ms=T0))  # one job: a request of runs a batch
+    catching_up = asyncio.ensure_future(rec.caught_up())
+    first = asyncio.ensure_future(rec.write_batch())
+    while store.in_flight < 2:  # the first batch took two rows and waits on the store
+        await asyncio.sleep(0)
+    second = asyncio.ensure_future(rec.write_batch())
+    while store.in_flight < 4:  # the second took the other two and waits too
+        await asyncio.sleep(0)
+    gates[0].set()
+    gates[1].set()
+    await first
+    await asyncio.sleep(0)
+    assert not catching_up.done()  # the second batch's rows are still on their way
+    gates[2].set()
+    gates[3].set()
+    await second
+    await asyncio.wait_for(catching_up, 5)
+    assert rec.written == 4
+
+
 async def test_caught_up_counts_a_failed_batch_as_through() -> None:
     async def refused() -> None:
         raise RetriableError("Cassandra timed out")
