@@ -281,6 +281,18 @@ def test_the_cluster_cassandra_yaml_makes_one_ring_of_fixed_tokens(tmp_path: Pat
     assert all(-(2**63) <= t < 2**63 for t in tokens)
 
 
+def test_a_cluster_cassandra_node_pulls_a_missed_schema_change_after_a_second(
+        tmp_path: Path) -> None:
+    cluster = stack_script.Paths(state=tmp_path / "c", cache=tmp_path, profile=stack_script.CLUSTER)
+    plain = stack_script.Paths(state=tmp_path / "p", cache=tmp_path, profile=stack_script.PLAIN)
+    for srv in stack_script.pick(stack_script.servers(cluster), ["cassandra"]):
+        srv.conf.mkdir(parents=True)
+        assert "-Dcassandra.migration_delay_ms=1000" in srv.prepare("/jdk/bin/java", "cp")
+    single = stack_script.servers(plain)["cassandra"]
+    single.conf.mkdir(parents=True)
+    assert not [f for f in single.prepare("/jdk/bin/java", "cp") if "migration_delay" in f]
+
+
 def test_the_cluster_kafka_properties_replicate_everything_three_times(tmp_path: Path) -> None:
     values = {"host": "127.0.0.1", "broker_port": "9193", "controller_port": "9293",
               "data_dir": str(tmp_path), "node_id": "2",
