@@ -166,14 +166,13 @@ class NamespacePool:
                 self._wake.notify_all()
 
     async def _serve(self) -> None:
-        from chronowheel.admin import SCHEMA_AGREEMENT_WAIT_S, apply_schema
+        from chronowheel.admin import apply_schema
         from chronowheel.schema import cql_statements
         from chronowheel.settings import Settings
         from chronowheel.store.cassandra import connect
 
         base = Settings(cassandra=self.cassandra, kafka=self.kafka)
         cluster, session = await asyncio.to_thread(connect, base)
-        cluster.max_schema_agreement_wait = SCHEMA_AGREEMENT_WAIT_S
         try:
             while True:
                 await asyncio.to_thread(self._wait_while_paused)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from aiokafka import TopicPartition
 from cassandra import InvalidRequest
 from cassandra.cluster import Cluster, Session
+from cassandra.pool import Host
 
 from chronowheel.bus.kafka import (
     ensure_topics,
@@ -40,8 +41,10 @@ class InitReport:
     keyspace_created: bool
 
 
-# How long init waits, after each schema change, for every Cassandra node to have it.
+# How long init waits, once every statement is applied, for every Cassandra node to have them.
 SCHEMA_AGREEMENT_WAIT_S = 120
+# How often that wait says where it stands.
+SCHEMA_AGREEMENT_REPORT_S = 10.0
 # How long init keeps retrying one schema statement that failed transiently. On a three-node
 # ring that had just formed, on a loaded two-core machine, the first CREATE TABLE timed out
 # ("Connection defunct by heartbeat"): the nodes were busy applying the previous change.
@@ -70,49 +73,101 @@ def _await_agreement(cluster: Cluster) -> None:
         log.warning("init: waiting for schema agreement failed: %r", exc)
 
 
+def _coordinator(cluster: Cluster, previous: Host | None) -> Host | None:
+    """The node every schema statement goes to: the previous one while it is up, else the
+    first up node by address; None (any node) when the driver knows of none up."""
+    if previous is not None and previous.is_up is not False:
+        return previous
+    up = [h for h in cluster.metadata.all_hosts() if h.is_up is not False]
+    return min(up, key=lambda h: str(h.endpoint)) if up else None
+
+
 async def apply_schema(cluster: Cluster, session: Session, statements: Iterable[str], *,
                        deadline_s: float = SCHEMA_STATEMENT_DEADLINE_S,
+                       agreement_wait_s: float = SCHEMA_AGREEMENT_WAIT_S,
                        clock: Callable[[], float] = time.monotonic,
                        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
-    """Run the schema statements in order, each until it succeeds and every node has it.
+    """Run the schema statements in order on one coordinator, then wait once for every node
+    to have them.
 
-    Every statement is idempotent (IF NOT EXISTS), so one that failed transiently (timeout,
-    unavailable, a connection lost) is sent again, after the nodes agree on the schema, for
-    up to `deadline_s`; then init fails with a retriable error naming the statement.
+    One coordinator has every change before it, so the statements need not wait for the other
+    nodes in between (as cqlsh runs a file). Waiting after each one cost a whole schema pull
+    whenever a node missed a change's push: Cassandra pulls a schema it lacks only after
+    `cassandra.migration_delay_ms` (60 s by default), and on a loaded three-node ring one node
+    missed six pushes in a row, so init took 406 s where it usually takes 27 s. Now a missed
+    push costs one pull at the end. Every statement is idempotent (IF NOT EXISTS), so one that
+    failed transiently (timeout, unavailable, a connection lost) is sent again, after the nodes
+    agree, for up to `deadline_s`; then init fails with a retriable error naming the statement.
     """
-    for stmt in statements:
-        name = _statement_name(stmt)
-        started = clock()
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                rs = await asyncio.to_thread(session.execute, stmt,
-                                             timeout=SCHEMA_STATEMENT_TIMEOUT_S)
-                break
-            except (*TRANSIENT_ERRORS, InvalidRequest) as exc:
-                # A keyspace or table an earlier statement created may not have reached this
-                # coordinator yet (that statement timed out, and its repeat was a no-op on a
-                # node that had it): wait for the nodes to agree and send it again, as for a
-                # timeout. Any other invalid statement is a bug, not a moment.
-                if isinstance(exc, InvalidRequest) and "doesn't exist" not in str(exc):
-                    raise
-                waited = clock() - started
-                if waited >= deadline_s:
-                    raise RetriableError(
-                        f"init: {name!r} still failed after {attempt} attempts in "
-                        f"{waited:.0f} s (limit {deadline_s:.0f} s): {exc}; run "
-                        "`chronowheel init` again once Cassandra answers (it is "
-                        "idempotent)") from exc
-                log.warning("init: %r failed (%s), attempt %d; sending it again", name, exc,
-                            attempt)
-                await asyncio.to_thread(_await_agreement, cluster)
-                await sleep(min(2.0 ** attempt, 10.0))
-        if not rs.response_future.is_schema_agreed:
+    coordinator: Host | None = None
+    driver_wait = cluster.max_schema_agreement_wait
+    cluster.max_schema_agreement_wait = 0  # the driver's own wait after each statement: off
+    try:
+        for stmt in statements:
+            name = _statement_name(stmt)
+            started = clock()
+            attempt = 0
+            while True:
+                attempt += 1
+                coordinator = _coordinator(cluster, coordinator)
+                try:
+                    await asyncio.to_thread(session.execute, stmt,
+                                            timeout=SCHEMA_STATEMENT_TIMEOUT_S,
+                                            host=coordinator)
+                    break
+                except (*TRANSIENT_ERRORS, InvalidRequest) as exc:
+                    # A keyspace or table an earlier statement created may not have reached
+                    # this coordinator yet (the earlier one failed on a node that then went
+                    # down, and its repeat went to this one): wait for the nodes to agree and
+                    # send it again, as for a timeout. Any other invalid statement is a bug,
+                    # not a moment.
+                    if isinstance(exc, InvalidRequest) and "doesn't exist" not in str(exc):
+                        raise
+                    waited = clock() - started
+                    if waited >= deadline_s:
+                        raise RetriableError(
+                            f"init: {name!r} still failed after {attempt} attempts in "
+                            f"{waited:.0f} s (limit {deadline_s:.0f} s): {exc}; run "
+                            "`chronowheel init` again once Cassandra answers (it is "
+                            "idempotent)") from exc
+                    log.warning("init: %r failed on %s (%s), attempt %d; sending it again",
+                                name, coordinator, exc, attempt)
+                    await asyncio.to_thread(_await_agreement, cluster)
+                    await sleep(min(2.0 ** attempt, 10.0))
+        # The driver's wait stays off through this one too: it also waits, under the same lock,
+        # after each schema event the nodes send, and would hold this one's reports back.
+        await _await_every_node(cluster, coordinator, agreement_wait_s, clock, sleep)
+    finally:
+        cluster.max_schema_agreement_wait = driver_wait
+
+
+async def _await_every_node(cluster: Cluster, coordinator: Host | None, limit_s: float,
+                            clock: Callable[[], float],
+                            sleep: Callable[[float], Awaitable[None]]) -> None:
+    """Until every up node reports one schema version, saying how long so far; a retriable
+    error past `limit_s`."""
+    started = clock()
+    while True:
+        try:
+            agreed = await asyncio.to_thread(
+                cluster.control_connection.wait_for_schema_agreement,
+                wait_time=min(SCHEMA_AGREEMENT_REPORT_S, limit_s))
+        except Exception as exc:  # the control connection may be reconnecting
+            log.warning("init: asking the nodes for their schema versions failed: %r", exc)
+            agreed = None
+        if agreed:
+            return
+        if agreed is None:  # no answer at all (None: the control connection is closing)
+            await sleep(1.0)
+        waited = clock() - started
+        if waited >= limit_s:
             raise RetriableError(
                 f"init: the Cassandra nodes did not agree on the schema within "
-                f"{SCHEMA_AGREEMENT_WAIT_S} s after {name!r}; run `chronowheel init` again "
-                "once every node is up (it is idempotent)")
+                f"{limit_s:.0f} s of its last statement on {coordinator}; run "
+                "`chronowheel init` again once every node is up (it is idempotent)")
+        log.info("init: the schema is applied on %s; waiting for every Cassandra node to have "
+                 "it (%.0f s of at most %.0f s; a node that missed a change pulls it after "
+                 "cassandra.migration_delay_ms, 60 s by default)", coordinator, waited, limit_s)
 
 
 async def init_namespace(settings: Settings) -> InitReport:
@@ -142,11 +197,6 @@ async def init_namespace(settings: Settings) -> InitReport:
                                   f"namespace needs {spec.partitions} (--shards {shards})")
         # 2. storage
         existed = await asyncio.to_thread(_keyspace_exists, session, ks)
-        # Each statement may go to another coordinator: every node must have the previous
-        # change first. The driver waits for schema agreement after a DDL statement for 10 s
-        # by default; a loaded three-node ring took longer, and the next statement failed with
-        # "Table ... doesn't exist" on a node that had not seen it yet.
-        cluster.max_schema_agreement_wait = SCHEMA_AGREEMENT_WAIT_S
         await apply_schema(cluster, session, cql_statements(ks, cassandra_replication))
         applied = await asyncio.to_thread(
             lambda: session.execute(
@@ -181,10 +231,13 @@ async def seed_watermarks(settings: Settings, shards: int) -> int:
     await producer.start()
     try:
         now = int(time.time() * 1000)
-        for k in empty:
-            record = StateRecord(shard=k, watermark=now, owner=None, node="init", at=now)
-            await producer.send_and_wait(settings.state_topic, partition=k,
-                                         key=StateRecord.key(k), value=record.encode())
+        # One record per partition, all in flight at once: one after another, they took 3.8 s
+        # for 16 shards on the three-broker profile (each acknowledged by three replicas).
+        acks = [await producer.send(settings.state_topic, partition=k, key=StateRecord.key(k),
+                                    value=StateRecord(shard=k, watermark=now, owner=None,
+                                                      node="init", at=now).encode())
+                for k in empty]
+        await asyncio.gather(*acks)
     finally:
         await producer.stop()
     return len(empty)
