@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 from cassandra import InvalidRequest
-from chronowheel.store.cassandra import prepare_concurrently
+from chronowheel.errors import ConfigError
+from chronowheel.store.cassandra import prepare_concurrently, prepare_tables
 
 BARRIER_S = 10.0
 """A bound on the wait for the second prepare (never reached when they overlap)."""
@@ -61,3 +62,12 @@ def test_a_statement_the_server_refuses_raises_its_error() -> None:
     session = Session(refuse="SELECT b")
     with pytest.raises(InvalidRequest, match="unconfigured table"):
         prepare_concurrently(session, Statements().declare)
+
+
+def test_a_table_the_keyspace_lacks_asks_for_init_naming_the_keyspace_and_the_tables() -> None:
+    session = Session(refuse="SELECT a")
+    with pytest.raises(ConfigError) as caught:
+        prepare_tables(session, Statements().declare, "acme", "worker lease")
+    text = str(caught.value)
+    assert text.startswith("keyspace acme has no worker lease tables (")
+    assert "unconfigured table nope" in text and "run `chronowheel init`" in text

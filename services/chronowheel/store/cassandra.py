@@ -495,6 +495,18 @@ def prepare_concurrently(session: Session, declare: Callable[[Callable[[str], An
     declare(prepared.__getitem__)
 
 
+
+def prepare_tables(session: Session, declare: Callable[[Callable[[str], Any]], None],
+                   keyspace: str, tables: str) -> None:
+    """`prepare_concurrently`, with a statement that the keyspace refuses (a table or column
+    it lacks) reported as a namespace to initialise again; `tables` names what was sought."""
+    try:
+        prepare_concurrently(session, declare)
+    except InvalidRequest as exc:
+        raise ConfigError(
+            f"keyspace {keyspace} has no {tables} tables ({exc}): run `chronowheel init` for "
+            f"this namespace once more (it is idempotent and adds missing tables)") from exc
+
 class CassandraStore:
     """JobStore over one keyspace. Create with `open()`; close with `close()`."""
 

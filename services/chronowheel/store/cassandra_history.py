@@ -19,13 +19,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cassandra.cluster import Session
-from cassandra.protocol import InvalidRequest
 from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, PreparedStatement
 
 from chronowheel.core.runs import COUNTERS, RunRecord
-from chronowheel.errors import ConfigError
 from chronowheel.store.base import RUN_WRITE_JOBS, Permits, permit, same_replicas
-from chronowheel.store.cassandra import TUPLES, execute, prepare_concurrently
+from chronowheel.store.cassandra import TUPLES, execute, prepare_tables
 
 RUN_COLUMNS = ("job_id, scheduled_ms, attempt, occurrence, fired_ms, lateness_ms, node_id, "
                "started_ms, ended_ms, outcome, worker_id, error")
@@ -74,13 +72,7 @@ class CassandraRunHistory:
     def __init__(self, session: Session, keyspace: str) -> None:
         self.session = session
         self.keyspace = ks = keyspace
-        try:
-            prepare_concurrently(session, self._declare_statements)
-        except InvalidRequest as exc:
-            raise ConfigError(
-                f"keyspace {ks} has no run history tables ({exc}): run `chronowheel init` "
-                f"for this namespace once more (it is idempotent and adds missing tables)"
-            ) from exc
+        prepare_tables(session, self._declare_statements, ks, "run history")
 
     def _declare_statements(self, p: Callable[[str], Any]) -> None:
         """Every statement of the history, each from `p(cql)` (see `prepare_concurrently`)."""

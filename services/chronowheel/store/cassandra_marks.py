@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
 from cassandra.cluster import Session
-from cassandra.protocol import InvalidRequest
 from cassandra.query import BatchStatement, BatchType, BoundStatement, PreparedStatement
 
 from chronowheel.errors import ConfigError
@@ -28,7 +27,7 @@ from chronowheel.store.base import (
     block_of,
     by_replicas,
 )
-from chronowheel.store.cassandra import TUPLES, CassandraStore, execute
+from chronowheel.store.cassandra import TUPLES, CassandraStore, execute, prepare_tables
 from chronowheel.store.cassandra_history import CassandraRunHistory
 
 log = logging.getLogger(__name__)
@@ -40,26 +39,23 @@ class CassandraMarks:
     def __init__(self, session: Session, keyspace: str) -> None:
         self.session = session
         self.keyspace = keyspace
-        ks = keyspace
-        try:
-            p = session.prepare
-            # UPDATE only: no row marker, so an expired or deleted lease reads as owner = null,
-            # and `IF owner = null` also matches a lease row that does not exist.
-            self._acquire = p(f"UPDATE {ks}.worker_leases USING TTL ? SET owner = ? "
-                              f"WHERE scope = ? AND topic = ? AND partition = ? IF owner = null")
-            self._renew = p(f"UPDATE {ks}.worker_leases USING TTL ? SET owner = ? "
-                            f"WHERE scope = ? AND topic = ? AND partition = ? IF owner = ?")
-            self._release = p(f"DELETE FROM {ks}.worker_leases WHERE scope = ? AND topic = ? "
-                              f"AND partition = ? IF owner = ?")
-            self._write = p(f"INSERT INTO {ks}.worker_marks (scope, topic, partition, block, "
-                            f"last_offset, marks) VALUES (?, ?, ?, ?, ?, ?) USING TTL ?")
-            self._read = p(f"SELECT marks FROM {ks}.worker_marks WHERE scope = ? AND topic = ? "
-                           f"AND partition = ? AND block = ? AND last_offset >= ?")
-        except InvalidRequest as exc:
-            raise ConfigError(
-                f"keyspace {ks} has no worker lease tables ({exc}): run `chronowheel init` "
-                f"for this namespace once more (it is idempotent and adds missing tables)"
-            ) from exc
+        prepare_tables(session, self._declare_statements, keyspace, "worker lease")
+
+    def _declare_statements(self, p: Callable[[str], Any]) -> None:
+        """Every statement of the marks, each from `p(cql)` (see `prepare_concurrently`)."""
+        ks = self.keyspace
+        # UPDATE only: no row marker, so an expired or deleted lease reads as owner = null,
+        # and `IF owner = null` also matches a lease row that does not exist.
+        self._acquire = p(f"UPDATE {ks}.worker_leases USING TTL ? SET owner = ? "
+                          f"WHERE scope = ? AND topic = ? AND partition = ? IF owner = null")
+        self._renew = p(f"UPDATE {ks}.worker_leases USING TTL ? SET owner = ? "
+                        f"WHERE scope = ? AND topic = ? AND partition = ? IF owner = ?")
+        self._release = p(f"DELETE FROM {ks}.worker_leases WHERE scope = ? AND topic = ? "
+                          f"AND partition = ? IF owner = ?")
+        self._write = p(f"INSERT INTO {ks}.worker_marks (scope, topic, partition, block, "
+                        f"last_offset, marks) VALUES (?, ?, ?, ?, ?, ?) USING TTL ?")
+        self._read = p(f"SELECT marks FROM {ks}.worker_marks WHERE scope = ? AND topic = ? "
+                       f"AND partition = ? AND block = ? AND last_offset >= ?")
 
     async def _run(self, stmt: PreparedStatement, params: Sequence[Any], what: str) -> Any:
         return await execute(self.session, stmt, params, what, execution_profile=TUPLES)
