@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 from aiokafka import TopicPartition
 from cassandra import InvalidRequest
-from cassandra.cluster import Cluster, Session
+from cassandra.cluster import Cluster, NoHostAvailable, Session
+from cassandra.connection import ConnectionException
+from cassandra.policies import HostDistance
 from cassandra.pool import Host
 
 from chronowheel.bus.kafka import (
@@ -43,8 +45,9 @@ class InitReport:
 
 # How long init waits, once every statement is applied, for every Cassandra node to have them.
 SCHEMA_AGREEMENT_WAIT_S = 120
-# How often that wait says where it stands.
+# How often that wait says where it stands, and how often it asks the nodes.
 SCHEMA_AGREEMENT_REPORT_S = 10.0
+SCHEMA_AGREEMENT_POLL_S = 0.5
 # How long init keeps retrying one schema statement that failed transiently. On a three-node
 # ring that had just formed, on a loaded two-core machine, the first CREATE TABLE timed out
 # ("Connection defunct by heartbeat"): the nodes were busy applying the previous change.
@@ -73,13 +76,18 @@ def _await_agreement(cluster: Cluster) -> None:
         log.warning("init: waiting for schema agreement failed: %r", exc)
 
 
-def _coordinator(cluster: Cluster, previous: Host | None) -> Host | None:
-    """The node every schema statement goes to: the previous one while it is up, else the
-    first up node by address; None (any node) when the driver knows of none up."""
-    if previous is not None and previous.is_up is not False:
+def _coordinator(cluster: Cluster, previous: Host | None,
+                 unreachable: set[Host] | None = None) -> Host | None:
+    """The node every schema statement goes to: the previous one while it is up and reachable,
+    else the first other one (by address) that is up and in this client's data centre (the
+    session has connections only to those); None (the driver's choice) when there is none."""
+    unreachable = unreachable or set()
+    if previous is not None and previous.is_up is not False and previous not in unreachable:
         return previous
-    up = [h for h in cluster.metadata.all_hosts() if h.is_up is not False]
-    return min(up, key=lambda h: str(h.endpoint)) if up else None
+    local = [h for h in cluster.metadata.all_hosts()
+             if h.is_up is not False and h not in unreachable
+             and cluster.profile_manager.distance(h) == HostDistance.LOCAL]
+    return min(local, key=lambda h: str(h.endpoint)) if local else None
 
 
 async def apply_schema(cluster: Cluster, session: Session, statements: Iterable[str], *,
@@ -100,6 +108,7 @@ async def apply_schema(cluster: Cluster, session: Session, statements: Iterable[
     agree, for up to `deadline_s`; then init fails with a retriable error naming the statement.
     """
     coordinator: Host | None = None
+    unreachable: set[Host] = set()  # coordinators the session could not reach
     driver_wait = cluster.max_schema_agreement_wait
     cluster.max_schema_agreement_wait = 0  # the driver's own wait after each statement: off
     try:
@@ -109,7 +118,7 @@ async def apply_schema(cluster: Cluster, session: Session, statements: Iterable[
             attempt = 0
             while True:
                 attempt += 1
-                coordinator = _coordinator(cluster, coordinator)
+                coordinator = _coordinator(cluster, coordinator, unreachable)
                 try:
                     await asyncio.to_thread(session.execute, stmt,
                                             timeout=SCHEMA_STATEMENT_TIMEOUT_S,
@@ -130,44 +139,82 @@ async def apply_schema(cluster: Cluster, session: Session, statements: Iterable[
                             f"{waited:.0f} s (limit {deadline_s:.0f} s): {exc}; run "
                             "`chronowheel init` again once Cassandra answers (it is "
                             "idempotent)") from exc
+                    if coordinator is not None and isinstance(
+                            exc, (NoHostAvailable, ConnectionException)):
+                        # Not reached at all: the next statement goes to another node. (One
+                        # that went down after applying a CREATE TABLE that no other node got
+                        # may come back with another id for that table than the one the next
+                        # coordinator gives it; init says which statement moved.)
+                        unreachable.add(coordinator)
                     log.warning("init: %r failed on %s (%s), attempt %d; sending it again",
                                 name, coordinator, exc, attempt)
                     await asyncio.to_thread(_await_agreement, cluster)
                     await sleep(min(2.0 ** attempt, 10.0))
         # The driver's wait stays off through this one too: it also waits, under the same lock,
         # after each schema event the nodes send, and would hold this one's reports back.
-        await _await_every_node(cluster, coordinator, agreement_wait_s, clock, sleep)
+        await _await_every_node(cluster, session, coordinator, agreement_wait_s, clock, sleep)
     finally:
         cluster.max_schema_agreement_wait = driver_wait
 
 
-async def _await_every_node(cluster: Cluster, coordinator: Host | None, limit_s: float,
-                            clock: Callable[[], float],
-                            sleep: Callable[[float], Awaitable[None]]) -> None:
-    """Until every up node reports one schema version, saying how long so far; a retriable
-    error past `limit_s`."""
-    started = clock()
-    while True:
+def _nodes_behind(cluster: Cluster, session: Session, coordinator: Host | None) -> list[str]:
+    """The nodes that do not have the coordinator's schema yet: each up node of this data
+    centre is asked for its own version (a node asked about the others reports what gossip
+    told it, which may be old), and the driver's check, through its control connection, covers
+    the nodes of other data centres. Empty when they all have it."""
+    version = "SELECT schema_version FROM system.local"
+    try:
+        want = session.execute(version, timeout=SCHEMA_STATEMENT_TIMEOUT_S,
+                               host=coordinator).one()[0]
+    except TRANSIENT_ERRORS as exc:
+        return [f"{coordinator or 'the coordinator'} (no answer: {exc})"]
+    behind = []
+    for host in cluster.metadata.all_hosts():
+        if (host == coordinator or host.is_up is False
+                or cluster.profile_manager.distance(host) != HostDistance.LOCAL):
+            continue
         try:
-            agreed = await asyncio.to_thread(
-                cluster.control_connection.wait_for_schema_agreement,
-                wait_time=min(SCHEMA_AGREEMENT_REPORT_S, limit_s))
-        except Exception as exc:  # the control connection may be reconnecting
-            log.warning("init: asking the nodes for their schema versions failed: %r", exc)
-            agreed = None
-        if agreed:
+            have = session.execute(version, timeout=SCHEMA_STATEMENT_TIMEOUT_S,
+                                   host=host).one()[0]
+        except TRANSIENT_ERRORS:
+            have = None
+        if have != want:
+            behind.append(str(host))
+    if not behind:
+        try:
+            if not cluster.control_connection.wait_for_schema_agreement(
+                    wait_time=SCHEMA_AGREEMENT_POLL_S):
+                behind.append("a node of another data centre")
+        except TRANSIENT_ERRORS as exc:
+            behind.append(f"the driver's control connection ({exc})")
+    return behind
+
+
+async def _await_every_node(cluster: Cluster, session: Session, coordinator: Host | None,
+                            limit_s: float, clock: Callable[[], float],
+                            sleep: Callable[[float], Awaitable[None]]) -> None:
+    """Until every up node has the coordinator's schema version, saying every
+    SCHEMA_AGREEMENT_REPORT_S which nodes it waits for; a retriable error past `limit_s`."""
+    where = str(coordinator) if coordinator is not None else "the driver's choice of node"
+    started = reported = clock()
+    while True:
+        behind = await asyncio.to_thread(_nodes_behind, cluster, session, coordinator)
+        if not behind:
             return
-        if agreed is None:  # no answer at all (None: the control connection is closing)
-            await sleep(1.0)
         waited = clock() - started
         if waited >= limit_s:
             raise RetriableError(
                 f"init: the Cassandra nodes did not agree on the schema within "
-                f"{limit_s:.0f} s of its last statement on {coordinator}; run "
-                "`chronowheel init` again once every node is up (it is idempotent)")
-        log.info("init: the schema is applied on %s; waiting for every Cassandra node to have "
-                 "it (%.0f s of at most %.0f s; a node that missed a change pulls it after "
-                 "cassandra.migration_delay_ms, 60 s by default)", coordinator, waited, limit_s)
+                f"{limit_s:.0f} s of its last statement on {where} (still without it: "
+                f"{', '.join(behind)}); run `chronowheel init` again once every node is up (it "
+                "is idempotent)")
+        if clock() - reported >= SCHEMA_AGREEMENT_REPORT_S:
+            reported = clock()
+            log.info("init: the schema is applied on %s; waiting for %s to have it (%.0f s of "
+                     "at most %.0f s; a node that missed a change pulls it after "
+                     "cassandra.migration_delay_ms, 60 s by default)", where, ", ".join(behind),
+                     waited, limit_s)
+        await sleep(SCHEMA_AGREEMENT_POLL_S)
 
 
 async def init_namespace(settings: Settings) -> InitReport:
@@ -237,7 +284,10 @@ async def seed_watermarks(settings: Settings, shards: int) -> int:
                                     value=StateRecord(shard=k, watermark=now, owner=None,
                                                       node="init", at=now).encode())
                 for k in empty]
-        await asyncio.gather(*acks)
+        failed = [r for r in await asyncio.gather(*acks, return_exceptions=True)
+                  if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
     finally:
         await producer.stop()
     return len(empty)

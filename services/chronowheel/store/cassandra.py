@@ -495,7 +495,6 @@ def prepare_concurrently(session: Session, declare: Callable[[Callable[[str], An
     declare(prepared.__getitem__)
 
 
-
 def prepare_tables(session: Session, declare: Callable[[Callable[[str], Any]], None],
                    keyspace: str, tables: str) -> None:
     """`prepare_concurrently`, with a statement that the keyspace refuses (a table or column
@@ -506,6 +505,7 @@ def prepare_tables(session: Session, declare: Callable[[Callable[[str], Any]], N
         raise ConfigError(
             f"keyspace {keyspace} has no {tables} tables ({exc}): run `chronowheel init` for "
             f"this namespace once more (it is idempotent and adds missing tables)") from exc
+
 
 class CassandraStore:
     """JobStore over one keyspace. Create with `open()`; close with `close()`."""
