@@ -29,6 +29,7 @@ from chronowheel.bus.kafka import (
 from chronowheel.core.wire import StateRecord
 from chronowheel.errors import ConfigError, RetriableError
 from chronowheel.schema import cql_statements
+from chronowheel.security import quiet_loggers
 from chronowheel.settings import Settings
 from chronowheel.store.cassandra import TRANSIENT_ERRORS, connect, recorded_shards
 
@@ -48,6 +49,7 @@ SCHEMA_AGREEMENT_WAIT_S = 120
 # How often that wait says where it stands, and how often it asks the nodes.
 SCHEMA_AGREEMENT_REPORT_S = 10.0
 SCHEMA_AGREEMENT_POLL_S = 0.5
+SCHEMA_VERSION_TIMEOUT_S = 2.0  # one node's answer to "which schema version is yours"
 # How long init keeps retrying one schema statement that failed transiently. On a three-node
 # ring that had just formed, on a loaded two-core machine, the first CREATE TABLE timed out
 # ("Connection defunct by heartbeat"): the nodes were busy applying the previous change.
@@ -161,30 +163,35 @@ def _nodes_behind(cluster: Cluster, session: Session, coordinator: Host | None) 
     """The nodes that do not have the coordinator's schema yet: each up node of this data
     centre is asked for its own version (a node asked about the others reports what gossip
     told it, which may be old), and the driver's check, through its control connection, covers
-    the nodes of other data centres. Empty when they all have it."""
+    the nodes of other data centres and those that did not answer (a session may have no
+    connection to a node that was paused while it connected). Empty when they all have it."""
     version = "SELECT schema_version FROM system.local"
     try:
-        want = session.execute(version, timeout=SCHEMA_STATEMENT_TIMEOUT_S,
+        want = session.execute(version, timeout=SCHEMA_VERSION_TIMEOUT_S,
                                host=coordinator).one()[0]
     except TRANSIENT_ERRORS as exc:
         return [f"{coordinator or 'the coordinator'} (no answer: {exc})"]
-    behind = []
+    behind, unanswered = [], []
     for host in cluster.metadata.all_hosts():
         if (host == coordinator or host.is_up is False
                 or cluster.profile_manager.distance(host) != HostDistance.LOCAL):
             continue
         try:
-            have = session.execute(version, timeout=SCHEMA_STATEMENT_TIMEOUT_S,
+            have = session.execute(version, timeout=SCHEMA_VERSION_TIMEOUT_S,
                                    host=host).one()[0]
         except TRANSIENT_ERRORS:
-            have = None
+            unanswered.append(f"{host} (asked through the driver)")
+            continue
         if have != want:
             behind.append(str(host))
     if not behind:
         try:
-            if not cluster.control_connection.wait_for_schema_agreement(
-                    wait_time=SCHEMA_AGREEMENT_POLL_S):
-                behind.append("a node of another data centre")
+            # Its warning at each disagreement, every half second, would bury the report.
+            with quiet_loggers("cassandra.cluster"):
+                agreed = cluster.control_connection.wait_for_schema_agreement(
+                    wait_time=SCHEMA_AGREEMENT_POLL_S)
+            if not agreed:
+                behind = unanswered or ["a node of another data centre"]
         except TRANSIENT_ERRORS as exc:
             behind.append(f"the driver's control connection ({exc})")
     return behind

@@ -107,10 +107,14 @@ class Session:
     asked: list[str] = field(default_factory=list)
     driver_waits: list[float] = field(default_factory=list)
 
+    unreachable: set[str] = field(default_factory=set)  # nodes the session has no pool for
+
     def execute(self, stmt: str, timeout: float, host: Host | None) -> Row | None:
         if stmt == VERSION:
             assert host is not None and not host.remote, "asked a node it has no connection to"
             self.asked.append(host.endpoint)
+            if host.endpoint in self.unreachable:
+                raise NoHostAvailable("no connection", {host.endpoint: "no pool"})
             answers = self.behind.get(host.endpoint)
             if answers:
                 return Row((answers.pop(0) if len(answers) > 1 else answers[0],))
@@ -189,6 +193,19 @@ async def test_nodes_of_other_data_centres_are_left_to_the_drivers_check() -> No
     assert set(session.hosts) == {"127.0.0.2:9042"}  # never a node without a connection
     assert "10.1.0.1:9042" not in session.asked
     assert cluster.control_connection.waits == 3 and clock.now == 1.0
+
+
+async def test_a_node_the_session_cannot_ask_is_left_to_the_drivers_check() -> None:
+    # 127.0.0.4 was paused while the session connected: no pool, so no direct answer.
+    session, cluster, clock = rig(answers=[False, False, False, True])
+    session.unreachable.add("127.0.0.4:9042")
+    with pytest.raises(RetriableError) as caught:  # the driver disagrees throughout
+        session_never, cluster_never, clock_never = rig(answers=[False] * 1000)
+        session_never.unreachable.add("127.0.0.4:9042")
+        await run(session_never, cluster_never, clock_never)
+    assert "still without it: 127.0.0.4:9042 (asked through the driver)" in str(caught.value)
+    await run(session, cluster, clock)
+    assert cluster.control_connection.waits == 4 and clock.now == 1.5
 
 
 async def test_an_unreachable_coordinator_hands_the_statement_to_the_next_node() -> None:
