@@ -320,73 +320,43 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-class KafkaTxnProducer:
-    def __init__(self, settings: Settings, transactional_id: str, group_id: str) -> None:
+class TopicLimits:
+    """The largest record each topic takes (`max.message.bytes`), as last read from the
+    brokers, for every producer of one node process: a producer that replaces a fenced or
+    failed one finds them known, instead of starting an admin client and asking again on the
+    path of the first parts of every shard it takes over again (the node's loop is busiest
+    then). Read again after `limits.TOPIC_LIMIT_REFRESH_MS`, or at once after `forget`."""
+
+    def __init__(self, settings: Settings) -> None:
         self._settings = settings
-        self._id = transactional_id
-        self._group_id = group_id
-        self._submit_topic = settings.submit_topic
-        self._producer = transactional_producer(settings, transactional_id)
-        self._max_request = int(getattr(self._producer, "_max_request_size", 1 << 20))
         # topic -> (largest record, monotonic time it was read)
-        self._limits: dict[str, tuple[int, float]] = {}
+        self._known: dict[str, tuple[int, float]] = {}
         self._admin: AIOKafkaAdminClient | None = None
         self._admin_lock = asyncio.Lock()
-        self._limits_unreadable_logged = False
+        self._unreadable_logged = False
 
-    @property
-    def transactional_id(self) -> str:
-        return self._id
+    def known(self, topic: str) -> int | None:
+        known = self._known.get(topic)
+        return known[0] if known is not None else None
 
-    @property
-    def aiokafka(self) -> AIOKafkaProducer:
-        return self._producer
-
-    async def start(self) -> None:
-        # init_transactions bumps the epoch of this transactional.id: any other producer with
-        # it is fenced from here on, and its open transaction (if any) is aborted.
-        with _translated(f"{self._id}: init transactional producer"):
-            await with_retries(self._producer.start, f"{self._id}: init transactional producer")
-
-    async def stop(self) -> None:
-        admin, self._admin = self._admin, None
-        if admin is not None:
-            with contextlib.suppress(Exception):
-                await admin.close()
-        await self._producer.stop()
-
-    async def begin(self) -> KafkaTransaction:
-        with _translated(f"{self._id}: begin transaction", self._producer):
-            cause = broken_cause(self._producer)
-            if cause is not None:  # checked first: aiokafka would fail an assertion
-                raise KafkaError(f"begin refused: {cause!r}")
-            await self._producer.begin_transaction()
-        s = self._settings
-        return KafkaTransaction(self._producer, self._id, self._submit_topic, self._group_id,
-                                frozenset({s.submit_topic, s.state_topic, s.fired_topic,
-                                           s.rejected_topic, s.dead_topic}))
-
-    def prepare(self) -> KafkaPrepared:
-        return KafkaPrepared(self)
-
-    def known_limit(self, topic: str) -> int:
-        """The topic's largest record as last read (Kafka's default before the first read)."""
-        known = self._limits.get(topic)
-        return known[0] if known is not None \
-            else limits.max_record_bytes(None, self._max_request)
-
-    async def max_record_bytes(self, topic: str) -> int:
-        known = self._limits.get(topic)
+    async def largest_record(self, topic: str, max_request: int) -> int:
+        known = self._known.get(topic)
         now = time.monotonic()
         if known is not None and now - known[1] < limits.TOPIC_LIMIT_REFRESH_MS / 1000:
             return known[0]
         configured = await self._read_max_message_bytes(topic)
-        limit = limits.max_record_bytes(configured, self._max_request)
-        self._limits[topic] = (limit, now)
+        limit = limits.max_record_bytes(configured, max_request)
+        self._known[topic] = (limit, now)
         return limit
 
-    def forget_limit(self, topic: str) -> None:
-        self._limits.pop(topic, None)
+    def forget(self, topic: str) -> None:
+        self._known.pop(topic, None)
+
+    async def close(self) -> None:
+        admin, self._admin = self._admin, None
+        if admin is not None:
+            with contextlib.suppress(Exception):
+                await admin.close()
 
     async def _read_max_message_bytes(self, topic: str) -> int | None:
         """The topic's `max.message.bytes` from the brokers; None when it cannot be read."""
@@ -410,12 +380,71 @@ class KafkaTxnProducer:
                             return int(entry[1])
             raise BusError("max.message.bytes not in the answer")
         except (TimeoutError, KafkaError, ChronowheelError, ValueError) as exc:
-            if not self._limits_unreadable_logged:
-                self._limits_unreadable_logged = True
-                log.warning("%s: cannot read max.message.bytes of topic %s (%r); assuming "
-                            "Kafka's default, %d", self._id, topic, exc,
-                            limits.KAFKA_MAX_MESSAGE_BYTES)
+            if not self._unreadable_logged:
+                self._unreadable_logged = True
+                log.warning("cannot read max.message.bytes of topic %s (%r); assuming "
+                            "Kafka's default, %d", topic, exc, limits.KAFKA_MAX_MESSAGE_BYTES)
             return None
+
+
+class KafkaTxnProducer:
+    def __init__(self, settings: Settings, transactional_id: str, group_id: str,
+                 topic_limits: TopicLimits | None = None) -> None:
+        self._settings = settings
+        self._id = transactional_id
+        self._group_id = group_id
+        self._submit_topic = settings.submit_topic
+        self._producer = transactional_producer(settings, transactional_id)
+        self._max_request = int(getattr(self._producer, "_max_request_size", 1 << 20))
+        # Shared with the other producers of the node's bus; one of its own when alone (its
+        # stop then closes it).
+        self._own_limits = topic_limits is None
+        self._limits = topic_limits if topic_limits is not None else TopicLimits(settings)
+
+    @property
+    def transactional_id(self) -> str:
+        return self._id
+
+    @property
+    def aiokafka(self) -> AIOKafkaProducer:
+        return self._producer
+
+    async def start(self) -> None:
+        # init_transactions bumps the epoch of this transactional.id: any other producer with
+        # it is fenced from here on, and its open transaction (if any) is aborted.
+        with _translated(f"{self._id}: init transactional producer"):
+            await with_retries(self._producer.start, f"{self._id}: init transactional producer")
+
+    async def stop(self) -> None:
+        if self._own_limits:
+            await self._limits.close()
+        await self._producer.stop()
+
+    async def begin(self) -> KafkaTransaction:
+        with _translated(f"{self._id}: begin transaction", self._producer):
+            cause = broken_cause(self._producer)
+            if cause is not None:  # checked first: aiokafka would fail an assertion
+                raise KafkaError(f"begin refused: {cause!r}")
+            await self._producer.begin_transaction()
+        s = self._settings
+        return KafkaTransaction(self._producer, self._id, self._submit_topic, self._group_id,
+                                frozenset({s.submit_topic, s.state_topic, s.fired_topic,
+                                           s.rejected_topic, s.dead_topic}))
+
+    def prepare(self) -> KafkaPrepared:
+        return KafkaPrepared(self)
+
+    def known_limit(self, topic: str) -> int:
+        """The topic's largest record as last read (Kafka's default before the first read)."""
+        known = self._limits.known(topic)
+        return known if known is not None \
+            else limits.max_record_bytes(None, self._max_request)
+
+    async def max_record_bytes(self, topic: str) -> int:
+        return await self._limits.largest_record(topic, self._max_request)
+
+    def forget_limit(self, topic: str) -> None:
+        self._limits.forget(topic)
 
     async def partition_count(self, topic: str) -> int | None:
         try:
@@ -736,6 +765,7 @@ class KafkaNodeBus:
         # Started readers kept for the next state read: starting one (bootstrap, metadata)
         # costs a few hundred ms, twice per claimed shard, on the path of every failover.
         self._idle_readers: list[AIOKafkaConsumer] = []
+        self._topic_limits = TopicLimits(settings)
 
     async def _reader(self) -> AIOKafkaConsumer:
         if self._idle_readers:
@@ -751,6 +781,7 @@ class KafkaNodeBus:
         for consumer in idle:
             with contextlib.suppress(Exception):
                 await consumer.stop()
+        await self._topic_limits.close()
 
     def submit_group(self, *, group_id: str, client_id: str, session_timeout_ms: int,
                      on_assigned: ShardsChanged, on_revoked: ShardsChanged) -> SubmitGroup:
@@ -767,7 +798,10 @@ class KafkaNodeBus:
                                 on_assigned=on_assigned, on_revoked=on_revoked)
 
     def producer(self, transactional_id: str, group_id: str) -> KafkaTxnProducer:
-        return KafkaTxnProducer(self._settings, transactional_id, group_id)
+        # Every producer of the node shares what it read of the topics' limits: one made
+        # after a fence or a failed transaction needs them for the first part of every shard.
+        return KafkaTxnProducer(self._settings, transactional_id, group_id,
+                                self._topic_limits)
 
     def claimer(self, transactional_id: str, group_id: str) -> Claimer:
         del group_id  # a claim commits no submit offsets
