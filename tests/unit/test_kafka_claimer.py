@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from chronowheel.bus.kafka_claimer import RdKafkaClaimer, RdKafkaClaimTransaction
@@ -97,3 +97,56 @@ async def test_stop_does_not_wait_for_the_close() -> None:
         producer.may_close.set()
     with pytest.raises(BusError, match="not started"):
         await claimer.begin()
+
+
+class SlowInit(FakeProducer):
+    """A producer whose `init_transactions` (InitProducerId, which fences every earlier
+    producer of the id) runs until the test lets it finish."""
+
+    made: ClassVar[list[SlowInit]] = []
+    created: ClassVar[threading.Event] = threading.Event()
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+        self.may_close.set()
+        self.initialising = threading.Event()
+        self.may_finish = threading.Event()
+        self.initialised = threading.Event()
+        SlowInit.made.append(self)
+        SlowInit.created.set()
+
+    def init_transactions(self, timeout: float) -> None:
+        self.initialising.set()
+        self.may_finish.wait(30)
+        self.initialised.set()
+
+
+async def test_a_cancelled_start_ends_only_once_its_init_did_and_closes_its_client(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import confluent_kafka
+
+    SlowInit.made.clear()
+    SlowInit.created.clear()
+    monkeypatch.setattr(confluent_kafka, "Producer", SlowInit)
+    claimer = RdKafkaClaimer(Settings(namespace="unit"), "unit-shard-1")
+    start = asyncio.ensure_future(claimer.start())
+    assert await asyncio.to_thread(SlowInit.created.wait, 10)
+    producer = SlowInit.made[0]
+    assert await asyncio.to_thread(producer.initialising.wait, 10)
+    start.cancel()  # a revocation or a fence recovery stopping the takeover
+    # Until its init is over the start goes on: the node's next claimer of the shard would
+    # otherwise initialise first and then be fenced by this one's InitProducerId.
+    done, _ = await asyncio.wait([start], timeout=0.3)
+    assert not done
+    start.cancel()  # cancelled again meanwhile: still waits
+    done, _ = await asyncio.wait([start], timeout=0.2)
+    assert not done
+    producer.may_finish.set()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(start, 10)
+    assert producer.initialised.is_set()
+    # What the init made is closed, not left with its threads to nobody.
+    assert await asyncio.to_thread(producer.closing.wait, 10)
+    with pytest.raises(BusError, match="not started"):
+        await claimer.begin()
+

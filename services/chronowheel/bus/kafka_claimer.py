@@ -80,6 +80,14 @@ async def _off_loop(what: str, call: Callable[[], T]) -> T:
         return await librdkafka_call(call)
 
 
+async def _outlast(started: asyncio.Future[Any]) -> None:
+    """Wait until `started` is done, whatever cancellations come meanwhile (the caller
+    re-raises its own)."""
+    while not started.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait([started])
+
+
 class RdKafkaClaimTransaction:
     """The one transaction of a claim or a release: a record, then commit (or abort)."""
 
@@ -146,7 +154,23 @@ class RdKafkaClaimer:
                 raise
             return producer
 
-        self._producer = await _off_loop(f"{self._id}: init transactional producer", init)
+        starting = asyncio.ensure_future(
+            _off_loop(f"{self._id}: init transactional producer", init))
+        try:
+            self._producer = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            # The init goes on in its thread whatever happens here, and its InitProducerId
+            # bumps the id's epoch when it lands. Abandoned, it could land after the next
+            # claimer of the same shard initialised (the node taking the shard again after a
+            # rebalance or a fence recovery cancelled this takeover) and fence it: that claim
+            # then failed as if another node were claiming, and the shard, still the node's in
+            # the group, went unserved until the next rebalance. So a cancelled start ends only
+            # once its init did (within INIT_TIMEOUT_S), and closes what it made.
+            await _outlast(starting)
+            if not starting.cancelled() and starting.exception() is None:
+                self._producer = starting.result()
+                await self.stop()
+            raise
 
     async def stop(self) -> None:
         """Returns at once; the client is closed on a thread of `LIBRDKAFKA_CALLS` (which the
