@@ -278,6 +278,10 @@ class Settings:
         30_000, "a shard revoked cleanly is kept in memory (warm) this long for the next "
                 "assignment, which resumes it without a reload if it comes back (0: never "
                 "kept warm)")
+    lost_shard_retry_ms: int = _opt(
+        1_000, "a shard given up because another claimer fenced its claim is taken over again "
+               "after this (doubled at each loss in a row, up to 30 s) if the group still "
+               "assigns it to this node (0: left until the next rebalance)")
     missing_watermark_lookback_ms: int = _opt(
         3_600_000, "without a watermark record, a shard loads from this far back")
     skew_check_interval_ms: int = _opt(5_000, "measure the clock skew to Cassandra this often")
@@ -409,6 +413,9 @@ class Settings:
             raise ConfigError(f"malloc_threshold_bytes: must be 0 (glibc's dynamic thresholds) "
                               f"to {1 << 25} (32 MiB, glibc's most), "
                               f"got {self.malloc_threshold_bytes}")
+        if self.lost_shard_retry_ms < 0:
+            raise ConfigError(f"lost_shard_retry_ms: must be 0 (never taken again before a "
+                              f"rebalance) or more, got {self.lost_shard_retry_ms}")
         if self.warm_grace_ms < 0:
             raise ConfigError(f"warm_grace_ms: must be 0 (no shard kept warm) or more, "
                               f"got {self.warm_grace_ms}")
@@ -705,7 +712,7 @@ NODE_TUNABLES = (
     "backfill_rows_per_cycle",
     "backfill_cycle_ms", "calendar_refresh_ms",
     "idle_commit_ms", "idle_commit_clearance_ms", "skip_empty_after_ms", "stop_drain_ms",
-    "stop_deadline_ms", "warm_grace_ms", "missing_watermark_lookback_ms",
+    "stop_deadline_ms", "warm_grace_ms", "lost_shard_retry_ms", "missing_watermark_lookback_ms",
     "skew_check_interval_ms", "pump_fetch_records", "pump_pause_rows", "pump_resume_rows",
     "urgent_ms", "urgent_lookahead_records", "gc_young_threshold", "malloc_threshold_bytes",
 )

@@ -6,6 +6,7 @@ against a real broker (tests/integration/test_scale_out.py)."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import pytest
 from chronowheel.bus.kafka_consumer_group import (
@@ -124,3 +125,41 @@ def test_a_refused_read_of_the_submit_topic_stops_the_member_and_a_passing_error
     assert stops_the_member(KafkaError(KafkaError._FATAL, fatal=True))
     assert not stops_the_member(KafkaError(KafkaError._TRANSPORT))
     assert not stops_the_member(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION))
+
+
+class _Committing:
+    """The two calls of librdkafka's consumer that the membership check makes."""
+
+    def __init__(self, committed: dict[int, int], refuse: str | None = None) -> None:
+        self._committed = committed
+        self._refuse = refuse
+        self.commits: list[list[tuple[int, int]]] = []
+
+    def committed(self, tps: list[Any], timeout: float) -> list[Any]:
+        from confluent_kafka import TopicPartition
+
+        del timeout
+        return [TopicPartition(tp.topic, tp.partition, self._committed.get(tp.partition, -1001))
+                for tp in tps]
+
+    def commit(self, *, offsets: list[Any], asynchronous: bool) -> None:
+        assert not asynchronous
+        if self._refuse is not None:
+            raise KafkaException(KafkaError(getattr(KafkaError, self._refuse)))
+        self.commits.append([(tp.partition, tp.offset) for tp in offsets])
+
+
+def test_the_membership_check_commits_again_only_a_partition_it_is_given() -> None:
+    member = ConsumerProtocolGroup(Settings(), group_id="ns-nodes", client_id="n1",
+                                   session_timeout_ms=3_000, on_assigned=_nothing,
+                                   on_revoked=_nothing)
+    member._assigned.update({0, 1, 2})
+    consumer = _Committing({0: 5, 1: 9, 2: 4})
+    # A lost shard's partition: no transaction of the node commits its offset meanwhile.
+    assert member._check_membership_on_group(consumer, [2, 7]) is True
+    assert member._check_membership_on_group(consumer, None) is True
+    assert consumer.commits == [[(2, 4)], [(0, 5)]]
+    # Nothing committed on the partitions given: it cannot tell, and says a member.
+    assert member._check_membership_on_group(_Committing({0: 5}), [1]) is True
+    stale = _Committing({2: 4}, refuse="STALE_MEMBER_EPOCH")
+    assert member._check_membership_on_group(stale, [2]) is False

@@ -94,6 +94,7 @@ class FakeConsumer:
         self.fail_with: BaseException | None = None
         self.seeks: list[tuple[int, int | None]] = []
         self.log_start: dict[int, int] = {}
+        self.commits: list[dict[int, int]] = []
         self.stopped = False
 
     def _here(self) -> None:
@@ -144,6 +145,7 @@ class FakeConsumer:
 
     async def commit(self, offsets: dict[TopicPartition, int]) -> None:
         self._here()
+        self.commits.append({tp.partition: offset for tp, offset in offsets.items()})
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self._here()
@@ -270,6 +272,10 @@ async def test_the_consumer_lives_on_its_own_thread_and_the_callbacks_on_the_nod
         await group.seek(1, 5)
         await group.seek(0, None)
         assert await group.check_membership()
+        # Checked on a partition the node does not serve, the commit touches only that one
+        # (the others' offsets move with the node's transactions meanwhile).
+        assert await group.check_membership([1])
+        assert group.fake.commits == [{0: 7}, {1: 7}]
         assert here not in group.fake.threads and len(group.fake.threads) == 1
         assert group.fake.seeks == [(1, 5), (0, None)]
     assert group.fake.stopped and group._thread is None

@@ -26,7 +26,8 @@ FORMER_CONSTANTS = {
 # occurrence may be before its catch-up policy applies, and how fast late ones are caught up;
 # issue 26: the urgent lane, new one-shots due soon applied ahead of a backlog, and few
 # bucket count requests in flight per shard, so a long-horizon herd does not flood Cassandra;
-# fewer ingest writes in flight while an occurrence is due soon).
+# fewer ingest writes in flight while an occurrence is due soon; issue 27: when a shard given
+# up as claimed elsewhere, but still assigned to the node, is taken over again).
 CHANGED_SINCE = {"ingest_batch": 500, "ingest_group_bytes": 4_500, "ingest_group_jobs": 16,
                  "pump_pause_rows": 2_000, "pump_resume_rows": 1_000,
                  "gc_young_threshold": 50_000, "malloc_threshold_bytes": 131_072,
@@ -35,7 +36,7 @@ CHANGED_SINCE = {"ingest_batch": 500, "ingest_group_bytes": 4_500, "ingest_group
                  "catch_up_rate": 500, "urgent_ms": 30_000,
                  "urgent_lookahead_records": 20_000, "ingest_writes_in_flight": 32,
                  "ingest_writes_in_flight_due_soon": 8, "ingest_due_soon_ms": 500,
-                 "ingest_counts_in_flight": 2}
+                 "ingest_counts_in_flight": 2, "lost_shard_retry_ms": 1_000}
 
 
 def _node_parser() -> argparse.ArgumentParser:

@@ -39,7 +39,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
 from chronowheel.bus.group_thread import LIVENESS_PING_MS, GroupThreadMember
@@ -447,15 +447,17 @@ class ConsumerProtocolGroup(GroupThreadMember):
             return TopicPartition(self._topic, shard)
         return TopicPartition(self._topic, shard, offset)
 
-    async def check_membership(self) -> bool:
-        return await self._on_group(self._check_membership_on_group)
+    async def check_membership(self, shards: Collection[int] | None = None) -> bool:
+        return await self._on_group(lambda consumer: self._check_membership_on_group(
+            consumer, shards))
 
-    def _check_membership_on_group(self, consumer: Any) -> bool:
+    def _check_membership_on_group(self, consumer: Any, shards: Collection[int] | None) -> bool:
         from confluent_kafka import KafkaException
 
         # As the classic member: commit an assigned partition's committed offset again (a
         # no-op for the group); the coordinator checks the member's id and epoch.
-        for k in sorted(self.assigned()):
+        assigned = self.assigned()
+        for k in sorted(assigned if shards is None else assigned & set(shards)):
             try:
                 (tp,) = consumer.committed([self._tp(k)], timeout=ADMIN_TIMEOUT_S)
             except KafkaException as exc:

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Callable, Collection, Coroutine, Iterator, Mapping
 from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -680,17 +680,20 @@ class KafkaSubmitGroup(GroupThreadMember):
                 f"must be at most it (see the operations runbook)") from exc
         raise BusError(f"group {self._group_id}: the member's thread failed: {exc!r}") from exc
 
-    async def check_membership(self) -> bool:
-        return await self._on_group(self._check_membership_on_group())
+    async def check_membership(self, shards: Collection[int] | None = None) -> bool:
+        return await self._on_group(self._check_membership_on_group(shards))
 
-    async def _check_membership_on_group(self) -> bool:
+    async def _check_membership_on_group(self, shards: Collection[int] | None) -> bool:
         # aiokafka has no call that only validates the member, so commit an assigned
         # partition's committed offset again (a no-op for the group): the coordinator checks
         # the generation and member id of every OffsetCommit. Nothing else commits these
-        # offsets meanwhile: this is called while the node's producer is fenced.
+        # offsets meanwhile: this is called while the node's producer is fenced, or on
+        # `shards` the node does not serve.
         consumer = self._consumer
         assert consumer is not None
         for tp in sorted(consumer.assignment()):
+            if shards is not None and tp.partition not in shards:
+                continue
             with _translated(f"{tp.topic}[{tp.partition}]: reading the committed offset"):
                 offset = await consumer.committed(tp)
             if offset is None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from chronowheel.bus.ports import (
@@ -488,7 +488,7 @@ class MemorySubmitGroup:
     def assigned(self) -> set[int]:
         return set(self._assigned)
 
-    async def check_membership(self) -> bool:
+    async def check_membership(self, shards: Collection[int] | None = None) -> bool:
         await asyncio.sleep(0)
         return not self.stale
 

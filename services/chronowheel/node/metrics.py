@@ -139,6 +139,11 @@ class NodeMetrics:
             "shards taken by this node, by kind: full (claimed and loaded from the watermark) "
             "or warm (given back after a rebalance and resumed with its wheel kept)", ["kind"],
             registry=r)
+        self.claims_lost = Counter(
+            "chronowheel_shard_claims_lost_total",
+            "takeovers whose claim another claimer of the shard fenced: the shard is given up "
+            "and taken again after lost_shard_retry_ms if the group still assigns it to this "
+            "node", registry=r)
         self.submit_expired = Counter(
             "chronowheel_submit_expired_unapplied_total",
             "offsets of <ns>.submit (an upper bound on commands) that retention deleted "

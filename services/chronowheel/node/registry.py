@@ -16,6 +16,10 @@ actor runs again and resumes without reloading when `resume_warm` proves nobody 
 meanwhile (`node/takeover.py`). Warm shards the assignment does not give back have moved and
 are dropped, as are all of them when `warm_grace_ms` passes on the node's clock without an
 assignment (0: nothing is kept warm).
+
+Lost shards: a takeover whose claim another claimer fenced gives the shard up; if the group
+still assigns it to this node after `lost_shard_retry_ms` and the node is still a current
+member, the node takes it over again (`node/lost_shards.py` says why and how often).
 """
 
 from __future__ import annotations
@@ -28,13 +32,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from chronowheel.bus.ports import NodeBus, SubmitGroup
-from chronowheel.core.clock import Clock
+from chronowheel.core.clock import Clock, sleep_until_or_event
 from chronowheel.core.model import ValidationPolicy
 from chronowheel.errors import ChronowheelError
+from chronowheel.node.lost_shards import LostShards
 from chronowheel.node.metrics import NodeMetrics
 from chronowheel.node.shard import ShardActor
 from chronowheel.node.state import Arrivals
-from chronowheel.node.transactions import NodeTransactions, ShardLost
+from chronowheel.node.transactions import NodeFenced, NodeTransactions, ShardLost
 from chronowheel.node.write_permits import NodeWritePermits
 from chronowheel.settings import Settings
 from chronowheel.store.base import JobStore
@@ -92,6 +97,10 @@ class ShardRegistry:
         self.transactions: NodeTransactions | None = None
         self.group: SubmitGroup | None = None
         self._recovering: asyncio.Task[None] | None = None
+        self.lost = LostShards(settings.lost_shard_retry_ms)
+        """Shards given up as claimed elsewhere, to be looked at again (`_retake_lost`)."""
+        self._retaking: asyncio.Task[None] | None = None
+        self._lost_changed = asyncio.Event()
 
     def attach(self, *, shards: int, store: JobStore, bus: NodeBus,
                transactions: NodeTransactions, group: SubmitGroup | None) -> None:
@@ -110,8 +119,9 @@ class ShardRegistry:
         """On the node's shutdown: end a fence recovery under way (it would take shards), and
         drop the warm shards (nothing will be resumed; the shards stopped from here on are not
         kept warm: the supervisor is stopping)."""
-        if self._recovering is not None:
-            await self.supervisor.cancel_and_wait([self._recovering])
+        ending = [t for t in (self._recovering, self._retaking) if t is not None]
+        if ending:
+            await self.supervisor.cancel_and_wait(ending)
         await self.drop_warm()
 
     # --- supervision ----------------------------------------------------------------------
@@ -142,8 +152,51 @@ class ShardRegistry:
             # fenced: then `recover` takes it again if the group still gives it to us.
             del self.owned[shard]
             self.metrics.owned_shards.set(len(self.owned))
+            if not isinstance(exc, NodeFenced):  # a fence's recovery takes it again (or not)
+                self._note_lost(shard)
             return True
         return False
+
+    # --- shards given up as claimed elsewhere ---------------------------------------------
+    def _note_lost(self, shard: int) -> None:
+        self.metrics.claims_lost.inc()
+        wait = self.lost.lost(shard, self.clock.now_ms())
+        if wait is None or self.supervisor.stopping:
+            return
+        log.warning("node %s: shard %d given up as claimed elsewhere; taken over again in "
+                    "%d ms if the group still assigns it to this node", self.node_id, shard,
+                    wait)
+        self._lost_changed.set()
+        if self._retaking is None or self._retaking.done():
+            self._retaking = self.supervisor.job(self._retake_lost(), "lost-shards")
+
+    async def _retake_lost(self) -> None:
+        """Take over again the lost shards the group still gives this node, each at its time,
+        once the coordinator confirms the node is a current member; forget the others."""
+        assert self.group is not None
+        while (due_ms := self.lost.next_due_ms()) is not None:
+            self._lost_changed.clear()
+            if self.clock.now_ms() < due_ms:
+                # Woken early by a new loss: its time may come first.
+                await sleep_until_or_event(self.clock, due_ms, self._lost_changed)
+                continue
+            due = self.lost.take_due(self.clock.now_ms())
+            unserved = [k for k in due if k in self.group.assigned() and k not in self.owned]
+            if not unserved:
+                continue
+            # The partitions checked are the unserved ones: no transaction of this node commits
+            # their offsets meanwhile, which the check commits again.
+            if not await self._check_membership(unserved):
+                log.warning("node %s: no longer a current member of group %s: shards %s are "
+                            "not taken again until the group assigns them", self.node_id,
+                            self.group_id, unserved)
+                continue
+            if self._recovering is not None and not self._recovering.done():
+                continue  # a fence's recovery takes every assigned shard not served
+            again = [k for k in unserved if k in self.group.assigned() and k not in self.owned]
+            log.warning("node %s: still a member of group %s, which still assigns it shards "
+                        "%s: taking them over again", self.node_id, self.group_id, again)
+            await self.start_shards(again)
 
     # --- fencing of the node's producer ---------------------------------------------------
     def on_fenced(self, session: int) -> None:
@@ -179,13 +232,13 @@ class ShardRegistry:
             await self.start_shards(again)
             return
 
-    async def _check_membership(self) -> bool:
+    async def _check_membership(self, shards: list[int] | None = None) -> bool:
         """Ask the group coordinator, retrying a few times: a node that cannot tell must not
         sit on shards it may still be assigned without serving them, so it fails loudly."""
         assert self.group is not None
         for attempt in range(1, MEMBERSHIP_CHECKS + 1):
             try:
-                return await self.group.check_membership()
+                return await self.group.check_membership(shards)
             except ChronowheelError as exc:
                 log.warning("node %s: group membership check %d of %d failed: %s",
                             self.node_id, attempt, MEMBERSHIP_CHECKS, exc)
@@ -289,6 +342,7 @@ class ShardRegistry:
     # owns nothing would be worse than one that stops, so failures here stop the node loudly.
     async def on_revoked(self, shards: list[int]) -> None:
         log.info("node %s: group revoked shards %s", self.node_id, sorted(shards))
+        self.lost.forget(shards)
         began = self.clock.now_ms()
         try:
             await self.stop_shards(shards, keep_warm=True)
@@ -302,6 +356,7 @@ class ShardRegistry:
 
     async def on_assigned(self, shards: list[int]) -> None:
         log.info("node %s: group assigned shards %s", self.node_id, sorted(shards))
+        self.lost.forget(shards)
         try:
             # Warm shards not given back have moved to another node: free their memory.
             await self.drop_warm(set(self.warm) - set(shards))

@@ -1,0 +1,149 @@
+"""Lost shards (in-memory bus, manual clock): a takeover whose claim another claimer fenced
+gives the shard up; if the group still assigns it to the node after `lost_shard_retry_ms` and
+the node is still a current member, the node takes it over again, so a stray claimer (one that
+no member the group gave the shard to owns) cannot leave the shard unserved until the next
+rebalance. A shard the group moved meanwhile, or a node whose membership is over, takes
+nothing again."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from chronowheel.bus.memory import MemoryTxnProducer
+from chronowheel.core.wire import claimer_transactional_id
+from chronowheel.node.lost_shards import MAX_RETRY_MS, QUIET_MS, LostShards
+from chronowheel.node.service import Node
+
+from tests.unit.node_rig import T0, NodeRig
+from tests.unit.test_node_fencing import assert_claim_before_publish, node_id, state_records
+from tests.unit.test_node_warm import assert_each_once_never_early, group, job_on
+
+
+@pytest.fixture
+async def rig() -> Any:
+    async with NodeRig(lost_shard_retry_ms=1_000) as rig:
+        yield rig
+
+
+def stray_claim_on_first_takeover(rig: NodeRig, shard: int) -> list[str]:
+    """The first claimer the node starts for `shard` is fenced right after its start by
+    another claimer of the shard, started and left (as a stopped takeover whose init landed
+    late); returns the transactional ids of every claimer started from here on."""
+    real = rig.bus.claimer
+    stray_id = claimer_transactional_id(rig.settings.namespace, shard)
+    started: list[str] = []
+    strays = iter([True])
+
+    def claimer(transactional_id: str, group_id: str) -> MemoryTxnProducer:
+        ours = real(transactional_id, group_id)
+        started.append(transactional_id)
+        if transactional_id == stray_id and next(strays, False):
+            start = ours.start
+
+            async def start_then_stray() -> None:
+                await start()
+                await real(stray_id, group_id).start()
+
+            ours.start = start_then_stray  # type: ignore[method-assign]
+        return ours
+
+    rig.bus.claimer = claimer  # type: ignore[method-assign]
+    return started
+
+
+async def started_without(rig: NodeRig, shard: int) -> tuple[Node, list[str]]:
+    """A node whose first takeover of `shard` lost its claim to a stray claimer."""
+    started = stray_claim_on_first_takeover(rig, shard)
+    node = rig.new_node("me")
+    await node.start()
+    await rig.settle()
+    assert shard not in node.owned and node.failure is None
+    assert shard in group(node).assigned()
+    return node, started
+
+
+async def test_a_shard_lost_to_a_stray_claimer_is_taken_again_while_the_group_assigns_it(
+        rig: NodeRig) -> None:
+    rig.upsert(job_on(0, "a"), at=T0 + 500)  # due while nobody serves the shard
+    rig.upsert(job_on(0, "b"), at=T0 + 3_000)
+    rig.upsert(job_on(1, "c"), at=T0 + 500)
+    node, _ = await started_without(rig, 0)
+    await rig.advance(900)
+    assert 0 not in node.owned, "taken again before lost_shard_retry_ms"
+    assert [m.key for m in rig.fired()] == [job_on(1, "c").encode()]  # the other shard goes on
+    await rig.advance(200)
+    assert 0 in node.owned and node.owned[0].actor.ready
+    assert state_records(rig, 0)[-1]["owner"] == node_id("me")
+    assert node.metrics.claims_lost._value.get() == 1
+    await rig.advance(3_000)
+    assert_each_once_never_early(rig, Counter(
+        {job_on(0, "a"): 1, job_on(0, "b"): 1, job_on(1, "c"): 1}))
+    assert_claim_before_publish(rig)
+    assert node.failure is None
+
+
+async def test_a_lost_shard_the_group_moved_meanwhile_is_not_taken_again(rig: NodeRig) -> None:
+    node, started = await started_without(rig, 0)
+    claims = len(started)
+    await group(node).revoke([0])
+    await rig.advance(5_000)
+    assert 0 not in node.owned and started[claims:] == []
+    assert node.failure is None
+    # Assigned again, it is taken over as any assignment is.
+    await group(node).assign([0])
+    await rig.settle()
+    assert 0 in node.owned
+
+
+async def test_a_node_no_longer_a_member_takes_nothing_again(rig: NodeRig) -> None:
+    node, started = await started_without(rig, 0)
+    claims = len(started)
+    group(node).stale = True  # its session expired: the group moved on without it
+    await rig.advance(5_000)
+    assert 0 not in node.owned and started[claims:] == []
+    assert node.failure is None
+
+
+async def test_zero_leaves_a_lost_shard_to_the_next_rebalance() -> None:
+    async with NodeRig(lost_shard_retry_ms=0) as rig:
+        node, started = await started_without(rig, 0)
+        claims = len(started)
+        await rig.advance(MAX_RETRY_MS + 1_000, step_ms=1_000)
+        assert 0 not in node.owned and started[claims:] == []
+
+
+# --- the bookkeeping ------------------------------------------------------------------------
+def waits(lost: LostShards, shard: int, at: Iterator[int]) -> list[int | None]:
+    return [lost.lost(shard, now) for now in at]
+
+
+def test_each_loss_in_a_row_waits_twice_as_long_up_to_the_bound() -> None:
+    lost = LostShards(retry_ms=1_000)
+    assert waits(lost, 3, iter(range(0, 7_000, 1_000))) == [
+        1_000, 2_000, 4_000, 8_000, 16_000, MAX_RETRY_MS, MAX_RETRY_MS]
+    # A quiet spell starts again from the first wait; other shards count their own.
+    assert lost.lost(3, 6_000 + QUIET_MS + 1) == 1_000
+    assert lost.lost(4, 6_000 + QUIET_MS + 1) == 1_000
+
+
+def test_shards_come_due_in_time_order_and_the_group_can_forget_them() -> None:
+    lost = LostShards(retry_ms=1_000)
+    lost.lost(1, 0)
+    lost.lost(2, 500)
+    lost.lost(1, 600)  # lost again: 2 s from now
+    assert lost.next_due_ms() == 1_500 and lost.take_due(1_499) == []
+    assert lost.take_due(1_500) == [2] and lost.pending() == [1]
+    assert lost.take_due(2_600) == [1] and lost.next_due_ms() is None
+    lost.lost(1, 3_000)
+    assert lost.next_due_ms() == 7_000  # its third loss in a row
+    lost.forget([1])  # the group revoked or assigned it
+    assert lost.pending() == [] and lost.lost(1, 3_100) == 1_000
+
+
+def test_a_first_wait_over_the_bound_is_kept() -> None:
+    lost = LostShards(retry_ms=60_000)
+    assert waits(lost, 0, iter([0, 1])) == [60_000, 60_000]
+    assert LostShards(retry_ms=0).lost(0, 0) is None
