@@ -2,8 +2,9 @@
 of a shard is fenced by another claimer of the shard (started right after the node's, then
 left, as a stopped takeover whose init landed late), so the node gives the shard up; the group
 (the consumer protocol's member) still assigns it to the node, which checks its membership on
-the shard's own partition, takes the shard over again after `lost_shard_retry_ms`, fencing the
-stray claimer, and fires what is due on it."""
+the shard's own partition (a commit of its committed offset again, which the coordinator
+accepts), takes the shard over again after `lost_shard_retry_ms`, fencing the stray claimer,
+and fires what is due on it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import orjson
 import pytest
+from chronowheel.bus.kafka_consumer_group import ConsumerProtocolGroup
 from chronowheel.bus.kafka_node import KafkaNodeBus
 from chronowheel.bus.ports import Claimer
 from chronowheel.core.shard import shard_of
@@ -22,16 +24,46 @@ from chronowheel.testing import Collector
 from chronowheel.testing.node_process import wait_owned
 
 from testkit.fleet import until
-from tests.integration.harness import make_namespace, now_ms, produce, upsert
+from tests.integration.harness import applied, make_namespace, now_ms, produce, running_node, upsert
 
 pytestmark = pytest.mark.integration
 
 
 async def test_a_shard_lost_to_a_stray_claimer_is_taken_again_and_fires(
-        stack: Any, namespace: str, caplog: pytest.LogCaptureFixture) -> None:
+        stack: Any, namespace: str, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     settings = (await make_namespace(stack, namespace, shards=2)).replace(
         lost_shard_retry_ms=500)
     assert settings.node_group_protocol == "consumer"
+    on_shard_0 = next(f"far-{i}" for i in range(100) if shard_of(f"far-{i}", 2) == 0)
+    # A first node applies a command on shard 0 and stops: the group has an offset committed
+    # there, which the membership check commits again.
+    async with running_node(settings, node_id="first"):
+        await produce(settings, [upsert(on_shard_0, at=now_ms() + 86_400_000)])
+        await applied(settings)
+    checks: list[tuple[list[int] | None, bool]] = []
+    commits: list[list[tuple[int, int]]] = []
+    check = ConsumerProtocolGroup._check_membership_on_group
+
+    class Committing:
+        """The member's consumer, its commits noted."""
+
+        def __init__(self, consumer: Any) -> None:
+            self._consumer = consumer
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._consumer, name)
+
+        def commit(self, *, offsets: list[Any], asynchronous: bool) -> None:
+            self._consumer.commit(offsets=offsets, asynchronous=asynchronous)
+            commits.append([(tp.partition, tp.offset) for tp in offsets])
+
+    def recorded(group: ConsumerProtocolGroup, consumer: Any, shards: Any) -> bool:
+        member = check(group, Committing(consumer), shards)
+        checks.append((None if shards is None else sorted(shards), member))
+        return member
+
+    monkeypatch.setattr(ConsumerProtocolGroup, "_check_membership_on_group", recorded)
     bus = KafkaNodeBus(settings)
     stray_id = claimer_transactional_id(settings.namespace, 0)
     real = bus.claimer
@@ -70,6 +102,9 @@ async def test_a_shard_lost_to_a_stray_claimer_is_taken_again_and_fires(
         assert any("shard 0 given up as claimed elsewhere" in m for m in messages), messages
         assert any("taking them over again" in m and "[0]" in m for m in messages), messages
         assert len(claimers) == 2  # the lost claim, and the one that took the shard again
+        # Asked of the coordinator on shard 0's partition alone, at the offset committed there.
+        assert checks == [([0], True)]
+        assert [[k for k, _ in c] for c in commits] == [[0]] and commits[0][0][1] > 0
         [fired] = collector.messages
         assert fired.key == job.encode() and fired.received_ms >= due  # never early
         value = await bus.read_last(settings.state_topic, 0, StateRecord.key(0), 30_000,
