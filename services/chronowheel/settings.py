@@ -280,8 +280,8 @@ class Settings:
                 "kept warm)")
     lost_shard_retry_ms: int = _opt(
         1_000, "a shard given up because another claimer fenced its claim is taken over again "
-               "after this (doubled at each loss in a row, up to 30 s) if the group still "
-               "assigns it to this node (0: left until the next rebalance)")
+               "after this (doubled at each further loss within five minutes, up to 30 s) if "
+               "the group still assigns it to this node (0: left until the next rebalance)")
     missing_watermark_lookback_ms: int = _opt(
         3_600_000, "without a watermark record, a shard loads from this far back")
     skew_check_interval_ms: int = _opt(5_000, "measure the clock skew to Cassandra this often")

@@ -1,10 +1,10 @@
 """A shard lost to a stray claimer is taken again, on the real servers: the node's first claim
 of a shard is fenced by another claimer of the shard (started right after the node's, then
 left, as a stopped takeover whose init landed late), so the node gives the shard up; the group
-(the consumer protocol's member) still assigns it to the node, which checks its membership on
-the shard's own partition (a commit of its committed offset again, which the coordinator
-accepts), takes the shard over again after `lost_shard_retry_ms`, fencing the stray claimer,
-and fires what is due on it."""
+(the consumer protocol's member) still assigns it to the node, which checks its membership (a
+commit of the probe offset on the state topic, which the coordinator accepts from a current
+member, and which leaves the shard's submit offset alone), takes the shard over again after
+`lost_shard_retry_ms`, fencing the stray claimer, and fires what is due on it."""
 
 from __future__ import annotations
 
@@ -13,9 +13,13 @@ from typing import Any
 
 import orjson
 import pytest
+from aiokafka import TopicPartition
+from aiokafka.structs import OffsetAndMetadata
+from chronowheel.bus.kafka import open_admin
 from chronowheel.bus.kafka_consumer_group import ConsumerProtocolGroup
 from chronowheel.bus.kafka_node import KafkaNodeBus
 from chronowheel.bus.ports import Claimer
+from chronowheel.core import wire
 from chronowheel.core.shard import shard_of
 from chronowheel.core.wire import StateRecord, claimer_transactional_id
 from chronowheel.node.service import Node
@@ -29,6 +33,18 @@ from tests.integration.harness import applied, make_namespace, now_ms, produce, 
 pytestmark = pytest.mark.integration
 
 
+async def group_offsets(settings: Any, tps: list[TopicPartition]
+                        ) -> dict[TopicPartition, OffsetAndMetadata]:
+    """The nodes group's committed offsets of `tps` (those it has)."""
+    admin = await open_admin(settings)
+    try:
+        found = await admin.list_consumer_group_offsets(f"{settings.namespace}-nodes",
+                                                        partitions=tps)
+    finally:
+        await admin.close()
+    return {tp: o for tp, o in found.items() if o.offset >= 0}
+
+
 async def test_a_shard_lost_to_a_stray_claimer_is_taken_again_and_fires(
         stack: Any, namespace: str, caplog: pytest.LogCaptureFixture,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -37,30 +53,20 @@ async def test_a_shard_lost_to_a_stray_claimer_is_taken_again_and_fires(
     assert settings.node_group_protocol == "consumer"
     on_shard_0 = next(f"far-{i}" for i in range(100) if shard_of(f"far-{i}", 2) == 0)
     # A first node applies a command on shard 0 and stops: the group has an offset committed
-    # there, which the membership check commits again.
+    # there, which the membership check must leave alone.
     async with running_node(settings, node_id="first"):
         await produce(settings, [upsert(on_shard_0, at=now_ms() + 86_400_000)])
         await applied(settings)
-    checks: list[tuple[list[int] | None, bool]] = []
-    commits: list[list[tuple[int, int]]] = []
+    submit_0 = TopicPartition(settings.submit_topic, 0)
+    probe = TopicPartition(settings.state_topic, wire.MEMBERSHIP_PROBE_PARTITION)
+    before = await group_offsets(settings, [submit_0, probe])
+    assert before[submit_0].offset > 0 and probe not in before
+    checks: list[bool] = []
     check = ConsumerProtocolGroup._check_membership_on_group
 
-    class Committing:
-        """The member's consumer, its commits noted."""
-
-        def __init__(self, consumer: Any) -> None:
-            self._consumer = consumer
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self._consumer, name)
-
-        def commit(self, *, offsets: list[Any], asynchronous: bool) -> None:
-            self._consumer.commit(offsets=offsets, asynchronous=asynchronous)
-            commits.append([(tp.partition, tp.offset) for tp in offsets])
-
-    def recorded(group: ConsumerProtocolGroup, consumer: Any, shards: Any) -> bool:
-        member = check(group, Committing(consumer), shards)
-        checks.append((None if shards is None else sorted(shards), member))
+    def recorded(group: ConsumerProtocolGroup, consumer: Any) -> bool:
+        member = check(group, consumer)
+        checks.append(member)
         return member
 
     monkeypatch.setattr(ConsumerProtocolGroup, "_check_membership_on_group", recorded)
@@ -99,12 +105,16 @@ async def test_a_shard_lost_to_a_stray_claimer_is_taken_again_and_fires(
             await wait_owned(node, 2, timeout_s=90)
             await until(lambda: len(collector.messages) >= 1, 60, "the lost shard's job to fire")
         messages = [r.getMessage() for r in caplog.records]
-        assert any("shard 0 given up as claimed elsewhere" in m for m in messages), messages
+        assert any("shards [0] given up as claimed elsewhere" in m for m in messages), messages
         assert any("taking them over again" in m and "[0]" in m for m in messages), messages
         assert len(claimers) == 2  # the lost claim, and the one that took the shard again
-        # Asked of the coordinator on shard 0's partition alone, at the offset committed there.
-        assert checks == [([0], True)]
-        assert [[k for k, _ in c] for c in commits] == [[0]] and commits[0][0][1] > 0
+        # Asked of the coordinator through the probe; shard 0's submit offset untouched by it.
+        assert checks == [True]
+        after = await group_offsets(settings, [submit_0, probe])
+        assert after[probe].offset == wire.MEMBERSHIP_PROBE_OFFSET
+        # (the Python binding of librdkafka sends the metadata with its C string's final NUL)
+        assert after[probe].metadata.rstrip("\x00") == wire.MEMBERSHIP_PROBE_METADATA
+        assert after[submit_0].offset >= before[submit_0].offset
         [fired] = collector.messages
         assert fired.key == job.encode() and fired.received_ms >= due  # never early
         value = await bus.read_last(settings.state_topic, 0, StateRecord.key(0), 30_000,

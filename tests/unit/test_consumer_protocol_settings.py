@@ -18,6 +18,8 @@ from chronowheel.bus.kafka_consumer_group import (
     stops_the_member,
 )
 from chronowheel.bus.kafka_node import KafkaNodeBus, KafkaSubmitGroup
+from chronowheel.bus.ports import BusError
+from chronowheel.core import wire
 from chronowheel.errors import ConfigError
 from chronowheel.settings import Settings
 from confluent_kafka import KafkaError, KafkaException
@@ -128,38 +130,31 @@ def test_a_refused_read_of_the_submit_topic_stops_the_member_and_a_passing_error
 
 
 class _Committing:
-    """The two calls of librdkafka's consumer that the membership check makes."""
+    """The call of librdkafka's consumer that the membership check makes."""
 
-    def __init__(self, committed: dict[int, int], refuse: str | None = None) -> None:
-        self._committed = committed
+    def __init__(self, refuse: str | None = None) -> None:
         self._refuse = refuse
-        self.commits: list[list[tuple[int, int]]] = []
-
-    def committed(self, tps: list[Any], timeout: float) -> list[Any]:
-        from confluent_kafka import TopicPartition
-
-        del timeout
-        return [TopicPartition(tp.topic, tp.partition, self._committed.get(tp.partition, -1001))
-                for tp in tps]
+        self.commits: list[list[tuple[str, int, int, str | None]]] = []
 
     def commit(self, *, offsets: list[Any], asynchronous: bool) -> None:
         assert not asynchronous
         if self._refuse is not None:
             raise KafkaException(KafkaError(getattr(KafkaError, self._refuse)))
-        self.commits.append([(tp.partition, tp.offset) for tp in offsets])
+        self.commits.append([(tp.topic, tp.partition, tp.offset, tp.metadata)
+                             for tp in offsets])
 
 
-def test_the_membership_check_commits_again_only_a_partition_it_is_given() -> None:
-    member = ConsumerProtocolGroup(Settings(), group_id="ns-nodes", client_id="n1",
-                                   session_timeout_ms=3_000, on_assigned=_nothing,
-                                   on_revoked=_nothing)
+def test_the_membership_check_commits_the_probe_and_never_a_submit_offset() -> None:
+    member = ConsumerProtocolGroup(Settings(namespace="ns"), group_id="ns-nodes",
+                                   client_id="n1", session_timeout_ms=3_000,
+                                   on_assigned=_nothing, on_revoked=_nothing)
     member._assigned.update({0, 1, 2})
-    consumer = _Committing({0: 5, 1: 9, 2: 4})
-    # A lost shard's partition: no transaction of the node commits its offset meanwhile.
-    assert member._check_membership_on_group(consumer, [2, 7]) is True
-    assert member._check_membership_on_group(consumer, None) is True
-    assert consumer.commits == [[(2, 4)], [(0, 5)]]
-    # Nothing committed on the partitions given: it cannot tell, and says a member.
-    assert member._check_membership_on_group(_Committing({0: 5}), [1]) is True
-    stale = _Committing({2: 4}, refuse="STALE_MEMBER_EPOCH")
-    assert member._check_membership_on_group(stale, [2]) is False
+    consumer = _Committing()
+    assert member._check_membership_on_group(consumer) is True
+    assert consumer.commits == [[("ns.state", wire.MEMBERSHIP_PROBE_PARTITION,
+                                  wire.MEMBERSHIP_PROBE_OFFSET, wire.MEMBERSHIP_PROBE_METADATA)]]
+    for passing_or_not in ("STALE_MEMBER_EPOCH", "UNKNOWN_MEMBER_ID", "FENCED_MEMBER_EPOCH"):
+        assert member._check_membership_on_group(_Committing(passing_or_not)) is False
+    with pytest.raises(BusError) as failed:
+        member._check_membership_on_group(_Committing("_TRANSPORT"))
+    assert "ns.state[0]" in str(failed.value)

@@ -10,15 +10,18 @@ import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from aiokafka import ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import InvalidSessionTimeoutError, KafkaConnectionError
+from aiokafka.errors import CommitFailedError, InvalidSessionTimeoutError, KafkaConnectionError
+from aiokafka.structs import OffsetAndMetadata
 from chronowheel.bus import kafka_node
 from chronowheel.bus.group_thread import LoopLiveness
 from chronowheel.bus.kafka_node import GROUP_POLL_MS, KafkaSubmitGroup
 from chronowheel.bus.ports import BusError
+from chronowheel.core import wire
 from chronowheel.errors import ConfigError
 from chronowheel.settings import Settings
 
@@ -94,8 +97,13 @@ class FakeConsumer:
         self.fail_with: BaseException | None = None
         self.seeks: list[tuple[int, int | None]] = []
         self.log_start: dict[int, int] = {}
-        self.commits: list[dict[int, int]] = []
+        self.commits: list[tuple[Any, dict[TopicPartition, Any]]] = []
+        self.refuse_commits: BaseException | None = None
         self.stopped = False
+        # The internals the membership check goes through (the consumer's own commit refuses
+        # a partition that is not assigned).
+        self._subscription = SimpleNamespace(subscription=SimpleNamespace(assignment="now"))
+        self._coordinator = SimpleNamespace(commit_offsets=self._commit_offsets)
 
     def _here(self) -> None:
         self.threads.add(threading.get_ident())
@@ -143,9 +151,11 @@ class FakeConsumer:
         self._here()
         return 7
 
-    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+    async def _commit_offsets(self, assignment: Any, offsets: dict[TopicPartition, Any]) -> None:
         self._here()
-        self.commits.append({tp.partition: offset for tp, offset in offsets.items()})
+        if self.refuse_commits is not None:
+            raise self.refuse_commits
+        self.commits.append((assignment, offsets))
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self._here()
@@ -272,10 +282,17 @@ async def test_the_consumer_lives_on_its_own_thread_and_the_callbacks_on_the_nod
         await group.seek(1, 5)
         await group.seek(0, None)
         assert await group.check_membership()
-        # Checked on a partition the node does not serve, the commit touches only that one
-        # (the others' offsets move with the node's transactions meanwhile).
-        assert await group.check_membership([1])
-        assert group.fake.commits == [{0: 7}, {1: 7}]
+        # Through the probe on the state topic, never a submit offset (a process that is no
+        # longer a member may still commit those: an older one would move a shard back).
+        [(assignment, offsets)] = group.fake.commits
+        assert assignment == "now"
+        assert offsets == {TopicPartition("chronowheel.state", 0): OffsetAndMetadata(
+            wire.MEMBERSHIP_PROBE_OFFSET, wire.MEMBERSHIP_PROBE_METADATA)}
+        group.fake.refuse_commits = CommitFailedError("the group has rebalanced")
+        assert not await group.check_membership()
+        group.fake.refuse_commits = KafkaConnectionError("no coordinator")
+        with pytest.raises(BusError):
+            await group.check_membership()
         assert here not in group.fake.threads and len(group.fake.threads) == 1
         assert group.fake.seeks == [(1, 5), (0, None)]
     assert group.fake.stopped and group._thread is None

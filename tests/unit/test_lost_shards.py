@@ -2,8 +2,8 @@
 gives the shard up; if the group still assigns it to the node after `lost_shard_retry_ms` and
 the node is still a current member, the node takes it over again, so a stray claimer (one that
 no member the group gave the shard to owns) cannot leave the shard unserved until the next
-rebalance. A shard the group moved meanwhile, or a node whose membership is over, takes
-nothing again."""
+rebalance. A shard the group moved meanwhile is not taken again, nor one while the coordinator
+does not confirm the node as a member (it is looked at again later: that answer can pass)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from chronowheel.node.service import Node
 
 from tests.unit.node_rig import T0, NodeRig
 from tests.unit.test_node_fencing import assert_claim_before_publish, node_id, state_records
-from tests.unit.test_node_warm import assert_each_once_never_early, group, job_on
+from tests.unit.test_node_warm import assert_each_once_never_early, group, job_on, registry
 
 
 @pytest.fixture
@@ -28,14 +28,14 @@ async def rig() -> Any:
         yield rig
 
 
-def stray_claim_on_first_takeover(rig: NodeRig, shard: int) -> list[str]:
-    """The first claimer the node starts for `shard` is fenced right after its start by
-    another claimer of the shard, started and left (as a stopped takeover whose init landed
-    late); returns the transactional ids of every claimer started from here on."""
+def stray_claim_on_first_takeover(rig: NodeRig, shard: int, times: int = 1) -> list[str]:
+    """The first `times` claimers the node starts for `shard` are fenced right after their
+    start by another claimer of the shard, started and left (as a stopped takeover whose init
+    landed late); returns the transactional ids of every claimer started from here on."""
     real = rig.bus.claimer
     stray_id = claimer_transactional_id(rig.settings.namespace, shard)
     started: list[str] = []
-    strays = iter([True])
+    strays = iter([True] * times)
 
     def claimer(transactional_id: str, group_id: str) -> MemoryTxnProducer:
         ours = real(transactional_id, group_id)
@@ -54,9 +54,10 @@ def stray_claim_on_first_takeover(rig: NodeRig, shard: int) -> list[str]:
     return started
 
 
-async def started_without(rig: NodeRig, shard: int) -> tuple[Node, list[str]]:
-    """A node whose first takeover of `shard` lost its claim to a stray claimer."""
-    started = stray_claim_on_first_takeover(rig, shard)
+async def started_without(rig: NodeRig, shard: int, times: int = 1) -> tuple[Node, list[str]]:
+    """A node whose first takeover of `shard` lost its claim to a stray claimer (and so the
+    next `times - 1` too)."""
+    started = stray_claim_on_first_takeover(rig, shard, times)
     node = rig.new_node("me")
     await node.start()
     await rig.settle()
@@ -78,6 +79,7 @@ async def test_a_shard_lost_to_a_stray_claimer_is_taken_again_while_the_group_as
     assert 0 in node.owned and node.owned[0].actor.ready
     assert state_records(rig, 0)[-1]["owner"] == node_id("me")
     assert node.metrics.claims_lost._value.get() == 1
+    assert group(node).membership_checks == 1  # asked of the coordinator before the claim
     await rig.advance(3_000)
     assert_each_once_never_early(rig, Counter(
         {job_on(0, "a"): 1, job_on(0, "b"): 1, job_on(1, "c"): 1}))
@@ -85,10 +87,22 @@ async def test_a_shard_lost_to_a_stray_claimer_is_taken_again_while_the_group_as
     assert node.failure is None
 
 
+async def test_each_loss_in_a_row_waits_twice_as_long_in_the_node(rig: NodeRig) -> None:
+    node, started = await started_without(rig, 0, times=2)
+    await rig.advance(1_100)  # taken again after 1 s, and lost again
+    assert 0 not in node.owned and node.metrics.claims_lost._value.get() == 2
+    await rig.advance(1_800)
+    assert 0 not in node.owned, "the second loss waited no longer than the first"
+    await rig.advance(300)
+    assert 0 in node.owned and node.owned[0].actor.ready
+    assert started.count(claimer_transactional_id(rig.settings.namespace, 0)) == 3
+
+
 async def test_a_lost_shard_the_group_moved_meanwhile_is_not_taken_again(rig: NodeRig) -> None:
     node, started = await started_without(rig, 0)
     claims = len(started)
     await group(node).revoke([0])
+    assert registry(node).lost.pending() == []  # forgotten: the group decided
     await rig.advance(5_000)
     assert 0 not in node.owned and started[claims:] == []
     assert node.failure is None
@@ -98,13 +112,41 @@ async def test_a_lost_shard_the_group_moved_meanwhile_is_not_taken_again(rig: No
     assert 0 in node.owned
 
 
-async def test_a_node_no_longer_a_member_takes_nothing_again(rig: NodeRig) -> None:
+async def test_no_shard_is_taken_again_while_the_membership_is_not_confirmed(
+        rig: NodeRig) -> None:
     node, started = await started_without(rig, 0)
     claims = len(started)
-    group(node).stale = True  # its session expired: the group moved on without it
-    await rig.advance(5_000)
+    group(node).stale = True  # the coordinator does not confirm it (an expired session, or
+    await rig.advance(5_000)  # a new assignment's epoch not seen yet)
     assert 0 not in node.owned and started[claims:] == []
     assert node.failure is None
+    asked = group(node).membership_checks
+    assert asked >= 2, "looked at once and never again"
+    # Confirmed again (the answer was a passing one): taken at the next look.
+    group(node).stale = False
+    await rig.advance(8_000)
+    assert 0 in node.owned and node.owned[0].actor.ready
+    assert group(node).membership_checks == asked + 1
+    assert node.metrics.claims_lost._value.get() == 1
+
+
+async def test_a_fence_is_not_a_lost_claim_and_its_recovery_takes_the_lost_shard_too(
+        rig: NodeRig) -> None:
+    node, started = await started_without(rig, 0)
+    rig.upsert(job_on(1, "x"), at=T0 + 400)
+    # Another node's takeover fences the node's producer before the lost shard's time: the
+    # recovery takes every shard the group still gives the node, the lost one included, and
+    # the lost shard's look finds it served.
+    fencer = rig.bus.producer(node_id("me"), "unit-nodes")
+    await fencer.start()
+    await rig.advance(500)
+    assert node.transactions is not None and node.transactions.session == 1
+    assert sorted(node.owned) == [0, 1] and node.failure is None
+    assert node.metrics.claims_lost._value.get() == 1  # the stray claim only, not the fence
+    await rig.advance(2_000)
+    assert started.count(claimer_transactional_id(rig.settings.namespace, 0)) == 2
+    assert group(node).membership_checks == 1  # the recovery's
+    assert_each_once_never_early(rig, Counter({job_on(1, "x"): 1}))
 
 
 async def test_zero_leaves_a_lost_shard_to_the_next_rebalance() -> None:

@@ -39,12 +39,13 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from chronowheel.bus.group_thread import LIVENESS_PING_MS, GroupThreadMember
 from chronowheel.bus.kafka import check_kafka_security
 from chronowheel.bus.ports import BusError, FetchedRecord, ShardsChanged, SubmitRecord
+from chronowheel.core import wire
 from chronowheel.errors import ConfigError
 from chronowheel.settings import Settings
 
@@ -447,34 +448,25 @@ class ConsumerProtocolGroup(GroupThreadMember):
             return TopicPartition(self._topic, shard)
         return TopicPartition(self._topic, shard, offset)
 
-    async def check_membership(self, shards: Collection[int] | None = None) -> bool:
-        return await self._on_group(lambda consumer: self._check_membership_on_group(
-            consumer, shards))
+    async def check_membership(self) -> bool:
+        return await self._on_group(self._check_membership_on_group)
 
-    def _check_membership_on_group(self, consumer: Any, shards: Collection[int] | None) -> bool:
-        from confluent_kafka import KafkaException
+    def _check_membership_on_group(self, consumer: Any) -> bool:
+        from confluent_kafka import KafkaException, TopicPartition
 
-        # As the classic member: commit an assigned partition's committed offset again (a
-        # no-op for the group); the coordinator checks the member's id and epoch.
-        assigned = self.assigned()
-        for k in sorted(assigned if shards is None else assigned & set(shards)):
-            try:
-                (tp,) = consumer.committed([self._tp(k)], timeout=ADMIN_TIMEOUT_S)
-            except KafkaException as exc:
-                raise BusError(f"{self._topic}[{k}]: reading the committed offset: "
-                               f"{exc}") from exc
-            if tp.offset < 0:
-                continue
-            try:
-                consumer.commit(offsets=[self._tp(k, tp.offset)], asynchronous=False)
-            except KafkaException as exc:
-                if _error_name(exc) in NOT_A_MEMBER:
-                    log.warning("group membership check failed: %s", exc)
-                    return False
-                raise BusError(f"group membership check on {self._topic}[{k}]: "
-                               f"{exc}") from exc
-            return True
-        return bool(self.assigned())
+        # As the classic member: commit the probe (core/wire.py); the coordinator checks the
+        # member's id and epoch.
+        probe = TopicPartition(self._settings.state_topic, wire.MEMBERSHIP_PROBE_PARTITION,
+                               wire.MEMBERSHIP_PROBE_OFFSET, wire.MEMBERSHIP_PROBE_METADATA)
+        try:
+            consumer.commit(offsets=[probe], asynchronous=False)
+        except KafkaException as exc:
+            if _error_name(exc) in NOT_A_MEMBER:
+                log.warning("group membership check failed: %s", exc)
+                return False
+            raise BusError(f"group membership check ({probe.topic}[{probe.partition}]): "
+                           f"{exc}") from exc
+        return True
 
     async def _ask(self, what: str, query: Callable[[Any], T]) -> T:
         """A read of offsets or watermarks through the querier, in a thread of its own, tried

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Coroutine, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -27,6 +27,7 @@ from aiokafka.errors import (
     TransactionalIdAuthorizationFailed,
     UnknownTopicOrPartitionError,
 )
+from aiokafka.structs import OffsetAndMetadata
 
 from chronowheel.bus.group_thread import LIVENESS_PING_MS, GroupThreadMember
 from chronowheel.bus.kafka import (
@@ -49,7 +50,7 @@ from chronowheel.bus.ports import (
     ShardsChanged,
     SubmitGroup,
 )
-from chronowheel.core import limits
+from chronowheel.core import limits, wire
 from chronowheel.errors import ChronowheelError, ConfigError
 from chronowheel.retry import with_retries
 from chronowheel.settings import Settings
@@ -680,36 +681,29 @@ class KafkaSubmitGroup(GroupThreadMember):
                 f"must be at most it (see the operations runbook)") from exc
         raise BusError(f"group {self._group_id}: the member's thread failed: {exc!r}") from exc
 
-    async def check_membership(self, shards: Collection[int] | None = None) -> bool:
-        return await self._on_group(self._check_membership_on_group(shards))
+    async def check_membership(self) -> bool:
+        return await self._on_group(self._check_membership_on_group())
 
-    async def _check_membership_on_group(self, shards: Collection[int] | None) -> bool:
-        # aiokafka has no call that only validates the member, so commit an assigned
-        # partition's committed offset again (a no-op for the group): the coordinator checks
-        # the generation and member id of every OffsetCommit. Nothing else commits these
-        # offsets meanwhile: this is called while the node's producer is fenced, or on
-        # `shards` the node does not serve.
+    async def _check_membership_on_group(self) -> bool:
+        # aiokafka has no call that only validates the member, and its consumer's commit
+        # refuses a partition not assigned, so the probe (core/wire.py) goes through the
+        # consumer's coordinator, which sends the generation and member id with it: the group
+        # coordinator checks both on every OffsetCommit.
         consumer = self._consumer
         assert consumer is not None
-        for tp in sorted(consumer.assignment()):
-            if shards is not None and tp.partition not in shards:
-                continue
-            with _translated(f"{tp.topic}[{tp.partition}]: reading the committed offset"):
-                offset = await consumer.committed(tp)
-            if offset is None:
-                continue
-            try:
-                await consumer.commit({tp: offset})
-            except (CommitFailedError, IllegalStateError) as exc:
-                log.warning("group membership check failed: %s", exc)
-                return False
-            except KafkaError as exc:
-                raise BusError(f"group membership check on {tp.topic}[{tp.partition}]: "
-                               f"{exc!r}") from exc
-            return True
-        # Nothing committed yet on any assigned partition (or nothing assigned): only a
-        # rejoin can tell; the caller re-takes nothing it does not hold.
-        return bool(consumer.assignment())
+        probe = TopicPartition(self._settings.state_topic, wire.MEMBERSHIP_PROBE_PARTITION)
+        subscription = consumer._subscription.subscription
+        assignment = None if subscription is None else subscription.assignment
+        try:
+            await consumer._coordinator.commit_offsets(assignment, {probe: OffsetAndMetadata(
+                wire.MEMBERSHIP_PROBE_OFFSET, wire.MEMBERSHIP_PROBE_METADATA)})
+        except (CommitFailedError, IllegalStateError) as exc:
+            log.warning("group membership check failed: %s", exc)
+            return False
+        except KafkaError as exc:
+            raise BusError(f"group membership check ({probe.topic}[{probe.partition}]): "
+                           f"{exc!r}") from exc
+        return True
 
     async def committed(self, shard: int) -> int | None:
         return await self._on_group(self._committed_on_group(shard))

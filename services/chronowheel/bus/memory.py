@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from chronowheel.bus.ports import (
@@ -422,6 +422,7 @@ class MemorySubmitGroup:
         self._assigned: set[int] = set()
         self.stale = False
         """Set by a test: this member's generation is over (its session expired)."""
+        self.membership_checks = 0
         self._paused: set[int] = set()
         self._withheld: set[int] = set()  # sought, not delivered yet (SubmitPositions.seek)
         self.seeks: list[tuple[int, int | None]] = []
@@ -488,8 +489,9 @@ class MemorySubmitGroup:
     def assigned(self) -> set[int]:
         return set(self._assigned)
 
-    async def check_membership(self, shards: Collection[int] | None = None) -> bool:
+    async def check_membership(self) -> bool:
         await asyncio.sleep(0)
+        self.membership_checks += 1
         return not self.stale
 
     async def committed(self, shard: int) -> int | None:

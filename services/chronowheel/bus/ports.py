@@ -8,7 +8,7 @@ Partitions of `<ns>.submit` and `<ns>.state` are shards: a shard is named by its
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -258,12 +258,12 @@ class SubmitGroup(SubmitPositions, Protocol):
         """Shards currently assigned to this member."""
         ...
 
-    async def check_membership(self, shards: Collection[int] | None = None) -> bool:
+    async def check_membership(self) -> bool:
         """Whether this member is still in the group's current generation, asked of the
-        group coordinator (a synchronous commit of an assigned partition's committed offset,
-        one of `shards` if given: partitions nothing else commits meanwhile): False when the
-        group has moved on without it (a paused member whose session expired) or is
-        rebalancing. Raises BusError when the coordinator cannot be asked."""
+        group coordinator (a synchronous commit of the membership probe, `core/wire.py`,
+        which the coordinator accepts only from a current member): False when the group has
+        moved on without it (a paused member whose session expired) or is rebalancing.
+        Raises BusError when the coordinator cannot be asked."""
         ...
 
 

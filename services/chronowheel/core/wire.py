@@ -42,6 +42,15 @@ def dead_topic(namespace: str) -> str:
     return f"{namespace}.dead"
 
 
+# The node group's membership check (`SubmitGroup.check_membership`) commits this offset, with
+# this metadata, on partition 0 of the state topic: a group offset nothing reads. Never on the
+# submit topic, whose offsets a process that is no longer a member may still be committing
+# through its transactions: a commit of an older one there would move a shard's offset back.
+MEMBERSHIP_PROBE_PARTITION: Final = 0
+MEMBERSHIP_PROBE_OFFSET: Final = 0
+MEMBERSHIP_PROBE_METADATA: Final = "chronowheel: group membership check"
+
+
 def internal_topics(namespace: str) -> frozenset[str]:
     """Topics the scheduler itself writes or reads: no job may ever target them."""
     return frozenset({submit_topic(namespace), state_topic(namespace),

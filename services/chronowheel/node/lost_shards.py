@@ -9,11 +9,17 @@ rebalance, however long that takes. So a node looks again after a while: if the 
 gives it the shard and it is still a current member, it takes the shard over again (and fences
 whoever claimed it, as any takeover does).
 
-This is the bookkeeping, without I/O: each loss pushes the shard's next look further away
-(`retry_ms`, doubled at each loss in a row, at most `MAX_RETRY_MS`), so two members that both
-believe they own a shard do not take it from each other in a tight loop; a loss more than
-`QUIET_MS` after the previous one starts again from `retry_ms`. A shard the group revokes or
-assigns again is forgotten: the group has decided about it.
+The same goes for the shards a fence's recovery or a later look did not take because the group
+coordinator did not confirm the node as a current member: that answer can be a passing one (a
+new assignment's epoch the node has not seen yet), and a node that really left the group is
+told so by its group member, which revokes its shards.
+
+This is the bookkeeping, without I/O: each loss (or look that took nothing) pushes the shard's
+next look further away (`retry_ms`, doubled each time, at most `MAX_RETRY_MS`), so two
+processes that both believe they own a shard do not take it from each other in a tight loop;
+one more than `QUIET_MS` after the previous starts again from `retry_ms`, and a look that took
+the shard does not reset the count. A shard the group revokes or assigns again is forgotten:
+the group has decided about it.
 """
 
 from __future__ import annotations

@@ -160,19 +160,27 @@ class ShardRegistry:
     # --- shards given up as claimed elsewhere ---------------------------------------------
     def _note_lost(self, shard: int) -> None:
         self.metrics.claims_lost.inc()
-        wait = self.lost.lost(shard, self.clock.now_ms())
-        if wait is None or self.supervisor.stopping:
+        self._look_again([shard], "given up as claimed elsewhere")
+
+    def _look_again(self, shards: list[int], why: str) -> None:
+        """Look at `shards` again later (`_retake_lost`), each after its wait."""
+        if not shards or self.supervisor.stopping:
             return
-        log.warning("node %s: shard %d given up as claimed elsewhere; taken over again in "
-                    "%d ms if the group still assigns it to this node", self.node_id, shard,
-                    wait)
+        now = self.clock.now_ms()
+        waits = {k: self.lost.lost(k, now) for k in sorted(shards)}
+        if any(wait is None for wait in waits.values()):
+            return  # lost_shard_retry_ms 0: left to the next rebalance
+        log.warning("node %s: shards %s %s; taken over again if the group still assigns them "
+                    "to this node, in %s ms", self.node_id, sorted(waits), why,
+                    "/".join(str(w) for w in waits.values()))
         self._lost_changed.set()
         if self._retaking is None or self._retaking.done():
             self._retaking = self.supervisor.job(self._retake_lost(), "lost-shards")
 
     async def _retake_lost(self) -> None:
         """Take over again the lost shards the group still gives this node, each at its time,
-        once the coordinator confirms the node is a current member; forget the others."""
+        once the coordinator confirms the node is a current member (else look again later);
+        forget those the group no longer gives it."""
         assert self.group is not None
         while (due_ms := self.lost.next_due_ms()) is not None:
             self._lost_changed.clear()
@@ -182,27 +190,32 @@ class ShardRegistry:
                 continue
             due = self.lost.take_due(self.clock.now_ms())
             unserved = [k for k in due if k in self.group.assigned() and k not in self.owned]
-            if not unserved:
-                continue
-            # The partitions checked are the unserved ones: no transaction of this node commits
-            # their offsets meanwhile, which the check commits again.
-            if not await self._check_membership(unserved):
-                log.warning("node %s: no longer a current member of group %s: shards %s are "
-                            "not taken again until the group assigns them", self.node_id,
-                            self.group_id, unserved)
-                continue
-            if self._recovering is not None and not self._recovering.done():
+            if not unserved or self._fence_recovery_running():
                 continue  # a fence's recovery takes every assigned shard not served
+            member = await self._check_membership(f"looking again at shards {unserved}")
+            if self.supervisor.stopping:
+                return
+            if self._fence_recovery_running():
+                continue
+            if not member:
+                # Perhaps for a moment (a new assignment's epoch not yet seen): looked at
+                # again, until the group revokes or assigns them (it forgets them then).
+                self._look_again(unserved, f"not taken again: group {self.group_id} did not "
+                                           f"confirm this node as a current member")
+                continue
             again = [k for k in unserved if k in self.group.assigned() and k not in self.owned]
             log.warning("node %s: still a member of group %s, which still assigns it shards "
                         "%s: taking them over again", self.node_id, self.group_id, again)
             await self.start_shards(again)
 
+    def _fence_recovery_running(self) -> bool:
+        return self._recovering is not None and not self._recovering.done()
+
     # --- fencing of the node's producer ---------------------------------------------------
     def on_fenced(self, session: int) -> None:
         """The coordinator found our producer fenced: every actor of an older session can no
         longer commit. Take the shards again (or not) in one recovery at a time."""
-        if self._recovering is None or self._recovering.done():
+        if not self._fence_recovery_running():
             self._recovering = self.supervisor.job(self.recover(), "fence-recovery")
 
     async def recover(self) -> None:
@@ -218,13 +231,17 @@ class ShardRegistry:
             log.warning("node %s: producer fenced; stopping shards %s to take them over again",
                         self.node_id, sorted(stale))
             await self.abort_shards(stale)
-            member = await self._check_membership()
+            member = await self._check_membership("its producer was fenced")
             if self.transactions.session != session:
                 continue  # fenced again meanwhile: stop what was claimed since, check again
             if not member:
                 log.warning("node %s: no longer a current member of group %s: taking "
                             "nothing again until the group assigns shards", self.node_id,
                             self.group_id)
+                # Unless the answer was a passing one: the shards the group still gives this
+                # node are looked at again later (the group forgets them when it revokes them).
+                self._look_again(sorted(self.group.assigned() - set(self.owned)),
+                                 "not taken again after the fence")
                 return
             again = sorted(self.group.assigned() - set(self.owned))
             log.warning("node %s: still a member of group %s; taking shards %s over again",
@@ -232,20 +249,20 @@ class ShardRegistry:
             await self.start_shards(again)
             return
 
-    async def _check_membership(self, shards: list[int] | None = None) -> bool:
+    async def _check_membership(self, why: str) -> bool:
         """Ask the group coordinator, retrying a few times: a node that cannot tell must not
         sit on shards it may still be assigned without serving them, so it fails loudly."""
         assert self.group is not None
         for attempt in range(1, MEMBERSHIP_CHECKS + 1):
             try:
-                return await self.group.check_membership(shards)
+                return await self.group.check_membership()
             except ChronowheelError as exc:
                 log.warning("node %s: group membership check %d of %d failed: %s",
                             self.node_id, attempt, MEMBERSHIP_CHECKS, exc)
                 await asyncio.sleep(attempt)
-        raise ChronowheelError(f"node {self.node_id}: its producer was fenced and group "
-                               f"{self.group_id} could not tell whether it is still a member "
-                               f"({MEMBERSHIP_CHECKS} attempts)")
+        raise ChronowheelError(f"node {self.node_id}: group {self.group_id} could not tell "
+                               f"whether it is still a member ({MEMBERSHIP_CHECKS} attempts; "
+                               f"asked because {why})")
 
     async def abort_shards(self, shards: list[int]) -> None:
         """Stop actors that cannot commit anything any more: no drain (it would only fail)."""
