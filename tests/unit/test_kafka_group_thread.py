@@ -103,7 +103,8 @@ class FakeConsumer:
         # The internals the membership check goes through (the consumer's own commit refuses
         # a partition that is not assigned).
         self._subscription = SimpleNamespace(subscription=SimpleNamespace(assignment="now"))
-        self._coordinator = SimpleNamespace(commit_offsets=self._commit_offsets)
+        self._coordinator = SimpleNamespace(commit_offsets=self._commit_offsets, generation=3,
+                                            member_id="n1-abc")
 
     def _here(self) -> None:
         self.threads.add(threading.get_ident())
@@ -293,6 +294,12 @@ async def test_the_consumer_lives_on_its_own_thread_and_the_callbacks_on_the_nod
         group.fake.refuse_commits = KafkaConnectionError("no coordinator")
         with pytest.raises(BusError):
             await group.check_membership()
+        # Reset by a refusal, rejoining: not a member, and nothing sent (an empty group would
+        # take a commit without a generation as one from outside the group).
+        group.fake.refuse_commits = None
+        group.fake._coordinator.generation, group.fake._coordinator.member_id = -1, ""
+        assert not await group.check_membership()
+        assert len(group.fake.commits) == 1
         assert here not in group.fake.threads and len(group.fake.threads) == 1
         assert group.fake.seeks == [(1, 5), (0, None)]
     assert group.fake.stopped and group._thread is None

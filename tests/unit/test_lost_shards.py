@@ -130,6 +130,22 @@ async def test_no_shard_is_taken_again_while_the_membership_is_not_confirmed(
     assert node.metrics.claims_lost._value.get() == 1
 
 
+async def test_a_coordinator_that_cannot_be_asked_stops_nothing_and_is_asked_again(
+        rig: NodeRig) -> None:
+    node, started = await started_without(rig, 0)
+    claims = len(started)
+    rig.upsert(job_on(1, "meanwhile"), at=T0 + 5_000)
+    group(node).coordinator_unreachable = True
+    await rig.advance(12_000)  # the look at 1 s asks five times, 1+2+3+4 s apart
+    assert group(node).membership_checks == 5
+    assert node.failure is None and 0 not in node.owned and started[claims:] == []
+    assert_each_once_never_early(rig, Counter({job_on(1, "meanwhile"): 1}))  # shard 1 goes on
+    group(node).coordinator_unreachable = False
+    await rig.advance(3_000)  # looked at again 2 s after the failed look
+    assert 0 in node.owned and node.owned[0].actor.ready
+    assert group(node).membership_checks == 6
+
+
 async def test_a_fence_is_not_a_lost_claim_and_its_recovery_takes_the_lost_shard_too(
         rig: NodeRig) -> None:
     node, started = await started_without(rig, 0)

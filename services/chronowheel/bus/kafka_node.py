@@ -691,11 +691,17 @@ class KafkaSubmitGroup(GroupThreadMember):
         # coordinator checks both on every OffsetCommit.
         consumer = self._consumer
         assert consumer is not None
+        coordinator = consumer._coordinator
+        if coordinator.generation < 0 or not coordinator.member_id:
+            # Reset by a refusal (it is rejoining): a commit now would be taken as one from
+            # outside the group, which an empty group accepts.
+            log.warning("group membership check: the member is rejoining its group")
+            return False
         probe = TopicPartition(self._settings.state_topic, wire.MEMBERSHIP_PROBE_PARTITION)
         subscription = consumer._subscription.subscription
         assignment = None if subscription is None else subscription.assignment
         try:
-            await consumer._coordinator.commit_offsets(assignment, {probe: OffsetAndMetadata(
+            await coordinator.commit_offsets(assignment, {probe: OffsetAndMetadata(
                 wire.MEMBERSHIP_PROBE_OFFSET, wire.MEMBERSHIP_PROBE_METADATA)})
         except (CommitFailedError, IllegalStateError) as exc:
             log.warning("group membership check failed: %s", exc)

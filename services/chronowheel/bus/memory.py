@@ -423,6 +423,8 @@ class MemorySubmitGroup:
         self.stale = False
         """Set by a test: this member's generation is over (its session expired)."""
         self.membership_checks = 0
+        self.coordinator_unreachable = False
+        """Set by a test: `check_membership` cannot ask the coordinator (BusError)."""
         self._paused: set[int] = set()
         self._withheld: set[int] = set()  # sought, not delivered yet (SubmitPositions.seek)
         self.seeks: list[tuple[int, int | None]] = []
@@ -492,6 +494,8 @@ class MemorySubmitGroup:
     async def check_membership(self) -> bool:
         await asyncio.sleep(0)
         self.membership_checks += 1
+        if self.coordinator_unreachable:
+            raise BusError(f"group {self.group_id}: the coordinator cannot be reached")
         return not self.stale
 
     async def committed(self, shard: int) -> int | None:

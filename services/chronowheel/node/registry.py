@@ -192,7 +192,12 @@ class ShardRegistry:
             unserved = [k for k in due if k in self.group.assigned() and k not in self.owned]
             if not unserved or self._fence_recovery_running():
                 continue  # a fence's recovery takes every assigned shard not served
-            member = await self._check_membership(f"looking again at shards {unserved}")
+            try:
+                member = await self._check_membership(f"looking again at shards {unserved}")
+            except ChronowheelError as exc:
+                # This node's other shards go on: the coordinator is asked again later.
+                self._look_again(unserved, f"not taken again: {exc}")
+                continue
             if self.supervisor.stopping:
                 return
             if self._fence_recovery_running():
@@ -259,7 +264,8 @@ class ShardRegistry:
             except ChronowheelError as exc:
                 log.warning("node %s: group membership check %d of %d failed: %s",
                             self.node_id, attempt, MEMBERSHIP_CHECKS, exc)
-                await asyncio.sleep(attempt)
+                if attempt < MEMBERSHIP_CHECKS:
+                    await self.clock.sleep_until(self.clock.now_ms() + attempt * 1_000)
         raise ChronowheelError(f"node {self.node_id}: group {self.group_id} could not tell "
                                f"whether it is still a member ({MEMBERSHIP_CHECKS} attempts; "
                                f"asked because {why})")
@@ -289,6 +295,8 @@ class ShardRegistry:
                     self.owned[k] = Owned(warm, task)
                     continue
                 await warm.close()
+                if k in self.owned:
+                    continue  # taken meanwhile (a recovery, the group's callback)
             actor = ShardActor(
                 shard=k, shards=self.shards, settings=self.settings, store=self.store,
                 bus=self.bus, transactions=self.transactions, submit=self.group,
