@@ -137,6 +137,18 @@ async def stored_jobs(settings: Settings) -> int:
         await asyncio.to_thread(store.close)
 
 
+async def nodes_group_offsets(settings: Settings,
+                              tps: list[TopicPartition]) -> dict[TopicPartition, Any]:
+    """The nodes group's committed offsets (OffsetAndMetadata) of those of `tps` it has."""
+    admin = await open_admin(settings)
+    try:
+        found = await admin.list_consumer_group_offsets(f"{settings.namespace}-nodes",
+                                                        partitions=tps)
+    finally:
+        await admin.close()
+    return {tp: o for tp, o in found.items() if o.offset >= 0}
+
+
 async def applied(settings: Settings, timeout_s: float = 30) -> None:
     """Return once the nodes have applied every command on <ns>.submit so far: no command
     is left past the node group's committed offset of any partition (what lies there may be

@@ -14,8 +14,6 @@ from typing import Any
 import orjson
 import pytest
 from aiokafka import TopicPartition
-from aiokafka.structs import OffsetAndMetadata
-from chronowheel.bus.kafka import open_admin
 from chronowheel.bus.kafka_consumer_group import ConsumerProtocolGroup
 from chronowheel.bus.kafka_node import KafkaNodeBus
 from chronowheel.bus.ports import Claimer
@@ -28,21 +26,17 @@ from chronowheel.testing import Collector
 from chronowheel.testing.node_process import wait_owned
 
 from testkit.fleet import until
-from tests.integration.harness import applied, make_namespace, now_ms, produce, running_node, upsert
+from tests.integration.harness import (
+    applied,
+    make_namespace,
+    nodes_group_offsets,
+    now_ms,
+    produce,
+    running_node,
+    upsert,
+)
 
 pytestmark = pytest.mark.integration
-
-
-async def group_offsets(settings: Any, tps: list[TopicPartition]
-                        ) -> dict[TopicPartition, OffsetAndMetadata]:
-    """The nodes group's committed offsets of `tps` (those it has)."""
-    admin = await open_admin(settings)
-    try:
-        found = await admin.list_consumer_group_offsets(f"{settings.namespace}-nodes",
-                                                        partitions=tps)
-    finally:
-        await admin.close()
-    return {tp: o for tp, o in found.items() if o.offset >= 0}
 
 
 async def test_a_shard_lost_to_a_stray_claimer_is_taken_again_and_fires(
@@ -59,7 +53,7 @@ async def test_a_shard_lost_to_a_stray_claimer_is_taken_again_and_fires(
         await applied(settings)
     submit_0 = TopicPartition(settings.submit_topic, 0)
     probe = TopicPartition(settings.state_topic, wire.MEMBERSHIP_PROBE_PARTITION)
-    before = await group_offsets(settings, [submit_0, probe])
+    before = await nodes_group_offsets(settings, [submit_0, probe])
     assert before[submit_0].offset > 0 and probe not in before
     checks: list[bool] = []
     check = ConsumerProtocolGroup._check_membership_on_group
@@ -110,7 +104,7 @@ async def test_a_shard_lost_to_a_stray_claimer_is_taken_again_and_fires(
         assert len(claimers) == 2  # the lost claim, and the one that took the shard again
         # Asked of the coordinator through the probe; shard 0's submit offset untouched by it.
         assert checks == [True]
-        after = await group_offsets(settings, [submit_0, probe])
+        after = await nodes_group_offsets(settings, [submit_0, probe])
         assert after[probe].offset == wire.MEMBERSHIP_PROBE_OFFSET
         # (the Python binding of librdkafka sends the metadata with its C string's final NUL)
         assert after[probe].metadata.rstrip("\x00") == wire.MEMBERSHIP_PROBE_METADATA

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
@@ -15,28 +14,16 @@ from chronowheel.bus.kafka import open_admin
 from chronowheel.bus.kafka_node import KafkaNodeBus, KafkaSubmitGroup
 from chronowheel.core import wire
 from chronowheel.ops.cluster import describe_group
-from chronowheel.settings import Settings
 
 from testkit.fleet import until
 from tests.conftest import Stack
-from tests.integration.harness import make_namespace
+from tests.integration.harness import make_namespace, nodes_group_offsets
 
 pytestmark = pytest.mark.integration
 
 
 async def _nothing(shards: list[int]) -> None:
     del shards
-
-
-async def _group_offsets(settings: Settings, group_id: str) -> dict[tuple[str, int], Any]:
-    tps = [TopicPartition(settings.submit_topic, k) for k in range(settings.shards)]
-    tps.append(TopicPartition(settings.state_topic, wire.MEMBERSHIP_PROBE_PARTITION))
-    admin = await open_admin(settings)
-    try:
-        found = await admin.list_consumer_group_offsets(group_id, partitions=tps)
-    finally:
-        await admin.close()
-    return {(tp.topic, tp.partition): o for tp, o in found.items() if o.offset >= 0}
 
 
 @pytest.mark.parametrize("protocol", ["classic", "consumer"])
@@ -53,8 +40,10 @@ async def test_a_member_passes_the_probe_which_leaves_the_submit_offsets_alone(
         assert await member.check_membership() is True
     finally:
         await member.stop()
-    offsets = await _group_offsets(settings, group_id)
-    assert list(offsets) == [(settings.state_topic, wire.MEMBERSHIP_PROBE_PARTITION)]
+    probe_tp = TopicPartition(settings.state_topic, wire.MEMBERSHIP_PROBE_PARTITION)
+    offsets = await nodes_group_offsets(
+        settings, [probe_tp, *(TopicPartition(settings.submit_topic, k) for k in range(2))])
+    assert list(offsets) == [probe_tp]
     [probe] = offsets.values()
     assert probe.offset == wire.MEMBERSHIP_PROBE_OFFSET
     # (the Python binding of librdkafka sends the metadata with its C string's final NUL)
