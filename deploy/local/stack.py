@@ -13,6 +13,9 @@ Nothing is mocked.
 
 SERVER is `cassandra` or `kafka` (default: both). `up` and `down` are idempotent. Data and
 logs live under one state folder ($CHRONOWHEEL_STATE_DIR, default ~/.cache/chronowheel/stack);
+the Maven repository, resolved classpaths and each server kind's class-data sharing archive (a
+faster JVM start, written at the first graceful stop; CHRONOWHEEL_STACK_CDS=0 for none) under
+$CHRONOWHEEL_CACHE_DIR (default ~/.cache/chronowheel).
 
 `--profile secured` (or CHRONOWHEEL_STACK_PROFILE=secured) runs a second, secured pair beside
 the plain one, on other ports and in its own state folder (default: the plain one's name +
@@ -21,10 +24,10 @@ submitter; StandardAuthorizer, so nothing is allowed without an ACL) and Cassand
 127.0.0.1:9142 with client TLS and PasswordAuthenticator (roles admin, node, worker, ops). A
 throwaway CA, the servers' certificate and random passwords are made at the first start under
 `<state>/secrets/` (see secured.py); `up --json` names the files.
-the Maven repository and resolved classpaths under $CHRONOWHEEL_CACHE_DIR (default
-~/.cache/chronowheel). Progress goes to stderr; `--json` puts a machine-readable summary on
-stdout. The readiness checks use the project's drivers (cassandra-driver, aiokafka), so run
-this with the project's virtualenv Python.
+
+Progress goes to stderr; `--json` puts a machine-readable summary on stdout. The readiness
+checks use the project's drivers (cassandra-driver, aiokafka), so run this with the project's
+virtualenv Python.
 """
 
 from __future__ import annotations
@@ -245,6 +248,46 @@ def tail(path: Path, lines: int, since: int = 0) -> list[str]:
         f.seek(max(since if since <= size else 0, size - 256 * 1024))
         data = f.read().decode("utf-8", errors="replace")
     return data.splitlines()[-lines:]
+
+
+# --- class-data sharing ----------------------------------------------------------------------
+
+# A JVM's start spends much of its CPU loading and verifying classes: about 10,000 for
+# Cassandra, 7,000 for Kafka. A class-data sharing archive (JDK 13+'s dynamic archive, one per
+# server kind, in the cache folder) holds them already parsed and verified; a server started
+# with it used a fifth less CPU until Cassandra answered and a third less until Kafka did
+# (loadtest/RESULTS.md, "A server's start from a class archive"). That counts most where CPU is
+# short: the fault suite restarts killed servers while the cluster is under load. The first
+# start of a kind (no archive yet) writes one when it is stopped gracefully; a server killed,
+# or stopped past its grace period, leaves none, and the next start tries again. The JVM checks
+# an archive against itself and the classpath and starts without it (a warning in the console
+# log) when it does not match; the archive's name covers both, so a new JDK or new jars make
+# a new one. CHRONOWHEEL_STACK_CDS=0 starts every JVM without one.
+CLASS_SHARING_ENV = "CHRONOWHEEL_STACK_CDS"
+PENDING_ARCHIVE_FILE = "class-archive.pending"
+
+
+def class_sharing_enabled() -> bool:
+    """Whether the servers start from (and write) class-data sharing archives."""
+    raw = os.environ.get(CLASS_SHARING_ENV, "").strip().lower()
+    if raw in ("", "1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise StackError(f"{CLASS_SHARING_ENV}={raw!r}: expected 1 (the default) or 0")
+
+
+def class_archive_path(cache: Path, kind: str, java: str, classpath: str) -> Path:
+    """Where the archive of `kind` on this JDK and classpath lives: the name digests what the
+    JVM checks an archive against (its own build, each classpath entry's size and time)."""
+    digest = hashlib.sha256()
+    for entry in (os.path.realpath(java), *classpath.split(os.pathsep)):
+        try:
+            st = os.stat(entry)
+            digest.update(f"{entry}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        except OSError:
+            digest.update(f"{entry}\0missing\n".encode())
+    return cache / "cds" / f"{kind}-{digest.hexdigest()[:20]}.jsa"
 
 
 # --- locations -------------------------------------------------------------------------------
@@ -600,10 +643,59 @@ class Server:
         """What runs the JVM: java itself, or a wrapper that execs it (the same pid)."""
         return [java]
 
+    def class_archive(self, java: str, classpath: str) -> Path:
+        return class_archive_path(self.paths.cache, self.kind, java, classpath)
+
+    def class_sharing_flags(self, java: str, classpath: str) -> list[str]:
+        """Start from this kind's archive, or write one when this server stops gracefully
+        (into a file of its own, moved into place by `settle_class_archive`)."""
+        self.settle_class_archive(graceful=False)  # a previous process's, left by a kill
+        if not class_sharing_enabled():
+            return []
+        archive = self.class_archive(java, classpath)
+        if archive.exists():
+            return [f"-XX:SharedArchiveFile={archive}"]
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        pending = archive.with_name(f"{archive.stem}.{uuid.uuid4().hex[:12]}.pending")
+        (self.home / PENDING_ARCHIVE_FILE).write_text(f"{pending}\n{archive}\n")
+        # The dump warns of every class it leaves out (old class file versions, some not
+        # linked): a hundred lines that say nothing about the server.
+        return [f"-XX:ArchiveClassesAtExit={pending}", "-Xlog:cds=error"]
+
+    def existing_class_archive_flags(self, java: str, classpath: str) -> list[str]:
+        """For a short-lived tool on this kind's classpath: the archive if there is one."""
+        if not class_sharing_enabled():
+            return []
+        archive = self.class_archive(java, classpath)
+        return [f"-XX:SharedArchiveFile={archive}"] if archive.exists() else []
+
+    def settle_class_archive(self, graceful: bool) -> None:
+        """After this server's process is gone: the archive it wrote at a graceful exit
+        becomes its kind's (unless another process's already did); anything else it left,
+        perhaps cut short by a kill, is removed."""
+        marker = self.home / PENDING_ARCHIVE_FILE
+        try:
+            pending_line, archive_line = marker.read_text().splitlines()[:2]
+        except (OSError, ValueError):
+            return
+        pending, archive = Path(pending_line), Path(archive_line)
+        try:
+            if graceful and pending.is_file() and pending.stat().st_size > 0:
+                if archive.exists():
+                    pending.unlink()
+                else:
+                    os.replace(pending, archive)
+                    say(f"{self.name}: class archive written ({archive})")
+            else:
+                pending.unlink(missing_ok=True)
+        except OSError as exc:
+            say(f"{self.name}: class archive not kept ({exc})")
+        marker.unlink(missing_ok=True)
+
     def launch(self, java: str, classpath: str) -> None:
         for d in (self.conf, self.logs, self.home / "tmp"):
             d.mkdir(parents=True, exist_ok=True)
-        args = self.prepare(java, classpath)
+        args = [*self.class_sharing_flags(java, classpath), *self.prepare(java, classpath)]
         for log in (self.main_log, self.console_log):
             self.log_offsets[log] = log.stat().st_size if log.exists() else 0
         env = dict(os.environ, CLASSPATH=classpath)
@@ -861,6 +953,7 @@ class Kafka(Server):
             [
                 java,
                 "-Xmx256m",
+                *self.existing_class_archive_flags(java, classpath),
                 *common,
                 "kafka.tools.StorageTool",
                 "format",
@@ -1091,7 +1184,8 @@ def cmd_install(paths: Paths, names: Sequence[str]) -> dict[str, Any]:
 
 def cmd_up(paths: Paths, names: Sequence[str], timeout: float) -> dict[str, Any]:
     chosen = pick(servers(paths), names)
-    cassandra_timer_slack_us()  # a bad setting is refused before anything is started
+    cassandra_timer_slack_us()  # bad settings are refused before anything is started
+    class_sharing_enabled()
     result: dict[str, Any] = {"started": [], "already_running": [], "seconds": {}}
     with state_lock(paths):
         to_start: list[Server] = []
@@ -1250,7 +1344,8 @@ def stop_server(srv: Server, grace: float = STOP_GRACE_S) -> bool:
             srv.proc.poll()
         time.sleep(0.2)
         ticker.tick()
-    if pid_alive(pid):
+    killed = pid_alive(pid)
+    if killed:
         say(f"{srv.name} still running after {grace:.0f}s: killing it")
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -1258,6 +1353,7 @@ def stop_server(srv: Server, grace: float = STOP_GRACE_S) -> bool:
             if srv.proc is not None:
                 srv.proc.poll()
             time.sleep(0.1)
+    srv.settle_class_archive(graceful=not killed)
     with contextlib.suppress(FileNotFoundError):
         srv.pid_file.unlink()
     say(f"{srv.name} stopped after {ticker.elapsed():.1f}s")

@@ -9,6 +9,7 @@ import string
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 from chronowheel.cli import stack as stack_cli
@@ -353,3 +354,106 @@ def test_up_refuses_a_bad_timer_slack_before_starting_anything(
     with pytest.raises(stack_script.StackError, match="CHRONOWHEEL_CASSANDRA_TIMER_SLACK_US"):
         stack_script.cmd_up(paths, [], timeout=1)
     assert not any(tmp_path.iterdir())  # no server folder, pid file or lock was made
+
+
+def test_a_server_kinds_class_archive_is_named_after_the_jdk_and_each_jar(tmp_path: Path) -> None:
+    java, jar = tmp_path / "java", tmp_path / "a.jar"
+    java.write_text("jvm")
+    jar.write_text("classes")
+    classpath = f"{jar}{':'}{tmp_path / 'b.jar'}"
+    first = stack_script.class_archive_path(tmp_path, "kafka", str(java), classpath)
+    assert first == stack_script.class_archive_path(tmp_path, "kafka", str(java), classpath)
+    assert first.parent == tmp_path / "cds" and first.name.startswith("kafka-")
+    assert first != stack_script.class_archive_path(tmp_path, "cassandra", str(java), classpath)
+    jar.write_text("other classes")  # a jar the JVM would no longer accept the archive for
+    assert first != stack_script.class_archive_path(tmp_path, "kafka", str(java), classpath)
+
+
+def _kafka_server(tmp_path: Path) -> tuple[Any, str, str]:
+    paths = stack_script.Paths(state=tmp_path / "state", cache=tmp_path / "cache",
+                               profile=stack_script.PLAIN)
+    kafka = stack_script.servers(paths)["kafka"]
+    kafka.home.mkdir(parents=True)
+    jar = tmp_path / "k.jar"
+    jar.write_text("classes")
+    return kafka, "/jdk/bin/java", str(jar)
+
+
+def _pending(flags: list[str]) -> Path:
+    flag, quiet = flags
+    assert flag.startswith("-XX:ArchiveClassesAtExit=") and quiet == "-Xlog:cds=error"
+    return Path(flag.split("=", 1)[1])
+
+
+def test_the_first_start_writes_the_archive_and_a_graceful_stop_puts_it_in_place(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(stack_script.CLASS_SHARING_ENV, raising=False)
+    kafka, java, classpath = _kafka_server(tmp_path)
+    archive = kafka.class_archive(java, classpath)
+    pending = _pending(kafka.class_sharing_flags(java, classpath))
+    assert pending.parent == archive.parent and pending != archive
+    pending.write_bytes(b"archived classes")  # what the JVM writes at its exit
+    kafka.settle_class_archive(graceful=True)
+    assert archive.read_bytes() == b"archived classes" and not pending.exists()
+    assert kafka.class_sharing_flags(java, classpath) == [
+        f"-XX:SharedArchiveFile={archive}"]
+    assert kafka.existing_class_archive_flags(java, classpath) == [
+        f"-XX:SharedArchiveFile={archive}"]
+
+
+def test_an_archive_cut_short_or_second_is_removed_and_the_first_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(stack_script.CLASS_SHARING_ENV, raising=False)
+    kafka, java, classpath = _kafka_server(tmp_path)
+    archive = kafka.class_archive(java, classpath)
+    killed = _pending(kafka.class_sharing_flags(java, classpath))
+    killed.write_bytes(b"half an arch")
+    kafka.settle_class_archive(graceful=False)
+    assert not killed.exists() and not archive.exists()
+    # A process gone without a stop (kill -9): the next start removes what it left.
+    left = _pending(kafka.class_sharing_flags(java, classpath))
+    left.write_bytes(b"half an arch")
+    again = _pending(kafka.class_sharing_flags(java, classpath))
+    assert not left.exists() and again != left
+    # Two servers of a kind wrote one each: the first to stop gives the kind its archive.
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    archive.write_bytes(b"the first")
+    again.write_bytes(b"the second")
+    kafka.settle_class_archive(graceful=True)
+    assert archive.read_bytes() == b"the first" and not again.exists()
+    assert not (kafka.home / stack_script.PENDING_ARCHIVE_FILE).exists()
+
+
+def test_class_sharing_can_be_turned_off_and_a_bad_setting_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kafka, java, classpath = _kafka_server(tmp_path)
+    monkeypatch.setenv(stack_script.CLASS_SHARING_ENV, "0")
+    assert kafka.class_sharing_flags(java, classpath) == []
+    assert kafka.existing_class_archive_flags(java, classpath) == []
+    monkeypatch.setenv(stack_script.CLASS_SHARING_ENV, "maybe")
+    paths = stack_script.Paths(state=tmp_path / "up", cache=tmp_path / "up",
+                               profile=stack_script.PLAIN)
+    with pytest.raises(stack_script.StackError, match=r"CHRONOWHEEL_STACK_CDS='maybe'"):
+        stack_script.cmd_up(paths, [], timeout=1)
+    assert not (tmp_path / "up").exists()
+
+
+def test_a_stop_keeps_the_archive_of_a_server_that_exits_on_sigterm_and_not_of_one_killed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+    monkeypatch.delenv(stack_script.CLASS_SHARING_ENV, raising=False)
+    kafka, java, classpath = _kafka_server(tmp_path)
+    archive = kafka.class_archive(java, classpath)
+    server = ("import signal, sys, time\n"
+              "if sys.argv[1] == 'ignore': signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+              "print('up', flush=True)\n"
+              "time.sleep(30)\n")
+    for on_sigterm, kept in (("ignore", False), ("exit", True)):
+        pending = _pending(kafka.class_sharing_flags(java, classpath))
+        pending.write_bytes(b"archived classes")
+        proc = subprocess.Popen([sys.executable, "-c", server, on_sigterm], stdout=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
+        kafka.proc = proc
+        assert stack_script.stop_server(kafka, grace=0.5)
+        proc.stdout.close()
+        assert archive.exists() is kept and not pending.exists()
