@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from aiokafka import TopicPartition
 from aiokafka.errors import IllegalOperation, KafkaError, OutOfOrderSequenceNumber, ProducerFenced
 from chronowheel.bus.kafka_node import KafkaTransaction, KafkaTxnProducer, broken_cause
 from chronowheel.bus.ports import BusError, Fenced, ProducerBroken
@@ -109,3 +110,64 @@ async def test_a_batch_refused_after_the_transaction_ended_is_a_bus_error_withou
     txn._batches[("ns.state", 0)] = object()
     with pytest.raises(BusError, match="no longer open"):
         await txn.commit({})
+
+
+def _unread_failures(reports: list[str]) -> list[str]:
+    return [message for message in reports if "never retrieved" in message]
+
+
+@pytest.mark.asyncio
+async def test_a_fenced_producers_stop_leaves_no_failure_reported_as_never_retrieved() -> None:
+    """aiokafka keeps a fenced transaction's failure on a future that only a commit or an abort
+    reads; the node drops a fenced producer with neither, and the collected future used to be
+    logged with the fence's whole traceback."""
+    import gc
+
+    from chronowheel.bus.kafka_node import read_transaction_outcome
+
+    loop = asyncio.get_running_loop()
+    reports: list[str] = []  # the messages only: a context holds the object it is about
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: reports.append(str(context["message"])))
+    try:
+        # Unread, the failure is reported once the future is collected (what this test sees).
+        unread = KafkaTxnProducer(Settings(kafka="127.0.0.1:1"), "t-unread", "g").aiokafka
+        unread._txn_manager.set_pid_and_epoch(1, 0)
+        unread._txn_manager.begin_transaction()
+        unread._txn_manager.fatal_error(ProducerFenced())
+        del unread
+        gc.collect()
+        assert len(_unread_failures(reports)) == 1
+        reports.clear()
+
+        # A fence met by the sender: aiokafka fails every batch queued and the transaction
+        # (`Sender._fail_all`). The node reads each batch's delivery; the last batch of each
+        # partition also keeps the failure on its drain waiter, which nothing reads.
+        fenced = KafkaTxnProducer(Settings(kafka="127.0.0.1:1"), "t-fenced", "g")
+        inner = fenced.aiokafka
+        inner._txn_manager.set_pid_and_epoch(1, 0)
+        inner._txn_manager.begin_transaction()
+        delivered = []
+        for partition in (0, 1):
+            batch = inner.create_batch()
+            batch.append(key=None, value=b"x", timestamp=None)
+            delivered.append(await inner._message_accumulator.add_batch(
+                batch, TopicPartition("t", partition), timeout=1))
+        fence = ProducerFenced()
+        inner._message_accumulator.fail_all(fence)
+        inner._txn_manager.fatal_error(fence)
+        results = await asyncio.gather(*delivered, return_exceptions=True)  # as commit does
+        assert all(isinstance(r, ProducerFenced) for r in results)
+        await fenced.stop()
+        # An abortable error, read before the abort replaces its future.
+        failed = KafkaTxnProducer(Settings(kafka="127.0.0.1:1"), "t-failed", "g").aiokafka
+        failed._txn_manager.set_pid_and_epoch(2, 0)
+        failed._txn_manager.begin_transaction()
+        failed._txn_manager.error_transaction(KafkaError("a batch failed"))
+        read_transaction_outcome(failed)
+        failed._txn_manager.aborting_transaction()
+        del fenced, failed, inner, delivered, results, fence, batch
+        gc.collect()
+    finally:
+        loop.set_exception_handler(previous)
+    assert _unread_failures(reports) == []

@@ -307,8 +307,34 @@ class KafkaTransaction:
                 future.exception()
             else:
                 future.add_done_callback(_ignore_result)
+        read_transaction_outcome(self._producer)  # the abort replaces a failed waiter
         with contextlib.suppress(Exception):
             await self._producer.abort_transaction()
+
+
+def read_transaction_outcome(producer: AIOKafkaProducer) -> None:
+    """Mark as read the failures aiokafka keeps where nobody of ours waits: a transaction's
+    failure (a fence, an abortable error) on a future of its own that only a commit or an
+    abort reads (an abort replaces it unread; a fenced producer makes neither), and each
+    failed batch's on the batch's drain waiter, which aiokafka reads only when another batch
+    for the same partition queues behind it. Unread, each is reported as "Future exception
+    was never retrieved" with the fence's traceback when collected: noise in the node's log
+    (the failure was acted on where the node met it) that reads like a fault of its own."""
+    manager = getattr(producer, "_txn_manager", None)
+    if manager is not None:
+        _read_failure(manager.wait_for_transaction_end())
+    accumulator = getattr(producer, "_message_accumulator", None)
+    if accumulator is not None:
+        queued = [*getattr(accumulator, "_pending_batches", ())]
+        for batches in getattr(accumulator, "_batches", {}).values():
+            queued.extend(batches)
+        for batch in queued:
+            _read_failure(getattr(batch, "_drain_waiter", None))
+
+
+def _read_failure(future: asyncio.Future[Any] | None) -> None:
+    if future is not None and future.done() and not future.cancelled():
+        future.exception()
 
 
 def _ignore_result(future: asyncio.Future[Any]) -> None:
@@ -417,9 +443,12 @@ class KafkaTxnProducer:
             await with_retries(self._producer.start, f"{self._id}: init transactional producer")
 
     async def stop(self) -> None:
-        if self._own_limits:
-            await self._limits.close()
-        await self._producer.stop()
+        try:
+            if self._own_limits:
+                await self._limits.close()
+            await self._producer.stop()
+        finally:
+            read_transaction_outcome(self._producer)
 
     async def begin(self) -> KafkaTransaction:
         with _translated(f"{self._id}: begin transaction", self._producer):
