@@ -47,6 +47,7 @@ import socket
 import string
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -281,13 +282,51 @@ def class_archive_path(cache: Path, kind: str, java: str, classpath: str) -> Pat
     """Where the archive of `kind` on this JDK and classpath lives: the name digests what the
     JVM checks an archive against (its own build, each classpath entry's size and time)."""
     digest = hashlib.sha256()
-    for entry in (os.path.realpath(java), *classpath.split(os.pathsep)):
+    jdk = Path(os.path.realpath(java)).parent.parent
+    jvm = [str(jdk / "lib" / "server" / name) for name in ("libjvm.so", "classes.jsa")]
+    for entry in (os.path.realpath(java), *jvm, *classpath.split(os.pathsep)):
         try:
             st = os.stat(entry)
             digest.update(f"{entry}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
         except OSError:
             digest.update(f"{entry}\0missing\n".encode())
     return cache / "cds" / f"{kind}-{digest.hexdigest()[:20]}.jsa"
+
+
+STALE_PENDING_ARCHIVE_S = 3600.0
+"""A JVM writes its archive in the seconds of its exit: a pending file older than this was
+left by a run whose stop never came (an aborted CI, a state folder deleted meanwhile)."""
+
+
+def archive_refusal(java: str, classpath: str, archive: Path) -> str | None:
+    """Why a JVM would not start from `archive` (None: it would): a JVM told to use it or
+    fail (`-Xshare:on`) starts on it. An archive cut short can crash a JVM that maps it, and
+    one it rejects quietly costs it the JDK's own archive too, so none is kept unchecked."""
+    # In a folder of its own: a JVM that crashes on the archive leaves its crash report in
+    # its working folder.
+    with tempfile.TemporaryDirectory(prefix="cds-check-") as scratch:
+        try:
+            out = subprocess.run(
+                [java, "-Xshare:on", f"-XX:SharedArchiveFile={archive}",
+                 f"-XX:ErrorFile={scratch}/hs_err_%p.log", "-version"],
+                env=dict(os.environ, CLASSPATH=classpath), cwd=scratch, capture_output=True,
+                text=True, timeout=120, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"{type(exc).__name__}: {exc}"
+    if out.returncode == 0:
+        return None
+    # A crash's banner is framed by lines of `#`; its first lines say what happened.
+    lines = [ln.strip("# ").strip() for ln in (out.stdout + out.stderr).splitlines()]
+    return f"exit {out.returncode}: {' | '.join(ln for ln in lines if ln)[:300]}"
+
+
+def fsynced(path: Path) -> None:
+    """Written to the disk, so that a rename of it cannot outlive its contents."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 # --- locations -------------------------------------------------------------------------------
@@ -648,16 +687,25 @@ class Server:
 
     def class_sharing_flags(self, java: str, classpath: str) -> list[str]:
         """Start from this kind's archive, or write one when this server stops gracefully
-        (into a file of its own, moved into place by `settle_class_archive`)."""
+        (into a file of its own, checked and moved into place by `settle_class_archive`).
+        Of a cluster profile's three servers of a kind only the first writes one: the
+        others' would be thrown away, after a dump of some seconds each at their stop."""
         self.settle_class_archive(graceful=False)  # a previous process's, left by a kill
         if not class_sharing_enabled():
             return []
         archive = self.class_archive(java, classpath)
         if archive.exists():
             return [f"-XX:SharedArchiveFile={archive}"]
+        if self.member > 1:
+            return []
         archive.parent.mkdir(parents=True, exist_ok=True)
+        for stale in archive.parent.glob(f"{self.kind}-*.pending"):
+            with contextlib.suppress(OSError):
+                if time.time() - stale.stat().st_mtime > STALE_PENDING_ARCHIVE_S:
+                    stale.unlink()
         pending = archive.with_name(f"{archive.stem}.{uuid.uuid4().hex[:12]}.pending")
-        (self.home / PENDING_ARCHIVE_FILE).write_text(f"{pending}\n{archive}\n")
+        (self.home / PENDING_ARCHIVE_FILE).write_text(
+            "\n".join((str(pending), str(archive), java, classpath)) + "\n")
         # The dump warns of every class it leaves out (old class file versions, some not
         # linked): a hundred lines that say nothing about the server.
         return [f"-XX:ArchiveClassesAtExit={pending}", "-Xlog:cds=error"]
@@ -671,23 +719,28 @@ class Server:
 
     def settle_class_archive(self, graceful: bool) -> None:
         """After this server's process is gone: the archive it wrote at a graceful exit
-        becomes its kind's (unless another process's already did); anything else it left,
-        perhaps cut short by a kill, is removed."""
+        becomes its kind's, once a JVM has started on it (unless another process's already
+        did); anything else it left, perhaps cut short by a kill, is removed."""
         marker = self.home / PENDING_ARCHIVE_FILE
         try:
-            pending_line, archive_line = marker.read_text().splitlines()[:2]
+            pending_line, archive_line, java, classpath = marker.read_text().split("\n")[:4]
         except (OSError, ValueError):
+            marker.unlink(missing_ok=True)
             return
         pending, archive = Path(pending_line), Path(archive_line)
         try:
-            if graceful and pending.is_file() and pending.stat().st_size > 0:
-                if archive.exists():
-                    pending.unlink()
-                else:
+            if graceful and pending.is_file() and pending.stat().st_size > 0 \
+                    and not archive.exists():
+                refusal = archive_refusal(java, classpath, pending)
+                if refusal is None:
+                    fsynced(pending)
                     os.replace(pending, archive)
+                    fsynced(archive.parent)
                     say(f"{self.name}: class archive written ({archive})")
-            else:
-                pending.unlink(missing_ok=True)
+                else:
+                    say(f"{self.name}: class archive not kept: a JVM would not start on it "
+                        f"({refusal})")
+            pending.unlink(missing_ok=True)
         except OSError as exc:
             say(f"{self.name}: class archive not kept ({exc})")
         marker.unlink(missing_ok=True)

@@ -357,7 +357,8 @@ def test_up_refuses_a_bad_timer_slack_before_starting_anything(
 
 
 def test_a_server_kinds_class_archive_is_named_after_the_jdk_and_each_jar(tmp_path: Path) -> None:
-    java, jar = tmp_path / "java", tmp_path / "a.jar"
+    java, jar = tmp_path / "bin" / "java", tmp_path / "a.jar"
+    java.parent.mkdir()
     java.write_text("jvm")
     jar.write_text("classes")
     classpath = f"{jar}{':'}{tmp_path / 'b.jar'}"
@@ -366,17 +367,22 @@ def test_a_server_kinds_class_archive_is_named_after_the_jdk_and_each_jar(tmp_pa
     assert first.parent == tmp_path / "cds" and first.name.startswith("kafka-")
     assert first != stack_script.class_archive_path(tmp_path, "cassandra", str(java), classpath)
     jar.write_text("other classes")  # a jar the JVM would no longer accept the archive for
-    assert first != stack_script.class_archive_path(tmp_path, "kafka", str(java), classpath)
+    second = stack_script.class_archive_path(tmp_path, "kafka", str(java), classpath)
+    assert second != first
+    (tmp_path / "lib" / "server").mkdir(parents=True)  # <jdk>/lib/server beside <jdk>/bin
+    (tmp_path / "lib" / "server" / "libjvm.so").write_text("another build of the JVM")
+    assert stack_script.class_archive_path(tmp_path, "kafka", str(java), classpath) != second
 
 
-def _kafka_server(tmp_path: Path) -> tuple[Any, str, str]:
+def _server(tmp_path: Path, name: str = "kafka",
+            profile: str = "PLAIN") -> tuple[Any, str, str]:
     paths = stack_script.Paths(state=tmp_path / "state", cache=tmp_path / "cache",
-                               profile=stack_script.PLAIN)
-    kafka = stack_script.servers(paths)["kafka"]
-    kafka.home.mkdir(parents=True)
+                               profile=getattr(stack_script, profile))
+    server = stack_script.servers(paths)[name]
+    server.home.mkdir(parents=True)
     jar = tmp_path / "k.jar"
     jar.write_text("classes")
-    return kafka, "/jdk/bin/java", str(jar)
+    return server, "/jdk/bin/java", str(jar)
 
 
 def _pending(flags: list[str]) -> Path:
@@ -385,27 +391,44 @@ def _pending(flags: list[str]) -> Path:
     return Path(flag.split("=", 1)[1])
 
 
-def test_the_first_start_writes_the_archive_and_a_graceful_stop_puts_it_in_place(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def jvm_checks(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, Path]]:
+    """Stands in for the JVM that checks an archive before it is kept: takes every one whose
+    content does not say `refused`."""
+    checked: list[tuple[str, str, Path]] = []
+
+    def refusal(java: str, classpath: str, archive: Path) -> str | None:
+        checked.append((java, classpath, archive))
+        return "exit 1: refused" if b"refused" in archive.read_bytes() else None
+
+    monkeypatch.setattr(stack_script, "archive_refusal", refusal)
     monkeypatch.delenv(stack_script.CLASS_SHARING_ENV, raising=False)
-    kafka, java, classpath = _kafka_server(tmp_path)
+    return checked
+
+
+def test_the_first_start_writes_the_archive_and_a_graceful_stop_puts_it_in_place(
+        tmp_path: Path, jvm_checks: list[tuple[str, str, Path]]) -> None:
+    kafka, java, classpath = _server(tmp_path)
     archive = kafka.class_archive(java, classpath)
     pending = _pending(kafka.class_sharing_flags(java, classpath))
     assert pending.parent == archive.parent and pending != archive
     pending.write_bytes(b"archived classes")  # what the JVM writes at its exit
     kafka.settle_class_archive(graceful=True)
+    assert jvm_checks == [(java, classpath, pending)]  # checked on the server's own classpath
     assert archive.read_bytes() == b"archived classes" and not pending.exists()
-    assert kafka.class_sharing_flags(java, classpath) == [
-        f"-XX:SharedArchiveFile={archive}"]
+    assert kafka.class_sharing_flags(java, classpath) == [f"-XX:SharedArchiveFile={archive}"]
     assert kafka.existing_class_archive_flags(java, classpath) == [
         f"-XX:SharedArchiveFile={archive}"]
 
 
-def test_an_archive_cut_short_or_second_is_removed_and_the_first_kept(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(stack_script.CLASS_SHARING_ENV, raising=False)
-    kafka, java, classpath = _kafka_server(tmp_path)
+def test_an_archive_a_jvm_refuses_cut_short_or_second_is_removed_and_the_first_kept(
+        tmp_path: Path, jvm_checks: list[tuple[str, str, Path]]) -> None:
+    kafka, java, classpath = _server(tmp_path)
     archive = kafka.class_archive(java, classpath)
+    refused = _pending(kafka.class_sharing_flags(java, classpath))
+    refused.write_bytes(b"refused: cut short by a crash in the dump")
+    kafka.settle_class_archive(graceful=True)
+    assert not refused.exists() and not archive.exists()
     killed = _pending(kafka.class_sharing_flags(java, classpath))
     killed.write_bytes(b"half an arch")
     kafka.settle_class_archive(graceful=False)
@@ -416,17 +439,50 @@ def test_an_archive_cut_short_or_second_is_removed_and_the_first_kept(
     again = _pending(kafka.class_sharing_flags(java, classpath))
     assert not left.exists() and again != left
     # Two servers of a kind wrote one each: the first to stop gives the kind its archive.
-    archive.parent.mkdir(parents=True, exist_ok=True)
     archive.write_bytes(b"the first")
     again.write_bytes(b"the second")
     kafka.settle_class_archive(graceful=True)
     assert archive.read_bytes() == b"the first" and not again.exists()
     assert not (kafka.home / stack_script.PENDING_ARCHIVE_FILE).exists()
+    assert [checked for _, _, checked in jvm_checks] == [refused]
+
+
+def test_only_the_first_cluster_server_of_a_kind_writes_an_archive_and_stale_ones_go(
+        tmp_path: Path, jvm_checks: list[tuple[str, str, Path]]) -> None:
+    import os
+
+    first, java, classpath = _server(tmp_path, "kafka-1", "CLUSTER")
+    second, _, _ = _server(tmp_path / "b", "kafka-2", "CLUSTER")
+    second.paths.cache = first.paths.cache
+    archive = first.class_archive(java, classpath)
+    archive.parent.mkdir(parents=True)
+    stale = archive.with_name("kafka-old.1.pending")
+    recent = archive.with_name("kafka-now.2.pending")
+    for left in (stale, recent):
+        left.write_bytes(b"left by an aborted run")
+    old = stale.stat().st_mtime - stack_script.STALE_PENDING_ARCHIVE_S - 60
+    os.utime(stale, (old, old))
+    assert second.class_sharing_flags(java, classpath) == []
+    assert _pending(first.class_sharing_flags(java, classpath)).parent == archive.parent
+    assert not stale.exists() and recent.exists()  # one may be another JVM's, being written
+    archive.write_bytes(b"archived")
+    assert second.class_sharing_flags(java, classpath) == [f"-XX:SharedArchiveFile={archive}"]
+
+
+def test_a_jvm_refuses_an_archive_that_is_not_one(tmp_path: Path) -> None:
+    try:
+        java = stack_script.check_java()
+    except stack_script.StackError as exc:
+        pytest.skip(f"no Java 17 here: {exc}")
+    garbage = tmp_path / "kafka-x.jsa"
+    garbage.write_bytes(b"\0" * 4096)
+    refusal = stack_script.archive_refusal(java, str(tmp_path / "k.jar"), garbage)
+    assert refusal is not None and refusal.startswith("exit ")
 
 
 def test_class_sharing_can_be_turned_off_and_a_bad_setting_is_refused(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    kafka, java, classpath = _kafka_server(tmp_path)
+    kafka, java, classpath = _server(tmp_path)
     monkeypatch.setenv(stack_script.CLASS_SHARING_ENV, "0")
     assert kafka.class_sharing_flags(java, classpath) == []
     assert kafka.existing_class_archive_flags(java, classpath) == []
@@ -439,10 +495,9 @@ def test_class_sharing_can_be_turned_off_and_a_bad_setting_is_refused(
 
 
 def test_a_stop_keeps_the_archive_of_a_server_that_exits_on_sigterm_and_not_of_one_killed(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, jvm_checks: list[tuple[str, str, Path]]) -> None:
     import subprocess
-    monkeypatch.delenv(stack_script.CLASS_SHARING_ENV, raising=False)
-    kafka, java, classpath = _kafka_server(tmp_path)
+    kafka, java, classpath = _server(tmp_path)
     archive = kafka.class_archive(java, classpath)
     server = ("import signal, sys, time\n"
               "if sys.argv[1] == 'ignore': signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
