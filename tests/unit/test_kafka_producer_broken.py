@@ -123,7 +123,7 @@ async def test_a_fenced_producers_stop_leaves_no_failure_reported_as_never_retri
     logged with the fence's whole traceback."""
     import gc
 
-    from chronowheel.bus.kafka_node import read_transaction_outcome
+    from aiokafka.producer.transaction_manager import TransactionState
 
     loop = asyncio.get_running_loop()
     reports: list[str] = []  # the messages only: a context holds the object it is about
@@ -159,13 +159,19 @@ async def test_a_fenced_producers_stop_leaves_no_failure_reported_as_never_retri
         results = await asyncio.gather(*delivered, return_exceptions=True)  # as commit does
         assert all(isinstance(r, ProducerFenced) for r in results)
         await fenced.stop()
-        # An abortable error, read before the abort replaces its future.
+        # An abortable error: the node's abort reads it before aiokafka's abort replaces it.
         failed = KafkaTxnProducer(Settings(kafka="127.0.0.1:1"), "t-failed", "g").aiokafka
-        failed._txn_manager.set_pid_and_epoch(2, 0)
-        failed._txn_manager.begin_transaction()
-        failed._txn_manager.error_transaction(KafkaError("a batch failed"))
-        read_transaction_outcome(failed)
-        failed._txn_manager.aborting_transaction()
+        manager = failed._txn_manager
+        manager.set_pid_and_epoch(2, 0)
+        manager.begin_transaction()
+        manager.error_transaction(KafkaError("a batch failed"))
+        aborting = asyncio.create_task(
+            KafkaTransaction(failed, "t-failed", "submit", "g").abort())
+        while manager.state != TransactionState.ABORTING_TRANSACTION:
+            await asyncio.sleep(0)
+        manager.complete_transaction()  # what the sender does once the brokers ended it
+        await aborting
+        del manager, aborting
         del fenced, failed, inner, delivered, results, fence, batch
         gc.collect()
     finally:
