@@ -333,8 +333,8 @@ def read_transaction_outcome(producer: AIOKafkaProducer) -> None:
 
 
 def _read_failure(future: asyncio.Future[Any] | None) -> None:
-    if future is not None and future.done() and not future.cancelled():
-        future.exception()
+    if future is not None and future.done():
+        _ignore_result(future)
 
 
 def _ignore_result(future: asyncio.Future[Any]) -> None:
