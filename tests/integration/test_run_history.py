@@ -44,10 +44,13 @@ async def test_runs_of_a_recurring_job_and_a_one_shot_show_with_outcomes_and_cou
             for job in ("once", "beat"):
                 latest[job] = await client.job_history(job, limit=5)
             once, beat = latest["once"], latest["beat"]
+            # The counters are a write of their own after the runs' rows: waited for too.
             return (bool(once.runs) and once.runs[0].state == runs.SUCCEEDED
                     and once.runs[0].fired_ms is not None
                     and sum(r.state == runs.DEAD_LETTERED and r.fired_ms is not None
-                            for r in beat.runs) >= 2)
+                            for r in beat.runs) >= 2
+                    and once.counters.fired >= 1 and once.counters.succeeded >= 1
+                    and beat.counters.dead_lettered >= 2)
 
         await until(recorded, 60, "both jobs' runs recorded by the node and worker")
 
