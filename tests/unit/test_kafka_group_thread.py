@@ -162,10 +162,6 @@ class FakeConsumer:
         self._here()
         self.seeks.append((tp.partition, offset))
 
-    async def seek_to_beginning(self, tp: TopicPartition) -> None:
-        self._here()
-        self.seeks.append((tp.partition, None))
-
     async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         self._here()
         return {tp: self.log_start.get(tp.partition, 0) for tp in tps}
@@ -281,7 +277,8 @@ async def test_the_consumer_lives_on_its_own_thread_and_the_callbacks_on_the_nod
             ("assigned", [0, 1], True)]
         assert await group.committed(0) == 7
         await group.seek(1, 5)
-        await group.seek(0, None)
+        group.fake.log_start = {0: 12}
+        assert await group.seek(0, None) == 0
         assert await group.check_membership()
         # Through the probe on the state topic, never a submit offset (a process that is no
         # longer a member may still commit those: an older one would move a shard back).
@@ -301,7 +298,8 @@ async def test_the_consumer_lives_on_its_own_thread_and_the_callbacks_on_the_nod
         assert not await group.check_membership()
         assert len(group.fake.commits) == 1
         assert here not in group.fake.threads and len(group.fake.threads) == 1
-        assert group.fake.seeks == [(1, 5), (0, None)]
+        # The beginning is sought as the log start's offset (`_hand_over` knows from where).
+        assert group.fake.seeks == [(1, 5), (0, 12)]
     assert group.fake.stopped and group._thread is None
 
 
@@ -388,6 +386,54 @@ async def test_records_read_after_a_seek_wait_for_the_shard_to_take_them() -> No
         assert 1 not in got and await group.fetch(0, 100) == {}  # read, not handed over
         group.deliver(1)
         assert [r.offset for r in (await group.fetch(0, 100))[1]] == [7, 8]
+
+
+async def _fetch_offsets(group: Group, shard: int, want: int) -> list[int]:
+    """The offsets of `shard` the node's fetch takes, until it has taken `want` of them."""
+    got: list[int] = []
+    while len(got) < want:
+        got.extend(r.offset for r in (await group.fetch(1_000, 100)).get(shard, []))
+    return got
+
+
+async def test_a_fetch_that_goes_back_behind_a_seek_or_what_was_handed_over_is_dropped(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # librdkafka can fetch a partition from its start again after a seek (a late answer to
+    # its own look-up of the start); records before where the node asked to read, or that it
+    # has read already, are never handed over twice.
+    fake = FakeConsumer()
+    caplog.set_level(logging.WARNING, logger="chronowheel.bus.group_thread")
+    async with _running(fake) as group:
+        await _assign(group, 0, 1)
+        tp0, tp1 = TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)
+        await group.seek(1, 7)
+        group.deliver(1)
+        fake.queued[tp1] = [Rec(1, k) for k in range(3, 10)]  # from 3: behind the seek
+        assert await _fetch_offsets(group, 1, 3) == [7, 8, 9]
+        [warning] = caplog.records
+        assert f"{TOPIC}[1] was fetched from offset 3 again, behind offset 7" in warning.message
+        fake.queued[tp1] = [Rec(1, 8), Rec(1, 9)]  # all of them handed over already
+        fake.queued[tp0] = [Rec(0, 0)]
+        assert await _fetch_offsets(group, 0, 1) == [0]
+        fake.queued[tp1] = [Rec(1, 9), Rec(1, 10), Rec(1, 12)]  # back there, then on
+        assert await _fetch_offsets(group, 1, 2) == [10, 12]
+        # Warned of once per going back, not per batch of it.
+        assert [r.message.split(": ", 1)[1].split(",")[0] for r in caplog.records] == [
+            f"{TOPIC}[1] was fetched from offset 3 again",
+            f"{TOPIC}[1] was fetched from offset 8 again"]
+        # A seek backwards is the node's own: what it asks for is handed over again.
+        await group.seek(1, 8)
+        group.deliver(1)
+        fake.queued[tp1] = [Rec(1, 8), Rec(1, 9)]
+        assert await _fetch_offsets(group, 1, 2) == [8, 9]
+        # So is a shard that was revoked and assigned again: it starts from wherever the
+        # consumer puts it, until the node seeks it.
+        assert fake.listener is not None
+        await _on_group_thread(group, fake.listener.on_partitions_revoked([tp1]))
+        await _assign(group, 1)
+        fake.queued[tp1] = [Rec(1, 2)]
+        assert await _fetch_offsets(group, 1, 1) == [2]
+        assert len(caplog.records) == 2
 
 
 async def test_a_revoked_shards_unread_records_are_dropped() -> None:

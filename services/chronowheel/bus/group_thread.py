@@ -111,6 +111,11 @@ class GroupThreadMember:
         self._paused_by_node: set[int] = set()
         # Sought shards whose actor does not take records yet: fetch leaves them in _ready.
         self._withheld: set[int] = set()
+        # Per shard, the offset the node reads next: the target of its last seek, then one past
+        # the last record handed over. A record below it was handed over already, or lies
+        # before where the node asked to start (`_hand_over`).
+        self._next_offset: dict[int, int] = {}
+        self._rewound: set[int] = set()  # shards whose fetch went back, warned of once
         self._assigned: set[int] = set()
         self._failure: BaseException | None = None
         self._node_loop: asyncio.AbstractEventLoop | None = None
@@ -136,12 +141,52 @@ class GroupThreadMember:
             with contextlib.suppress(RuntimeError):  # the node loop is closed: nobody waits
                 loop.call_soon_threadsafe(self._arrived.set)
 
+    def _moved(self, shard: int, target: int) -> None:
+        """From the group thread, as it seeks `shard` to `target`: records fetched from the
+        old position are not handed over, and from now on none below `target`."""
+        with self._lock:
+            self._ready.pop(shard, None)
+            self._rewound.discard(shard)
+            self._next_offset[shard] = target
+
+    def _forget(self, shards: list[int]) -> None:
+        """Under the lock, for revoked shards: what was fetched for them, and where they
+        were."""
+        for k in shards:
+            self._ready.pop(k, None)
+            self._next_offset.pop(k, None)
+            self._rewound.discard(k)
+
     def _hand_over(self, batches: dict[int, list[SubmitRecord]]) -> None:
-        """From the group thread: fetched records, kept for shards still assigned."""
+        """From the group thread: fetched records, kept for shards still assigned, from the
+        offset the node reads next on.
+
+        A consumer can go back behind a seek: librdkafka answers a seek made while its own
+        look-up of the partition's start is under way, then (the look-up's late answer
+        outdated, 500 ms later) looks the start up again and fetches from there, under the
+        seek's version, so nothing of its own drops those records. Handed over, they were
+        commands the node had applied already, or commands before the position it asked for.
+        They are dropped here, and the fetch catches up with the position by itself."""
         with self._lock:
             for shard, records in batches.items():
-                if shard in self._assigned:
-                    self._ready.setdefault(shard, []).extend(records)
+                if shard not in self._assigned or not records:
+                    continue
+                following = self._next_offset.get(shard)
+                if following is not None and records[0].offset < following:
+                    kept = [r for r in records if r.offset >= following]
+                    if shard not in self._rewound:
+                        self._rewound.add(shard)
+                        log.warning(
+                            "group %s: %s[%d] was fetched from offset %d again, behind offset "
+                            "%d, the next one the node reads: the records before it are "
+                            "dropped until the fetch is back there", self._group_id,
+                            self._topic, shard, records[0].offset, following)
+                    records = kept
+                    if not records:
+                        continue
+                self._rewound.discard(shard)
+                self._next_offset[shard] = records[-1].offset + 1
+                self._ready.setdefault(shard, []).extend(records)
         self._notify_node()
 
     async def fetch(self, timeout_ms: int, max_records: int) -> dict[int, list[SubmitRecord]]:

@@ -295,8 +295,7 @@ class ConsumerProtocolGroup(GroupThreadMember):
             self._assigned.difference_update(shards)
             self._paused_by_node.difference_update(shards)
             self._withheld.difference_update(shards)
-            for k in shards:  # fetched for the old assignment: never handed over now
-                self._ready.pop(k, None)
+            self._forget(shards)  # fetched for the old assignment: never handed over now
         # The node stops the shards before the revocation is acknowledged (after this
         # returns): nobody else is given them while this node may still publish for them.
         self._call_node(consumer, self._on_revoked, shards)
@@ -505,21 +504,18 @@ class ConsumerProtocolGroup(GroupThreadMember):
     async def seek(self, shard: int, offset: int | None) -> int:
         with self._lock:
             self._withheld.add(shard)
-        from confluent_kafka import OFFSET_BEGINNING
-
-        skipped = 0
-        target = OFFSET_BEGINNING
-        if offset is not None:
-            # Below the log start librdkafka would reset without a word: the commands in
-            # between were deleted unapplied, which the node must report.
-            start, _end = await self._ask(
-                f"log start of {self._topic}[{shard}]",
-                lambda querier: querier.get_watermark_offsets(
-                    self._tp(shard), timeout=QUERY_TIMEOUT_S, cached=False))
-            target = max(offset, start)
-            skipped = max(0, start - offset)
+        # Below the log start librdkafka would reset without a word: the commands in between
+        # were deleted unapplied, which the node must report. The beginning is sought as the
+        # log start's offset too: a logical seek is one more look-up of it by librdkafka,
+        # racing with its own (`_hand_over`), and the records handed over are then known to
+        # start there.
+        start, _end = await self._ask(
+            f"log start of {self._topic}[{shard}]",
+            lambda querier: querier.get_watermark_offsets(
+                self._tp(shard), timeout=QUERY_TIMEOUT_S, cached=False))
+        target = start if offset is None else max(offset, start)
         await self._on_group(lambda consumer: self._seek_on_group(consumer, shard, target))
-        return skipped
+        return 0 if offset is None else max(0, start - offset)
 
     def _seek_on_group(self, consumer: Any, shard: int, target: int) -> None:
         from confluent_kafka import KafkaException
@@ -532,8 +528,7 @@ class ConsumerProtocolGroup(GroupThreadMember):
             return
         # Records fetched from the old position are not handed over: those already handed
         # to `_ready` go here, and librdkafka drops its own (a seek purges what it fetched).
-        with self._lock:
-            self._ready.pop(shard, None)
+        self._moved(shard, target)
         deadline = time.monotonic() + ADMIN_TIMEOUT_S
         while True:
             try:

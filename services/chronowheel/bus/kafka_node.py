@@ -571,8 +571,7 @@ class KafkaSubmitGroup(GroupThreadMember):
             # pauses of shards it no longer owns and would never resume this one.
             self._paused_by_node.difference_update(shards)
             self._withheld.difference_update(shards)  # an actor taking it over seeks again
-            for k in shards:  # fetched for the old assignment: never handed over now
-                self._ready.pop(k, None)
+            self._forget(shards)  # fetched for the old assignment: never handed over now
         await self._on_node(self._on_revoked, shards)
 
     async def _assigned_on_group(self, shards: list[int]) -> None:
@@ -758,28 +757,25 @@ class KafkaSubmitGroup(GroupThreadMember):
 
     async def _seek_on_group(self, shard: int, offset: int | None) -> int:
         assert self._consumer is not None
-        # Records fetched before the seek are not handed over: the next come from `offset`
+        # Records fetched before the seek are not handed over: the next come from the target
         # (aiokafka drops its own buffer of the partition on a seek too).
         tp = self._tp(shard)
-        if offset is None:
-            with self._lock:
-                self._ready.pop(shard, None)
-            await self._consumer.seek_to_beginning(tp)
-            return 0
         # Below the log start, aiokafka would reset to it (auto_offset_reset) without a
         # word: the commands in between were deleted unapplied, which the node must report.
         # (With nothing committed the group cannot tell deleted commands from applied ones
         # whose committed offsets Kafka expired, so a seek to the beginning reports none.)
+        # The beginning is sought as the log start's offset, like any other: the records
+        # handed over are then known to start there (`_hand_over`).
         try:
             start = (await self._consumer.beginning_offsets([tp]))[tp]
         except KafkaError as exc:
             raise BusError(f"log start of {tp.topic}[{tp.partition}]: {exc!r}") from exc
+        target = start if offset is None else max(offset, start)
         # No await from here to the seek: a fetch in between would hand over records from
         # the old position.
-        with self._lock:
-            self._ready.pop(shard, None)
-        self._consumer.seek(tp, max(offset, start))
-        return max(0, start - offset)
+        self._moved(shard, target)
+        self._consumer.seek(tp, target)
+        return 0 if offset is None else max(0, start - offset)
 
 
 STATE_READ_POLL_MS = 20
