@@ -158,3 +158,55 @@ def test_the_membership_check_commits_the_probe_and_never_a_submit_offset() -> N
     with pytest.raises(BusError) as failed:
         member._check_membership_on_group(_Committing("_TRANSPORT"))
     assert "ns.state[0]" in str(failed.value)
+
+
+class _Seeking:
+    """The parts of a librdkafka consumer a seek, a hand-over and a revocation touch."""
+
+    def __init__(self, log_end: int) -> None:
+        self.seeks: list[tuple[int, int]] = []
+        self.log_end = log_end
+
+    def seek(self, tp: Any) -> None:
+        self.seeks.append((tp.partition, tp.offset))
+
+    def get_watermark_offsets(self, tp: Any, *, cached: bool) -> tuple[int, int]:
+        assert cached  # on the group thread, between polls: never a request
+        return 0, self.log_end
+
+    def incremental_unassign(self, partitions: list[Any]) -> None:
+        del partitions
+
+
+def test_records_behind_a_seek_are_not_handed_over_and_a_revoked_shard_forgets_its_place(
+) -> None:
+    # librdkafka can go back behind a seek (bus/group_thread.py, _hand_over); the member
+    # tells the hand-over where it sought, and forgets it with the shard.
+    from chronowheel.bus.ports import FetchedRecord
+    from confluent_kafka import TopicPartition
+
+    settings = Settings(namespace="ns")
+    member = ConsumerProtocolGroup(settings, group_id="ns-nodes", client_id="n1",
+                                   session_timeout_ms=3_000, on_assigned=_nothing,
+                                   on_revoked=_nothing)
+    consumer = member._consumer = _Seeking(log_end=100)
+    member._assigned.update({0, 1})
+
+    def records(shard: int, *offsets: int) -> list[Any]:
+        return [FetchedRecord(settings.submit_topic, shard, k, b"k", b"v", ()) for k in offsets]
+
+    member._seek_on_group(consumer, 1, 7)
+    assert consumer.seeks == [(1, 7)]
+    member._hand_over({1: records(1, 3, 7, 8, 0, 1, 2, 9), 0: records(0, 0, 1)})
+    assert {k: [r.offset for r in rs] for k, rs in member._ready.items()} == {
+        1: [7, 8, 9], 0: [0, 1]}
+    member._revoked_cb(consumer, [TopicPartition(settings.submit_topic, 1)])
+    assert 1 not in member._ready and 1 not in member._next_offset
+    member._assigned.add(1)  # assigned again: from wherever librdkafka starts it
+    member._hand_over({1: records(1, 3)})
+    assert [r.offset for r in member._ready[1]] == [3]
+    # A log that ends below the position was cut short: what its start holds is new.
+    member._hand_over({0: records(0, 1)})  # the log ends at 2: fetched again
+    consumer.log_end = 1
+    member._hand_over({0: records(0, 0)})
+    assert [r.offset for r in member._ready[0]] == [0, 1, 0]

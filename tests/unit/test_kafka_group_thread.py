@@ -97,6 +97,7 @@ class FakeConsumer:
         self.fail_with: BaseException | None = None
         self.seeks: list[tuple[int, int | None]] = []
         self.log_start: dict[int, int] = {}
+        self.log_end: dict[int, int] = {}  # as the last fetch heard it (highwater)
         self.commits: list[tuple[Any, dict[TopicPartition, Any]]] = []
         self.refuse_commits: BaseException | None = None
         self.stopped = False
@@ -161,6 +162,9 @@ class FakeConsumer:
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self._here()
         self.seeks.append((tp.partition, offset))
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        return self.log_end.get(tp.partition)
 
     async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         self._here()
@@ -389,23 +393,27 @@ async def test_records_read_after_a_seek_wait_for_the_shard_to_take_them() -> No
 
 
 async def _fetch_offsets(group: Group, shard: int, want: int) -> list[int]:
-    """The offsets of `shard` the node's fetch takes, until it has taken `want` of them."""
+    """The offsets of `shard` the node's fetch takes, until it has taken `want` of them (or
+    more: the test then fails on them); 5 s at most."""
     got: list[int] = []
-    while len(got) < want:
-        got.extend(r.offset for r in (await group.fetch(1_000, 100)).get(shard, []))
+    async with asyncio.timeout(5):
+        while len(got) < want:
+            got.extend(r.offset for r in (await group.fetch(1_000, 100)).get(shard, []))
     return got
 
 
 async def test_a_fetch_that_goes_back_behind_a_seek_or_what_was_handed_over_is_dropped(
         caplog: pytest.LogCaptureFixture) -> None:
     # librdkafka can fetch a partition from its start again after a seek (a late answer to
-    # its own look-up of the start); records before where the node asked to read, or that it
-    # has read already, are never handed over twice.
+    # its own look-up of the start), in the batch of the sought records or later; records
+    # before where the node asked to read, or that it has read already, are never handed
+    # over twice.
     fake = FakeConsumer()
     caplog.set_level(logging.WARNING, logger="chronowheel.bus.group_thread")
     async with _running(fake) as group:
         await _assign(group, 0, 1)
         tp0, tp1 = TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)
+        fake.log_end = {1: 100}  # longer than anything fetched here
         await group.seek(1, 7)
         group.deliver(1)
         fake.queued[tp1] = [Rec(1, k) for k in range(3, 10)]  # from 3: behind the seek
@@ -417,10 +425,15 @@ async def test_a_fetch_that_goes_back_behind_a_seek_or_what_was_handed_over_is_d
         assert await _fetch_offsets(group, 0, 1) == [0]
         fake.queued[tp1] = [Rec(1, 9), Rec(1, 10), Rec(1, 12)]  # back there, then on
         assert await _fetch_offsets(group, 1, 2) == [10, 12]
-        # Warned of once per going back, not per batch of it.
+        # In one batch: on, back to the start, and on again.
+        fake.queued[tp1] = [Rec(1, 13), Rec(1, 14), Rec(1, 0), Rec(1, 1), Rec(1, 14),
+                            Rec(1, 15)]
+        assert await _fetch_offsets(group, 1, 3) == [13, 14, 15]
+        # Warned of once per going back, not per record or batch of it.
         assert [r.message.split(": ", 1)[1].split(",")[0] for r in caplog.records] == [
             f"{TOPIC}[1] was fetched from offset 3 again",
-            f"{TOPIC}[1] was fetched from offset 8 again"]
+            f"{TOPIC}[1] was fetched from offset 8 again",
+            f"{TOPIC}[1] was fetched from offset 0 again"]
         # A seek backwards is the node's own: what it asks for is handed over again.
         await group.seek(1, 8)
         group.deliver(1)
@@ -433,7 +446,28 @@ async def test_a_fetch_that_goes_back_behind_a_seek_or_what_was_handed_over_is_d
         await _assign(group, 1)
         fake.queued[tp1] = [Rec(1, 2)]
         assert await _fetch_offsets(group, 1, 1) == [2]
-        assert len(caplog.records) == 2
+        assert len(caplog.records) == 3
+
+
+async def test_a_log_cut_short_below_the_next_offset_is_read_from_its_start_again(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # A log that ends below the offset the node reads next was cut short (an unclean leader
+    # election): the consumer resets to its start, and the records there are new ones.
+    fake = FakeConsumer()
+    caplog.set_level(logging.WARNING, logger="chronowheel.bus.group_thread")
+    async with _running(fake) as group:
+        await _assign(group, 0)
+        tp0 = TopicPartition(TOPIC, 0)
+        await group.seek(0, 20)
+        group.deliver(0)
+        fake.log_end = {0: 3}
+        fake.queued[tp0] = [Rec(0, 0), Rec(0, 1), Rec(0, 2)]
+        assert await _fetch_offsets(group, 0, 3) == [0, 1, 2]
+        assert all(r.levelno == logging.ERROR for r in caplog.records)
+        assert f"{TOPIC}[0] ends at offset 3, below offset 20" in caplog.records[0].message
+        # From there on, as any other log.
+        fake.queued[tp0] = [Rec(0, 1), Rec(0, 3)]
+        assert await _fetch_offsets(group, 0, 1) == [3]
 
 
 async def test_a_revoked_shards_unread_records_are_dropped() -> None:

@@ -143,8 +143,11 @@ class GroupThreadMember:
 
     def _moved(self, shard: int, target: int) -> None:
         """From the group thread, as it seeks `shard` to `target`: records fetched from the
-        old position are not handed over, and from now on none below `target`."""
+        old position are not handed over, and from now on none below `target`. (A shard
+        revoked meanwhile keeps nothing: it is sought again when assigned again.)"""
         with self._lock:
+            if shard not in self._assigned:
+                return
             self._ready.pop(shard, None)
             self._rewound.discard(shard)
             self._next_offset[shard] = target
@@ -157,6 +160,11 @@ class GroupThreadMember:
             self._next_offset.pop(k, None)
             self._rewound.discard(k)
 
+    def _log_end(self, shard: int) -> int | None:
+        """From the group thread: the end of the shard's log as the consumer last heard it
+        from a fetch (no request), or None if it has not."""
+        return None
+
     def _hand_over(self, batches: dict[int, list[SubmitRecord]]) -> None:
         """From the group thread: fetched records, kept for shards still assigned, from the
         offset the node reads next on.
@@ -164,29 +172,45 @@ class GroupThreadMember:
         A consumer can go back behind a seek: librdkafka answers a seek made while its own
         look-up of the partition's start is under way, then (the look-up's late answer
         outdated, 500 ms later) looks the start up again and fetches from there, under the
-        seek's version, so nothing of its own drops those records. Handed over, they were
-        commands the node had applied already, or commands before the position it asked for.
-        They are dropped here, and the fetch catches up with the position by itself."""
+        seek's version, so nothing of its own drops those records, which can follow the
+        sought ones in one batch. Handed over, they were commands the node had applied
+        already, or commands before the position it asked for. They are dropped here, record
+        by record, and the fetch catches up with the position by itself. One case is told
+        apart: a log that now ends below that position was cut short (an unclean leader
+        election, a topic made anew), the consumer went back to its start, and what it
+        fetches there is new: it is handed over, with an error logged."""
         with self._lock:
             for shard, records in batches.items():
                 if shard not in self._assigned or not records:
                     continue
                 following = self._next_offset.get(shard)
-                if following is not None and records[0].offset < following:
-                    kept = [r for r in records if r.offset >= following]
-                    if shard not in self._rewound:
-                        self._rewound.add(shard)
-                        log.warning(
-                            "group %s: %s[%d] was fetched from offset %d again, behind offset "
-                            "%d, the next one the node reads: the records before it are "
-                            "dropped until the fetch is back there", self._group_id,
-                            self._topic, shard, records[0].offset, following)
-                    records = kept
-                    if not records:
-                        continue
-                self._rewound.discard(shard)
-                self._next_offset[shard] = records[-1].offset + 1
-                self._ready.setdefault(shard, []).extend(records)
+                kept: list[SubmitRecord] = []
+                for record in records:
+                    if following is not None and record.offset < following:
+                        end = self._log_end(shard)
+                        if end is not None and 0 <= end < following:
+                            log.error(
+                                "group %s: %s[%d] ends at offset %d, below offset %d, the "
+                                "next one the node reads: the log was cut short; its "
+                                "records from offset %d on are handed over", self._group_id,
+                                self._topic, shard, end, following, record.offset)
+                        else:
+                            if shard not in self._rewound:
+                                self._rewound.add(shard)
+                                log.warning(
+                                    "group %s: %s[%d] was fetched from offset %d again, "
+                                    "behind offset %d, the next one the node reads: the "
+                                    "records before it are dropped until the fetch is back "
+                                    "there", self._group_id, self._topic, shard,
+                                    record.offset, following)
+                            continue
+                    self._rewound.discard(shard)
+                    kept.append(record)
+                    following = record.offset + 1
+                if following is not None:
+                    self._next_offset[shard] = following
+                if kept:
+                    self._ready.setdefault(shard, []).extend(kept)
         self._notify_node()
 
     async def fetch(self, timeout_ms: int, max_records: int) -> dict[int, list[SubmitRecord]]:

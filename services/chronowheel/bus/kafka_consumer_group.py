@@ -440,6 +440,13 @@ class ConsumerProtocolGroup(GroupThreadMember):
             raise BusError(f"group {self._group_id}: the member's thread failed: "
                            f"{exc!r}") from exc
 
+    def _log_end(self, shard: int) -> int | None:
+        consumer = self._consumer
+        if consumer is None:
+            return None
+        _start, end = consumer.get_watermark_offsets(self._tp(shard), cached=True)
+        return int(end) if end >= 0 else None
+
     def _tp(self, shard: int, offset: int | None = None) -> Any:
         from confluent_kafka import TopicPartition
 
@@ -526,13 +533,14 @@ class ConsumerProtocolGroup(GroupThreadMember):
             # nothing to move. (Seeking it anyway met librdkafka's "erroneous state" until the
             # callback ended, while the callback waited for the stop: 30 s, the stop deadline.)
             return
-        # Records fetched from the old position are not handed over: those already handed
-        # to `_ready` go here, and librdkafka drops its own (a seek purges what it fetched).
-        self._moved(shard, target)
         deadline = time.monotonic() + ADMIN_TIMEOUT_S
         while True:
             try:
                 consumer.seek(self._tp(shard, target))
+                # Records fetched from the old position are not handed over: those already
+                # handed to `_ready` go here (no poll since the seek: this is the group
+                # thread), and librdkafka drops its own (a seek purges what it fetched).
+                self._moved(shard, target)
                 return
             except KafkaException as exc:
                 # Just assigned, the partition's fetch is not started yet ("erroneous

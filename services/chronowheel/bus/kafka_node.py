@@ -547,6 +547,13 @@ class KafkaSubmitGroup(GroupThreadMember):
     def _tp(self, shard: int) -> TopicPartition:
         return TopicPartition(self._topic, shard)
 
+    def _log_end(self, shard: int) -> int | None:
+        consumer = self._consumer
+        if consumer is None:
+            return None
+        end: int | None = consumer.highwater(self._tp(shard))
+        return end
+
     # --- between the threads ----------------------------------------------------------------
     async def _on_group(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run `coro` on the group loop and wait for it here (cancelling it if cancelled)."""
@@ -771,10 +778,10 @@ class KafkaSubmitGroup(GroupThreadMember):
         except KafkaError as exc:
             raise BusError(f"log start of {tp.topic}[{tp.partition}]: {exc!r}") from exc
         target = start if offset is None else max(offset, start)
-        # No await from here to the seek: a fetch in between would hand over records from
-        # the old position.
-        self._moved(shard, target)
+        # No await from the seek to `_moved`: a fetch in between would hand over records
+        # from the old position. (A shard revoked meanwhile is not assigned: the seek fails.)
         self._consumer.seek(tp, target)
+        self._moved(shard, target)
         return 0 if offset is None else max(0, start - offset)
 
 
