@@ -549,9 +549,10 @@ class KafkaSubmitGroup(GroupThreadMember):
 
     def _log_end(self, shard: int) -> int | None:
         consumer = self._consumer
-        if consumer is None:
+        tp = self._tp(shard)
+        if consumer is None or tp not in consumer.assignment():  # highwater asserts it is
             return None
-        end: int | None = consumer.highwater(self._tp(shard))
+        end: int | None = consumer.highwater(tp)
         return end
 
     # --- between the threads ----------------------------------------------------------------
