@@ -10,9 +10,10 @@ from typing import Any
 import orjson
 import pytest
 from aiokafka.admin import NewTopic
-from chronowheel.bus.kafka import open_admin
+from chronowheel.bus.kafka import open_admin, partition_counts
 from chronowheel.core.shard import shard_of
 
+from testkit.fleet import until
 from tests.integration.harness import (
     collecting,
     make_namespace,
@@ -37,6 +38,14 @@ async def test_an_occurrence_over_the_topics_max_message_bytes_is_dead_lettered(
     try:
         await admin.create_topics([NewTopic(target, 2, 1, topic_configs={
             "max.message.bytes": str(LIMIT)})], timeout_ms=30_000)
+
+        async def visible() -> bool:
+            return target in await partition_counts(admin, [target])
+
+        # The creation is answered once the controller has it; the broker's metadata, which
+        # the collector's reader asks, can follow a moment later (the CI once found it
+        # missing there).
+        await until(visible, 30, f"topic {target} in the broker's metadata")
     finally:
         await admin.close()
     ids = [f"job-{i}" for i in range(40) if shard_of(f"job-{i}", 2) == 0]
