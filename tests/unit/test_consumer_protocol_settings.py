@@ -172,7 +172,7 @@ class _Seeking:
 
     def get_watermark_offsets(self, tp: Any, *, cached: bool) -> tuple[int, int]:
         assert cached  # on the group thread, between polls: never a request
-        return 0, self.log_end
+        return 0, self.log_end  # librdkafka's OFFSET_INVALID (-1001) until a fetch told it
 
     def incremental_unassign(self, partitions: list[Any]) -> None:
         del partitions
@@ -197,6 +197,8 @@ def test_records_behind_a_seek_are_not_handed_over_and_a_revoked_shard_forgets_i
 
     member._seek_on_group(consumer, 1, 7)
     assert consumer.seeks == [(1, 7)]
+    member._seek_on_group(consumer, 2, 7)  # not assigned (being revoked): nothing moves
+    assert consumer.seeks == [(1, 7)] and 2 not in member._next_offset
     member._hand_over({1: records(1, 3, 7, 8, 0, 1, 2, 9), 0: records(0, 0, 1)})
     assert {k: [r.offset for r in rs] for k, rs in member._ready.items()} == {
         1: [7, 8, 9], 0: [0, 1]}
@@ -205,8 +207,11 @@ def test_records_behind_a_seek_are_not_handed_over_and_a_revoked_shard_forgets_i
     member._assigned.add(1)  # assigned again: from wherever librdkafka starts it
     member._hand_over({1: records(1, 3)})
     assert [r.offset for r in member._ready[1]] == [3]
-    # A log that ends below the position was cut short: what its start holds is new.
-    member._hand_over({0: records(0, 1)})  # the log ends at 2: fetched again
+    member._hand_over({0: records(0, 1)})  # the log ends at 100: fetched again
+    consumer.log_end = -1001  # not known: fetched again, as far as anyone can tell
+    member._hand_over({0: records(0, 0, 1)})
+    assert [r.offset for r in member._ready[0]] == [0, 1]
+    # Cut back to end at 1: 0 was read before the cut, 1 is new.
     consumer.log_end = 1
-    member._hand_over({0: records(0, 0)})
-    assert [r.offset for r in member._ready[0]] == [0, 1, 0]
+    member._hand_over({0: records(0, 0, 1)})
+    assert [r.offset for r in member._ready[0]] == [0, 1, 1]

@@ -15,7 +15,12 @@ from typing import Any
 
 import pytest
 from aiokafka import ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, InvalidSessionTimeoutError, KafkaConnectionError
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalStateError,
+    InvalidSessionTimeoutError,
+    KafkaConnectionError,
+)
 from aiokafka.structs import OffsetAndMetadata
 from chronowheel.bus import kafka_node
 from chronowheel.bus.group_thread import LoopLiveness
@@ -161,9 +166,12 @@ class FakeConsumer:
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self._here()
+        if tp not in self.assigned:  # as aiokafka
+            raise IllegalStateError(f"No current assignment for partition {tp}")
         self.seeks.append((tp.partition, offset))
 
     def highwater(self, tp: TopicPartition) -> int | None:
+        assert tp in self.assigned, "Partition is not assigned"  # as aiokafka
         return self.log_end.get(tp.partition)
 
     async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
@@ -449,10 +457,11 @@ async def test_a_fetch_that_goes_back_behind_a_seek_or_what_was_handed_over_is_d
         assert len(caplog.records) == 3
 
 
-async def test_a_log_cut_short_below_the_next_offset_is_read_from_its_start_again(
+async def test_a_log_cut_short_below_the_next_offset_is_read_on_from_its_new_end(
         caplog: pytest.LogCaptureFixture) -> None:
     # A log that ends below the offset the node reads next was cut short (an unclean leader
-    # election): the consumer resets to its start, and the records there are new ones.
+    # election): the consumer resets to its start; what lies below the new end was read
+    # before the cut, what comes after it is new.
     fake = FakeConsumer()
     caplog.set_level(logging.WARNING, logger="chronowheel.bus.group_thread")
     async with _running(fake) as group:
@@ -462,12 +471,47 @@ async def test_a_log_cut_short_below_the_next_offset_is_read_from_its_start_agai
         group.deliver(0)
         fake.log_end = {0: 3}
         fake.queued[tp0] = [Rec(0, 0), Rec(0, 1), Rec(0, 2)]
-        assert await _fetch_offsets(group, 0, 3) == [0, 1, 2]
-        assert all(r.levelno == logging.ERROR for r in caplog.records)
-        assert f"{TOPIC}[0] ends at offset 3, below offset 20" in caplog.records[0].message
-        # From there on, as any other log.
-        fake.queued[tp0] = [Rec(0, 1), Rec(0, 3)]
-        assert await _fetch_offsets(group, 0, 1) == [3]
+        await until(lambda: len(caplog.records) == 2, 5, "the hand-over's error")
+        error, again = caplog.records
+        assert error.levelno == logging.ERROR
+        assert f"{TOPIC}[0] ends at offset 3, below offset 20" in error.message
+        assert "from offset 3 on are new" in error.message
+        assert "fetched from offset 0 again, behind offset 3" in again.message
+        fake.log_end = {0: 5}
+        fake.queued[tp0] = [Rec(0, 3), Rec(0, 4)]
+        assert await _fetch_offsets(group, 0, 2) == [3, 4]
+        assert len(caplog.records) == 2
+
+
+async def test_a_seek_is_noted_once_done_and_only_for_a_shard_still_assigned() -> None:
+    # The hand-over's position follows the consumer's: a seek the consumer refused, or one of
+    # a shard revoked meanwhile, leaves none (the next records are taken as they come).
+    fake = FakeConsumer()
+    async with _running(fake) as group:
+        await _assign(group, 0)
+        with pytest.raises(IllegalStateError):
+            await group.seek(1, 9)  # not assigned: the consumer refuses it
+        await _on_group_thread(group, _noted_late(group, 2, 9))
+        await _assign(group, 1, 2)
+        fake.log_end = {1: 100, 2: 100}
+        fake.queued[TopicPartition(TOPIC, 1)] = [Rec(1, 4)]
+        fake.queued[TopicPartition(TOPIC, 2)] = [Rec(2, 4)]
+        group.deliver(1)
+        group.deliver(2)
+        got: dict[int, list[int]] = {}
+        async with asyncio.timeout(5):
+            while len(got) < 2:
+                for k, recs in (await group.fetch(1_000, 100)).items():
+                    got.setdefault(k, []).extend(r.offset for r in recs)
+        assert got == {1: [4], 2: [4]}
+        # The log's end of a shard aiokafka no longer has is not asked for (highwater
+        # asserts the assignment; on the group thread that would stop the member).
+        assert group._log_end(3) is None
+
+
+async def _noted_late(group: Group, shard: int, target: int) -> None:
+    """A seek noted for a shard revoked while it waited for the log start."""
+    group._moved(shard, target)
 
 
 async def test_a_revoked_shards_unread_records_are_dropped() -> None:

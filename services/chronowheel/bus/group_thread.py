@@ -175,35 +175,32 @@ class GroupThreadMember:
         seek's version, so nothing of its own drops those records, which can follow the
         sought ones in one batch. Handed over, they were commands the node had applied
         already, or commands before the position it asked for. They are dropped here, record
-        by record, and the fetch catches up with the position by itself. One case is told
-        apart: a log that now ends below that position was cut short (an unclean leader
-        election, a topic made anew), the consumer went back to its start, and what it
-        fetches there is new: it is handed over, with an error logged."""
+        by record, and the fetch catches up with the position by itself.
+
+        One going back is told apart: a log that ends below that position (as the last fetch
+        told its end) was cut short, by an unclean leader election, and the consumer went
+        back to its start. What lies below the new end was read before the cut; what comes
+        from the new end on is new. The position moves back to the end, with an error
+        logged. (A topic deleted and made anew revokes its partitions first: a shard
+        assigned again has no position until the node seeks it.)"""
         with self._lock:
             for shard, records in batches.items():
                 if shard not in self._assigned or not records:
                     continue
                 following = self._next_offset.get(shard)
+                if following is not None and records[0].offset < following:
+                    following = self._cut_short(shard, following)
                 kept: list[SubmitRecord] = []
                 for record in records:
                     if following is not None and record.offset < following:
-                        end = self._log_end(shard)
-                        if end is not None and 0 <= end < following:
-                            log.error(
-                                "group %s: %s[%d] ends at offset %d, below offset %d, the "
-                                "next one the node reads: the log was cut short; its "
-                                "records from offset %d on are handed over", self._group_id,
-                                self._topic, shard, end, following, record.offset)
-                        else:
-                            if shard not in self._rewound:
-                                self._rewound.add(shard)
-                                log.warning(
-                                    "group %s: %s[%d] was fetched from offset %d again, "
-                                    "behind offset %d, the next one the node reads: the "
-                                    "records before it are dropped until the fetch is back "
-                                    "there", self._group_id, self._topic, shard,
-                                    record.offset, following)
-                            continue
+                        if shard not in self._rewound:
+                            self._rewound.add(shard)
+                            log.warning(
+                                "group %s: %s[%d] was fetched from offset %d again, behind "
+                                "offset %d, the next one the node reads: the records before "
+                                "it are dropped until the fetch is back there",
+                                self._group_id, self._topic, shard, record.offset, following)
+                        continue
                     self._rewound.discard(shard)
                     kept.append(record)
                     following = record.offset + 1
@@ -212,6 +209,19 @@ class GroupThreadMember:
                 if kept:
                     self._ready.setdefault(shard, []).extend(kept)
         self._notify_node()
+
+    def _cut_short(self, shard: int, following: int) -> int:
+        """Under the lock, for a batch that starts behind the position: the position, or the
+        log's end if the log now ends below it (see `_hand_over`). Once per batch: a going
+        back within a batch comes from a seek, and the log's end is read per fetch."""
+        end = self._log_end(shard)
+        if end is None or not 0 <= end < following:
+            return following
+        log.error("group %s: %s[%d] ends at offset %d, below offset %d, the next one the node "
+                  "reads: the log was cut short (an unclean leader election); the records from "
+                  "offset %d on are new and handed over, those below it were read before",
+                  self._group_id, self._topic, shard, end, following, end)
+        return end
 
     async def fetch(self, timeout_ms: int, max_records: int) -> dict[int, list[SubmitRecord]]:
         self._raise_failure()
