@@ -13,12 +13,15 @@ from testkit import REPO
 from testkit.fleet import POLL_S, until
 
 
-def cluster_env(*, kafka: str, cassandra: str, namespace: str) -> dict[str, str]:
+def cluster_env(*, kafka: str, cassandra: str, namespace: str,
+                cassandra_keyspace: str = "") -> dict[str, str]:
     """This process's environment naming the cluster to load by CHRONOWHEEL_* variables, as
     every command takes it; without the remote guard's override, so that a run meant for the
     servers on this machine is refused if it names others."""
     env = {**os.environ, "CHRONOWHEEL_KAFKA": kafka, "CHRONOWHEEL_CASSANDRA": cassandra,
            "CHRONOWHEEL_NAMESPACE": namespace}
+    if cassandra_keyspace:
+        env["CHRONOWHEEL_CASSANDRA_KEYSPACE"] = cassandra_keyspace
     env.pop("CHRONOWHEEL_LOADTEST_ALLOW_REMOTE", None)
     return env
 

@@ -30,8 +30,14 @@ from chronowheel.core.wire import StateRecord
 from chronowheel.errors import ConfigError, RetriableError
 from chronowheel.schema import cql_statements
 from chronowheel.security import quiet_loggers
-from chronowheel.settings import Settings
-from chronowheel.store.cassandra import TRANSIENT_ERRORS, connect, recorded_shards
+from chronowheel.settings import Settings, valid_keyspace
+from chronowheel.store.cassandra import (
+    TRANSIENT_ERRORS,
+    check_keyspace_owner,
+    connect,
+    recorded_namespace,
+    recorded_shards,
+)
 
 log = logging.getLogger(__name__)
 
@@ -230,13 +236,17 @@ async def init_namespace(settings: Settings) -> InitReport:
     replication = settings.topic_replication
     if not 1 <= shards <= 4096:
         raise ConfigError(f"shards: must be 1..4096, got {shards}")
-    if not ks.replace("_", "a").isalnum() or not ks[0].isalpha() or len(ks) > 48:
+    if not valid_keyspace(ks):  # a cassandra_keyspace that is set was checked by Settings
         raise ConfigError(f"namespace: {settings.namespace!r} does not make a valid keyspace "
-                          "(letters, digits, '-', '_', '.', starting with a letter, <= 48)")
+                          "(letters, digits, '-', '_', '.', starting with a letter, <= 48); "
+                          "or name one with cassandra_keyspace")
     cluster, session = connect(settings)
     admin = await open_admin(settings)
     try:
-        # 1. refuse a changed shard count before touching anything
+        # 1. refuse a keyspace of another namespace, or a changed shard count, before touching
+        # anything
+        owner = await asyncio.to_thread(recorded_namespace, session, ks)
+        check_keyspace_owner(owner, settings)
         recorded = await asyncio.to_thread(recorded_shards, session, ks)
         if recorded is not None and recorded != shards:
             raise ConfigError(
@@ -259,6 +269,12 @@ async def init_namespace(settings: Settings) -> InitReport:
         if not applied[0] and int(applied.value) != shards:  # lost a race to another init
             raise ConfigError(f"namespace {settings.namespace!r} was concurrently initialised "
                               f"with {applied.value} shards")
+        claimed = await asyncio.to_thread(
+            lambda: session.execute(
+                f"INSERT INTO {ks}.meta (name, value) VALUES ('namespace', %s) IF NOT EXISTS",
+                (settings.namespace,)).one())
+        if not claimed[0]:  # there already, or written by a concurrent init of another one
+            check_keyspace_owner(claimed.value, settings)
         # 3. topics, and a first watermark per shard: "nothing before init is pending"
         created = await ensure_topics(admin, specs, replication)
         await seed_watermarks(settings, shards)

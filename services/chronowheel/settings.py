@@ -30,6 +30,16 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
+KEYSPACE_RULE = "letters, digits and '_', starting with a letter, at most 48"
+"""Cassandra's rule for a keyspace's name, in words (48: its limit)."""
+
+
+def valid_keyspace(name: str) -> bool:
+    """Whether Cassandra takes `name` as a keyspace's name unquoted."""
+    return (bool(name) and len(name) <= 48 and name[0].isascii() and name[0].isalpha()
+            and all(c.isascii() and (c.isalnum() or c == "_") for c in name))
+
+
 class Secret:
     """A password or token. Shown as `***` by repr, str and format; `reveal()` gives the value.
 
@@ -90,6 +100,9 @@ def parse_bool(raw: str) -> bool:
 @dataclass(frozen=True)
 class Settings:
     namespace: str = _opt("chronowheel", "namespace: prefix of topics and Cassandra keyspace")
+    cassandra_keyspace: str = _opt(
+        "", "the namespace's Cassandra keyspace, when it is not named after the namespace "
+            "(default: the namespace with '-' and '.' as '_'); one keyspace holds one namespace")
     cassandra: str = _opt("127.0.0.1:9042", "Cassandra contact points, host[:port],...")
     kafka: str = _opt("127.0.0.1:9092", "Kafka bootstrap servers, host:port,...")
     shards: int = _opt(16, "number of shards N (fixed at init)")
@@ -415,6 +428,9 @@ class Settings:
             raise ConfigError(f"malloc_threshold_bytes: must be 0 (glibc's dynamic thresholds) "
                               f"to {1 << 25} (32 MiB, glibc's most), "
                               f"got {self.malloc_threshold_bytes}")
+        if self.cassandra_keyspace and not valid_keyspace(self.cassandra_keyspace):
+            raise ConfigError(f"cassandra_keyspace: {self.cassandra_keyspace!r} is not a valid "
+                              f"keyspace name ({KEYSPACE_RULE})")
         if self.lost_shard_retry_ms < 0:
             raise ConfigError(f"lost_shard_retry_ms: must be 0 (never taken again before a "
                               f"rebalance) or more, got {self.lost_shard_retry_ms}")
@@ -508,7 +524,8 @@ class Settings:
     # --- derived names -------------------------------------------------------------------
     @property
     def keyspace(self) -> str:
-        return self.namespace.replace("-", "_").replace(".", "_")
+        """`cassandra_keyspace`, or the namespace's name made a keyspace's."""
+        return self.cassandra_keyspace or self.namespace.replace("-", "_").replace(".", "_")
 
     @property
     def submit_topic(self) -> str:
@@ -642,7 +659,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser, names: Iterable[str]
         wanted += [n for n in KAFKA_SECURITY_SETTINGS if n not in wanted]
         secrets += KAFKA_SECRETS
     if "cassandra" in wanted:
-        wanted += [n for n in CASSANDRA_SECURITY_SETTINGS if n not in wanted]
+        wanted += [n for n in ("cassandra_keyspace", *CASSANDRA_SECURITY_SETTINGS)
+                   if n not in wanted]
         secrets += CASSANDRA_SECRETS
     if "http_port" in wanted:
         wanted += [] if "http_host" in wanted else ["http_host"]
@@ -705,7 +723,7 @@ CASSANDRA_SECURITY_SETTINGS = (
 KAFKA_SECRETS = ("kafka_sasl_password", "kafka_ssl_key_password")
 CASSANDRA_SECRETS = ("cassandra_password", "cassandra_ssl_key_password")
 SECURITY_SETTINGS = KAFKA_SECURITY_SETTINGS + CASSANDRA_SECURITY_SETTINGS
-CONNECTION_SETTINGS = ("namespace", "cassandra", "kafka", "consistency")
+CONNECTION_SETTINGS = ("namespace", "cassandra_keyspace", "cassandra", "kafka", "consistency")
 NODE_TUNABLES = (
     "ingest_batch", "ingest_group_bytes", "ingest_group_jobs", "ingest_concurrency",
     "ingest_writes_in_flight", "ingest_writes_in_flight_due_soon", "ingest_due_soon_ms",

@@ -58,6 +58,7 @@ from testkit.faults import (
 )
 from testkit.fleet import Fleet
 from testkit.verdict import assert_clean
+from tests.namespace_pool import keyspace_of
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 
@@ -100,7 +101,8 @@ def fleets(tmp_path: Path) -> Iterator[list[Fleet]]:
 
 async def new_fleet(stack: Any, namespace: str, fleets: list[Fleet], tmp_path: Path,
                     session_ms: int, *, shards: int, **overrides: Any) -> Fleet:
-    settings = Settings(namespace=namespace, cassandra=stack.cassandra, kafka=stack.kafka,
+    settings = Settings(namespace=namespace, cassandra_keyspace=keyspace_of(namespace),
+                        cassandra=stack.cassandra, kafka=stack.kafka,
                         shards=shards, http_port=0, **overrides)
     await init_namespace(settings)
     env = {"CHRONOWHEEL_NODE_SESSION_TIMEOUT_MS": str(session_ms),
@@ -439,7 +441,8 @@ async def test_a_full_disk_stops_the_node_cleanly_and_loses_no_accepted_job(
     from testkit.faults import FullDiskBus, FullDiskStore
 
     shards, full_s = 4, 5.0
-    settings = Settings(namespace=namespace, cassandra=stack.cassandra, kafka=stack.kafka,
+    settings = Settings(namespace=namespace, cassandra_keyspace=keyspace_of(namespace),
+                        cassandra=stack.cassandra, kafka=stack.kafka,
                         shards=shards, http_port=0, node_session_timeout_ms=session_ms,
                         node_heartbeat_interval_ms=min(300, session_ms // 10))
     await init_namespace(settings)
@@ -511,7 +514,8 @@ async def test_a_node_clock_stepping_forward_and_back_fires_nothing_early(
 
     shards, step_ms, hold_s = 4, 10_000, 4.0
     # The periodic skew check stays at its default (5 s): the guard must not wait for it.
-    settings = Settings(namespace=namespace, cassandra=stack.cassandra, kafka=stack.kafka,
+    settings = Settings(namespace=namespace, cassandra_keyspace=keyspace_of(namespace),
+                        cassandra=stack.cassandra, kafka=stack.kafka,
                         shards=shards, http_port=0, node_session_timeout_ms=session_ms,
                         node_heartbeat_interval_ms=min(300, session_ms // 10))
     await init_namespace(settings)

@@ -26,6 +26,8 @@ from chronowheel.store.cassandra import CassandraStore
 from chronowheel.testing import Collector, Fired, collecting, committed_past, wait_owned
 from chronowheel.worker import Worker
 
+from tests.namespace_pool import keyspace_of
+
 # re-exported for the tests
 __all__ = ["Collector", "Fired", "collecting", "committed_past", "wait_owned"]
 
@@ -39,6 +41,7 @@ def now_ms() -> int:
 async def make_namespace(stack: Any, namespace: str, *, shards: int = 4,
                          **overrides: Any) -> Settings:
     overrides.setdefault("node_session_timeout_ms", 6000)
+    overrides.setdefault("cassandra_keyspace", keyspace_of(namespace))
     settings = Settings(namespace=namespace, cassandra=stack.cassandra, kafka=stack.kafka,
                         shards=shards, http_port=0, **overrides)
     await init_namespace(settings)
@@ -101,6 +104,8 @@ async def run_cli(capsys: pytest.CaptureFixture[str], settings: Settings, *argv:
     flags = ["--namespace", settings.namespace, "--kafka", settings.kafka]
     if connection:
         flags += ["--cassandra", settings.cassandra]
+        if settings.cassandra_keyspace:
+            flags += ["--cassandra-keyspace", settings.cassandra_keyspace]
     code = await asyncio.to_thread(cli.main, [*argv, *flags])
     out, err = capsys.readouterr()
     return code, out, err

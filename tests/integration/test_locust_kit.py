@@ -34,7 +34,8 @@ async def served_namespace(stack: Any, namespace: str, log_dir: Path,
     try:
         await node.wait_ready()
         yield settings, node, cluster_env(kafka=stack.kafka, cassandra=stack.cassandra,
-                                          namespace=namespace)
+                                          namespace=namespace,
+                                          cassandra_keyspace=settings.cassandra_keyspace)
     finally:
         node.stop()
 

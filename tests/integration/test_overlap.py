@@ -47,6 +47,7 @@ async def fire_directly(settings: Settings, topic: str, job_id: str, scheduled_m
 def start_worker(settings: Settings, topic: str, group: str, scope: str, log: Path,
                  out: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "CHRONOWHEEL_NAMESPACE": settings.namespace,
+           "CHRONOWHEEL_CASSANDRA_KEYSPACE": settings.keyspace,
            "CHRONOWHEEL_CASSANDRA": settings.cassandra, "CHRONOWHEEL_KAFKA": settings.kafka,
            "CHRONOWHEEL_TEST_LOG": str(log), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "chronowheel", "worker", "--topic", topic,

@@ -13,6 +13,7 @@ from chronowheel.store.cassandra_history import CassandraRunHistory
 
 from tests.conftest import Stack
 from tests.contract.run_history import PassTime, RunHistoryContract
+from tests.namespace_pool import keyspace_of
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +22,9 @@ pytestmark = pytest.mark.integration
 # own (tests/contract/run_history.py).
 @pytest.fixture(scope="module")
 async def history(stack: Stack, shared_namespace: str) -> AsyncIterator[CassandraRunHistory]:
-    settings = Settings(namespace=shared_namespace, cassandra=stack.cassandra,
+    settings = Settings(namespace=shared_namespace,
+                        cassandra_keyspace=keyspace_of(shared_namespace),
+                        cassandra=stack.cassandra,
                         kafka=stack.kafka, shards=2)
     await init_namespace(settings)
     store = await asyncio.to_thread(CassandraStore.open, settings)

@@ -18,6 +18,7 @@ from chronowheel.store.cassandra import SERVER_WARNINGS, CassandraStore
 
 from tests.conftest import Stack
 from tests.contract.job_store import JobStoreContract
+from tests.namespace_pool import keyspace_of
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +27,9 @@ pytestmark = pytest.mark.integration
 # (tests/contract/job_store.py).
 @pytest.fixture(scope="module")
 async def store(stack: Stack, shared_namespace: str) -> AsyncIterator[CassandraStore]:
-    settings = Settings(namespace=shared_namespace, cassandra=stack.cassandra,
+    settings = Settings(namespace=shared_namespace,
+                        cassandra_keyspace=keyspace_of(shared_namespace),
+                        cassandra=stack.cassandra,
                         kafka=stack.kafka, shards=2)
     await init_namespace(settings)
     store = CassandraStore.open(settings)
@@ -44,8 +47,8 @@ class TestCassandraStoreContract(JobStoreContract):
 async def test_finished_requests_leave_no_cyclic_garbage(stack: Stack, namespace: str) -> None:
     # Every object of a finished request must be freed by reference counting: cyclic garbage
     # made the node's full collections (event-loop pauses) frequent (node/gc_policy.py).
-    settings = Settings(namespace=namespace, cassandra=stack.cassandra, kafka=stack.kafka,
-                        shards=2)
+    settings = Settings(namespace=namespace, cassandra_keyspace=keyspace_of(namespace),
+                        cassandra=stack.cassandra, kafka=stack.kafka, shards=2)
     await init_namespace(settings)
     store = CassandraStore.open(settings)
     ids = [f"job-{i}" for i in range(120)]

@@ -345,6 +345,7 @@ async def test_a_killed_worker_loses_nothing_its_claim_expires(
     log = tmp_path / "calls.jsonl"
     group = f"{namespace}-crash"
     env = {**os.environ, "CHRONOWHEEL_NAMESPACE": namespace,
+           "CHRONOWHEEL_CASSANDRA_KEYSPACE": settings.keyspace,
            "CHRONOWHEEL_CASSANDRA": settings.cassandra, "CHRONOWHEEL_KAFKA": settings.kafka,
            "CHRONOWHEEL_TEST_LOG": str(log), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "chronowheel", "worker", "--topic", settings.fired_topic,
@@ -472,6 +473,7 @@ async def test_cli_worker_stops_gracefully_on_sigterm(
     settings = await make_namespace(stack, namespace)
     log = tmp_path / "calls.jsonl"
     env = {**os.environ, "CHRONOWHEEL_NAMESPACE": namespace,
+           "CHRONOWHEEL_CASSANDRA_KEYSPACE": settings.keyspace,
            "CHRONOWHEEL_CASSANDRA": settings.cassandra, "CHRONOWHEEL_KAFKA": settings.kafka,
            "CHRONOWHEEL_TEST_LOG": str(log), "PYTHONUNBUFFERED": "1"}
     group = f"{namespace}-cli"
@@ -530,6 +532,7 @@ async def put_fired(settings: Settings, job_ids: list[str], *, attempt: int = 1,
 def worker_child(settings: Settings, log: Path, out: Path, group: str, *extra: str,
                  work_s: float = 0.02) -> subprocess.Popen[bytes]:
     env = {**os.environ, "CHRONOWHEEL_NAMESPACE": settings.namespace,
+           "CHRONOWHEEL_CASSANDRA_KEYSPACE": settings.keyspace,
            "CHRONOWHEEL_CASSANDRA": settings.cassandra, "CHRONOWHEEL_KAFKA": settings.kafka,
            "CHRONOWHEEL_TEST_LOG": str(log), "CHRONOWHEEL_TEST_WORK_S": str(work_s),
            "PYTHONUNBUFFERED": "1"}

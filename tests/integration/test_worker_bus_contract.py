@@ -13,6 +13,7 @@ from chronowheel.settings import Settings
 
 from tests.conftest import Stack
 from tests.contract.worker_bus import Stored, WorkerBusContract
+from tests.namespace_pool import keyspace_of
 
 pytestmark = pytest.mark.integration
 
@@ -69,5 +70,5 @@ class KafkaEnv:
 class TestKafkaWorkerBusContract(WorkerBusContract):
     @pytest.fixture
     async def env(self, stack: Stack, namespace: str) -> AsyncIterator[KafkaEnv]:
-        yield KafkaEnv(Settings(namespace=namespace, cassandra=stack.cassandra,
-                                kafka=stack.kafka))
+        yield KafkaEnv(Settings(namespace=namespace, cassandra_keyspace=keyspace_of(namespace),
+                                cassandra=stack.cassandra, kafka=stack.kafka))

@@ -13,6 +13,7 @@ from chronowheel.store.cassandra_marks import CassandraWorkerStores
 
 from tests.conftest import Stack
 from tests.contract.worker_store import PassTime, WorkerStoreContract
+from tests.namespace_pool import keyspace_of
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +22,9 @@ pytestmark = pytest.mark.integration
 # their own (tests/contract/worker_store.py).
 @pytest.fixture(scope="module")
 async def stores(stack: Stack, shared_namespace: str) -> AsyncIterator[WorkerStores]:
-    settings = Settings(namespace=shared_namespace, cassandra=stack.cassandra,
+    settings = Settings(namespace=shared_namespace,
+                        cassandra_keyspace=keyspace_of(shared_namespace),
+                        cassandra=stack.cassandra,
                         kafka=stack.kafka, shards=2)
     await init_namespace(settings)
     opened = await asyncio.to_thread(CassandraWorkerStores, settings)

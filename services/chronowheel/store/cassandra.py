@@ -454,9 +454,30 @@ def recorded_shards(session: Session, keyspace: str) -> int | None:
     return None if row is None else int(row.value)
 
 
+def recorded_namespace(session: Session, keyspace: str) -> str | None:
+    """The namespace whose keyspace this is, stored at init (blocking): None when the keyspace
+    has no `meta` table, or was initialised before init recorded it."""
+    rows = session.execute(
+        "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s", (keyspace,))
+    if "meta" not in {r.table_name for r in rows}:
+        return None
+    row = session.execute(f"SELECT value FROM {keyspace}.meta WHERE name = 'namespace'").one()
+    return None if row is None else str(row.value)
+
+
+def check_keyspace_owner(owner: str | None, settings: Settings) -> None:
+    """Refuse a keyspace that init recorded for another namespace: two namespaces in one
+    keyspace would read and fire each other's jobs."""
+    if owner is not None and owner != settings.namespace:
+        raise ConfigError(f"cassandra_keyspace: keyspace {settings.keyspace!r} holds namespace "
+                          f"{owner!r}, not {settings.namespace!r} (one keyspace holds one "
+                          "namespace)")
+
+
 def shard_count(session: Session, settings: Settings) -> int:
     """The shard count stored at init (blocking); a node refuses a namespace never
-    initialised."""
+    initialised, and a keyspace init recorded for another namespace."""
+    check_keyspace_owner(recorded_namespace(session, settings.keyspace), settings)
     shards = recorded_shards(session, settings.keyspace)
     if shards is None:
         raise ConfigError(f"namespace {settings.namespace!r} is not initialised: run "

@@ -98,6 +98,8 @@ class NodeProcess:
             env_name("http_port"): "0",
             "PYTHONUNBUFFERED": "1",
         })
+        if self.settings.cassandra_keyspace:
+            env[env_name("cassandra_keyspace")] = self.settings.cassandra_keyspace
         env.update(self.env)
         env.update(env_overrides)
         cmd = [*self.args_prefix, sys.executable]

@@ -1,0 +1,70 @@
+"""`cassandra_keyspace`: a namespace's keyspace named apart from it, and one namespace per
+keyspace."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+
+import pytest
+from chronowheel.cli import build_parser
+from chronowheel.errors import ConfigError
+from chronowheel.settings import Settings, settings_from_args
+from chronowheel.store.cassandra import check_keyspace_owner
+
+
+def test_the_keyspace_is_named_after_the_namespace_unless_the_setting_names_one() -> None:
+    assert Settings(namespace="acme-prod.eu").keyspace == "acme_prod_eu"
+    assert Settings(namespace="acme-prod.eu", cassandra_keyspace="scheduler_eu").keyspace \
+        == "scheduler_eu"
+    # The topics still follow the namespace.
+    assert Settings(namespace="acme", cassandra_keyspace="other").submit_topic == "acme.submit"
+
+
+def test_the_setting_comes_from_its_variable_and_the_flag_wins() -> None:
+    env = {"CHRONOWHEEL_CASSANDRA_KEYSPACE": "from_env"}
+    assert Settings.from_env(env).keyspace == "from_env"
+    assert Settings.from_env(env, cassandra_keyspace="from_flag").keyspace == "from_flag"
+    args = build_parser().parse_args(["node", "--cassandra-keyspace", "on_cli"])
+    assert settings_from_args(args).cassandra_keyspace == "on_cli"
+
+
+@pytest.mark.parametrize("name", ["9lives", "a-b", "a.b", "k" * 49, "ké", "a b", "_x"])
+def test_a_name_cassandra_would_refuse_is_refused_naming_the_setting_and_the_value(
+        name: str) -> None:
+    with pytest.raises(ConfigError, match=r"cassandra_keyspace: .* is not a valid keyspace"):
+        Settings(cassandra_keyspace=name)
+
+
+@pytest.mark.parametrize("name", ["k", "K2", "a_b_c", "k" * 48])
+def test_a_name_cassandra_takes_is_taken(name: str) -> None:
+    assert Settings(cassandra_keyspace=name).keyspace == name
+
+
+def _commands(parser: argparse.ArgumentParser, path: str = "") -> Iterator[
+        tuple[str, argparse.ArgumentParser]]:
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from _commands(child, f"{path} {name}".strip())
+
+
+def test_every_command_that_reaches_cassandra_takes_the_keyspace() -> None:
+    reaching = 0
+    for path, parser in _commands(build_parser()):
+        flags = {o for a in parser._actions for o in a.option_strings}
+        if "--cassandra" in flags:
+            reaching += 1
+            assert "--cassandra-keyspace" in flags, path
+    assert reaching >= 10  # node, init, worker, status, job ..., jobs list, console, acl, ...
+
+
+def test_a_keyspace_init_recorded_for_another_namespace_is_refused() -> None:
+    mine = Settings(namespace="billing", cassandra_keyspace="shared")
+    check_keyspace_owner(None, mine)  # never initialised, or by a version before the record
+    check_keyspace_owner("billing", mine)
+    with pytest.raises(ConfigError, match=r"keyspace 'shared' holds namespace 'mail', not "
+                                          r"'billing'") as caught:
+        check_keyspace_owner("mail", mine)
+    assert caught.value.retriable is False
