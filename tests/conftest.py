@@ -7,9 +7,10 @@ stopped at its end (a stack that was already up is left running).
 
 `namespace` (function): a fresh namespace per test, `t` + 10 hex digits, valid both as a
 Cassandra keyspace name and as a Kafka topic prefix. For a test that also uses `stack`, its
-keyspace's tables are prepared ahead on a thread of its own and dropped after the test
+keyspace (`keyspace_of(namespace)`, which the test passes on as `cassandra_keyspace`) was
+prepared ahead on a thread of its own, and is emptied for another test after it
 (tests/namespace_pool.py); the test's `chronowheel init` still records the shard count and
-creates the topics. The unit tests run first, while the first namespaces are prepared.
+creates the topics. The unit tests run first, while the first keyspaces are prepared.
 
 Only integration tests (tests/integration/, marked `integration`) request `stack`, so unit
 tests run without any server. A test that requests `stack` is marked `integration` here too.
