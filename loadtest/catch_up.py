@@ -54,7 +54,9 @@ def pct(values: Sequence[float], q: float) -> float:
 async def one_run(base: Settings, *, rate: int, jobs: int, shards: int, outage_s: float,
                   probe_s: float) -> dict[str, Any]:
     ns = f"cu{secrets.token_hex(4)}"
-    settings = base.replace(namespace=ns, shards=shards, catch_up_rate=rate)
+    # a scratch namespace in a keyspace of its own, whatever the environment names
+    settings = base.replace(namespace=ns, cassandra_keyspace="", shards=shards,
+                            catch_up_rate=rate)
     await init_namespace(settings)
     try:
         async with collecting(settings) as seen:

@@ -180,7 +180,9 @@ async def main() -> None:
     load_before = os.getloadavg()
     per_entry = wheel_bytes_per_entry(args.wheel_entries)
     log(f"wheel: {per_entry:.0f} bytes per entry (without payload)")
-    settings = Settings.from_env(namespace="m" + secrets.token_hex(5), shards=args.shards)
+    # a scratch namespace in a keyspace of its own, whatever the environment names
+    settings = Settings.from_env(namespace="m" + secrets.token_hex(5), cassandra_keyspace="",
+                                 shards=args.shards)
     await init_namespace(settings)
     try:
         node = await node_figures(settings, args.ingest_jobs, args.herd_jobs)

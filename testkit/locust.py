@@ -19,9 +19,9 @@ def cluster_env(*, kafka: str, cassandra: str, namespace: str,
     every command takes it; without the remote guard's override, so that a run meant for the
     servers on this machine is refused if it names others."""
     env = {**os.environ, "CHRONOWHEEL_KAFKA": kafka, "CHRONOWHEEL_CASSANDRA": cassandra,
-           "CHRONOWHEEL_NAMESPACE": namespace}
-    if cassandra_keyspace:
-        env["CHRONOWHEEL_CASSANDRA_KEYSPACE"] = cassandra_keyspace
+           "CHRONOWHEEL_NAMESPACE": namespace,
+           # always, "" too: not a keyspace of this process's environment
+           "CHRONOWHEEL_CASSANDRA_KEYSPACE": cassandra_keyspace}
     env.pop("CHRONOWHEEL_LOADTEST_ALLOW_REMOTE", None)
     return env
 

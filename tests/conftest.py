@@ -120,13 +120,13 @@ def namespace(request: pytest.FixtureRequest) -> Iterator[str]:
     assert _POOL is not None
     ns = _POOL.take()
     yield ns
-    # A keyspace of ten tables per test adds up in a small Cassandra heap: drop it (and the
-    # namespace's topics), on the pool's thread.
-    _POOL.give_back(ns)
+    # On the pool's thread: the namespace's topics deleted, its keyspace emptied for another
+    # test; or dropped if this one failed (a child process it left behind may still write).
+    _POOL.give_back(ns, reuse=not _failed(request))
 
 
 @pytest.fixture(scope="module")
-def shared_namespace(stack: Stack) -> Iterator[str]:
+def shared_namespace(stack: Stack, request: pytest.FixtureRequest) -> Iterator[str]:
     """One prepared namespace for every test of a module: for the storage contract suites
     (tests/contract), whose tests each keep to ids of their own, so that one store may serve
     them all. Preparing a keyspace per test cost 3-6 s of each such test's setup and kept the
@@ -134,7 +134,7 @@ def shared_namespace(stack: Stack) -> Iterator[str]:
     assert _POOL is not None
     ns = _POOL.take()
     yield ns
-    _POOL.give_back(ns)
+    _POOL.give_back(ns, reuse=not _failed(request))
 
 
 @pytest.fixture
@@ -156,6 +156,25 @@ def quiet_namespace_pool(namespace: str) -> Iterator[None]:
         return
     with _POOL.paused():
         yield
+
+
+_OUTCOMES = pytest.StashKey[dict[str, pytest.TestReport]]()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[
+        pytest.TestReport]:
+    """Each phase's report kept on its test, for fixtures to see whether it failed."""
+    report = yield
+    item.stash.setdefault(_OUTCOMES, {})[report.when] = report
+    return report
+
+
+def _failed(request: pytest.FixtureRequest) -> bool:
+    """Whether a test (or, for a module's fixture, any test of the module) has failed."""
+    items = [request.node] if request.scope == "function" else [
+        i for i in request.session.items if i.nodeid.startswith(request.node.nodeid + "::")]
+    return any(r.failed for i in items for r in i.stash.get(_OUTCOMES, {}).values())
 
 
 # The session's namespace pool, and how many tests will ask it for a namespace.

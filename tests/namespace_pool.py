@@ -99,6 +99,7 @@ class NamespacePool:
         self._paused = 0  # paused() blocks in force
         self._working = True  # the thread is not parked in _wait_while_paused
         self._schema: frozenset[tuple[str, ...]] | None = None  # what the pool's keyspaces hold
+        self._no_reuse: set[str] = set()  # namespaces whose keyspace is to be dropped
         self._thread = threading.Thread(target=self._run, name="namespace-pool", daemon=True)
         self._thread.start()
 
@@ -136,9 +137,11 @@ class NamespacePool:
             self._wake.notify_all()
         return name
 
-    def give_back(self, name: str) -> None:
+    def give_back(self, name: str, *, reuse: bool = True) -> None:
         """Delete the namespace `name`'s topics, and empty its keyspace for another test (or
-        drop it), on the pool's thread."""
+        drop it: `reuse` false, or its schema changed), on the pool's thread."""
+        if not reuse:
+            self._no_reuse.add(name)
         self._drops.put(name)
         with self._wake:
             self._wake.notify_all()
@@ -208,7 +211,8 @@ class NamespacePool:
                 done = self._next_done()
                 if done is not None:
                     keyspace = await self._clean_up(session, done)
-                    if keyspace is not None and not await self._empty(session, keyspace):
+                    if keyspace is not None and (done in self._no_reuse
+                                                 or not await self._empty(session, keyspace)):
                         await self._drop_keyspace(session, keyspace)
                         keyspaces.discard(keyspace)
                     continue

@@ -281,7 +281,7 @@ def _role(name: str) -> str:
 # The tables each role's code touches (store/cassandra.py, store/cassandra_marks.py, admin.py)
 # and what it does there. A conditional (IF) write also needs SELECT.
 NODE_TABLES: dict[str, tuple[str, ...]] = {
-    "meta": ("SELECT",),  # the shard count recorded by init
+    "meta": ("SELECT",),  # the shard count and the namespace recorded by init
     "jobs": ("SELECT", "MODIFY"),
     "due": ("SELECT", "MODIFY"),
     "due_retired": ("SELECT", "MODIFY"),  # due rows taken back before they were published

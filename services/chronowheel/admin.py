@@ -248,6 +248,13 @@ async def init_namespace(settings: Settings) -> InitReport:
         owner = await asyncio.to_thread(recorded_namespace, session, ks)
         check_keyspace_owner(owner, settings)
         recorded = await asyncio.to_thread(recorded_shards, session, ks)
+        if owner is None and recorded is not None and ks != settings.derived_keyspace:
+            # Initialised before init recorded the namespace: by its name, the namespace
+            # `ks` was derived from, which may not be this one.
+            raise ConfigError(
+                f"cassandra_keyspace: keyspace {ks!r} was initialised (with {recorded} shards) "
+                "before init recorded which namespace it holds; run this version's "
+                "`chronowheel init` for that namespace first, which records it")
         if recorded is not None and recorded != shards:
             raise ConfigError(
                 f"namespace {settings.namespace!r} was initialised with {recorded} shards; "
@@ -262,6 +269,14 @@ async def init_namespace(settings: Settings) -> InitReport:
         # 2. storage
         existed = await asyncio.to_thread(_keyspace_exists, session, ks)
         await apply_schema(cluster, session, cql_statements(ks, cassandra_replication))
+        # The owner first: a keyspace with a shard count always names its namespace, even
+        # when this init stops between the two.
+        claimed = await asyncio.to_thread(
+            lambda: session.execute(
+                f"INSERT INTO {ks}.meta (name, value) VALUES ('namespace', %s) IF NOT EXISTS",
+                (settings.namespace,)).one())
+        if not claimed[0]:  # there already, or written by a concurrent init of another one
+            check_keyspace_owner(claimed.value, settings)
         applied = await asyncio.to_thread(
             lambda: session.execute(
                 f"INSERT INTO {ks}.meta (name, value) VALUES ('shards', %s) IF NOT EXISTS",
@@ -269,12 +284,6 @@ async def init_namespace(settings: Settings) -> InitReport:
         if not applied[0] and int(applied.value) != shards:  # lost a race to another init
             raise ConfigError(f"namespace {settings.namespace!r} was concurrently initialised "
                               f"with {applied.value} shards")
-        claimed = await asyncio.to_thread(
-            lambda: session.execute(
-                f"INSERT INTO {ks}.meta (name, value) VALUES ('namespace', %s) IF NOT EXISTS",
-                (settings.namespace,)).one())
-        if not claimed[0]:  # there already, or written by a concurrent init of another one
-            check_keyspace_owner(claimed.value, settings)
         # 3. topics, and a first watermark per shard: "nothing before init is pending"
         created = await ensure_topics(admin, specs, replication)
         await seed_watermarks(settings, shards)

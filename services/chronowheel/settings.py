@@ -30,14 +30,17 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
-KEYSPACE_RULE = "letters, digits and '_', starting with a letter, at most 48"
-"""Cassandra's rule for a keyspace's name, in words (48: its limit)."""
+KEYSPACE_RULE = ("letters, digits and '_', starting with a letter, at most 48, not starting "
+                 "with 'system'")
+"""Cassandra's rule for a keyspace's name, in words (48: its limit; `system*`: its own)."""
 
 
 def valid_keyspace(name: str) -> bool:
-    """Whether Cassandra takes `name` as a keyspace's name unquoted."""
+    """Whether Cassandra takes `name` as a keyspace's name unquoted, for a keyspace of ours.
+    Cassandra folds an unquoted name to lower case, and so does `Settings.keyspace`."""
     return (bool(name) and len(name) <= 48 and name[0].isascii() and name[0].isalpha()
-            and all(c.isascii() and (c.isalnum() or c == "_") for c in name))
+            and all(c.isascii() and (c.isalnum() or c == "_") for c in name)
+            and not name.lower().startswith("system"))
 
 
 class Secret:
@@ -524,8 +527,20 @@ class Settings:
     # --- derived names -------------------------------------------------------------------
     @property
     def keyspace(self) -> str:
-        """`cassandra_keyspace`, or the namespace's name made a keyspace's."""
-        return self.cassandra_keyspace or self.namespace.replace("-", "_").replace(".", "_")
+        """`cassandra_keyspace`, or the namespace's name made a keyspace's; in lower case, as
+        Cassandra keeps an unquoted name (and as `system_schema` is looked up)."""
+        return self.cassandra_keyspace.lower() or self.derived_keyspace
+
+    @property
+    def derived_keyspace(self) -> str:
+        """The keyspace named after the namespace: `cassandra_keyspace`'s default."""
+        return self.namespace.replace("-", "_").replace(".", "_").lower()
+
+    @property
+    def keyspace_flag(self) -> str:
+        """` --cassandra-keyspace NAME` when the keyspace is not the derived one, for the
+        commands that errors suggest."""
+        return f" --cassandra-keyspace {self.keyspace}" if self.cassandra_keyspace else ""
 
     @property
     def submit_topic(self) -> str:

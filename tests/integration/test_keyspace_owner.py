@@ -11,7 +11,9 @@ import pytest
 from chronowheel.admin import init_namespace
 from chronowheel.bus.kafka import open_admin
 from chronowheel.errors import ConfigError
-from chronowheel.store.cassandra import CassandraStore, read_shard_count
+from chronowheel.settings import Settings
+from chronowheel.store.cassandra import CassandraStore, connect, read_shard_count
+from chronowheel.testing.local import drop_namespace
 
 from tests.integration.harness import make_namespace, run_cli
 
@@ -45,3 +47,36 @@ async def test_a_keyspace_that_holds_a_namespace_is_refused_to_another(
     assert not [t for t in topics if t.startswith(other.namespace + ".")]
     assert await asyncio.to_thread(read_shard_count, settings) == 2
     await init_namespace(settings)  # its own init again: accepted
+
+
+async def test_a_keyspace_from_before_the_record_is_claimed_only_by_its_own_namespace(
+        stack: Any, bare_namespace: str) -> None:
+    # A keyspace named after its namespace, as every keyspace was before the record: init
+    # ran, and the row that names the namespace is taken away again.
+    own = Settings(namespace=bare_namespace, cassandra=stack.cassandra, kafka=stack.kafka,
+                   shards=2)
+    await init_namespace(own)
+    cluster, session = await asyncio.to_thread(connect, own)
+    try:
+        await asyncio.to_thread(
+            session.execute, f"DELETE FROM {own.keyspace}.meta WHERE name = 'namespace'")
+        other = own.replace(namespace=bare_namespace + "b", cassandra_keyspace=own.keyspace)
+        with pytest.raises(ConfigError, match=r"was initialised \(with 2 shards\) before init "
+                                              r"recorded which namespace it holds"):
+            await init_namespace(other)
+        # ... and a scratch namespace's cleanup does not drop it either.
+        with pytest.raises(ConfigError, match=r"does not record namespace"):
+            await drop_namespace(other)
+        assert await asyncio.to_thread(read_shard_count, own) == 2  # its nodes still start
+
+        await init_namespace(own)  # the owner's init (an upgrade) records it
+        row = await asyncio.to_thread(
+            lambda: session.execute(
+                f"SELECT value FROM {own.keyspace}.meta WHERE name = 'namespace'").one())
+        assert row.value == bare_namespace
+        with pytest.raises(ConfigError, match=rf"holds namespace {bare_namespace!r}"):
+            await init_namespace(other)
+        with pytest.raises(ConfigError, match=rf"holds namespace {bare_namespace!r}"):
+            await drop_namespace(other)
+    finally:
+        cluster.shutdown()

@@ -29,16 +29,29 @@ def test_the_setting_comes_from_its_variable_and_the_flag_wins() -> None:
     assert settings_from_args(args).cassandra_keyspace == "on_cli"
 
 
-@pytest.mark.parametrize("name", ["9lives", "a-b", "a.b", "k" * 49, "ké", "a b", "_x"])
+@pytest.mark.parametrize("name", ["9lives", "a-b", "a.b", "k" * 49, "ké", "a b", "_x",
+                                  "system_acme", "System"])
 def test_a_name_cassandra_would_refuse_is_refused_naming_the_setting_and_the_value(
         name: str) -> None:
     with pytest.raises(ConfigError, match=r"cassandra_keyspace: .* is not a valid keyspace"):
         Settings(cassandra_keyspace=name)
 
 
-@pytest.mark.parametrize("name", ["k", "K2", "a_b_c", "k" * 48])
+@pytest.mark.parametrize("name", ["k", "a_b_c", "k" * 48, "sys"])
 def test_a_name_cassandra_takes_is_taken(name: str) -> None:
     assert Settings(cassandra_keyspace=name).keyspace == name
+
+
+def test_the_keyspace_is_in_lower_case_as_cassandra_keeps_an_unquoted_name() -> None:
+    # Looked up in system_schema by this name: "MyKs" would never be found there.
+    assert Settings(cassandra_keyspace="MyKs").keyspace == "myks"
+    assert Settings(namespace="Acme-EU").keyspace == "acme_eu"
+
+
+def test_errors_that_suggest_init_name_a_keyspace_set_apart() -> None:
+    assert Settings(namespace="acme").keyspace_flag == ""
+    assert Settings(namespace="acme", cassandra_keyspace="sched").keyspace_flag \
+        == " --cassandra-keyspace sched"
 
 
 def _commands(parser: argparse.ArgumentParser, path: str = "") -> Iterator[

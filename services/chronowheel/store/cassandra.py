@@ -481,7 +481,8 @@ def shard_count(session: Session, settings: Settings) -> int:
     shards = recorded_shards(session, settings.keyspace)
     if shards is None:
         raise ConfigError(f"namespace {settings.namespace!r} is not initialised: run "
-                          f"`chronowheel init --namespace {settings.namespace} --shards N`")
+                          f"`chronowheel init --namespace {settings.namespace}"
+                          f"{settings.keyspace_flag} --shards N`")
     return shards
 
 
@@ -644,7 +645,8 @@ class CassandraStore:
             # set up (or a coordinator that has not caught up with a schema change just made).
             raise ConfigError(
                 f"keyspace {settings.keyspace} does not have this version's tables ({words}): "
-                f"run `chronowheel init --namespace {settings.namespace}` (it adds what is "
+                f"run `chronowheel init --namespace {settings.namespace}"
+                f"{settings.keyspace_flag}` (it adds what is "
                 f"missing and changes nothing else; a keyspace set up by an older chronowheel "
                 f"is migrated so)") from exc
         except Exception:

@@ -9,6 +9,7 @@ import sys
 import threading
 
 from chronowheel.bus.kafka import open_admin
+from chronowheel.errors import ConfigError
 from chronowheel.settings import Settings
 
 
@@ -38,7 +39,20 @@ def require_loopback(what: str, servers: str) -> None:
 
 
 async def drop_namespace(settings: Settings) -> None:
-    """Delete a scratch namespace: every topic named `<ns>.*` and its keyspace."""
+    """Delete a scratch namespace: every topic named `<ns>.*` and its keyspace. A keyspace
+    that init recorded for another namespace, or a named one (`cassandra_keyspace`) that does
+    not record this one, is left alone: ConfigError."""
+    from chronowheel.store.cassandra import check_keyspace_owner, connect, recorded_namespace
+
+    cluster, session = await asyncio.to_thread(connect, settings)
+    try:
+        owner = await asyncio.to_thread(recorded_namespace, session, settings.keyspace)
+        check_keyspace_owner(owner, settings)
+        if owner is None and settings.keyspace != settings.derived_keyspace:
+            raise ConfigError(f"cassandra_keyspace: keyspace {settings.keyspace!r} does not "
+                              f"record namespace {settings.namespace!r}; not dropped")
+    finally:
+        cluster.shutdown()
     admin = await open_admin(settings)
     try:
         prefix = settings.namespace + "."
@@ -49,8 +63,6 @@ async def drop_namespace(settings: Settings) -> None:
         await admin.close()
 
     def drop_keyspace() -> None:
-        from chronowheel.store.cassandra import connect
-
         cluster, session = connect(settings)
         try:
             session.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=120)

@@ -95,11 +95,11 @@ class NodeProcess:
             env_name("namespace"): self.settings.namespace,
             env_name("cassandra"): self.settings.cassandra,
             env_name("kafka"): self.settings.kafka,
+            # always, "" too: not a keyspace of this process's environment
+            env_name("cassandra_keyspace"): self.settings.cassandra_keyspace,
             env_name("http_port"): "0",
             "PYTHONUNBUFFERED": "1",
         })
-        if self.settings.cassandra_keyspace:
-            env[env_name("cassandra_keyspace")] = self.settings.cassandra_keyspace
         env.update(self.env)
         env.update(env_overrides)
         cmd = [*self.args_prefix, sys.executable]
