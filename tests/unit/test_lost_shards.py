@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from chronowheel.bus.memory import MemoryTxnProducer
+from chronowheel.bus.memory import MemorySubmitGroup, MemoryTxnProducer
+from chronowheel.bus.ports import BusError
 from chronowheel.core.wire import claimer_transactional_id
 from chronowheel.node.lost_shards import MAX_RETRY_MS, QUIET_MS, LostShards
 from chronowheel.node.service import Node
@@ -205,3 +206,39 @@ def test_a_first_wait_over_the_bound_is_kept() -> None:
     lost = LostShards(retry_ms=60_000)
     assert waits(lost, 0, iter([0, 1])) == [60_000, 60_000]
     assert LostShards(retry_ms=0).lost(0, 0) is None
+
+
+async def test_a_shard_whose_partition_cannot_be_sought_is_released_and_taken_again(
+        rig: NodeRig, monkeypatch: pytest.MonkeyPatch) -> None:
+    # As when a killed broker led the shard's submit partition with no other replica in sync:
+    # the takeover's look-up of the log start fails past the bus's deadline. That is about the
+    # one shard: its claim is released, the node's other shards go on, and it is taken over
+    # again while the group still assigns it.
+    failures = iter([True])
+    real_seek = MemorySubmitGroup.seek
+
+    async def seek(self: MemorySubmitGroup, shard: int, offset: int | None) -> int:
+        if shard == 0 and next(failures, False):
+            raise BusError(f"log start of {self.topic}[{shard}]: timed out")
+        return await real_seek(self, shard, offset)
+
+    monkeypatch.setattr(MemorySubmitGroup, "seek", seek)
+    rig.upsert(job_on(0, "a"), at=T0 + 500)  # due while nobody serves the shard
+    rig.upsert(job_on(1, "c"), at=T0 + 500)
+    node = rig.new_node("me")
+    await node.start()
+    await rig.settle()
+    assert node.failure is None and 0 not in node.owned and 1 in node.owned
+    released = state_records(rig, 0)[-1]
+    assert released["owner"] is None, "the half-way claim is released, not left to be fenced"
+    await rig.advance(900)
+    assert [m.key for m in rig.fired()] == [job_on(1, "c").encode()]  # the other shard goes on
+    assert 0 not in node.owned, "taken again before lost_shard_retry_ms"
+    await rig.advance(200)
+    assert 0 in node.owned and node.owned[0].actor.ready
+    assert state_records(rig, 0)[-1]["owner"] == node_id("me")
+    await rig.advance(1_000)
+    assert_each_once_never_early(rig, Counter({job_on(0, "a"): 1, job_on(1, "c"): 1}))
+    assert_claim_before_publish(rig)
+    assert node.failure is None
+    assert node.metrics.claims_lost._value.get() == 0  # not a claim another node took

@@ -39,7 +39,12 @@ from chronowheel.node.lost_shards import LostShards
 from chronowheel.node.metrics import NodeMetrics
 from chronowheel.node.shard import ShardActor
 from chronowheel.node.state import Arrivals
-from chronowheel.node.transactions import NodeFenced, NodeTransactions, ShardLost
+from chronowheel.node.transactions import (
+    NodeFenced,
+    NodeTransactions,
+    ShardLost,
+    ShardUnavailable,
+)
 from chronowheel.node.write_permits import NodeWritePermits
 from chronowheel.settings import Settings
 from chronowheel.store.base import JobStore
@@ -142,7 +147,8 @@ class ShardRegistry:
 
     def shard_ended(self, task: asyncio.Task[Any], exc: BaseException | None) -> bool:
         """Whether a shard actor's end is no failure: it was stopped on purpose (revoked or
-        shut down: `stop_shards` delists it first) or lost to a newer owner (fenced)."""
+        shut down: `stop_shards` delists it first), lost to a newer owner (fenced), or its
+        takeover could not seek its partition and released it (`ShardUnavailable`)."""
         shard = next((k for k, o in self.owned.items() if o.task is task), None)
         if shard is None:
             return True
@@ -154,6 +160,13 @@ class ShardRegistry:
             self.metrics.owned_shards.set(len(self.owned))
             if not isinstance(exc, NodeFenced):  # a fence's recovery takes it again (or not)
                 self._note_lost(shard)
+            return True
+        if isinstance(exc, ShardUnavailable):
+            log.warning("%s", exc)
+            del self.owned[shard]
+            self.metrics.owned_shards.set(len(self.owned))
+            self._look_again([shard], "not taken over (its submit partition could not be "
+                                      "sought)")
             return True
         return False
 

@@ -47,7 +47,7 @@ from chronowheel.core.clock import Clock, sleep_until_or_event
 from chronowheel.core.wire import Ahead, StateRecord, StateRecordError, claimer_transactional_id
 from chronowheel.errors import ChronowheelError
 from chronowheel.node.publisher import stop_quietly
-from chronowheel.node.transactions import NodeTransactions, ShardLost
+from chronowheel.node.transactions import NodeTransactions, ShardLost, ShardUnavailable
 from chronowheel.settings import Settings
 from chronowheel.timeouts import within
 
@@ -130,7 +130,8 @@ async def take_over(*, shard: int, transactions: NodeTransactions, bus: NodeBus,
                     node_id: str) -> Resume:
     """Fence whoever may still publish for the shard, claim it, read the watermark and seek
     the submit partition. Raises ShardLost when another node claims the shard at the same time
-    (its claimer fenced ours: the group gave it the shard), BusError when Kafka fails."""
+    (its claimer fenced ours: the group gave it the shard), ShardUnavailable when the submit
+    partition could not be sought (the claim released again), BusError when Kafka fails."""
     phases = Phases(clock)
     # Work of an earlier actor of this shard on this node must be over before we read.
     await transactions.settle(shard)
@@ -187,9 +188,15 @@ async def take_over(*, shard: int, transactions: NodeTransactions, bus: NodeBus,
             raise claimed
         if isinstance(sought, BaseException):
             # Claimed, nothing published: released again rather than left to be fenced.
-            await release_half_way(shard=shard, claimer=claimer, transactions=transactions,
-                                   bus=bus, settings=settings, clock=clock, node_id=node_id,
-                                   why=f"its takeover's seek failed: {sought!r}")
+            released = await release_half_way(
+                shard=shard, claimer=claimer, transactions=transactions, bus=bus,
+                settings=settings, clock=clock, node_id=node_id,
+                why=f"its takeover's seek failed: {sought!r}")
+            if released and isinstance(sought, BusError):
+                # About this shard's partition alone: seen when a killed broker led it and
+                # no other replica was in sync, so it had no leader until the broker was back.
+                raise ShardUnavailable(f"shard {shard}: its submit partition could not be "
+                                       f"sought ({sought})") from sought
             raise sought
         committed, expired = sought
         kept = True

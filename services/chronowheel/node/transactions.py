@@ -107,6 +107,17 @@ class ShardLost(ChronowheelError):
     producer was fenced): the shard actor stops; the node decides whether to take it again."""
 
 
+class ShardUnavailable(ChronowheelError):
+    """A takeover could not read or seek the shard's submit partition within the bus's
+    deadline (a partition without a leader while a broker is down, say), and released its
+    claim again: the one shard is given up and taken over again later while the group still
+    assigns it to the node (`lost_shard_retry_ms`); the node's other shards go on. Kafka
+    unreachable as a whole stops the node through what all its shards need (its transactions,
+    its group)."""
+
+    retriable = True
+
+
 class NodeFenced(ShardLost):
     """The node's producer was fenced (or a part belongs to a session before a fence): its
     open transaction was aborted for every shard in it."""
