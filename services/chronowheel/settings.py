@@ -298,8 +298,9 @@ class Settings:
         1_000, "a shard given up because another claimer fenced its claim is taken over again "
                "after this (doubled at each further loss within five minutes, up to 30 s) if "
                "the group still assigns it to this node; also how soon the shards a fence's "
-               "recovery did not take, its membership unconfirmed, are looked at again (0: "
-               "both left until the next rebalance)")
+               "recovery did not take, its membership unconfirmed, are looked at again, and a "
+               "shard whose submit partition could not be sought (0: the first two left "
+               "until the next rebalance; the node stops for the third)")
     missing_watermark_lookback_ms: int = _opt(
         3_600_000, "without a watermark record, a shard loads from this far back")
     skew_check_interval_ms: int = _opt(5_000, "measure the clock skew to Cassandra this often")

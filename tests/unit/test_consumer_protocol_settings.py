@@ -215,3 +215,38 @@ def test_records_behind_a_seek_are_not_handed_over_and_a_revoked_shard_forgets_i
     consumer.log_end = 1
     member._hand_over({0: records(0, 0, 1)})
     assert [r.offset for r in member._ready[0]] == [0, 1, 1]
+
+
+class _Querier:
+    """A querier whose look-ups of offsets fail with `code` (a librdkafka error name)."""
+
+    def __init__(self, code: str, *, fatal: bool = False) -> None:
+        self.code, self.fatal, self.calls = code, fatal, 0
+
+    def get_watermark_offsets(self, tp: Any, *, timeout: float, cached: bool) -> tuple[int, int]:
+        from confluent_kafka import KafkaError, KafkaException
+
+        self.calls += 1
+        raise KafkaException(KafkaError(getattr(KafkaError, self.code), fatal=self.fatal))
+
+
+async def test_a_log_start_no_leader_answers_for_is_the_partition_s_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tried again until the deadline, then PartitionUnavailable: a takeover gives that one
+    # shard up (node/takeover.py). A fatal error is the querier's, every shard's: a BusError.
+    from chronowheel.bus import kafka_consumer_group
+    from chronowheel.bus.ports import PartitionUnavailable
+
+    monkeypatch.setattr(kafka_consumer_group, "QUERY_DEADLINE_S", 0.05)
+    monkeypatch.setattr(kafka_consumer_group, "QUERY_RETRY_MS", 10)
+    member = ConsumerProtocolGroup(Settings(namespace="ns"), group_id="ns-nodes",
+                                   client_id="n1", session_timeout_ms=3_000,
+                                   on_assigned=_nothing, on_revoked=_nothing)
+    querier = member._querier = _Querier("_TIMED_OUT")
+    with pytest.raises(PartitionUnavailable, match=r"log start of ns.submit\[3\]"):
+        await member.seek(3, None)
+    assert querier.calls >= 2  # tried again first
+    member._querier = _Querier("_FATAL", fatal=True)
+    with pytest.raises(BusError) as failed:
+        await member.seek(3, None)
+    assert not isinstance(failed.value, PartitionUnavailable)

@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 from chronowheel.bus.memory import MemorySubmitGroup, MemoryTxnProducer
-from chronowheel.bus.ports import BusError
+from chronowheel.bus.ports import PartitionUnavailable
 from chronowheel.core.wire import claimer_transactional_id
 from chronowheel.node.lost_shards import MAX_RETRY_MS, QUIET_MS, LostShards
 from chronowheel.node.service import Node
+from chronowheel.node.transactions import ShardUnavailable
 
 from tests.unit.node_rig import T0, NodeRig
 from tests.unit.test_node_fencing import assert_claim_before_publish, node_id, state_records
@@ -208,21 +209,27 @@ def test_a_first_wait_over_the_bound_is_kept() -> None:
     assert LostShards(retry_ms=0).lost(0, 0) is None
 
 
-async def test_a_shard_whose_partition_cannot_be_sought_is_released_and_taken_again(
-        rig: NodeRig, monkeypatch: pytest.MonkeyPatch) -> None:
-    # As when a killed broker led the shard's submit partition with no other replica in sync:
-    # the takeover's look-up of the log start fails past the bus's deadline. That is about the
-    # one shard: its claim is released, the node's other shards go on, and it is taken over
-    # again while the group still assigns it.
-    failures = iter([True])
+def seek_failing(monkeypatch: pytest.MonkeyPatch, shard: int, times: int = 1) -> None:
+    """The next `times` seeks of `shard` fail as when a killed broker led its submit partition
+    and no other replica was in sync: the look-up of the log start finds no leader within the
+    bus's deadline."""
+    failures = iter([True] * times)
     real_seek = MemorySubmitGroup.seek
 
-    async def seek(self: MemorySubmitGroup, shard: int, offset: int | None) -> int:
-        if shard == 0 and next(failures, False):
-            raise BusError(f"log start of {self.topic}[{shard}]: timed out")
-        return await real_seek(self, shard, offset)
+    async def seek(self: MemorySubmitGroup, k: int, offset: int | None) -> int:
+        if k == shard and next(failures, False):
+            raise PartitionUnavailable(f"log start of {self.topic}[{k}]: timed out")
+        return await real_seek(self, k, offset)
 
     monkeypatch.setattr(MemorySubmitGroup, "seek", seek)
+
+
+async def test_a_shard_whose_partition_cannot_be_sought_is_released_and_taken_again(
+        rig: NodeRig, monkeypatch: pytest.MonkeyPatch) -> None:
+    # About the one shard: its claim is released, the node's other shards go on, and it is
+    # taken over again while the group still assigns it. (A seek refused otherwise still stops
+    # the node: tests/unit/test_node_fencing.py.)
+    seek_failing(monkeypatch, 0)
     rig.upsert(job_on(0, "a"), at=T0 + 500)  # due while nobody serves the shard
     rig.upsert(job_on(1, "c"), at=T0 + 500)
     node = rig.new_node("me")
@@ -231,6 +238,7 @@ async def test_a_shard_whose_partition_cannot_be_sought_is_released_and_taken_ag
     assert node.failure is None and 0 not in node.owned and 1 in node.owned
     released = state_records(rig, 0)[-1]
     assert released["owner"] is None, "the half-way claim is released, not left to be fenced"
+    assert node.metrics.shards_unavailable._value.get() == 1
     await rig.advance(900)
     assert [m.key for m in rig.fired()] == [job_on(1, "c").encode()]  # the other shard goes on
     assert 0 not in node.owned, "taken again before lost_shard_retry_ms"
@@ -242,3 +250,38 @@ async def test_a_shard_whose_partition_cannot_be_sought_is_released_and_taken_ag
     assert_claim_before_publish(rig)
     assert node.failure is None
     assert node.metrics.claims_lost._value.get() == 0  # not a claim another node took
+
+
+async def test_a_warm_shard_whose_partition_cannot_be_sought_is_released_and_taken_again(
+        rig: NodeRig, monkeypatch: pytest.MonkeyPatch) -> None:
+    node = await rig.start("me")
+    rig.upsert(job_on(0, "a"), at=T0 + 3_000)
+    rig.upsert(job_on(1, "c"), at=T0 + 3_000)
+    await rig.advance(1_000)
+    await group(node).revoke([0, 1])
+    await rig.settle()
+    assert sorted(registry(node).warm) == [0, 1]
+    seek_failing(monkeypatch, 0)
+    await group(node).assign([0, 1])
+    await rig.settle()
+    assert node.failure is None and 0 not in node.owned and node.owned[1].actor.resumed_warm
+    assert state_records(rig, 0)[-1]["owner"] is None
+    await rig.advance(1_100)
+    assert 0 in node.owned and node.owned[0].actor.ready  # taken over in full
+    await rig.advance(2_000)
+    assert_each_once_never_early(rig, Counter({job_on(0, "a"): 1, job_on(1, "c"): 1}))
+    assert_claim_before_publish(rig)
+    assert node.failure is None
+
+
+async def test_with_no_retry_a_shard_whose_partition_cannot_be_sought_stops_the_node(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # lost_shard_retry_ms 0 leaves a lost shard to the next rebalance, which a consumer-
+    # protocol group may never make for it: the node stops, and its shards move.
+    seek_failing(monkeypatch, 0)
+    async with NodeRig(lost_shard_retry_ms=0) as rig:
+        node = rig.new_node("me")
+        await node.start()
+        await rig.settle()
+        assert isinstance(node.failure, ShardUnavailable), node.failure
+        assert state_records(rig, 0)[-1]["owner"] is None  # released all the same

@@ -44,7 +44,13 @@ from typing import Any, TypeVar
 
 from chronowheel.bus.group_thread import LIVENESS_PING_MS, GroupThreadMember
 from chronowheel.bus.kafka import check_kafka_security
-from chronowheel.bus.ports import BusError, FetchedRecord, ShardsChanged, SubmitRecord
+from chronowheel.bus.ports import (
+    BusError,
+    FetchedRecord,
+    PartitionUnavailable,
+    ShardsChanged,
+    SubmitRecord,
+)
 from chronowheel.core import wire
 from chronowheel.errors import ConfigError
 from chronowheel.settings import Settings
@@ -474,7 +480,8 @@ class ConsumerProtocolGroup(GroupThreadMember):
                            f"{exc}") from exc
         return True
 
-    async def _ask(self, what: str, query: Callable[[Any], T]) -> T:
+    async def _ask(self, what: str, query: Callable[[Any], T],
+                   past_deadline: type[BusError] = BusError) -> T:
         """A read of offsets or watermarks through the querier, in a thread of its own, tried
         again while Kafka fails it (a broker killed or restarting: librdkafka fails such a call
         at once, where aiokafka's own retries absorb it) for up to `QUERY_DEADLINE_S`. A
@@ -497,8 +504,10 @@ class ConsumerProtocolGroup(GroupThreadMember):
             except KafkaException as exc:
                 err = exc.args[0] if exc.args else None
                 fatal = bool(getattr(err, "fatal", lambda: False)())
-                if fatal or time.monotonic() > deadline:
+                if fatal:
                     raise BusError(f"{what}: {exc}") from exc
+                if time.monotonic() > deadline:
+                    raise past_deadline(f"{what}: {exc}") from exc
                 log.warning("%s: %s; trying again", what, exc)
             await asyncio.sleep(QUERY_RETRY_MS / 1000)
 
@@ -519,7 +528,8 @@ class ConsumerProtocolGroup(GroupThreadMember):
         start, _end = await self._ask(
             f"log start of {self._topic}[{shard}]",
             lambda querier: querier.get_watermark_offsets(
-                self._tp(shard), timeout=QUERY_TIMEOUT_S, cached=False))
+                self._tp(shard), timeout=QUERY_TIMEOUT_S, cached=False),
+            past_deadline=PartitionUnavailable)
         target = start if offset is None else max(offset, start)
         await self._on_group(lambda consumer: self._seek_on_group(consumer, shard, target))
         return 0 if offset is None else max(0, start - offset)

@@ -20,6 +20,7 @@ from aiokafka.errors import (
     InvalidSessionTimeoutError,
     InvalidTimestampError,
     KafkaError,
+    KafkaTimeoutError,
     MessageSizeTooLargeError,
     ProducerFenced,
     RecordListTooLargeError,
@@ -43,6 +44,7 @@ from chronowheel.bus.ports import (
     Claimer,
     Fenced,
     Headers,
+    PartitionUnavailable,
     Prepared,
     ProducerBroken,
     RecordsRefused,
@@ -776,6 +778,9 @@ class KafkaSubmitGroup(GroupThreadMember):
         # handed over are then known to start there (`_hand_over`).
         try:
             start = (await self._consumer.beginning_offsets([tp]))[tp]
+        except KafkaTimeoutError as exc:  # aiokafka's retries spent: no leader answered
+            raise PartitionUnavailable(f"log start of {tp.topic}[{tp.partition}]: "
+                                       f"{exc!r}") from exc
         except KafkaError as exc:
             raise BusError(f"log start of {tp.topic}[{tp.partition}]: {exc!r}") from exc
         target = start if offset is None else max(offset, start)

@@ -21,6 +21,12 @@ class BusError(ChronowheelError):
     """A Kafka operation failed (not a fencing): the caller restarts from committed state."""
 
 
+class PartitionUnavailable(BusError):
+    """A partition's offsets could not be read within the bus's deadline: no leader answered
+    for it (its leader's broker down and no other replica in sync, say). About that partition
+    alone, where other failures of the bus may concern every one."""
+
+
 class Fenced(BusError):
     """A newer producer with the same transactional id exists: this one may not commit."""
 

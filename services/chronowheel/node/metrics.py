@@ -144,6 +144,12 @@ class NodeMetrics:
             "takeovers whose claim another claimer of the shard fenced: the shard is given up "
             "and taken again after lost_shard_retry_ms if the group still assigns it to this "
             "node", registry=r)
+        self.shards_unavailable = Counter(
+            "chronowheel_shard_takeovers_unavailable_total",
+            "takeovers that could not seek the shard's submit partition (no leader answered "
+            "for it within the bus's deadline): the claim is released and the shard given up, "
+            "taken again after lost_shard_retry_ms while the group assigns it to this node",
+            registry=r)
         self.submit_expired = Counter(
             "chronowheel_submit_expired_unapplied_total",
             "offsets of <ns>.submit (an upper bound on commands) that retention deleted "

@@ -161,8 +161,11 @@ class ShardRegistry:
             if not isinstance(exc, NodeFenced):  # a fence's recovery takes it again (or not)
                 self._note_lost(shard)
             return True
-        if isinstance(exc, ShardUnavailable):
+        if isinstance(exc, ShardUnavailable) and self.settings.lost_shard_retry_ms > 0:
+            # (With 0 nothing would take it again before a rebalance, which a consumer-protocol
+            # group may never make for this partition: the node stops, and the shard moves.)
             log.warning("%s", exc)
+            self.metrics.shards_unavailable.inc()
             del self.owned[shard]
             self.metrics.owned_shards.set(len(self.owned))
             self._look_again([shard], "not taken over (its submit partition could not be "

@@ -42,7 +42,14 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from chronowheel.bus.ports import BusError, Claimer, Fenced, NodeBus, SubmitPositions
+from chronowheel.bus.ports import (
+    BusError,
+    Claimer,
+    Fenced,
+    NodeBus,
+    PartitionUnavailable,
+    SubmitPositions,
+)
 from chronowheel.core.clock import Clock, sleep_until_or_event
 from chronowheel.core.wire import Ahead, StateRecord, StateRecordError, claimer_transactional_id
 from chronowheel.errors import ChronowheelError
@@ -192,7 +199,7 @@ async def take_over(*, shard: int, transactions: NodeTransactions, bus: NodeBus,
                 shard=shard, claimer=claimer, transactions=transactions, bus=bus,
                 settings=settings, clock=clock, node_id=node_id,
                 why=f"its takeover's seek failed: {sought!r}")
-            if released and isinstance(sought, BusError):
+            if released and isinstance(sought, PartitionUnavailable):
                 # About this shard's partition alone: seen when a killed broker led it and
                 # no other replica was in sync, so it had no leader until the broker was back.
                 raise ShardUnavailable(f"shard {shard}: its submit partition could not be "
@@ -304,7 +311,15 @@ async def resume_warm(*, shard: int, warm: Warm, transactions: NodeTransactions,
         log.info("shard %d: not resumed warm (%s): taking it over in full", shard, why,
                  extra={"shard": shard, "node": node_id})
         return None
-    expired = await submit.seek(shard, committed)
+    try:
+        expired = await submit.seek(shard, committed)
+    except PartitionUnavailable as exc:  # as in `take_over`: released, and given up
+        if await release_half_way(shard=shard, claimer=warm.claimer, transactions=transactions,
+                                  bus=bus, settings=settings, clock=clock, node_id=node_id,
+                                  why=f"its warm resumption's seek failed: {exc!r}"):
+            raise ShardUnavailable(f"shard {shard}: its submit partition could not be sought "
+                                   f"({exc})") from exc
+        raise
     phases.done("seek")
     log.info("shard %d: resumed warm by %s (watermark %d, submit offset %s, no reload) in %s",
              shard, me, warm.watermark, committed, phases,
