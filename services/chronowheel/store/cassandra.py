@@ -446,22 +446,23 @@ async def execute(session: Session, stmt: PreparedStatement, params: Sequence[An
 
 def recorded_shards(session: Session, keyspace: str) -> int | None:
     """The shard count stored at init (blocking), or None for a namespace never initialised."""
-    rows = session.execute(
-        "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s", (keyspace,))
-    if "meta" not in {r.table_name for r in rows}:
-        return None
-    row = session.execute(f"SELECT value FROM {keyspace}.meta WHERE name = 'shards'").one()
-    return None if row is None else int(row.value)
+    value = _recorded(session, keyspace, "shards")
+    return None if value is None else int(value)
 
 
 def recorded_namespace(session: Session, keyspace: str) -> str | None:
     """The namespace whose keyspace this is, stored at init (blocking): None when the keyspace
     has no `meta` table, or was initialised before init recorded it."""
+    return _recorded(session, keyspace, "namespace")
+
+
+def _recorded(session: Session, keyspace: str, name: str) -> str | None:
+    """A `meta` row's value (blocking); None without the row or the table."""
     rows = session.execute(
         "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s", (keyspace,))
     if "meta" not in {r.table_name for r in rows}:
         return None
-    row = session.execute(f"SELECT value FROM {keyspace}.meta WHERE name = 'namespace'").one()
+    row = session.execute(f"SELECT value FROM {keyspace}.meta WHERE name = %s", (name,)).one()
     return None if row is None else str(row.value)
 
 
