@@ -229,6 +229,12 @@ class _Querier:
         self.calls += 1
         raise KafkaException(KafkaError(getattr(KafkaError, self.code), fatal=self.fatal))
 
+    def committed(self, tps: list[Any], *, timeout: float) -> list[Any]:
+        from confluent_kafka import KafkaError, KafkaException
+
+        self.calls += 1
+        raise KafkaException(KafkaError(getattr(KafkaError, self.code), fatal=self.fatal))
+
 
 async def test_a_log_start_no_leader_answers_for_is_the_partition_s_alone(
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -246,6 +252,10 @@ async def test_a_log_start_no_leader_answers_for_is_the_partition_s_alone(
     with pytest.raises(PartitionUnavailable, match=r"log start of ns.submit\[3\]"):
         await member.seek(3, None)
     assert querier.calls >= 2  # tried again first
+    # The committed offset comes from the group's coordinator, which every shard shares.
+    with pytest.raises(BusError) as failed:
+        await member.committed(3)
+    assert not isinstance(failed.value, PartitionUnavailable)
     member._querier = _Querier("_FATAL", fatal=True)
     with pytest.raises(BusError) as failed:
         await member.seek(3, None)

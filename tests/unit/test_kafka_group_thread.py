@@ -20,12 +20,14 @@ from aiokafka.errors import (
     IllegalStateError,
     InvalidSessionTimeoutError,
     KafkaConnectionError,
+    KafkaTimeoutError,
+    TopicAuthorizationFailedError,
 )
 from aiokafka.structs import OffsetAndMetadata
 from chronowheel.bus import kafka_node
 from chronowheel.bus.group_thread import LoopLiveness
 from chronowheel.bus.kafka_node import GROUP_POLL_MS, KafkaSubmitGroup
-from chronowheel.bus.ports import BusError
+from chronowheel.bus.ports import BusError, PartitionUnavailable
 from chronowheel.core import wire
 from chronowheel.errors import ConfigError
 from chronowheel.settings import Settings
@@ -94,6 +96,7 @@ class FakeConsumer:
 
     def __init__(self) -> None:
         self.listener: ConsumerRebalanceListener | None = None
+        self.refuse_offsets: Exception | None = None  # raised by beginning_offsets
         self.threads: set[int] = set()
         self.assigned: set[TopicPartition] = set()
         self.paused_tps: set[TopicPartition] = set()
@@ -176,6 +179,8 @@ class FakeConsumer:
 
     async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         self._here()
+        if self.refuse_offsets is not None:
+            raise self.refuse_offsets
         return {tp: self.log_start.get(tp.partition, 0) for tp in tps}
 
 
@@ -325,6 +330,22 @@ async def test_a_seek_below_the_log_start_reads_from_it_and_says_how_far_below()
         assert await group.seek(1, 3) == 0
         assert await group.seek(1, 9) == 0
         assert group.fake.seeks == [(0, 40), (1, 3), (1, 9)]
+
+
+async def test_a_log_start_no_leader_answered_for_is_the_partition_s_alone() -> None:
+    """aiokafka's look-up of offsets ends in KafkaTimeoutError once its retries (no leader,
+    stale metadata) pass its request timeout: PartitionUnavailable, which a takeover takes for
+    the one shard's (node/takeover.py). Any other refusal is a BusError."""
+    async with _running(FakeConsumer()) as group:
+        await _assign(group, 0)
+        group.fake.refuse_offsets = KafkaTimeoutError()
+        with pytest.raises(PartitionUnavailable, match=r"log start of .*\[0\]"):
+            await group.seek(0, 25)
+        group.fake.refuse_offsets = TopicAuthorizationFailedError()
+        with pytest.raises(BusError) as refused:
+            await group.seek(0, 25)
+        assert not isinstance(refused.value, PartitionUnavailable)
+        assert group.fake.seeks == []
 
 
 async def test_the_group_thread_waits_for_the_nodes_revocation_to_end() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from chronowheel.bus.memory import MemorySubmitGroup, MemoryTxnProducer
-from chronowheel.bus.ports import PartitionUnavailable
+from chronowheel.bus.ports import BusError, PartitionUnavailable
 from chronowheel.core.wire import claimer_transactional_id
 from chronowheel.node.lost_shards import MAX_RETRY_MS, QUIET_MS, LostShards
 from chronowheel.node.service import Node
@@ -272,6 +272,43 @@ async def test_a_warm_shard_whose_partition_cannot_be_sought_is_released_and_tak
     assert_each_once_never_early(rig, Counter({job_on(0, "a"): 1, job_on(1, "c"): 1}))
     assert_claim_before_publish(rig)
     assert node.failure is None
+
+
+async def test_a_claim_that_could_not_be_released_or_another_seek_failure_stops_the_node(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Not released, the claim names this node: its next owner will fence it, so the node
+    # stops rather than go on. And a warm resumption's seek refused otherwise is not the
+    # partition's alone: it stops the node too.
+    from chronowheel.node import takeover
+
+    async def not_released(**kw: Any) -> bool:
+        return False
+
+    seek_failing(monkeypatch, 0)
+    with monkeypatch.context() as patched:
+        patched.setattr(takeover, "release_half_way", not_released)
+        async with NodeRig(lost_shard_retry_ms=1_000) as rig:
+            node = rig.new_node("me")
+            await node.start()
+            await rig.settle()
+            assert isinstance(node.failure, PartitionUnavailable), node.failure
+
+    async with NodeRig(lost_shard_retry_ms=1_000) as rig:
+        node = await rig.start("me")
+        await group(node).revoke([0, 1])
+        await rig.settle()
+        assert sorted(registry(node).warm) == [0, 1]
+        real_seek = MemorySubmitGroup.seek
+
+        async def refused(self: MemorySubmitGroup, k: int, offset: int | None) -> int:
+            if k == 0:
+                raise BusError("seek refused")
+            return await real_seek(self, k, offset)
+
+        monkeypatch.setattr(MemorySubmitGroup, "seek", refused)
+        await group(node).assign([0, 1])
+        await rig.settle()
+        assert node.failure is not None and "seek refused" in repr(node.failure)
 
 
 async def test_with_no_retry_a_shard_whose_partition_cannot_be_sought_stops_the_node(

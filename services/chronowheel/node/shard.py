@@ -40,7 +40,7 @@ from chronowheel.node.metrics import NodeMetrics
 from chronowheel.node.publisher import Publisher, stop_quietly
 from chronowheel.node.state import Arrivals, ShardState
 from chronowheel.node.takeover import Resume, Warm, release_half_way, resume_warm, take_over
-from chronowheel.node.transactions import NodeTransactions, ShardLost
+from chronowheel.node.transactions import NodeTransactions, ShardLost, ShardUnavailable
 from chronowheel.node.write_permits import NodeWritePermits
 from chronowheel.node.writes import RowWriter
 from chronowheel.settings import Settings
@@ -250,7 +250,9 @@ class ShardActor:
                     await task
             self.clean = clean
             if not clean:
-                if self.claimer is not None and not isinstance(failure, ShardLost) \
+                # (ShardUnavailable: its takeover released the claim already.)
+                if self.claimer is not None \
+                        and not isinstance(failure, ShardLost | ShardUnavailable) \
                         and self.session == self.transactions.session:
                     # Claimed, and neither taken by another node nor fenced with the node's
                     # producer (its recovery takes the shards again): not left to be fenced.
