@@ -35,8 +35,7 @@ from chronowheel.store.cassandra import (
     TRANSIENT_ERRORS,
     check_keyspace_owner,
     connect,
-    recorded_namespace,
-    recorded_shards,
+    recorded_meta,
 )
 
 log = logging.getLogger(__name__)
@@ -245,9 +244,10 @@ async def init_namespace(settings: Settings) -> InitReport:
     try:
         # 1. refuse a keyspace of another namespace, or a changed shard count, before touching
         # anything
-        owner = await asyncio.to_thread(recorded_namespace, session, ks)
+        meta = await asyncio.to_thread(recorded_meta, session, ks)
+        owner = meta.get("namespace")
         check_keyspace_owner(owner, settings)
-        recorded = await asyncio.to_thread(recorded_shards, session, ks)
+        recorded = int(meta["shards"]) if "shards" in meta else None
         if owner is None and recorded is not None and ks != settings.derived_keyspace:
             # Initialised before init recorded the namespace: by its name, the namespace
             # `ks` was derived from, which may not be this one.

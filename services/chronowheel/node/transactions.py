@@ -108,8 +108,8 @@ class ShardLost(ChronowheelError):
 
 
 class ShardUnavailable(ChronowheelError):
-    """A takeover could not read or seek the shard's submit partition within the bus's
-    deadline (a partition without a leader while a broker is down, say), and released its
+    """A takeover could not read the log start of the shard's submit partition within the
+    bus's deadline (`PartitionUnavailable`: no leader answered for it), and released its
     claim again: the one shard is given up and taken over again later while the group still
     assigns it to the node (`lost_shard_retry_ms`); the node's other shards go on. Kafka
     unreachable as a whole stops the node through what all its shards need (its transactions,

@@ -444,26 +444,16 @@ async def execute(session: Session, stmt: PreparedStatement, params: Sequence[An
     return await with_retries(once, what, STORE_POLICY)
 
 
-def recorded_shards(session: Session, keyspace: str) -> int | None:
-    """The shard count stored at init (blocking), or None for a namespace never initialised."""
-    value = _recorded(session, keyspace, "shards")
-    return None if value is None else int(value)
-
-
-def recorded_namespace(session: Session, keyspace: str) -> str | None:
-    """The namespace whose keyspace this is, stored at init (blocking): None when the keyspace
-    has no `meta` table, or was initialised before init recorded it."""
-    return _recorded(session, keyspace, "namespace")
-
-
-def _recorded(session: Session, keyspace: str, name: str) -> str | None:
-    """A `meta` row's value (blocking); None without the row or the table."""
+def recorded_meta(session: Session, keyspace: str) -> dict[str, str]:
+    """What init recorded in the keyspace's `meta` table (blocking): `shards` (the shard
+    count) and `namespace` (the namespace it holds; absent in a keyspace initialised before
+    init recorded it). Empty for a keyspace never initialised."""
     rows = session.execute(
         "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s", (keyspace,))
     if "meta" not in {r.table_name for r in rows}:
-        return None
-    row = session.execute(f"SELECT value FROM {keyspace}.meta WHERE name = %s", (name,)).one()
-    return None if row is None else str(row.value)
+        return {}
+    return {r.name: str(r.value) for r in session.execute(f"SELECT name, value FROM "
+                                                          f"{keyspace}.meta")}
 
 
 def check_keyspace_owner(owner: str | None, settings: Settings) -> None:
@@ -478,13 +468,13 @@ def check_keyspace_owner(owner: str | None, settings: Settings) -> None:
 def shard_count(session: Session, settings: Settings) -> int:
     """The shard count stored at init (blocking); a node refuses a namespace never
     initialised, and a keyspace init recorded for another namespace."""
-    check_keyspace_owner(recorded_namespace(session, settings.keyspace), settings)
-    shards = recorded_shards(session, settings.keyspace)
-    if shards is None:
+    meta = recorded_meta(session, settings.keyspace)
+    check_keyspace_owner(meta.get("namespace"), settings)
+    if "shards" not in meta:
         raise ConfigError(f"namespace {settings.namespace!r} is not initialised: run "
                           f"`chronowheel init --namespace {settings.namespace}"
                           f"{settings.keyspace_flag} --shards N`")
-    return shards
+    return int(meta["shards"])
 
 
 def read_shard_count(settings: Settings) -> int:

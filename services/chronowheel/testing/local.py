@@ -41,35 +41,29 @@ def require_loopback(what: str, servers: str) -> None:
 async def drop_namespace(settings: Settings) -> None:
     """Delete a scratch namespace: every topic named `<ns>.*` and its keyspace. A keyspace
     that init recorded for another namespace, or a named one (`cassandra_keyspace`) that does
-    not record this one, is left alone: ConfigError."""
-    from chronowheel.store.cassandra import check_keyspace_owner, connect, recorded_namespace
+    not record this one, is left alone, and nothing is deleted: ConfigError."""
+    from chronowheel.store.cassandra import check_keyspace_owner, connect, recorded_meta
 
     cluster, session = await asyncio.to_thread(connect, settings)
     try:
-        owner = await asyncio.to_thread(recorded_namespace, session, settings.keyspace)
+        owner = (await asyncio.to_thread(recorded_meta, session, settings.keyspace)).get(
+            "namespace")
         check_keyspace_owner(owner, settings)
         if owner is None and settings.keyspace != settings.derived_keyspace:
             raise ConfigError(f"cassandra_keyspace: keyspace {settings.keyspace!r} does not "
                               f"record namespace {settings.namespace!r}; not dropped")
-    finally:
-        cluster.shutdown()
-    admin = await open_admin(settings)
-    try:
-        prefix = settings.namespace + "."
-        mine = [t for t in await admin.list_topics() if t.startswith(prefix)]
-        if mine:
-            await admin.delete_topics(mine, timeout_ms=60_000)
-    finally:
-        await admin.close()
-
-    def drop_keyspace() -> None:
-        cluster, session = connect(settings)
+        admin = await open_admin(settings)
         try:
-            session.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=120)
+            prefix = settings.namespace + "."
+            mine = [t for t in await admin.list_topics() if t.startswith(prefix)]
+            if mine:
+                await admin.delete_topics(mine, timeout_ms=60_000)
         finally:
-            cluster.shutdown()
-
-    await asyncio.to_thread(drop_keyspace)
+            await admin.close()
+        await asyncio.to_thread(session.execute,
+                                f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=120)
+    finally:
+        await asyncio.to_thread(cluster.shutdown)
 
 
 def drop_namespace_quietly(settings: Settings, timeout_s: float = 120.0) -> None:
