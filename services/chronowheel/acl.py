@@ -293,6 +293,7 @@ NODE_TABLES: dict[str, tuple[str, ...]] = {
     "run_counters": ("MODIFY",),
 }
 WORKER_TABLES: dict[str, tuple[str, ...]] = {
+    "meta": ("SELECT",),  # the namespace recorded by init, checked at the start
     "processed": ("SELECT", "MODIFY"),  # per-occurrence claims (conditional writes)
     "job_runs": ("SELECT", "MODIFY"),  # one run per job at a time (conditional writes)
     "worker_leases": ("SELECT", "MODIFY"),  # per-partition leases (conditional writes)

@@ -1,5 +1,5 @@
 """A keyspace named apart from its namespace (`cassandra_keyspace`) holds that namespace alone:
-init and a node's start refuse a second one, before making anything for it."""
+init, a node's start and a worker's refuse a second one, before making anything for it."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from chronowheel.bus.kafka import open_admin
 from chronowheel.errors import ConfigError
 from chronowheel.settings import Settings
 from chronowheel.store.cassandra import CassandraStore, connect, read_shard_count
+from chronowheel.store.cassandra_marks import CassandraWorkerStores
 from chronowheel.testing.local import drop_namespace
 
 from tests.integration.harness import make_namespace, run_cli
@@ -33,6 +34,9 @@ async def test_a_keyspace_that_holds_a_namespace_is_refused_to_another(
     # A node of the other namespace does not start on it either (its first read).
     with pytest.raises(ConfigError, match=rf"holds namespace {namespace!r}"):
         await asyncio.to_thread(CassandraStore.open_counting_shards, other)
+    # Nor a worker of the other namespace (claims and marks would be shared).
+    with pytest.raises(ConfigError, match=rf"holds namespace {namespace!r}"):
+        await asyncio.to_thread(CassandraWorkerStores, other)
     # On the command line: one clear line, a failing exit status.
     code, _out, err = await run_cli(capsys, other, "init", "--shards", "2")
     assert code != 0

@@ -4,13 +4,18 @@ keyspace."""
 from __future__ import annotations
 
 import argparse
+import logging
 from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from cassandra import Unauthorized
 from chronowheel.cli import build_parser
 from chronowheel.errors import ConfigError
 from chronowheel.settings import Settings, settings_from_args
 from chronowheel.store.cassandra import check_keyspace_owner
+from chronowheel.store.cassandra_marks import check_worker_keyspace
 
 
 def test_the_keyspace_is_named_after_the_namespace_unless_the_setting_names_one() -> None:
@@ -81,3 +86,34 @@ def test_a_keyspace_init_recorded_for_another_namespace_is_refused() -> None:
                                           r"'billing'") as caught:
         check_keyspace_owner("mail", mine)
     assert caught.value.retriable is False
+
+
+class _MetaSession:
+    """A session that answers `recorded_meta`'s two reads, or refuses the second."""
+
+    def __init__(self, owner: str | None, refuse: bool = False) -> None:
+        self.owner, self.refuse = owner, refuse
+
+    def execute(self, query: str, params: Any = None) -> list[Any]:
+        if "system_schema.tables" in query:
+            return [SimpleNamespace(table_name="meta")]
+        if self.refuse:
+            raise Unauthorized("User acme_worker has no SELECT permission on <table shared.meta>")
+        rows = [SimpleNamespace(name="shards", value="4")]
+        if self.owner is not None:
+            rows.append(SimpleNamespace(name="namespace", value=self.owner))
+        return rows
+
+
+def test_a_worker_refuses_another_namespaces_keyspace_and_warns_when_it_cannot_look(
+        caplog: pytest.LogCaptureFixture) -> None:
+    mine = Settings(namespace="billing", cassandra_keyspace="shared")
+    check_worker_keyspace(_MetaSession("billing"), mine)  # type: ignore[arg-type]
+    check_worker_keyspace(_MetaSession(None), mine)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"keyspace 'shared' holds namespace 'mail'"):
+        check_worker_keyspace(_MetaSession("mail"), mine)  # type: ignore[arg-type]
+    # A role granted before the worker could read `meta`: it starts, and says so.
+    with caplog.at_level(logging.WARNING, logger="chronowheel.store.cassandra_marks"):
+        check_worker_keyspace(_MetaSession("mail", refuse=True), mine)  # type: ignore[arg-type]
+    assert "may not read shared.meta" in caplog.text
+    assert "chronowheel acl --apply" in caplog.text
