@@ -1,5 +1,6 @@
 """A keyspace named apart from its namespace (`cassandra_keyspace`) holds that namespace alone:
-init, a node's start and a worker's refuse a second one, before making anything for it."""
+init, a node's start, a worker's and every command's store refuse a second one, before making
+anything for it."""
 
 from __future__ import annotations
 
@@ -40,6 +41,10 @@ async def test_a_keyspace_that_holds_a_namespace_is_refused_to_another(
     # On the command line: one clear line, a failing exit status.
     code, _out, err = await run_cli(capsys, other, "init", "--shards", "2")
     assert code != 0
+    assert f"holds namespace {namespace!r}" in err, err
+    # Nor a command that reads or writes the keyspace (it would list the first one's jobs).
+    code, out, err = await run_cli(capsys, other, "jobs", "list")
+    assert code != 0 and not out, out
     assert f"holds namespace {namespace!r}" in err, err
 
     # Nothing was made for the other namespace, and the first one is untouched.

@@ -14,8 +14,8 @@ from cassandra import Unauthorized
 from chronowheel.cli import build_parser
 from chronowheel.errors import ConfigError
 from chronowheel.settings import Settings, settings_from_args
-from chronowheel.store.cassandra import check_keyspace_owner
-from chronowheel.store.cassandra_marks import check_worker_keyspace
+from chronowheel.store import cassandra as cassandra_store
+from chronowheel.store.cassandra import check_keyspace_owner, keyspace_owner_checked
 
 
 def test_the_keyspace_is_named_after_the_namespace_unless_the_setting_names_one() -> None:
@@ -105,15 +105,38 @@ class _MetaSession:
         return rows
 
 
-def test_a_worker_refuses_another_namespaces_keyspace_and_warns_when_it_cannot_look(
-        caplog: pytest.LogCaptureFixture) -> None:
+def test_a_store_is_opened_only_on_its_own_namespaces_keyspace(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """`CassandraStore.open` (a worker's and every command's store) checks the owner before it
+    prepares anything; a role that may not read `meta` gets its store, with a warning."""
     mine = Settings(namespace="billing", cassandra_keyspace="shared")
-    check_worker_keyspace(_MetaSession("billing"), mine)  # type: ignore[arg-type]
-    check_worker_keyspace(_MetaSession(None), mine)  # type: ignore[arg-type]
+    assert keyspace_owner_checked(_MetaSession("billing"), mine)  # type: ignore[arg-type]
+    assert keyspace_owner_checked(_MetaSession(None), mine)  # type: ignore[arg-type]
+    assert not keyspace_owner_checked(_MetaSession("mail", refuse=True),
+                                      mine)  # type: ignore[arg-type]
+
+    shut: list[str] = []
+    prepared: list[str] = []
+
+    def opened_on(session: _MetaSession) -> None:
+        cluster = SimpleNamespace(shutdown=lambda: shut.append("shut"))
+        monkeypatch.setattr(cassandra_store, "connect", lambda settings: (cluster, session))
+
+    monkeypatch.setattr(cassandra_store.CassandraStore, "over",
+                        classmethod(lambda cls, settings, cluster, session:
+                                    prepared.append(settings.namespace) or "store"))
+    opened_on(_MetaSession("mail"))
     with pytest.raises(ConfigError, match=r"keyspace 'shared' holds namespace 'mail'"):
-        check_worker_keyspace(_MetaSession("mail"), mine)  # type: ignore[arg-type]
-    # A role granted before the worker could read `meta`: it starts, and says so.
-    with caplog.at_level(logging.WARNING, logger="chronowheel.store.cassandra_marks"):
-        check_worker_keyspace(_MetaSession("mail", refuse=True), mine)  # type: ignore[arg-type]
-    assert "may not read shared.meta" in caplog.text
+        cassandra_store.CassandraStore.open(mine)
+    assert shut == ["shut"] and prepared == []  # closed, nothing prepared
+
+    opened_on(_MetaSession("billing"))
+    assert cassandra_store.CassandraStore.open(mine) == "store"
+    assert not caplog.text
+
+    opened_on(_MetaSession("mail", refuse=True))
+    with caplog.at_level(logging.WARNING, logger="chronowheel.store.cassandra"):
+        assert cassandra_store.CassandraStore.open(mine) == "store"
+    assert "this role may not read shared.meta" in caplog.text
     assert "chronowheel acl --apply" in caplog.text
+    assert shut == ["shut"] and prepared == ["billing", "billing"]

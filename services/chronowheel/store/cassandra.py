@@ -465,6 +465,19 @@ def check_keyspace_owner(owner: str | None, settings: Settings) -> None:
                           "namespace)")
 
 
+def keyspace_owner_checked(session: Session, settings: Settings) -> bool:
+    """Refuse a keyspace init recorded for another namespace (blocking), as
+    `check_keyspace_owner`; False when the session's role may not read `meta` (a role
+    granted before workers read it: `chronowheel acl --apply` adds it), so nothing was
+    checked."""
+    try:
+        meta = recorded_meta(session, settings.keyspace)
+    except Unauthorized:
+        return False
+    check_keyspace_owner(meta.get("namespace"), settings)
+    return True
+
+
 def shard_count(session: Session, settings: Settings) -> int:
     """The shard count stored at init (blocking); a node refuses a namespace never
     initialised, and a keyspace init recorded for another namespace."""
@@ -606,7 +619,19 @@ class CassandraStore:
 
     @classmethod
     def open(cls, settings: Settings) -> CassandraStore:
-        return cls.over(settings, *connect(settings))
+        """A worker's or a command's store (blocking): the keyspace's owner is checked before
+        anything is prepared (a worker or a command of another namespace would share its
+        claims, list its jobs, write its requests); a role that may not read `meta` is let
+        through with a warning, as before the check existed."""
+        cluster, session = connect(settings)
+        try:
+            if not keyspace_owner_checked(session, settings):
+                log.warning("the keyspace's owner not checked: this role may not read %s.meta "
+                            "(run `chronowheel acl --apply` to grant it)", settings.keyspace)
+        except BaseException:
+            cluster.shutdown()
+            raise
+        return cls.over(settings, cluster, session)
 
     @classmethod
     def open_counting_shards(cls, settings: Settings) -> tuple[CassandraStore, int]:

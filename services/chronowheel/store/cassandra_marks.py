@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
-from cassandra import Unauthorized
 from cassandra.cluster import Session
 from cassandra.query import BatchStatement, BatchType, BoundStatement, PreparedStatement
 
@@ -28,14 +27,7 @@ from chronowheel.store.base import (
     block_of,
     by_replicas,
 )
-from chronowheel.store.cassandra import (
-    TUPLES,
-    CassandraStore,
-    check_keyspace_owner,
-    execute,
-    prepare_tables,
-    recorded_meta,
-)
+from chronowheel.store.cassandra import TUPLES, CassandraStore, execute, prepare_tables
 from chronowheel.store.cassandra_history import CassandraRunHistory
 
 log = logging.getLogger(__name__)
@@ -165,20 +157,6 @@ def mark_chunks(rows: Sequence[tuple[Any, int]], replicas_of: Any) -> list[list[
     return out
 
 
-def check_worker_keyspace(session: Session, settings: Settings) -> None:
-    """Refuse a keyspace that init recorded for another namespace (blocking), as a node's start
-    does: a worker there would share claims and marks with the other namespace's workers. A
-    role that may not read `meta` (granted before the worker role had it: `chronowheel acl
-    --apply` adds it) is let through with a warning, as before the check."""
-    try:
-        meta = recorded_meta(session, settings.keyspace)
-    except Unauthorized as exc:
-        log.warning("the keyspace's owner not checked: the worker's role may not read %s.meta "
-                    "(run `chronowheel acl --apply` to grant it): %s", settings.keyspace, exc)
-        return
-    check_keyspace_owner(meta.get("namespace"), settings)
-
-
 class CassandraWorkerStores:
     """A worker's marks, claims and run leases over one Cassandra session (blocking: open it
     in a thread)."""
@@ -186,7 +164,6 @@ class CassandraWorkerStores:
     def __init__(self, settings: Settings) -> None:
         self.store = CassandraStore.open(settings)
         try:
-            check_worker_keyspace(self.store.session, settings)
             marks = CassandraMarks(self.store.session, settings.keyspace)
         except BaseException:
             self.store.close()
