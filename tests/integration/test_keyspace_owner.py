@@ -46,6 +46,10 @@ async def test_a_keyspace_that_holds_a_namespace_is_refused_to_another(
     code, out, err = await run_cli(capsys, other, "jobs", "list")
     assert code != 0 and not out, out
     assert f"holds namespace {namespace!r}" in err, err
+    # Nor the grants of `acl --apply`, refused before anything (Kafka's ACLs too) is applied.
+    code, out, err = await run_cli(capsys, other, "acl", "--apply")
+    assert code != 0 and "applied" not in out, out
+    assert f"holds namespace {namespace!r}" in err, err
 
     # Nothing was made for the other namespace, and the first one is untouched.
     admin = await open_admin(settings)

@@ -85,12 +85,21 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.apply:
         return 0
-    if args.only != "cassandra":
-        asyncio.run(_apply_kafka(settings, acls))
-        print(f"applied {len(acls)} Kafka ACLs at {settings.kafka}")
-    if args.only != "kafka":
-        _apply_cassandra(settings, grants)
-        print(f"applied {len(grants)} Cassandra statements at {settings.cassandra}")
+    # Cassandra is reached first, before anything is applied: grants on a keyspace that holds
+    # another namespace would give this namespace's roles that namespace's tables.
+    cassandra = _open_owned_keyspace(settings) if args.only != "kafka" else None
+    try:
+        if args.only != "cassandra":
+            asyncio.run(_apply_kafka(settings, acls))
+            print(f"applied {len(acls)} Kafka ACLs at {settings.kafka}")
+        if cassandra is not None:
+            from chronowheel.acl import apply_cassandra_grants
+
+            apply_cassandra_grants(cassandra[1], grants)
+            print(f"applied {len(grants)} Cassandra statements at {settings.cassandra}")
+    finally:
+        if cassandra is not None:
+            cassandra[0].shutdown()
     return 0
 
 
@@ -123,12 +132,19 @@ async def _remove_kafka(settings: Any, acls: Any) -> int:
         await admin.close()
 
 
-def _apply_cassandra(settings: Any, grants: list[str]) -> None:
-    from chronowheel.acl import apply_cassandra_grants
-    from chronowheel.store.cassandra import connect
+def _open_owned_keyspace(settings: Any) -> tuple[Any, Any]:
+    """A connection to Cassandra, refusing a keyspace init recorded for another namespace."""
+    import logging
+
+    from chronowheel.store.cassandra import connect, keyspace_owner_checked
 
     cluster, session = connect(settings)
     try:
-        apply_cassandra_grants(session, grants)
-    finally:
+        if not keyspace_owner_checked(session, settings):
+            logging.getLogger(__name__).warning(
+                "the keyspace's owner not checked: this role may not read %s.meta",
+                settings.keyspace)
+    except BaseException:
         cluster.shutdown()
+        raise
+    return cluster, session
