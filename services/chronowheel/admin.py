@@ -34,6 +34,7 @@ from chronowheel.settings import Settings, valid_keyspace
 from chronowheel.store.cassandra import (
     TRANSIENT_ERRORS,
     check_keyspace_owner,
+    check_recorded_owner,
     connect,
     recorded_meta,
 )
@@ -245,16 +246,8 @@ async def init_namespace(settings: Settings) -> InitReport:
         # 1. refuse a keyspace of another namespace, or a changed shard count, before touching
         # anything
         meta = await asyncio.to_thread(recorded_meta, session, ks)
-        owner = meta.get("namespace")
-        check_keyspace_owner(owner, settings)
+        check_recorded_owner(meta, settings)
         recorded = int(meta["shards"]) if "shards" in meta else None
-        if owner is None and recorded is not None and ks != settings.derived_keyspace:
-            # Initialised before init recorded the namespace: by its name, the namespace
-            # `ks` was derived from, which may not be this one.
-            raise ConfigError(
-                f"cassandra_keyspace: keyspace {ks!r} was initialised (with {recorded} shards) "
-                "before init recorded which namespace it holds; run this version's "
-                "`chronowheel init` for that namespace first, which records it")
         if recorded is not None and recorded != shards:
             raise ConfigError(
                 f"namespace {settings.namespace!r} was initialised with {recorded} shards; "

@@ -46,10 +46,15 @@ async def test_a_keyspace_that_holds_a_namespace_is_refused_to_another(
     code, out, err = await run_cli(capsys, other, "jobs", "list")
     assert code != 0 and not out, out
     assert f"holds namespace {namespace!r}" in err, err
-    # Nor the grants of `acl --apply`, refused before anything (Kafka's ACLs too) is applied.
+    # Nor the grants of `acl --apply`, refused before anything (Kafka's ACLs too) is applied;
+    # and on a namespace not initialised yet, which its grants would need.
     code, out, err = await run_cli(capsys, other, "acl", "--apply")
     assert code != 0 and "applied" not in out, out
     assert f"holds namespace {namespace!r}" in err, err
+    fresh = dataclasses.replace(settings, namespace=namespace + "c", cassandra_keyspace="")
+    code, out, err = await run_cli(capsys, fresh, "acl", "--apply")
+    assert code != 0 and "applied" not in out, out
+    assert f"namespace {fresh.namespace!r} is not initialised" in err, err
 
     # Nothing was made for the other namespace, and the first one is untouched.
     admin = await open_admin(settings)
@@ -77,6 +82,11 @@ async def test_a_keyspace_from_before_the_record_is_claimed_only_by_its_own_name
         with pytest.raises(ConfigError, match=r"was initialised \(with 2 shards\) before init "
                                               r"recorded which namespace it holds"):
             await init_namespace(other)
+        # ... nor does a node's start, a worker's or a command's (its store) ...
+        with pytest.raises(ConfigError, match=r"before init recorded which namespace"):
+            await asyncio.to_thread(read_shard_count, other)
+        with pytest.raises(ConfigError, match=r"before init recorded which namespace"):
+            await asyncio.to_thread(CassandraStore.open, other)
         # ... and a scratch namespace's cleanup does not drop it either.
         with pytest.raises(ConfigError, match=r"does not record namespace"):
             await drop_namespace(other)

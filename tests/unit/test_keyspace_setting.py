@@ -15,7 +15,11 @@ from chronowheel.cli import build_parser
 from chronowheel.errors import ConfigError
 from chronowheel.settings import Settings, settings_from_args
 from chronowheel.store import cassandra as cassandra_store
-from chronowheel.store.cassandra import check_keyspace_owner, keyspace_owner_checked
+from chronowheel.store.cassandra import (
+    check_keyspace_owner,
+    check_recorded_owner,
+    keyspace_owner_checked,
+)
 
 
 def test_the_keyspace_is_named_after_the_namespace_unless_the_setting_names_one() -> None:
@@ -111,7 +115,8 @@ def test_a_store_is_opened_only_on_its_own_namespaces_keyspace(
     prepares anything; a role that may not read `meta` gets its store, with a warning."""
     mine = Settings(namespace="billing", cassandra_keyspace="shared")
     assert keyspace_owner_checked(_MetaSession("billing"), mine)  # type: ignore[arg-type]
-    assert keyspace_owner_checked(_MetaSession(None), mine)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"before init recorded which namespace"):
+        keyspace_owner_checked(_MetaSession(None), mine)  # type: ignore[arg-type]
     assert not keyspace_owner_checked(_MetaSession("mail", refuse=True),
                                       mine)  # type: ignore[arg-type]
 
@@ -140,3 +145,17 @@ def test_a_store_is_opened_only_on_its_own_namespaces_keyspace(
     assert "this role may not read shared.meta" in caplog.text
     assert "chronowheel acl --apply" in caplog.text
     assert shut == ["shut"] and prepared == ["billing", "billing"]
+
+
+def test_a_keyspace_from_before_the_record_belongs_to_the_namespace_it_is_named_after() -> None:
+    # Before init recorded the namespace, a keyspace was always named after its namespace.
+    old = {"shards": "4"}
+    check_recorded_owner(old, Settings(namespace="billing"))
+    check_recorded_owner(old, Settings(namespace="billing", cassandra_keyspace="billing"))
+    with pytest.raises(ConfigError, match=r"keyspace 'billing' was initialised \(with 4 shards\) "
+                                          r"before init recorded which namespace it holds"):
+        check_recorded_owner(old, Settings(namespace="mail", cassandra_keyspace="billing"))
+    check_recorded_owner({}, Settings(namespace="mail", cassandra_keyspace="billing"))  # empty
+    with pytest.raises(ConfigError, match=r"holds namespace 'billing'"):
+        check_recorded_owner({"shards": "4", "namespace": "billing"},
+                             Settings(namespace="mail", cassandra_keyspace="billing"))

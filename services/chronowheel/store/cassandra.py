@@ -465,16 +465,28 @@ def check_keyspace_owner(owner: str | None, settings: Settings) -> None:
                           "namespace)")
 
 
+def check_recorded_owner(meta: Mapping[str, str], settings: Settings) -> None:
+    """Refuse a keyspace whose `meta` rows (`recorded_meta`) say it holds another namespace:
+    the one recorded, or, for a keyspace initialised before init recorded it, the namespace
+    it is named after (the only one its init could have been for)."""
+    owner = meta.get("namespace")
+    check_keyspace_owner(owner, settings)
+    if owner is None and "shards" in meta and settings.keyspace != settings.derived_keyspace:
+        raise ConfigError(
+            f"cassandra_keyspace: keyspace {settings.keyspace!r} was initialised (with "
+            f"{meta['shards']} shards) before init recorded which namespace it holds; run this "
+            "version's `chronowheel init` for that namespace first, which records it")
+
+
 def keyspace_owner_checked(session: Session, settings: Settings) -> bool:
-    """Refuse a keyspace init recorded for another namespace (blocking), as
-    `check_keyspace_owner`; False when the session's role may not read `meta` (a role
-    granted before workers read it: `chronowheel acl --apply` adds it), so nothing was
-    checked."""
+    """Refuse a keyspace that holds another namespace (blocking; `check_recorded_owner`);
+    False when the session's role may not read `meta` (a role granted before workers read
+    it: `chronowheel acl --apply` adds it), so nothing was checked."""
     try:
         meta = recorded_meta(session, settings.keyspace)
     except Unauthorized:
         return False
-    check_keyspace_owner(meta.get("namespace"), settings)
+    check_recorded_owner(meta, settings)
     return True
 
 
@@ -482,7 +494,7 @@ def shard_count(session: Session, settings: Settings) -> int:
     """The shard count stored at init (blocking); a node refuses a namespace never
     initialised, and a keyspace init recorded for another namespace."""
     meta = recorded_meta(session, settings.keyspace)
-    check_keyspace_owner(meta.get("namespace"), settings)
+    check_recorded_owner(meta, settings)
     if "shards" not in meta:
         raise ConfigError(f"namespace {settings.namespace!r} is not initialised: run "
                           f"`chronowheel init --namespace {settings.namespace}"
