@@ -18,7 +18,7 @@ from chronowheel.store import cassandra as cassandra_store
 from chronowheel.store.cassandra import (
     check_keyspace_owner,
     check_recorded_owner,
-    keyspace_owner_checked,
+    owned_meta,
 )
 
 
@@ -114,11 +114,12 @@ def test_a_store_is_opened_only_on_its_own_namespaces_keyspace(
     """`CassandraStore.open` (a worker's and every command's store) checks the owner before it
     prepares anything; a role that may not read `meta` gets its store, with a warning."""
     mine = Settings(namespace="billing", cassandra_keyspace="shared")
-    assert keyspace_owner_checked(_MetaSession("billing"), mine)  # type: ignore[arg-type]
+    assert owned_meta(_MetaSession("billing"), mine) == {  # type: ignore[arg-type]
+        "shards": "4", "namespace": "billing"}
     with pytest.raises(ConfigError, match=r"before init recorded which namespace"):
-        keyspace_owner_checked(_MetaSession(None), mine)  # type: ignore[arg-type]
-    assert not keyspace_owner_checked(_MetaSession("mail", refuse=True),
-                                      mine)  # type: ignore[arg-type]
+        owned_meta(_MetaSession(None), mine)  # type: ignore[arg-type]
+    assert owned_meta(_MetaSession("mail", refuse=True), mine) is None  # type: ignore[arg-type]
+    caplog.clear()
 
     shut: list[str] = []
     prepared: list[str] = []

@@ -135,30 +135,18 @@ async def _remove_kafka(settings: Any, acls: Any) -> int:
 def _open_owned_keyspace(settings: Any) -> tuple[Any, Any]:
     """A connection to Cassandra on the namespace's initialised keyspace: refused when the
     keyspace holds another namespace or is not initialised (the grants name its tables)."""
-    import logging
-
-    from cassandra import Unauthorized
-
     from chronowheel.errors import ConfigError
-    from chronowheel.store.cassandra import check_recorded_owner, connect, recorded_meta
+    from chronowheel.store.cassandra import connect, owned_meta
 
     cluster, session = connect(settings)
     try:
-        try:
-            meta: dict[str, str] | None = recorded_meta(session, settings.keyspace)
-        except Unauthorized:
-            meta = None
-            logging.getLogger(__name__).warning(
-                "the keyspace's owner not checked: this role may not read %s.meta",
-                settings.keyspace)
-        if meta is not None:
-            check_recorded_owner(meta, settings)
-            if "shards" not in meta:
-                raise ConfigError(
-                    f"namespace {settings.namespace!r} is not initialised in keyspace "
-                    f"{settings.keyspace}: run `chronowheel init --namespace "
-                    f"{settings.namespace}{settings.keyspace_flag} --shards N` first (the "
-                    "grants name its tables)")
+        meta = owned_meta(session, settings)
+        if meta is not None and "shards" not in meta:
+            raise ConfigError(
+                f"namespace {settings.namespace!r} is not initialised in keyspace "
+                f"{settings.keyspace}: run `chronowheel init --namespace "
+                f"{settings.namespace}{settings.keyspace_flag} --shards N` first (the "
+                "grants name its tables)")
     except BaseException:
         cluster.shutdown()
         raise

@@ -478,16 +478,19 @@ def check_recorded_owner(meta: Mapping[str, str], settings: Settings) -> None:
             "version's `chronowheel init` for that namespace first, which records it")
 
 
-def keyspace_owner_checked(session: Session, settings: Settings) -> bool:
-    """Refuse a keyspace that holds another namespace (blocking; `check_recorded_owner`);
-    False when the session's role may not read `meta` (a role granted before workers read
-    it: `chronowheel acl --apply` adds it), so nothing was checked."""
+def owned_meta(session: Session, settings: Settings) -> dict[str, str] | None:
+    """`recorded_meta`, refusing a keyspace that holds another namespace (blocking;
+    `check_recorded_owner`). None, with a warning, when the session's role may not read
+    `meta` (a role granted before workers read it: `chronowheel acl --apply` adds it), so
+    nothing was checked."""
     try:
         meta = recorded_meta(session, settings.keyspace)
     except Unauthorized:
-        return False
+        log.warning("the keyspace's owner not checked: this role may not read %s.meta (run "
+                    "`chronowheel acl --apply` to grant it)", settings.keyspace)
+        return None
     check_recorded_owner(meta, settings)
-    return True
+    return meta
 
 
 def shard_count(session: Session, settings: Settings) -> int:
@@ -637,9 +640,7 @@ class CassandraStore:
         through with a warning, as before the check existed."""
         cluster, session = connect(settings)
         try:
-            if not keyspace_owner_checked(session, settings):
-                log.warning("the keyspace's owner not checked: this role may not read %s.meta "
-                            "(run `chronowheel acl --apply` to grant it)", settings.keyspace)
+            owned_meta(session, settings)
         except BaseException:
             cluster.shutdown()
             raise
